@@ -1,0 +1,55 @@
+# loopd: two commands matter. `make run` (the whole stack on the embedded default) and
+# `make test` (lint, types and every test tier). Both set up whatever is missing first.
+
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+export LOOPD_CACHE_DIR ?= $(HOME)/.cache/loopd
+
+.PHONY: run test lint types unit llama-server venv system-deps bench verify-device reliability clean
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e '.[dev,bench]'
+	touch $@
+
+venv: $(VENV)/.installed
+
+# bubblewrap sandboxes run_command; loopd runs without it (with a warning), the tests want it.
+system-deps:
+	@command -v bwrap >/dev/null 2>&1 || { \
+		if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+			(apt-get install -y -qq bubblewrap >/dev/null 2>&1 || \
+			 (apt-get update -qq && apt-get install -y -qq bubblewrap >/dev/null)) && \
+			echo "installed bubblewrap"; \
+		else echo "note: bwrap not found and cannot be installed here; run_command is unsandboxed"; fi; }
+
+# The real llama-server (llama.cpp build 11434) and the tiny model, cached in $(LOOPD_CACHE_DIR).
+llama-server: venv
+	PYTHON=$(BIN)/python scripts/provision.sh all
+
+lint: venv
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+types: venv
+	$(BIN)/mypy
+
+test: venv system-deps llama-server lint types
+	$(BIN)/pytest -q
+
+run: venv system-deps llama-server
+	scripts/run.sh
+
+verify-device: venv
+	$(BIN)/loopd selftest
+
+bench: venv llama-server
+	$(BIN)/python -m bench
+
+reliability: venv llama-server
+	$(BIN)/pytest -q tests/reliability
+
+clean:
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

@@ -1,0 +1,1 @@
+"""brokerd: the host-side broker (inference proxy, chat proxy, tool broker)."""

@@ -1,0 +1,7 @@
+"""``python -m brokerd``."""
+
+import sys
+
+from brokerd.cli import main
+
+sys.exit(main())

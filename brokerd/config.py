@@ -1,0 +1,134 @@
+"""brokerd's host configuration: environment variables ``BROKERD_*`` over an optional TOML file.
+
+The file is named by ``BROKERD_CONFIG``; nested settings use ``__`` in variable names (e.g.
+``BROKERD_BROKER__AUDIT_DB``) or a ``[broker]`` table in the file. Secrets never sit in the
+settings themselves: the settings name files, read once at startup by ``read_secrets``.
+"""
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Final, Literal
+
+from pydantic import Field, ValidationError, field_validator
+from pydantic_settings import (
+    BaseSettings,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    TomlConfigSettingsSource,
+)
+
+from brokerd.proxy.upstream import parse_upstream
+from brokerd.tools.settings import BrokerSettings
+
+CONFIG_FILE_VARIABLE: Final = "BROKERD_CONFIG"
+DEFAULT_SOCKET_DIR: Final = Path("/run/brokerd")
+
+
+class ConfigError(Exception):
+    """Configuration brokerd cannot run with; the message is one line naming the field."""
+
+
+class BrokerdSettings(BaseSettings):
+    model_config = SettingsConfigDict(
+        env_prefix="BROKERD_", env_nested_delimiter="__", extra="forbid", frozen=True
+    )
+
+    socket_dir: Path = Field(
+        default=DEFAULT_SOCKET_DIR, description="Folder for infer.sock, chat.sock, broker.sock."
+    )
+    inference_url: str = Field(
+        default="http://127.0.0.1:8080",
+        description="llama-server: http://host:port, https://..., or unix:/path/to.sock.",
+    )
+    inference_key_file: Path | None = Field(
+        default=None, description="File holding llama-server's API key, if it has one."
+    )
+    mattermost_url: str | None = Field(
+        default=None, description="Mattermost base URL (needed to serve chat.sock)."
+    )
+    mattermost_token_file: Path | None = Field(
+        default=None, description="File holding the bot's access token (needed for chat.sock)."
+    )
+    body_cap_bytes: int = Field(
+        default=64 * 1024 * 1024, gt=0, description="Largest request body the proxies accept."
+    )
+    broker: BrokerSettings | None = Field(
+        default=None, description="Tool broker settings (needed to serve broker.sock)."
+    )
+    log_level: Literal["debug", "info", "warning", "error"] = "info"
+
+    @field_validator("inference_url", "mattermost_url")
+    @classmethod
+    def _upstream_url(cls, value: str | None) -> str | None:
+        if value is not None:
+            parse_upstream(value)  # its ValueError names what is wrong; pydantic adds the field
+        return value
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        config_file = os.environ.get(CONFIG_FILE_VARIABLE)
+        if not config_file:
+            return (init_settings, env_settings)
+        return (init_settings, env_settings, TomlConfigSettingsSource(settings_cls, config_file))
+
+
+def describe_validation_error(exc: ValidationError) -> str:
+    """Every problem on one line, each led by the dotted name of its field."""
+    problems = []
+    for error in exc.errors(include_url=False, include_input=False):
+        field = ".".join(str(part) for part in error["loc"]) or "config"
+        problems.append(f"{field}: {error['msg']}")
+    return "; ".join(problems)
+
+
+def load_settings() -> BrokerdSettings:
+    """Settings from the environment and the ``BROKERD_CONFIG`` file; ``ConfigError`` if bad."""
+    config_file = os.environ.get(CONFIG_FILE_VARIABLE)
+    if config_file and not Path(config_file).is_file():
+        raise ConfigError(f"{CONFIG_FILE_VARIABLE}: no such file: {config_file}")
+    try:
+        return BrokerdSettings()
+    except ValidationError as exc:
+        raise ConfigError(describe_validation_error(exc)) from None
+    except ValueError as exc:  # a TOML syntax error surfaces as a plain ValueError subclass
+        raise ConfigError(f"{CONFIG_FILE_VARIABLE}: {config_file}: {exc}") from None
+
+
+@dataclass(frozen=True)
+class Secrets:
+    """What the secret files held; kept out of the settings so they never print with them."""
+
+    inference_key: str | None
+    bot_token: str | None
+
+    def values(self) -> list[str]:
+        return [secret for secret in (self.inference_key, self.bot_token) if secret]
+
+
+def read_secret(path: Path, field: str) -> str:
+    """A secret file's content, trimmed; ``ConfigError`` naming ``field`` if unreadable or empty."""
+    try:
+        value = path.read_text(encoding="utf-8").strip()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{field}: cannot read {path}: {exc}") from None
+    if not value:
+        raise ConfigError(f"{field}: {path} is empty")
+    if any(char.isspace() for char in value):
+        raise ConfigError(f"{field}: {path} holds more than one token (whitespace inside)")
+    return value
+
+
+def read_secrets(settings: BrokerdSettings) -> Secrets:
+    key_file, token_file = settings.inference_key_file, settings.mattermost_token_file
+    return Secrets(
+        inference_key=read_secret(key_file, "inference_key_file") if key_file else None,
+        bot_token=read_secret(token_file, "mattermost_token_file") if token_file else None,
+    )

@@ -1,0 +1,109 @@
+"""One HTTP forwarding app, configured per upstream by a set of rules.
+
+The inference and chat proxies differ only in their rules (which requests pass, which headers
+are stripped or added, which error envelope the proxy answers in); the forwarding is shared.
+"""
+
+import logging
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+
+import httpx
+from starlette.types import Receive, Scope, Send
+
+from brokerd.proxy.headers import RawHeaders, drop_query_params, filter_headers
+from brokerd.proxy.relay import (
+    BodyTooLarge,
+    ClientGone,
+    ErrorBody,
+    RelayResult,
+    read_body,
+    relay,
+    send_json,
+)
+from brokerd.proxy.upstream import Upstream
+
+Refusal = Callable[[str, str, bytes], str | None]
+"""(method, path, raw query) -> why the request is refused, or None when it may pass."""
+
+
+@dataclass(frozen=True)
+class ForwardRules:
+    """What one proxy lets through and how it rewrites it. Header names are lower case."""
+
+    refusal: Refusal
+    error_body: ErrorBody
+    drop_request_headers: frozenset[bytes]
+    inject_request_headers: Mapping[bytes, bytes] = field(default_factory=dict)
+    drop_response_headers: frozenset[bytes] = frozenset()
+    drop_query_params: frozenset[str] = frozenset()
+
+
+class Forwarder:
+    """ASGI app for HTTP requests: check, cap, rewrite, then relay to the upstream."""
+
+    def __init__(
+        self, upstream: Upstream, rules: ForwardRules, *, body_cap: int, logger: logging.Logger
+    ) -> None:
+        self.upstream = upstream
+        self.rules = rules
+        self.body_cap = body_cap
+        self.logger = logger
+        self.client: httpx.AsyncClient = upstream.client()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        method: str = scope["method"]
+        path: str = scope["path"]
+        query = drop_query_params(scope["query_string"], self.rules.drop_query_params)
+        reason = self.rules.refusal(method, path, query)
+        if reason is not None:
+            self.logger.warning("refused %s %s", method, path)
+            await send_json(send, 403, self.rules.error_body(403, reason), close=True)
+            return
+        try:
+            body = await read_body(scope, receive, self.body_cap)
+        except BodyTooLarge as exc:
+            self.logger.warning("refused %s %s: %s", method, path, exc)
+            await send_json(send, 413, self.rules.error_body(413, str(exc)), close=True)
+            return
+        except ClientGone:
+            return
+        headers = filter_headers(
+            scope["headers"],
+            drop=self.rules.drop_request_headers,
+            inject=self.rules.inject_request_headers,
+        )
+        url = self.upstream.url(path, query)
+        request = self.client.build_request(method, url, headers=headers, content=body)
+        await self._relay(request, receive, send, f"{method} {path}")
+
+    async def _relay(self, request: httpx.Request, receive: Receive, send: Send, what: str) -> None:
+        started = time.monotonic()
+        result = RelayResult()
+        try:
+            await relay(
+                self.client,
+                request,
+                receive,
+                send,
+                result=result,
+                response_headers=self._response_headers,
+                error_body=self.rules.error_body,
+            )
+        finally:
+            elapsed = time.monotonic() - started
+            self.logger.info(
+                "%s -> %s %s (%d bytes, %.3f s)",
+                what,
+                result.status,
+                result.outcome,
+                result.body_bytes,
+                elapsed,
+            )
+
+    def _response_headers(self, headers: RawHeaders) -> RawHeaders:
+        return filter_headers(headers, drop=self.rules.drop_response_headers)
+
+    async def aclose(self) -> None:
+        await self.client.aclose()

@@ -1,0 +1,82 @@
+"""The inference proxy: the box's only way to llama-server, through an allowlist.
+
+The allowlist is one table of (method, path). Paths match exactly, after the ASGI server's
+percent-decoding, so no spelling (``//slots``, ``/v1/../slots/0``, ``/slots%2F0``) reaches a route
+the table does not name; the path forwarded is the very string that was checked. Query strings
+pass through untouched, except that ``GET /slots`` refuses an ``action`` parameter.
+"""
+
+import logging
+from typing import Final
+
+from starlette.applications import Starlette
+from starlette.routing import Route
+
+from brokerd.proxy.forward import Forwarder, ForwardRules
+from brokerd.proxy.headers import REQUEST_FRAMING, query_keys
+from brokerd.proxy.lifespan import closing_lifespan
+from brokerd.proxy.relay import json_error
+from brokerd.proxy.upstream import Upstream
+
+logger = logging.getLogger(__name__)
+
+ALLOWED_ROUTES: Final[frozenset[tuple[str, str]]] = frozenset(
+    {
+        ("POST", "/v1/chat/completions"),
+        ("POST", "/chat/completions"),
+        ("POST", "/v1/chat/completions/control"),
+        ("GET", "/slots"),
+        ("GET", "/props"),
+        ("GET", "/health"),
+        ("GET", "/v1/health"),
+        ("GET", "/models"),
+        ("GET", "/v1/models"),
+        ("POST", "/apply-template"),
+        ("POST", "/tokenize"),
+    }
+)
+
+# Credentials the box might send (it has none to send; anything here is stray or hostile), and the
+# header that would turn on llama-server's resumable streams, which outlive a client hang-up.
+DROPPED_REQUEST_HEADERS: Final = REQUEST_FRAMING | frozenset(
+    {b"authorization", b"x-api-key", b"cookie", b"x-conversation-id"}
+)
+
+DEFAULT_BODY_CAP: Final = 64 * 1024 * 1024
+
+
+def refusal(method: str, path: str, query: bytes) -> str | None:
+    """Why the inference proxy refuses this request, or None when it may pass."""
+    if (method, path) not in ALLOWED_ROUTES:
+        return f"brokerd refuses {method} {path}: not in the inference proxy's allowlist"
+    if path == "/slots" and "action" in query_keys(query):
+        return f"brokerd refuses {method} {path} with an action: slot actions are not allowed"
+    return None
+
+
+def llama_error(status: int, message: str) -> dict[str, dict[str, object]]:
+    """llama-server's error envelope, so loopd reads the proxy's refusals like the server's."""
+    kinds = {403: "permission_error", 413: "invalid_request_error", 502: "unavailable_error"}
+    kind = kinds.get(status, "server_error")
+    return {"error": {"code": status, "message": message, "type": kind}}
+
+
+def inference_rules(api_key: str | None) -> ForwardRules:
+    """The inference proxy's rules; ``api_key`` (host config) is sent as a bearer token."""
+    inject = {b"authorization": b"Bearer " + api_key.encode()} if api_key else {}
+    return ForwardRules(
+        refusal=refusal,
+        error_body=json_error(llama_error),
+        drop_request_headers=DROPPED_REQUEST_HEADERS,
+        inject_request_headers=inject,
+    )
+
+
+def create_inference_app(
+    upstream: Upstream, *, api_key: str | None = None, body_cap: int = DEFAULT_BODY_CAP
+) -> Starlette:
+    """The Starlette app served on ``infer.sock``."""
+    proxy = Forwarder(upstream, inference_rules(api_key), body_cap=body_cap, logger=logger)
+    return Starlette(
+        routes=[Route("/{path:path}", endpoint=proxy)], lifespan=closing_lifespan(proxy.aclose)
+    )

@@ -1,0 +1,192 @@
+"""The ASGI side of an HTTP proxy: read a capped body, then pass the upstream response through.
+
+Both proxies share this. It is written against raw ASGI messages, not a response class, because
+three timing promises depend on controlling every send:
+
+- the status line and headers go to the client only when the upstream has sent its own (a request
+  queued upstream shows the client no bytes at all, so its first-byte limit keeps its meaning);
+- each upstream chunk is written to the client as soon as it is read (no buffering, no coalescing);
+- a client hang-up, at any point, cancels the upstream request, which closes that connection, which
+  is how the upstream learns to stop (for llama-server: free the slot).
+"""
+
+import json
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Final
+
+import anyio
+import httpx
+from starlette.types import Message, Receive, Scope, Send
+
+from brokerd.proxy.headers import RawHeaders
+
+logger = logging.getLogger(__name__)
+
+# How long closing an abandoned upstream response may take before the proxy stops waiting.
+UPSTREAM_CLOSE_GRACE_S: Final = 1.0
+
+ErrorBody = Callable[[int, str], bytes]
+"""Builds the JSON body of an error the proxy itself answers, in the upstream's own envelope."""
+
+
+class ClientGone(Exception):
+    """The client hung up before its request body was complete."""
+
+
+class BodyTooLarge(Exception):
+    """The request body is over the proxy's cap."""
+
+    def __init__(self, cap: int) -> None:
+        super().__init__(f"request body over the {cap}-byte limit")
+        self.cap = cap
+
+
+class UpstreamBroke(Exception):
+    """The upstream failed after its response began; the client connection is aborted.
+
+    Raised to the ASGI server on purpose: aborting the connection (no final chunk) is the only way
+    to tell a streaming client that the body it got is incomplete rather than finished.
+    """
+
+
+class Outcome(StrEnum):
+    COMPLETE = "complete"
+    CLIENT_GONE = "client_gone"
+    UNREACHABLE = "upstream_unreachable"
+    BROKE = "upstream_broke"
+
+
+@dataclass
+class RelayResult:
+    """What happened to one proxied request, for the log line."""
+
+    outcome: Outcome = Outcome.CLIENT_GONE
+    status: int | None = None
+    body_bytes: int = 0
+
+
+def declared_length(scope: Scope) -> int | None:
+    """The request's Content-Length, if it sent a well-formed one."""
+    for name, value in scope["headers"]:
+        if name.lower() == b"content-length" and value.strip().isdigit():
+            return int(value)
+    return None
+
+
+async def read_body(scope: Scope, receive: Receive, cap: int) -> bytes:
+    """The whole request body, refusing early when Content-Length already says it is too big."""
+    length = declared_length(scope)
+    if length is not None and length > cap:
+        raise BodyTooLarge(cap)
+    chunks: list[bytes] = []
+    size = 0
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise ClientGone
+        chunk: bytes = message.get("body", b"")
+        size += len(chunk)
+        if size > cap:
+            raise BodyTooLarge(cap)
+        chunks.append(chunk)
+        if not message.get("more_body", False):
+            return b"".join(chunks)
+
+
+async def send_json(send: Send, status: int, body: bytes, *, close: bool = False) -> None:
+    """A complete JSON response that the proxy answers itself."""
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    if close:
+        # The request body may be unread (refused early); ending the connection discards it.
+        headers.append((b"connection", b"close"))
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body, "more_body": False})
+
+
+def error_message(exc: Exception) -> str:
+    """A one-line description of an upstream failure (httpx messages can be empty)."""
+    return str(exc) or type(exc).__name__
+
+
+async def relay(
+    client: httpx.AsyncClient,
+    request: httpx.Request,
+    receive: Receive,
+    send: Send,
+    *,
+    result: RelayResult,
+    response_headers: Callable[[RawHeaders], RawHeaders],
+    error_body: ErrorBody,
+) -> None:
+    """Send ``request`` upstream and pass its response to the ASGI client as it arrives.
+
+    Returns when the response is complete or the client has gone (the upstream request is then
+    closed); ``result`` records which. An unreachable upstream gets a 502 in the upstream's
+    envelope. Raises ``UpstreamBroke`` when the upstream fails mid-response.
+    """
+    broken: httpx.HTTPError | None = None
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(_cancel_when_client_leaves, receive, tg.cancel_scope)
+        broken = await _pass_through(client, request, send, result, response_headers, error_body)
+        tg.cancel_scope.cancel()
+    if broken is not None:
+        raise UpstreamBroke(f"upstream failed mid-response: {error_message(broken)}") from broken
+
+
+async def _cancel_when_client_leaves(receive: Receive, scope: anyio.CancelScope) -> None:
+    # After the body, the next message an ASGI server delivers is http.disconnect: either the
+    # client hung up, or the response is complete (then the scope is being cancelled anyway).
+    message: Message = await receive()
+    while message["type"] != "http.disconnect":
+        message = await receive()
+    scope.cancel()
+
+
+async def _pass_through(
+    client: httpx.AsyncClient,
+    request: httpx.Request,
+    send: Send,
+    result: RelayResult,
+    response_headers: Callable[[RawHeaders], RawHeaders],
+    error_body: ErrorBody,
+) -> httpx.HTTPError | None:
+    try:
+        response = await client.send(request, stream=True)
+    except httpx.HTTPError as exc:
+        result.outcome, result.status = Outcome.UNREACHABLE, 502
+        logger.warning("upstream unreachable: %s", error_message(exc))
+        await send_json(send, 502, error_body(502, f"upstream unreachable: {error_message(exc)}"))
+        return None
+    try:
+        result.status = response.status_code
+        headers = response_headers(list(response.headers.raw))
+        start = {"type": "http.response.start", "status": response.status_code, "headers": headers}
+        await send(start)
+        # aiter_raw: the bytes as they came off the wire (no decompression, no re-chunking).
+        async for chunk in response.aiter_raw():
+            result.body_bytes += len(chunk)
+            await send({"type": "http.response.body", "body": chunk, "more_body": True})
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+        result.outcome = Outcome.COMPLETE
+    except httpx.HTTPError as exc:
+        result.outcome = Outcome.BROKE
+        return exc
+    except OSError:
+        # Some ASGI servers report a vanished client by failing the send.
+        result.outcome = Outcome.CLIENT_GONE
+    finally:
+        with anyio.move_on_after(UPSTREAM_CLOSE_GRACE_S, shield=True):
+            await response.aclose()
+    return None
+
+
+def json_error(envelope: Callable[[int, str], object]) -> ErrorBody:
+    """Wrap an envelope builder (status, message -> JSON-able value) as an ``ErrorBody``."""
+
+    def build(status: int, message: str) -> bytes:
+        return json.dumps(envelope(status, message), separators=(",", ":")).encode()
+
+    return build

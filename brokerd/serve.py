@@ -1,0 +1,229 @@
+"""Serving: one uvicorn server per Unix socket, all in one anyio task group in one process.
+
+The sockets are bound here, not by uvicorn, so their modes are brokerd's (0660 in a 0750 folder;
+uvicorn would make them 0666) and a stale socket left by a crash is removed first.
+"""
+
+import contextlib
+import logging
+import os
+import signal
+import socket
+import stat
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Final, Literal
+
+import anyio
+import uvicorn
+from anyio.abc import TaskStatus
+from starlette.types import ASGIApp
+
+from brokerd.config import BrokerdSettings, ConfigError, Secrets
+from brokerd.proxy.chat import create_chat_app
+from brokerd.proxy.inference import create_inference_app
+from brokerd.proxy.upstream import parse_upstream
+
+logger = logging.getLogger(__name__)
+
+Service = Literal["infer", "chat", "broker"]
+SERVICES: Final[tuple[Service, ...]] = ("infer", "chat", "broker")
+SOCKET_DIR_MODE: Final = 0o750
+SOCKET_MODE: Final = 0o660
+# Open streams (a long generation, a WebSocket) get this long to finish after a stop signal.
+GRACEFUL_SHUTDOWN_S: Final = 5
+
+
+class ServeError(Exception):
+    """brokerd cannot start serving (a socket path taken by something else, a bind failure)."""
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """An app and the socket it is served on; ``name`` is for the log."""
+
+    name: str
+    path: Path
+    app: ASGIApp
+
+
+def socket_path(settings: BrokerdSettings, service: Service) -> Path:
+    return settings.socket_dir / f"{service}.sock"
+
+
+def build_endpoints(
+    settings: BrokerdSettings, secrets: Secrets, services: Sequence[Service] = SERVICES
+) -> list[Endpoint]:
+    """The apps to serve; ``ConfigError`` naming the field a requested service is missing."""
+    return [
+        Endpoint(service, socket_path(settings, service), _build_app(settings, secrets, service))
+        for service in services
+    ]
+
+
+def _build_app(settings: BrokerdSettings, secrets: Secrets, service: Service) -> ASGIApp:
+    if service == "infer":
+        upstream = parse_upstream(settings.inference_url)
+        return create_inference_app(
+            upstream, api_key=secrets.inference_key, body_cap=settings.body_cap_bytes
+        )
+    if service == "chat":
+        if settings.mattermost_url is None:
+            raise ConfigError("mattermost_url: required to serve chat.sock")
+        if secrets.bot_token is None:
+            raise ConfigError("mattermost_token_file: required to serve chat.sock")
+        return create_chat_app(
+            parse_upstream(settings.mattermost_url),
+            bot_token=secrets.bot_token,
+            body_cap=settings.body_cap_bytes,
+        )
+    if settings.broker is None:
+        raise ConfigError("broker.audit_db: required to serve broker.sock")
+    # Imported here so that `serve --only infer|chat` does not load the tool broker at all.
+    from brokerd.tools.app import create_broker_app
+    from brokerd.tools.errors import CatalogueError
+
+    try:
+        return create_broker_app(settings.broker)
+    except CatalogueError as exc:
+        raise ConfigError(f"broker.catalogue_dir: {exc}") from None
+
+
+def prepare_socket_dir(path: Path) -> None:
+    path.mkdir(mode=SOCKET_DIR_MODE, parents=True, exist_ok=True)
+    path.chmod(SOCKET_DIR_MODE)  # mkdir's mode is filtered by the umask, and the folder may exist
+
+
+def remove_stale_socket(path: Path) -> None:
+    """Remove a socket file left by an earlier run; refuse to touch anything else at the path."""
+    try:
+        mode = path.lstat().st_mode
+    except FileNotFoundError:
+        return
+    if not stat.S_ISSOCK(mode):
+        raise ServeError(f"{path} exists and is not a socket; not removing it")
+    path.unlink()
+
+
+def bind_unix_socket(path: Path) -> socket.socket:
+    remove_stale_socket(path)
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock.bind(os.fspath(path))
+        path.chmod(SOCKET_MODE)
+    except OSError as exc:
+        sock.close()
+        raise ServeError(f"cannot bind {path}: {exc}") from exc
+    return sock
+
+
+class _Server(uvicorn.Server):
+    """A uvicorn server that leaves signals alone (brokerd handles them once for all servers)
+    and says when it has started or ended (``settled``)."""
+
+    def __init__(self, config: uvicorn.Config) -> None:
+        super().__init__(config)
+        self.settled = anyio.Event()
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().startup(sockets)
+        self.settled.set()
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
+
+
+def _uvicorn_server(app: ASGIApp, graceful_shutdown_s: int) -> _Server:
+    config = uvicorn.Config(
+        app,
+        lifespan="on",
+        log_config=None,  # brokerd configures logging once; uvicorn's loggers propagate to it
+        access_log=False,  # the proxies log one line per request themselves
+        proxy_headers=False,
+        server_header=False,
+        date_header=False,
+        timeout_graceful_shutdown=graceful_shutdown_s,
+    )
+    return _Server(config)
+
+
+async def serve(
+    endpoints: Sequence[Endpoint],
+    socket_dir: Path,
+    stop: anyio.Event,
+    *,
+    graceful_shutdown_s: int = GRACEFUL_SHUTDOWN_S,
+    task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
+) -> None:
+    """Serve every endpoint until ``stop`` is set (or one server ends), then remove the sockets.
+
+    Reports started (``task_status``) once every server accepts connections.
+    """
+    prepare_socket_dir(socket_dir)
+    bound: list[tuple[Endpoint, socket.socket]] = []
+    try:
+        for endpoint in endpoints:
+            bound.append((endpoint, bind_unix_socket(endpoint.path)))
+        servers = [_uvicorn_server(endpoint.app, graceful_shutdown_s) for endpoint, _ in bound]
+        async with anyio.create_task_group() as tg:
+            for server, (endpoint, sock) in zip(servers, bound, strict=True):
+                tg.start_soon(_serve_one, server, sock, endpoint, stop)
+            for server in servers:
+                await server.settled.wait()
+            logger.info("ready: %s", ", ".join(str(endpoint.path) for endpoint, _ in bound))
+            task_status.started()
+            await stop.wait()
+            for server in servers:
+                server.should_exit = True
+    finally:
+        for endpoint, sock in bound:
+            sock.close()
+            with contextlib.suppress(FileNotFoundError):
+                endpoint.path.unlink()
+
+
+async def _serve_one(
+    server: _Server, sock: socket.socket, endpoint: Endpoint, stop: anyio.Event
+) -> None:
+    logger.info("serving %s on %s", endpoint.name, endpoint.path)
+    try:
+        await server.serve(sockets=[sock])
+    except SystemExit as exc:  # uvicorn's answer to an app whose startup failed
+        raise ServeError(f"{endpoint.name}: the app failed to start") from exc
+    finally:
+        server.settled.set()
+        stop.set()  # one server ending stops the others
+
+
+async def stop_on_signal(stop: anyio.Event) -> None:
+    """Set ``stop`` on the first SIGINT or SIGTERM (main thread only)."""
+    with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+        async for signum in signals:
+            logger.info("received %s, stopping", signal.Signals(signum).name)
+            stop.set()
+            return
+
+
+async def run(endpoints: Sequence[Endpoint], socket_dir: Path) -> None:
+    """Serve until SIGINT or SIGTERM; the process's whole life. Raises ``ServeError`` bare
+    (not inside the task groups' exception groups) when that is the only failure."""
+    stop = anyio.Event()
+    try:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(stop_on_signal, stop)
+            await serve(endpoints, socket_dir, stop)
+            tg.cancel_scope.cancel()
+    except ExceptionGroup as group:
+        serve_errors, others = group.split(ServeError)
+        if serve_errors is None or others is not None:
+            raise
+        raise _leaves(serve_errors)[0] from None
+
+
+def _leaves(group: BaseExceptionGroup[ServeError]) -> list[ServeError]:
+    leaves: list[ServeError] = []
+    for exc in group.exceptions:
+        leaves.extend(_leaves(exc) if isinstance(exc, BaseExceptionGroup) else [exc])
+    return leaves

@@ -1,0 +1,117 @@
+"""The broker's HTTP API, served on brokerd's ``broker.sock``.
+
+``POST /v1/find_tool`` ``{"session", "query"}`` -> ``{"result", "names"}``
+``POST /v1/call_tool`` ``{"session", "call_id", "name", "arguments"}`` ->
+``{"result", "status"}`` (plus ``recorded_status`` when ``status`` is ``replayed``)
+``GET /v1/health`` -> ``{"status": "ok", "tools": n}``
+
+A malformed request gets 400 and a call id reused for a different call gets 409, each as
+``{"error": message}``. Everything the model did wrong (unknown tool, bad arguments, a tool that
+failed) is a normal 200 answer whose ``result`` says so: the turn goes on.
+"""
+
+import json
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from typing import Any, TypeVar
+
+import httpx
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from brokerd.tools.audit import AuditLogError
+from brokerd.tools.errors import CallConflictError, RequestError
+from brokerd.tools.service import ToolBroker
+from brokerd.tools.settings import BrokerSettings
+
+Body = TypeVar("Body", bound=BaseModel)
+
+
+class FindToolBody(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    session: str = Field(min_length=1)
+    query: str
+
+
+class CallToolBody(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    session: str = Field(min_length=1)
+    call_id: str = Field(min_length=1)
+    name: str
+    # The model's argument text, as produced; an already-parsed JSON value is accepted too.
+    arguments: Any = Field(...)
+
+
+def parse_body(model: type[Body], raw: bytes) -> Body:
+    """Parse a request body, or raise ``RequestError`` naming what is wrong with it."""
+    try:
+        value = json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise RequestError(f"the request body is not JSON: {exc}") from exc
+    if not isinstance(value, dict):
+        raise RequestError("the request body must be a JSON object")
+    try:
+        return model.model_validate(value)
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(str(part) for part in error['loc'])}: {error['msg'].lower()}"
+            for error in exc.errors()
+        )
+        raise RequestError(f"bad request: {problems}") from exc
+
+
+def create_broker_app(
+    settings: BrokerSettings, *, transport: httpx.AsyncBaseTransport | None = None
+) -> Starlette:
+    """The broker as an ASGI app. The catalogue is loaded here, so a bad catalogue fails at
+    startup with ``CatalogueError``; ``transport`` replaces web_fetch's network (tests only)."""
+    broker = ToolBroker.open(settings, transport=transport)
+
+    async def find_tool(request: Request) -> Response:
+        body = parse_body(FindToolBody, await request.body())
+        found = broker.find_tool(body.session, body.query)
+        return JSONResponse({"result": found.result, "names": list(found.names)})
+
+    async def call_tool(request: Request) -> Response:
+        body = parse_body(CallToolBody, await request.body())
+        answer = await broker.call_tool(body.session, body.call_id, body.name, body.arguments)
+        payload: dict[str, str] = {"result": answer.result, "status": answer.status}
+        if answer.recorded_status is not None:
+            payload["recorded_status"] = answer.recorded_status
+        return JSONResponse(payload)
+
+    async def health(request: Request) -> Response:
+        return JSONResponse({"status": "ok", "tools": len(broker.catalogue)})
+
+    @asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        try:
+            yield
+        finally:
+            broker.close()
+
+    app = Starlette(
+        routes=[
+            Route("/v1/find_tool", find_tool, methods=["POST"]),
+            Route("/v1/call_tool", call_tool, methods=["POST"]),
+            Route("/v1/health", health, methods=["GET"]),
+        ],
+        exception_handlers={
+            RequestError: _error_response(400),
+            CallConflictError: _error_response(409),
+            AuditLogError: _error_response(500),
+        },
+        lifespan=lifespan,
+    )
+    app.state.broker = broker
+    return app
+
+
+def _error_response(status_code: int) -> Callable[[Request, Exception], Awaitable[Response]]:
+    async def handler(request: Request, exc: Exception) -> Response:
+        return JSONResponse({"error": str(exc)}, status_code=status_code)
+
+    return handler

@@ -1,0 +1,89 @@
+"""Turning the model's argument text into a checked object: pure, and every problem is worded
+so the model can fix its call (the JSON error, or each schema error's path and message)."""
+
+import json
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import jsonschema
+from jsonschema.exceptions import relevance
+
+MAX_PROBLEMS = 5
+MAX_MESSAGE_CHARS = 300
+
+
+@dataclass(frozen=True)
+class ArgumentProblems:
+    """Why the arguments were refused: one headline and the details the model needs."""
+
+    headline: str
+    details: tuple[str, ...] = ()
+
+
+def parse_arguments(text: str) -> dict[str, Any] | ArgumentProblems:
+    """Parse the model's argument string; blank text means "no arguments" (``{}``)."""
+    if not text.strip():
+        return {}
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        return ArgumentProblems(
+            "are not valid JSON", (f"{exc.msg} at line {exc.lineno} column {exc.colno}",)
+        )
+    return object_or_problem(value)
+
+
+def object_or_problem(value: object) -> dict[str, Any] | ArgumentProblems:
+    """Arguments must be a JSON object; anything else is named by its JSON type."""
+    if isinstance(value, dict):
+        return value
+    return ArgumentProblems(f"must be a JSON object, not {_json_type(value)}")
+
+
+def schema_problems(
+    schema: Mapping[str, Any], arguments: Mapping[str, Any]
+) -> ArgumentProblems | None:
+    """Check ``arguments`` against the tool's schema; ``None`` when they conform."""
+    validator = jsonschema.Draft202012Validator(schema)
+    errors = sorted(validator.iter_errors(arguments), key=relevance, reverse=True)
+    if not errors:
+        return None
+    details = [f"at {json_path(error.absolute_path)}: {_clip(error.message)}" for error in errors]
+    if len(details) > MAX_PROBLEMS:
+        details = [*details[:MAX_PROBLEMS], f"... and {len(details) - MAX_PROBLEMS} more"]
+    return ArgumentProblems("do not match the tool's schema", tuple(details))
+
+
+def json_path(parts: Iterable[str | int]) -> str:
+    """``arguments.headers["X-Key"][0]``-style path of a value inside the arguments."""
+    path = "arguments"
+    for part in parts:
+        if isinstance(part, int):
+            path += f"[{part}]"
+        elif part.isidentifier():
+            path += f".{part}"
+        else:
+            path += f"[{json.dumps(part, ensure_ascii=False)}]"
+    return path
+
+
+def _json_type(value: object) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, int | float):
+        return "a number"
+    if isinstance(value, str):
+        return "a string"
+    if isinstance(value, list):
+        return "an array"
+    return type(value).__name__
+
+
+def _clip(message: str) -> str:
+    # A schema error repeats the offending value, which may be megabytes of model output.
+    if len(message) <= MAX_MESSAGE_CHARS:
+        return message
+    return message[:MAX_MESSAGE_CHARS] + "..."

@@ -1,0 +1,147 @@
+"""Deciding what a ``call_tool`` request gets, before anything runs (pure).
+
+Two decisions live here. ``plan_call`` gates a new call: the tool must exist, this session's
+``find_tool`` must have shown it (DESIGN invariant 3), and its arguments must be a JSON object
+matching the schema. ``decide`` applies idempotency: a call is keyed by (session, call id), and a
+key seen before is answered from the audit log (its recorded result, or "interrupted" when it was
+started and never finished) instead of being run again.
+"""
+
+from collections.abc import Collection
+from dataclasses import dataclass
+from typing import Any
+
+from brokerd.tools import wording
+from brokerd.tools.arguments import (
+    ArgumentProblems,
+    object_or_problem,
+    parse_arguments,
+    schema_problems,
+)
+from brokerd.tools.argv import build_argv
+from brokerd.tools.catalogue import Catalogue, CommandRun, ToolSpec
+from brokerd.tools.errors import ArgvError
+from brokerd.tools.wording import CallStatus
+
+
+@dataclass(frozen=True)
+class CallRequest:
+    """One ``call_tool`` request; ``arguments`` is the model's text as received."""
+
+    session: str
+    call_id: str
+    name: str
+    arguments: str
+
+
+@dataclass(frozen=True)
+class Rejected:
+    """Answered without running anything."""
+
+    status: CallStatus
+    result: str
+
+
+@dataclass(frozen=True)
+class Ready:
+    """Checked and ready to run."""
+
+    spec: ToolSpec
+    arguments: dict[str, Any]
+    argv: tuple[str, ...] | None = None
+
+
+def plan_call(
+    catalogue: Catalogue, shown: Collection[str], name: str, arguments: str | object
+) -> Rejected | Ready:
+    """Gate a call: unknown tool, not shown by find_tool, or bad arguments are rejected.
+
+    ``arguments`` is normally the model's text; a client that already parsed it may pass the
+    JSON value instead, which is checked the same way.
+    """
+    spec = catalogue.get(name)
+    if spec is None:
+        return Rejected("invalid", wording.unknown_tool(name))
+    if name not in shown:
+        return Rejected("refused", wording.not_found_first(name))
+    parsed = (
+        parse_arguments(arguments) if isinstance(arguments, str) else object_or_problem(arguments)
+    )
+    if not isinstance(parsed, dict):
+        return Rejected("invalid", wording.bad_arguments(spec, parsed))
+    problems = schema_problems(spec.parameters, parsed)
+    if problems is not None:
+        return Rejected("invalid", wording.bad_arguments(spec, problems))
+    if not isinstance(spec.run, CommandRun):
+        return Ready(spec, parsed)
+    try:
+        argv = build_argv(spec.run.argv, parsed, spec.parameters)
+    except ArgvError as exc:
+        problems = ArgumentProblems("cannot go on its command line", (str(exc),))
+        return Rejected("invalid", wording.bad_arguments(spec, problems))
+    return Ready(spec, parsed, argv)
+
+
+@dataclass(frozen=True)
+class RecordedCall:
+    """A call as the audit log has it; ``status`` is None while it has no end row."""
+
+    session: str
+    call_id: str
+    tool: str
+    arguments: str
+    started_at: str
+    status: CallStatus | None = None
+    result: str | None = None
+    ended_at: str | None = None
+
+
+@dataclass(frozen=True)
+class Run:
+    """A new key: run the call."""
+
+
+@dataclass(frozen=True)
+class Wait:
+    """The same key is running in this process right now: wait for it, then replay."""
+
+
+@dataclass(frozen=True)
+class Replay:
+    """A finished key: answer with the recorded result, run nothing."""
+
+    result: str
+    recorded_status: CallStatus
+
+
+@dataclass(frozen=True)
+class Interrupted:
+    """Started, never finished, and not running here: brokerd stopped mid-call."""
+
+    result: str
+
+
+@dataclass(frozen=True)
+class Conflict:
+    """The key was used for a different call: a client bug, refused rather than guessed at."""
+
+    message: str
+
+
+Decision = Run | Wait | Replay | Interrupted | Conflict
+
+
+def decide(recorded: RecordedCall | None, request: CallRequest, running_here: bool) -> Decision:
+    if recorded is None:
+        return Run()
+    if (recorded.tool, recorded.arguments) != (request.name, request.arguments):
+        return Conflict(
+            f"call id {request.call_id!r} of session {request.session!r} was already used for "
+            f"tool {recorded.tool!r} with arguments {recorded.arguments!r}; a retry must repeat "
+            "the same call, and a new call needs a new call id"
+        )
+    if recorded.status is not None and recorded.result is not None:
+        return Replay(recorded.result, recorded.status)
+    if running_here:
+        return Wait()
+    return Interrupted(wording.interrupted(recorded.tool, recorded.call_id))

@@ -1,0 +1,152 @@
+"""The tool broker itself: ``find_tool`` and ``call_tool`` over the catalogue, the audit log and
+the executor. The decisions are the pure functions of ``ranking``, ``calls`` and ``wording``;
+this class only reads and writes the audit log around them and runs what they allow.
+"""
+
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import anyio
+import httpx
+
+from brokerd.tools import wording
+from brokerd.tools.audit import AuditLog, AuditLogError
+from brokerd.tools.builtins import BUILTINS, BuiltinContext, BuiltinHandler
+from brokerd.tools.calls import (
+    CallRequest,
+    Conflict,
+    Interrupted,
+    Ready,
+    Rejected,
+    Replay,
+    Run,
+    Wait,
+    decide,
+    plan_call,
+)
+from brokerd.tools.catalogue import Catalogue, load_catalogue
+from brokerd.tools.errors import CallConflictError
+from brokerd.tools.execute import execute, limits_for
+from brokerd.tools.ranking import rank
+from brokerd.tools.settings import BrokerSettings
+from brokerd.tools.wording import CallStatus
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class FoundTools:
+    result: str
+    names: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class CallAnswer:
+    result: str
+    status: CallStatus
+    recorded_status: CallStatus | None = None
+
+
+class ToolBroker:
+    def __init__(
+        self,
+        settings: BrokerSettings,
+        catalogue: Catalogue,
+        audit: AuditLog,
+        builtins: Mapping[str, BuiltinHandler] = BUILTINS,
+        transport: httpx.AsyncBaseTransport | None = None,
+    ) -> None:
+        self.settings = settings
+        self.catalogue = catalogue
+        self._audit = audit
+        self._builtins = builtins
+        self._transport = transport
+        # Keys running in this process. Claimed and checked with no await in between, so two
+        # identical requests arriving together run once: the second waits, then replays.
+        self._running: dict[tuple[str, str], anyio.Event] = {}
+
+    @classmethod
+    def open(
+        cls, settings: BrokerSettings, transport: httpx.AsyncBaseTransport | None = None
+    ) -> "ToolBroker":
+        """Load the catalogue (raising ``CatalogueError`` naming a bad file) and the audit log."""
+        catalogue = load_catalogue(settings.catalogue_dir, BUILTINS.keys())
+        return cls(settings, catalogue, AuditLog.open(settings.audit_db), transport=transport)
+
+    def close(self) -> None:
+        self._audit.close()
+
+    def find_tool(self, session: str, query: str) -> FoundTools:
+        found = rank(query, self.catalogue, self.settings.find_tool_limit)
+        result = wording.find_tool_result(query, found, list(self.catalogue.tools))
+        names = tuple(ranked.spec.name for ranked in found)
+        self._audit.record_find(session, query, names, result)
+        return FoundTools(result, names)
+
+    async def call_tool(
+        self, session: str, call_id: str, name: str, arguments: str | object
+    ) -> CallAnswer:
+        """Answer one call; ``arguments`` is the model's text (or its already-parsed value)."""
+        text = arguments if isinstance(arguments, str) else wording.compact_json(arguments)
+        request = CallRequest(session, call_id, name, text)
+        key = (session, call_id)
+        while True:
+            recorded = self._audit.recorded_call(session, call_id)
+            decision = decide(recorded, request, key in self._running)
+            if isinstance(decision, Wait):
+                await self._running[key].wait()
+            elif isinstance(decision, Replay):
+                return CallAnswer(decision.result, "replayed", decision.recorded_status)
+            elif isinstance(decision, Interrupted):
+                self._audit.record_end(session, call_id, "interrupted", decision.result)
+                return CallAnswer(decision.result, "interrupted")
+            elif isinstance(decision, Conflict):
+                raise CallConflictError(decision.message)
+            else:
+                assert isinstance(decision, Run)
+                return await self._run_new(request, arguments)
+
+    async def _run_new(self, request: CallRequest, arguments: str | object) -> CallAnswer:
+        key = (request.session, request.call_id)
+        done = anyio.Event()
+        self._running[key] = done
+        try:
+            # Committed before anything runs: a crash from here on replays as "interrupted".
+            self._audit.record_start(request)
+            shown = self._audit.shown_names(request.session)
+            plan = plan_call(self.catalogue, shown, request.name, arguments)
+            status, result = await self._answer(plan)
+            self._audit.record_end(request.session, request.call_id, status, result)
+            return CallAnswer(result, status)
+        except anyio.get_cancelled_exc_class():
+            # brokerd is stopping mid-call: record what is known (synchronous, so it cannot be
+            # cancelled itself), then let the cancellation go on.
+            result = wording.interrupted(request.name, request.call_id)
+            try:
+                self._audit.record_end(request.session, request.call_id, "interrupted", result)
+            except AuditLogError:
+                logger.exception("could not record call %s as interrupted", request.call_id)
+            raise
+        finally:
+            del self._running[key]
+            done.set()
+
+    async def _answer(self, plan: Rejected | Ready) -> tuple[CallStatus, str]:
+        if isinstance(plan, Rejected):
+            return plan.status, plan.result
+        limits = limits_for(plan.spec, self.settings)
+        context = BuiltinContext(
+            web_fetch_allowlist=self.settings.web_fetch_allowlist,
+            web_fetch_max_redirects=self.settings.web_fetch_max_redirects,
+            http_timeout_s=limits.timeout_s,
+            transport=self._transport,
+        )
+        try:
+            outcome = await execute(plan, limits, self._builtins, context)
+        except Exception as exc:
+            # A bug in a tool handler must still end the call in the audit log with words the
+            # model can read, not leave it "started" forever.
+            logger.exception("tool %s raised unexpectedly", plan.spec.name)
+            return "error", f"{plan.spec.name} failed inside brokerd: {type(exc).__name__}: {exc}"
+        return outcome.status, wording.outcome_result(plan.spec.name, outcome)

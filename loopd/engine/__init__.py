@@ -1,0 +1,1 @@
+"""The turn engine: request building, streaming, liveness, runaway control, perf records."""

@@ -1,0 +1,71 @@
+"""Building a chat request's body from stored bytes. Pure.
+
+The body is assembled by concatenating text that was serialized once, when it entered the session
+log (the epoch's ``tools`` array and every message). Nothing already sent is serialized again, so
+request k+1's messages begin, byte for byte, with request k's (DESIGN.md invariant 1), and every
+request of an epoch carries the same ``tools`` bytes (invariant 2).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from loopd.jsonbytes import dumps
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """Sent in every request: the server's own defaults differ and must never apply."""
+
+    temperature: float = 0.6
+    top_p: float = 0.95
+    top_k: int = 20
+    min_p: float = 0.0
+
+
+@dataclass(frozen=True)
+class RequestSettings:
+    """Everything in a chat request that is not the conversation itself."""
+
+    model: str
+    slot: int
+    max_tokens: int
+    sampling: Sampling = Sampling()
+    stream: bool = True
+
+
+def settings_head(settings: RequestSettings) -> str:
+    """The fixed fields, in a fixed order (see the seed's "Recommendation", point 3)."""
+    fields = {
+        "model": settings.model,
+        "id_slot": settings.slot,
+        "cache_prompt": True,
+        "stream": settings.stream,
+        "return_progress": settings.stream,
+        "timings_per_token": settings.stream,
+        "reasoning_control": settings.stream,
+        "max_tokens": settings.max_tokens,
+        "temperature": settings.sampling.temperature,
+        "top_p": settings.sampling.top_p,
+        "top_k": settings.sampling.top_k,
+        "min_p": settings.sampling.min_p,
+    }
+    return dumps(fields)
+
+
+def build_body(settings: RequestSettings, tools_text: str, messages: Sequence[str]) -> bytes:
+    """The request body: fixed fields, the epoch's tools bytes, then the stored messages.
+
+    ``tools_text`` is the exact JSON array text of the epoch ("" or "[]" means no tools, and the
+    key is left out, so a model without tool support sees no tools).
+    """
+    head = settings_head(settings)
+    parts = [head[:-1]]
+    if tools_text and tools_text != "[]":
+        parts.append(',"tools":')
+        parts.append(tools_text)
+    parts.append(',"messages":[')
+    parts.append(",".join(messages))
+    parts.append("]}")
+    return "".join(parts).encode("utf-8")

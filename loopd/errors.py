@@ -1,0 +1,42 @@
+"""loopd's exception tree, in one place.
+
+Foreign errors (httpx, sqlite3, OS) are translated into these at the boundary where they happen
+(``raise ... from exc``), so callers above catch loopd's own types only. User-facing wording is
+decided in one place per surface: the CLI's one-line message, the chat adapter's reply.
+"""
+
+
+class LoopdError(Exception):
+    """Base of every error loopd raises on purpose."""
+
+
+class ConfigError(LoopdError):
+    """The configuration (environment, TOML file) is invalid; the message names the field."""
+
+
+class InferenceError(LoopdError):
+    """Talking to llama-server failed."""
+
+
+class ServerUnreachable(InferenceError):
+    """Nothing answers at the configured URL (connection refused, no such socket, DNS)."""
+
+    def __init__(self, url: str, reason: str) -> None:
+        super().__init__(f"llama-server at {url} is unreachable: {reason}")
+        self.url = url
+        self.reason = reason
+
+
+class ServerRejected(InferenceError):
+    """The server answered a request with an HTTP error (4xx/5xx) before streaming began."""
+
+    def __init__(self, url: str, status: int, message: str, error_type: str = "") -> None:
+        super().__init__(f"llama-server at {url} answered {status}: {message}")
+        self.url = url
+        self.status = status
+        self.message = message
+        self.error_type = error_type
+
+
+class StreamBroken(InferenceError):
+    """A stream began but did not complete (silence, error event, disconnect, no [DONE])."""

@@ -1,0 +1,63 @@
+"""``python -m loopd.fakes.mattermost``: run the fake until interrupted.
+
+Prints one JSON line on stdout once it listens: ``{"base_url", "uds", "bot_token", "users",
+"channels"}``, so a parent process can read where it is and whom to act as.
+"""
+
+import argparse
+import contextlib
+import json
+import sys
+from pathlib import Path
+
+import anyio
+
+from loopd.fakes.mattermost.clock import ManualClock, SystemClock
+from loopd.fakes.mattermost.core import FakeConfig
+from loopd.fakes.mattermost.server import serve_fake_mattermost
+
+
+def _parse(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m loopd.fakes.mattermost")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--uds", type=Path, help="listen on this Unix socket instead of TCP")
+    parser.add_argument("--bot-username", default="loopd")
+    parser.add_argument("--bot-token", default="fake-bot-token")
+    parser.add_argument("--reaper-timeout", type=float, default=300.0, help="seconds")
+    parser.add_argument("--auth-timeout", type=float, default=5.0, help="seconds")
+    parser.add_argument("--manual-clock", action="store_true", help="time moves via /_fake")
+    return parser.parse_args(argv)
+
+
+async def _run(args: argparse.Namespace) -> None:
+    config = FakeConfig(
+        bot_username=args.bot_username,
+        bot_token=args.bot_token,
+        reaper_timeout_s=args.reaper_timeout,
+        auth_timeout_s=args.auth_timeout,
+    )
+    clock = ManualClock() if args.manual_clock else SystemClock()
+    async with (
+        anyio.create_task_group() as tg,
+        serve_fake_mattermost(tg, config=config, clock=clock, uds=args.uds, host=args.host) as run,
+    ):
+        world = run.fake.world
+        announcement = {
+            "base_url": run.base_url,
+            "uds": str(run.uds) if run.uds else None,
+            "bot_token": config.bot_token,
+            "users": {u.username: u.id for u in world.users.values()},
+            "channels": {c.name: c.id for c in world.channels.values()},
+        }
+        sys.stdout.write(json.dumps(announcement) + "\n")
+        sys.stdout.flush()
+        await anyio.sleep_forever()
+
+
+def main(argv: list[str] | None = None) -> None:
+    with contextlib.suppress(KeyboardInterrupt):
+        anyio.run(_run, _parse(sys.argv[1:] if argv is None else argv))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,251 @@
+"""The self-test's checks: facts gathered from the server against the recorded expectation. Pure.
+
+Each check returns one ``CheckResult`` that reads as one line: its name, what was expected, what
+the server gave. A check whose facts could not be gathered fails with the reason; it never passes
+by default. Informational results (the template probe) are shown but do not decide the verdict.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from loopd.engine.perf import LOSS_TOLERANCE
+from loopd.selftest.expected import ExpectationsError, ModelExpectation, build_number
+from loopd.selftest.facts import ServerFacts
+from loopd.selftest.template import TemplateAnswer, template_sha256
+
+NOT_RECORDED = "(not recorded: run `loopd selftest --record`)"
+
+
+@dataclass(frozen=True)
+class CheckResult:
+    name: str
+    ok: bool
+    expected: str
+    actual: str
+    detail: str = ""
+    informational: bool = False
+
+
+def _not_run(name: str, expected: str, why: str) -> CheckResult:
+    return CheckResult(name, False, expected, "not checked", why)
+
+
+def check_server(facts: ServerFacts, expected: ModelExpectation | None) -> CheckResult:
+    """1. Reachable and healthy, and the build number is the recorded one."""
+    name = "server"
+    want = f"healthy, build {expected.build}" if expected else f"healthy, build {NOT_RECORDED}"
+    health = facts.health
+    if not health.reachable:
+        return CheckResult(name, False, want, "unreachable", health.detail)
+    if not health.healthy:
+        return CheckResult(name, False, want, "not healthy", health.detail)
+    if facts.props is None:
+        return CheckResult(name, False, want, "healthy, build unknown", facts.why_missing("props"))
+    info = facts.props.build_info
+    number = build_number(info)
+    if number is None:
+        return CheckResult(name, False, want, f"healthy, build_info {info!r} has no build number")
+    ok = expected is not None and number == expected.build
+    return CheckResult(name, ok, want, f"healthy, build {number} ({info})")
+
+
+def check_model(facts: ServerFacts) -> CheckResult:
+    """2. The model id is served: listed by the router, or the single model's alias."""
+    name = "model served"
+    want = facts.model
+    listing = facts.listing
+    if listing is None:
+        return _not_run(name, want, facts.why_missing("listing"))
+    if facts.model in listing.served:
+        status = f" (router status {listing.status})" if listing.router and listing.status else ""
+        return CheckResult(name, True, want, f"{facts.model}{status}")
+    if not listing.router and facts.props is not None and facts.props.model_alias == facts.model:
+        return CheckResult(name, True, want, f"{facts.model} (single-model server)")
+    served = ", ".join(listing.served) or "nothing"
+    return CheckResult(name, False, want, f"not served; the server serves {served}")
+
+
+def check_template(facts: ServerFacts, expected: ModelExpectation | None) -> CheckResult:
+    """3. The chat template (and tool-use template) hash, and the caps derived from them."""
+    name = "chat template"
+    want = (
+        f"sha256 {expected.template_sha256} ({expected.template_bytes} bytes)"
+        if expected
+        else NOT_RECORDED
+    )
+    props = facts.props
+    if props is None:
+        return _not_run(name, want, facts.why_missing("props"))
+    digest = template_sha256(props.chat_template, props.tool_use_template)
+    size = len(props.chat_template.encode("utf-8"))
+    got = f"sha256 {digest} ({size} bytes)"
+    if expected is None:
+        return CheckResult(name, False, want, got)
+    caps_changed = _caps_changes(expected.caps, props.caps)
+    detail = f"caps differ: {'; '.join(caps_changed)}" if caps_changed else ""
+    ok = digest == expected.template_sha256 and not caps_changed
+    return CheckResult(name, ok, want, got, detail)
+
+
+def check_context(facts: ServerFacts, expected: ModelExpectation | None) -> CheckResult:
+    """4a. Context per slot (what a session may grow to before compaction)."""
+    name = "context per slot"
+    want = str(expected.n_ctx_per_slot) if expected else NOT_RECORDED
+    if facts.props is None:
+        return _not_run(name, want, facts.why_missing("props"))
+    got = facts.props.n_ctx_per_slot
+    ok = expected is not None and got == expected.n_ctx_per_slot
+    return CheckResult(name, ok, want, str(got))
+
+
+def check_slot_count(facts: ServerFacts, expected: ModelExpectation | None) -> CheckResult:
+    """4b. The number of slots (the server's ``--parallel``)."""
+    name = "slots"
+    want = str(expected.total_slots) if expected else NOT_RECORDED
+    if facts.props is None:
+        return _not_run(name, want, facts.why_missing("props"))
+    got = facts.props.total_slots
+    return CheckResult(name, expected is not None and got == expected.total_slots, want, str(got))
+
+
+def check_harness_slots(facts: ServerFacts) -> CheckResult:
+    """4c. Every slot loopd pins sessions to exists (an id past the end silently wraps around)."""
+    name = "harness slots"
+    want = _ids(facts.harness_slots)
+    if facts.slots is None:
+        return _not_run(name, want, facts.why_missing("slots"))
+    present = {slot.id for slot in facts.slots}
+    absent = [s for s in facts.harness_slots if s not in present]
+    if absent:
+        got = f"{_ids(absent)} missing; the server has {_ids(sorted(present)) or 'no slots'}"
+        return CheckResult(name, False, want, got)
+    return CheckResult(name, True, want, f"{want} present of {len(present)}")
+
+
+def check_cache(facts: ServerFacts) -> CheckResult:
+    """5. A request repeated on a harness slot reuses the first one's prompt."""
+    name = "cache probe"
+    probe = facts.cache
+    if probe is None:
+        want = "the second request reuses the first's prompt"
+        return _not_run(name, want, facts.why_missing("cache"))
+    where = f"slot {probe.slot}"
+    if probe.first_prompt_tokens is None or probe.second_cache_n is None:
+        return CheckResult(name, False, "two completed requests", "failed", probe.failure)
+    floor = max(probe.first_prompt_tokens - 1 - LOSS_TOLERANCE, 0)
+    want = f"cache_n >= {floor} of {probe.first_prompt_tokens} prompt tokens"
+    got = f"cache_n {probe.second_cache_n}, prompt_n {probe.second_prompt_n}"
+    ok = probe.second_cache_n >= floor and not probe.failure
+    return CheckResult(name, ok, want, got, probe.failure or where)
+
+
+def check_stream(facts: ServerFacts) -> CheckResult:
+    """6. Progress events, per-token timings and the control call, all on one live stream."""
+    name = "stream probe"
+    want = "progress events, per-token timings, control call accepted"
+    probe = facts.stream
+    if probe is None:
+        return _not_run(name, want, facts.why_missing("stream"))
+    missing: list[str] = []
+    if probe.progress_events < 1:
+        missing.append("no progress events (return_progress ignored?)")
+    if probe.token_counts < 2:
+        missing.append("no per-token timings (timings_per_token ignored?)")
+    if probe.control_answer != "success":
+        answer = probe.control_answer or "never sent: the stream ended before the first token"
+        missing.append(f"control call not accepted: {answer}")
+    if not probe.complete and not probe.failure:
+        missing.append("the stream did not end with [DONE]")
+    got = (
+        f"{probe.progress_events} progress, {probe.timings_events} timings "
+        f"({probe.token_counts} token counts), control {probe.control_answer or 'not sent'}"
+    )
+    problems = "; ".join([probe.failure, *missing] if probe.failure else missing)
+    return CheckResult(name, not problems, want, got, problems or f"slot {probe.slot}")
+
+
+def check_render(facts: ServerFacts) -> CheckResult:
+    """7. loopd's exact request bodies render: a template may reject loopd's settings."""
+    name = "render probe"
+    want = "loopd's requests render through /apply-template"
+    probe = facts.render
+    if probe is None:
+        return _not_run(name, want, facts.why_missing("render"))
+    if probe.failure:
+        return CheckResult(name, False, want, "rejected", probe.failure)
+    return CheckResult(name, True, want, f"{probe.rendered} conversations rendered")
+
+
+def template_info(facts: ServerFacts) -> list[CheckResult]:
+    """The template probe: informational, it explains cache losses rather than refusing."""
+    probe = facts.template
+    detail = probe.detail if probe is not None else facts.why_missing("template")
+    keeps = probe.keeps_past_reasoning if probe is not None else TemplateAnswer.UNKNOWN
+    prefix = probe.tool_turn_prefix if probe is not None else TemplateAnswer.UNKNOWN
+    return [
+        CheckResult("keeps past reasoning", True, "yes", keeps.value, "", informational=True),
+        CheckResult(
+            "tool turn + user extends prompt", True, "yes", prefix.value, detail, informational=True
+        ),
+    ]
+
+
+def run_checks(facts: ServerFacts, expected: ModelExpectation | None) -> list[CheckResult]:
+    """Every check, in the order they are printed."""
+    return [
+        check_server(facts, expected),
+        check_model(facts),
+        check_template(facts, expected),
+        check_context(facts, expected),
+        check_slot_count(facts, expected),
+        check_harness_slots(facts),
+        check_cache(facts),
+        check_stream(facts),
+        check_render(facts),
+        *template_info(facts),
+    ]
+
+
+def passed(results: list[CheckResult]) -> bool:
+    return all(r.ok for r in results if not r.informational)
+
+
+def expectation_from_facts(facts: ServerFacts) -> ModelExpectation:
+    """What ``--record`` writes: the server's values as they are now."""
+    props = facts.props
+    if props is None:
+        raise ExpectationsError(f"cannot record: {facts.why_missing('props')}")
+    number = build_number(props.build_info)
+    if number is None:
+        raise ExpectationsError(
+            f"cannot record: build_info {props.build_info!r} has no build number"
+        )
+    return ModelExpectation(
+        model=facts.model,
+        build=number,
+        build_info=props.build_info,
+        template_sha256=template_sha256(props.chat_template, props.tool_use_template),
+        template_bytes=len(props.chat_template.encode("utf-8")),
+        n_ctx_per_slot=props.n_ctx_per_slot,
+        total_slots=props.total_slots,
+        caps=dict(props.caps),
+    )
+
+
+def _caps_changes(recorded: dict[str, bool], actual: dict[str, bool]) -> list[str]:
+    names = list(recorded) + [n for n in actual if n not in recorded]
+    return [
+        f"{n}: {_flag(recorded.get(n))} -> {_flag(actual.get(n))}"
+        for n in names
+        if recorded.get(n) != actual.get(n)
+    ]
+
+
+def _flag(value: bool | None) -> str:
+    return "absent" if value is None else str(value).lower()
+
+
+def _ids(ids: Sequence[int]) -> str:
+    return ",".join(str(i) for i in ids)

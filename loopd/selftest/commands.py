@@ -1,0 +1,105 @@
+"""``loopd selftest``: the command line over ``run_selftest``.
+
+Exit status: 0 every check passes; 1 a check failed; 2 the server is unreachable (or loopd could
+not do what was asked: a broken tools or expectations file).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import TextIO
+
+import anyio
+
+from loopd.config import Settings
+from loopd.selftest.expected import DEFAULT_DIR
+from loopd.selftest.run import EXIT_UNREACHABLE, format_report, run_selftest
+from loopd.tools.errors import ToolsSpecError
+from loopd.tools.spec import load_tools_spec
+
+DEFAULT_TOOLS_FILE = Path("tools.schema.json")
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parser = subparsers.add_parser(
+        "selftest",
+        help="check llama-server against the recorded expectations (make verify-device)",
+        description="Probe llama-server: health, build, model, template hash, context and slots "
+        "against the recorded values, then live cache, stream and render probes.",
+    )
+    parser.add_argument(
+        "--record",
+        action="store_true",
+        help="rewrite the model's expectations from the server as it is now, and show the diff",
+    )
+    parser.add_argument("--json", action="store_true", help="print the report as JSON")
+    parser.add_argument("--model", help="model id to test (default: LOOPD_MODEL)")
+    parser.add_argument(
+        "--tools",
+        type=Path,
+        help=f"tools file the render probe sends (default: ./{DEFAULT_TOOLS_FILE} if present)",
+    )
+    parser.add_argument(
+        "--expected-dir",
+        type=Path,
+        default=DEFAULT_DIR,
+        help="folder of the expectations files (default: the one in the package)",
+    )
+    parser.set_defaults(handler=cmd_selftest)
+
+
+def cmd_selftest(args: argparse.Namespace, settings: Settings) -> int:
+    return selftest(
+        settings,
+        model=args.model,
+        tools_path=args.tools,
+        record=args.record,
+        as_json=args.json,
+        expected_dir=args.expected_dir,
+    )
+
+
+def selftest(
+    settings: Settings,
+    *,
+    model: str | None = None,
+    tools_path: Path | None = None,
+    record: bool = False,
+    as_json: bool = False,
+    expected_dir: Path = DEFAULT_DIR,
+    out: TextIO = sys.stdout,
+    err: TextIO = sys.stderr,
+) -> int:
+    """Run the self-test and print its report; returns the exit status."""
+    try:
+        tools_text = _tools_text(tools_path)
+    except ToolsSpecError as exc:
+        err.write(f"loopd selftest: {exc}\n")
+        return EXIT_UNREACHABLE
+
+    async def run() -> int:
+        report = await run_selftest(
+            settings,
+            model=model,
+            tools_text=tools_text,
+            record=record,
+            expected_dir=expected_dir,
+        )
+        if as_json:
+            out.write(json.dumps(report.to_json(), indent=2, ensure_ascii=False) + "\n")
+        else:
+            out.write(format_report(report) + "\n")
+        return report.exit_status
+
+    return anyio.run(run)
+
+
+def _tools_text(path: Path | None) -> str:
+    if path is None:
+        if not DEFAULT_TOOLS_FILE.is_file():
+            return ""
+        path = DEFAULT_TOOLS_FILE
+    return load_tools_spec(path).text

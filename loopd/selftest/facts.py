@@ -1,0 +1,214 @@
+"""What the self-test found out about the server, as plain data. Pure.
+
+``probe.py`` gathers these (the I/O); ``checks.py`` judges them against the expectations. A fact
+left as None was not gathered: ``ServerFacts.missing`` says why, and the check that needed it
+fails with that reason instead of guessing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from loopd.selftest.template import TemplateAnswer
+from loopd.wire.assemble import StreamAssembler
+from loopd.wire.events import Progress, StreamEvent, Timings
+
+
+class MalformedAnswer(ValueError):
+    """A server answer that does not have the shape the protocol reference gives it."""
+
+
+@dataclass(frozen=True)
+class Health:
+    reachable: bool
+    healthy: bool
+    detail: str = ""
+
+
+@dataclass(frozen=True)
+class Listing:
+    """``GET /models``: in router mode every id and alias, and the status of loopd's model."""
+
+    router: bool
+    served: tuple[str, ...]
+    status: str = ""
+
+
+@dataclass(frozen=True)
+class Props:
+    """``GET /props?model=``: the fields the self-test compares."""
+
+    build_info: str
+    model_alias: str
+    chat_template: str
+    tool_use_template: str | None
+    caps: dict[str, bool]
+    n_ctx_per_slot: int
+    total_slots: int
+
+
+@dataclass(frozen=True)
+class SlotInfo:
+    id: int
+    n_ctx: int
+    is_processing: bool
+
+
+@dataclass(frozen=True)
+class CacheProbe:
+    """Two identical requests on one harness slot: the second should reuse the first's prompt."""
+
+    slot: int
+    first_prompt_tokens: int | None = None  # cache_n + prompt_n of the first request
+    second_cache_n: int | None = None
+    second_prompt_n: int | None = None
+    failure: str = ""
+
+
+@dataclass(frozen=True)
+class StreamProbe:
+    """One streamed request with loopd's settings, and the control call sent while it ran."""
+
+    slot: int
+    progress_events: int = 0
+    timings_events: int = 0
+    token_counts: int = 0  # distinct predicted_n values: more than one means per-token timings
+    control_answer: str | None = None  # "success", the server's refusal, or None if never sent
+    complete: bool = False
+    failure: str = ""
+
+
+@dataclass(frozen=True)
+class RenderProbe:
+    """loopd's exact request bodies rendered through ``/apply-template``."""
+
+    rendered: int = 0
+    failure: str = ""
+
+
+@dataclass(frozen=True)
+class TemplateProbe:
+    keeps_past_reasoning: TemplateAnswer = TemplateAnswer.UNKNOWN
+    tool_turn_prefix: TemplateAnswer = TemplateAnswer.UNKNOWN
+    detail: str = ""
+
+
+@dataclass
+class ServerFacts:
+    """Everything gathered in one self-test run; filled in step by step by ``probe.py``."""
+
+    url: str
+    model: str
+    harness_slots: tuple[int, ...]
+    health: Health
+    listing: Listing | None = None
+    props: Props | None = None
+    slots: tuple[SlotInfo, ...] | None = None
+    cache: CacheProbe | None = None
+    stream: StreamProbe | None = None
+    render: RenderProbe | None = None
+    template: TemplateProbe | None = None
+    missing: dict[str, str] = field(default_factory=dict)  # fact name -> why it is None
+
+    def why_missing(self, name: str) -> str:
+        return self.missing.get(name, "not gathered")
+
+
+def parse_listing(data: dict[str, Any]) -> Listing:
+    """Router mode lists models with a ``status``; a single-model server lists itself without."""
+    entries = [e for e in data.get("data", []) if isinstance(e, dict)]
+    router = any("status" in e for e in entries)
+    served: list[str] = []
+    for entry in entries:
+        served.append(str(entry.get("id", "")))
+        served.extend(str(a) for a in entry.get("aliases") or [] if isinstance(a, str))
+    return Listing(router=router, served=tuple(s for s in served if s))
+
+
+def model_status(data: dict[str, Any], model: str) -> str:
+    """The router's status value for ``model`` (``loaded``, ``unloaded``...), "" if not listed."""
+    for entry in data.get("data", []):
+        if isinstance(entry, dict) and entry.get("id") == model:
+            status = entry.get("status")
+            if isinstance(status, dict):
+                return str(status.get("value", ""))
+    return ""
+
+
+def parse_props(data: dict[str, Any]) -> Props:
+    """The compared fields of ``/props``; raises MalformedAnswer naming what is missing."""
+    if data.get("role") == "router":
+        raise MalformedAnswer("/props answered the router's own stub, not the model's")
+    settings = data.get("default_generation_settings")
+    n_ctx = settings.get("n_ctx") if isinstance(settings, dict) else None
+    template = data.get("chat_template")
+    slots = data.get("total_slots")
+    if not isinstance(n_ctx, int) or not isinstance(slots, int):
+        raise MalformedAnswer("/props has no default_generation_settings.n_ctx or total_slots")
+    if not isinstance(template, str):
+        raise MalformedAnswer("/props has no chat_template")
+    tool_use = data.get("chat_template_tool_use")
+    caps = data.get("chat_template_caps")
+    return Props(
+        build_info=str(data.get("build_info", "")),
+        model_alias=str(data.get("model_alias", "")),
+        chat_template=template,
+        tool_use_template=tool_use if isinstance(tool_use, str) and tool_use else None,
+        caps={str(k): v for k, v in caps.items() if isinstance(v, bool)}
+        if isinstance(caps, dict)
+        else {},
+        n_ctx_per_slot=n_ctx,
+        total_slots=slots,
+    )
+
+
+def parse_slots(data: list[dict[str, Any]]) -> tuple[SlotInfo, ...]:
+    slots: list[SlotInfo] = []
+    for entry in data:
+        slot_id, n_ctx = entry.get("id"), entry.get("n_ctx")
+        if not isinstance(slot_id, int) or not isinstance(n_ctx, int):
+            raise MalformedAnswer(f"/slots entry without an integer id and n_ctx: {entry!r:.200}")
+        slots.append(SlotInfo(slot_id, n_ctx, bool(entry.get("is_processing"))))
+    return tuple(slots)
+
+
+class StreamTally:
+    """Counts what one stream carried, on top of the assembler that folds it."""
+
+    def __init__(self) -> None:
+        self.assembler = StreamAssembler()
+        self.progress_events = 0
+        self.timings_events = 0
+        self._token_counts: set[int] = set()
+
+    def apply(self, event: StreamEvent) -> None:
+        self.assembler.apply(event)
+        if isinstance(event, Progress):
+            self.progress_events += 1
+        elif isinstance(event, Timings):
+            self.timings_events += 1
+            self._token_counts.add(event.predicted_n)
+
+    @property
+    def generating(self) -> bool:
+        """The first token is out: the completion is live and the control call can find it."""
+        return any(n > 0 for n in self._token_counts) or bool(
+            self.assembler.content or self.assembler.reasoning or self.assembler.tool_calls
+        )
+
+    def result(self, slot: int, control_answer: str | None, failure: str) -> StreamProbe:
+        asm = self.assembler
+        if not failure and asm.server_error is not None:
+            failure = f"the server reported an error mid-stream: {asm.server_error.message}"
+        elif not failure and asm.problems:
+            failure = f"malformed stream: {asm.problems[0]}"
+        return StreamProbe(
+            slot=slot,
+            progress_events=self.progress_events,
+            timings_events=self.timings_events,
+            token_counts=len(self._token_counts),
+            control_answer=control_answer,
+            complete=asm.done and not asm.problems and asm.server_error is None,
+            failure=failure,
+        )

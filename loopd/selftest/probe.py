@@ -1,0 +1,357 @@
+"""The self-test's I/O shell: ask the server, fill in ``ServerFacts``. Judging is in ``checks.py``.
+
+Every request uses loopd's own client and request builder, so what is probed is what loopd sends.
+Live requests go only to a harness slot (the first of ``LOOPD_SLOTS``) and are logged with kind
+``selftest``. They are short on purpose and carry no tools: the cache and stream probes test the
+server's mechanics, and a tools array would make them slow on a CPU. The tools array is exercised
+by the render probe, which costs no generation.
+
+Each streamed request gets a client (so a connection) of its own, and so do the requests after
+one. The router closes a connection after proxying a stream without saying so, and a request on
+that pooled connection then fails with "Server disconnected without sending a response"
+(measured on build 11434: 5 of 15 requests sent right after a stream).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import anyio
+import httpx
+
+from loopd.config import Settings
+from loopd.engine.client import InferenceClient
+from loopd.engine.request import RequestSettings, Sampling, build_body
+from loopd.engine.stream import Limits, RequestResult, run_request
+from loopd.errors import InferenceError, ServerUnreachable
+from loopd.selftest import template
+from loopd.selftest.facts import (
+    CacheProbe,
+    Health,
+    Listing,
+    MalformedAnswer,
+    Props,
+    RenderProbe,
+    ServerFacts,
+    SlotInfo,
+    StreamProbe,
+    StreamTally,
+    TemplateProbe,
+    model_status,
+    parse_listing,
+    parse_props,
+    parse_slots,
+)
+from loopd.selftest.template import TemplateAnswer
+from loopd.sessionlog.records import RequestKind
+from loopd.wire.events import EventDecoder
+
+log = logging.getLogger("loopd.selftest")
+
+APPLY_TEMPLATE_PATH = "/apply-template"
+PROBE_SYSTEM_TEXT = "You are a self-test. Answer in one short sentence."
+# The failures a probe records as a fact instead of raising: the server answered badly or not.
+_PROBE_ERRORS = (InferenceError, ValueError)
+
+ClientFactory = Callable[[], InferenceClient]
+
+
+@dataclass(frozen=True)
+class ProbeConfig:
+    """What the probes need to know about loopd's own settings."""
+
+    harness_slots: tuple[int, ...]
+    sampling: Sampling
+    max_tokens: int  # loopd's, for the render probe: exactly the settings loopd sends
+    system_text: str
+    tools_text: str  # the epoch's tools array text, "" for none
+    first_byte_s: float  # also the wait for a model the router loads on demand
+    silence_s: float
+    small_call_s: float
+    cache_probe_tokens: int = 4
+    stream_probe_tokens: int = 32
+
+    @classmethod
+    def from_settings(cls, settings: Settings, tools_text: str) -> ProbeConfig:
+        return cls(
+            harness_slots=settings.slots,
+            sampling=Sampling(settings.temperature, settings.top_p, settings.top_k, settings.min_p),
+            max_tokens=settings.max_tokens,
+            system_text=settings.system_text,
+            tools_text=tools_text,
+            first_byte_s=settings.first_byte_s,
+            silence_s=settings.silence_s,
+            small_call_s=settings.connect_s,
+        )
+
+    def request(self, model: str, max_tokens: int | None = None) -> RequestSettings:
+        return RequestSettings(
+            model=model,
+            slot=self.harness_slots[0],
+            max_tokens=self.max_tokens if max_tokens is None else max_tokens,
+            sampling=self.sampling,
+        )
+
+
+async def gather_facts(connect: ClientFactory, config: ProbeConfig) -> ServerFacts:
+    """Ask the server everything the checks need; never raises for what the server does.
+
+    ``connect`` opens a new client for the configured URL and model (see the module's note).
+    """
+    async with connect() as client:
+        facts = ServerFacts(
+            url=client.url,
+            model=client.model,
+            harness_slots=config.harness_slots,
+            health=await probe_health(client, config.small_call_s),
+        )
+        if not facts.health.healthy:
+            why = "the server is unreachable" if not facts.health.reachable else "not healthy"
+            facts.missing.update(dict.fromkeys(_ALL_FACTS, f"not checked: {why}"))
+            return facts
+        try:
+            facts.listing = await probe_listing(client, config.small_call_s)
+        except _PROBE_ERRORS as exc:
+            facts.missing.update(dict.fromkeys(_ALL_FACTS, f"GET /models failed: {exc}"))
+            return facts
+        if facts.listing.router and client.model not in facts.listing.served:
+            # Every further call names the model; the router would refuse each one.
+            facts.missing.update(dict.fromkeys(_ALL_FACTS, f"{client.model} is not served"))
+            return facts
+        await _gather_layout(client, config, facts)
+    await _gather_live(connect, config, facts)
+    async with connect() as client:
+        facts.render = await probe_render(client, config)
+        facts.template = await probe_template(client, config)
+    return facts
+
+
+_ALL_FACTS = ("listing", "props", "slots", "cache", "stream", "render", "template")
+
+
+async def _gather_layout(client: InferenceClient, config: ProbeConfig, facts: ServerFacts) -> None:
+    try:
+        # A router loads the model for /props if it is not running: allow for the load.
+        facts.props = await probe_props(client, config.first_byte_s)
+    except _PROBE_ERRORS as exc:
+        facts.missing["props"] = f"GET /props failed: {exc}"
+    try:
+        facts.slots = await probe_slots(client, config.small_call_s)
+    except _PROBE_ERRORS as exc:
+        facts.missing["slots"] = f"GET /slots failed: {exc}"
+
+
+async def _gather_live(connect: ClientFactory, config: ProbeConfig, facts: ServerFacts) -> None:
+    slot = config.harness_slots[0]
+    if facts.slots is None or slot not in {s.id for s in facts.slots}:
+        why = facts.why_missing("slots") if facts.slots is None else f"slot {slot} does not exist"
+        facts.missing["cache"] = facts.missing["stream"] = f"not run: {why}"
+        return
+    facts.cache = await probe_cache(connect, config)
+    async with connect() as client:
+        facts.stream = await probe_stream(client, config)
+
+
+async def probe_health(client: InferenceClient, limit_s: float) -> Health:
+    try:
+        healthy = await client.health(timeout=limit_s)
+    except ServerUnreachable as exc:
+        return Health(reachable=False, healthy=False, detail=str(exc))
+    return Health(True, healthy, "" if healthy else "/health did not answer 200 (loading?)")
+
+
+async def probe_listing(client: InferenceClient, limit_s: float) -> Listing:
+    data = await client.models(timeout=limit_s)
+    listing = parse_listing(data)
+    return Listing(listing.router, listing.served, model_status(data, client.model))
+
+
+async def probe_props(client: InferenceClient, limit_s: float) -> Props:
+    return parse_props(await client.props(timeout=limit_s))
+
+
+async def probe_slots(client: InferenceClient, limit_s: float) -> tuple[SlotInfo, ...]:
+    return parse_slots(await client.slots(timeout=limit_s))
+
+
+async def probe_cache(connect: ClientFactory, config: ProbeConfig) -> CacheProbe:
+    """The same short request twice on a harness slot; the second should find it cached."""
+    slot = config.harness_slots[0]
+    limits = Limits(
+        first_byte_s=config.first_byte_s,
+        silence_s=config.silence_s,
+        think_cap=config.cache_probe_tokens + 1,  # never reached: the probe has no cap to test
+    )
+    first = await _cache_request(connect, config, limits, "cache probe 1")
+    if first.assembler.timings is None or not first.complete:
+        return CacheProbe(slot, failure=f"first request: {_failure(first)}")
+    second = await _cache_request(connect, config, limits, "cache probe 2")
+    t1, t2 = first.assembler.timings, second.assembler.timings
+    if t2 is None or not second.complete:
+        return CacheProbe(slot, t1.cache_n + t1.prompt_n, failure=f"second: {_failure(second)}")
+    return CacheProbe(slot, t1.cache_n + t1.prompt_n, t2.cache_n, t2.prompt_n)
+
+
+async def _cache_request(
+    connect: ClientFactory, config: ProbeConfig, limits: Limits, what: str
+) -> RequestResult:
+    slot = config.harness_slots[0]
+    async with connect() as client:
+        settings = config.request(client.model, config.cache_probe_tokens)
+        body = build_body(settings, "", template.first_turn(PROBE_SYSTEM_TEXT))
+        result = await run_request(client, body, slot=slot, limits=limits)
+    _log_probe(what, slot, result)
+    return result
+
+
+async def probe_stream(client: InferenceClient, config: ProbeConfig) -> StreamProbe:
+    """A streamed request with loopd's settings; the control call goes out at the first token.
+
+    Read event by event rather than through ``run_request``: the probe must see every timings
+    event, and send the control call whether or not the model thinks (a template without
+    thinking tags still arms the completion, and the server answers ``success``).
+    """
+    slot = config.harness_slots[0]
+    settings = config.request(client.model, config.stream_probe_tokens)
+    body = build_body(settings, "", template.first_turn(PROBE_SYSTEM_TEXT))
+    tally = StreamTally()
+    control: str | None = None
+    failure = ""
+    try:
+        with anyio.fail_after(config.first_byte_s + config.silence_s):
+            async with client.stream_chat(body) as response:
+                decoder = EventDecoder()
+                async for chunk in response.aiter_raw():
+                    for event in decoder.feed(chunk):
+                        tally.apply(event)
+                    if control is None and tally.generating:
+                        control = await _control(client, tally.assembler.completion_id)
+                    if tally.assembler.done or tally.assembler.server_error is not None:
+                        break
+                for event in decoder.flush():
+                    tally.apply(event)
+    except TimeoutError:
+        failure = f"no complete stream within {config.first_byte_s + config.silence_s:g} s"
+    except InferenceError as exc:
+        failure = str(exc)
+    except httpx.TransportError as exc:
+        failure = f"the stream broke: {exc or type(exc).__name__}"
+    probe = tally.result(slot, control, failure)
+    log.info(
+        "selftest request",
+        extra={"fields": {"kind": RequestKind.SELFTEST.value, "probe": "stream", "slot": slot}},
+    )
+    return probe
+
+
+async def _control(client: InferenceClient, completion_id: str | None) -> str:
+    if completion_id is None:
+        return "no completion id in the stream"
+    try:
+        answer = await client.control_reasoning_end(completion_id)
+    except _PROBE_ERRORS as exc:
+        return f"control call failed: {exc}"
+    if answer.get("success") is True:
+        return "success"
+    return str(answer.get("message") or "success: false")
+
+
+async def probe_render(client: InferenceClient, config: ProbeConfig) -> RenderProbe:
+    """Render loopd's exact bodies (tools, settings, a tool round); a 500 here would be a 500
+    for every request."""
+    settings = config.request(client.model)
+    conversations = {
+        "first turn": template.first_turn(config.system_text),
+        "tool round": template.tool_turn(config.system_text, _first_tool(config.tools_text)),
+    }
+    for label, messages in conversations.items():
+        body = json.loads(build_body(settings, config.tools_text, messages))
+        try:
+            await _render(client, body, config.first_byte_s)
+        except _PROBE_ERRORS as exc:
+            return RenderProbe(rendered=0, failure=f"{label}: {exc}")
+    return RenderProbe(rendered=len(conversations))
+
+
+async def probe_template(client: InferenceClient, config: ProbeConfig) -> TemplateProbe:
+    """Does the template keep past reasoning, and does a user message after a tool round only
+    extend the prompt? Rendered with loopd's settings, without the generation prompt."""
+    settings = config.request(client.model)
+    tool = _first_tool(config.tools_text)
+    system = config.system_text
+
+    async def render(messages: list[str]) -> tuple[str | None, str]:
+        body: dict[str, Any] = json.loads(build_body(settings, config.tools_text, messages))
+        body["add_generation_prompt"] = False
+        try:
+            return await _render(client, body, config.first_byte_s), ""
+        except _PROBE_ERRORS as exc:
+            return None, str(exc)
+
+    answered, error_a = await render(template.answered_then_user(system))
+    before, error_b = await render(template.tool_turn(system, tool))
+    after, error_c = await render(template.user_after_tool(system, tool))
+    prefix = template.judge_prefix_extension(before, after)
+    detail = error_a or error_b or error_c
+    if prefix is TemplateAnswer.NO and before is not None and after is not None:
+        detail = template.divergence(before, after)
+    return TemplateProbe(template.judge_keeps_reasoning(answered), prefix, detail)
+
+
+async def template_keeps_reasoning(
+    client: InferenceClient, config: ProbeConfig | None = None
+) -> TemplateAnswer:
+    """Whether the served template renders an earlier turn's reasoning (yes, no, unknown).
+
+    For the perf records: with a template that drops it, the cache loss after an answer that
+    thought is the template's doing (``LossCause.TEMPLATE_DROPS_REASONING``).
+    """
+    config = config or ProbeConfig(
+        harness_slots=(0,),
+        sampling=Sampling(),
+        max_tokens=16,
+        system_text=PROBE_SYSTEM_TEXT,
+        tools_text="",
+        first_byte_s=60.0,
+        silence_s=60.0,
+        small_call_s=client.connect_s,
+    )
+    return (await probe_template(client, config)).keeps_past_reasoning
+
+
+async def _render(client: InferenceClient, body: dict[str, Any], limit_s: float) -> str:
+    answer = await client.post_json(APPLY_TEMPLATE_PATH, body, limit_s)
+    prompt = answer.get("prompt") if isinstance(answer, dict) else None
+    if not isinstance(prompt, str):
+        raise MalformedAnswer(f"{APPLY_TEMPLATE_PATH} answered without a prompt")
+    return prompt
+
+
+def _first_tool(tools_text: str) -> str:
+    """A declared tool's name for the probe's tool call (a template may check it is declared)."""
+    try:
+        tools = json.loads(tools_text) if tools_text else []
+        name = tools[0]["function"]["name"]
+    except (ValueError, LookupError, TypeError):
+        return "read_file"
+    return name if isinstance(name, str) else "read_file"
+
+
+def _failure(result: RequestResult) -> str:
+    if result.failure is not None:
+        return result.detail or result.failure.value
+    return "no timings in the stream"
+
+
+def _log_probe(what: str, slot: int, result: RequestResult) -> None:
+    t = result.assembler.timings
+    fields: dict[str, Any] = {"kind": RequestKind.SELFTEST.value, "probe": what, "slot": slot}
+    if t is not None:
+        fields.update(cache_n=t.cache_n, prompt_n=t.prompt_n, predicted_n=t.predicted_n)
+    if result.failure is not None:
+        fields["failure"] = result.failure.value
+    log.info("selftest request", extra={"fields": fields})

@@ -1,0 +1,178 @@
+"""One self-test run: gather the facts, optionally record them, check them, report.
+
+``run_selftest`` is what ``loopd selftest`` (and ``make verify-device``) runs, and what
+``loopd serve`` runs before it starts: a report whose ``exit_status`` is not 0 means refuse.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from loopd.config import Settings
+from loopd.engine.client import InferenceClient
+from loopd.selftest.checks import CheckResult, expectation_from_facts, passed, run_checks
+from loopd.selftest.expected import (
+    DEFAULT_DIR,
+    FieldChange,
+    diff_expectations,
+    expectation_path,
+    load_expectation,
+    save_expectation,
+)
+from loopd.selftest.facts import ServerFacts
+from loopd.selftest.probe import ProbeConfig, gather_facts
+from loopd.selftest.template import TemplateAnswer
+
+EXIT_PASS = 0
+EXIT_FAIL = 1
+EXIT_UNREACHABLE = 2
+
+
+@dataclass(frozen=True)
+class Recording:
+    """What ``--record`` wrote: the file and what changed in it."""
+
+    path: Path
+    changes: list[FieldChange]
+
+
+@dataclass(frozen=True)
+class SelftestReport:
+    model: str
+    url: str
+    expectations: Path
+    results: list[CheckResult]
+    facts: ServerFacts
+    recording: Recording | None = None
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return passed(self.results)
+
+    @property
+    def unreachable(self) -> bool:
+        return not self.facts.health.reachable
+
+    @property
+    def exit_status(self) -> int:
+        if self.unreachable:
+            return EXIT_UNREACHABLE
+        return EXIT_PASS if self.ok else EXIT_FAIL
+
+    @property
+    def keeps_past_reasoning(self) -> TemplateAnswer:
+        probe = self.facts.template
+        return probe.keeps_past_reasoning if probe is not None else TemplateAnswer.UNKNOWN
+
+    def to_json(self) -> dict[str, Any]:
+        """The machine-readable report (``loopd selftest --json``)."""
+        template = self.facts.template
+        return {
+            "model": self.model,
+            "url": self.url,
+            "ok": self.ok,
+            "exit_status": self.exit_status,
+            "expectations": str(self.expectations),
+            "checks": [
+                {
+                    "name": r.name,
+                    "ok": r.ok,
+                    "informational": r.informational,
+                    "expected": r.expected,
+                    "actual": r.actual,
+                    "detail": r.detail,
+                }
+                for r in self.results
+            ],
+            "template": {
+                "keeps_past_reasoning": self.keeps_past_reasoning.value,
+                "tool_turn_prefix_extension": (
+                    template.tool_turn_prefix.value
+                    if template is not None
+                    else TemplateAnswer.UNKNOWN.value
+                ),
+            },
+            "recorded": None
+            if self.recording is None
+            else {
+                "path": str(self.recording.path),
+                "changes": [
+                    {"field": c.field, "old": c.old, "new": c.new} for c in self.recording.changes
+                ],
+            },
+            "notes": self.notes,
+        }
+
+
+async def run_selftest(
+    settings: Settings,
+    *,
+    model: str | None = None,
+    tools_text: str = "",
+    record: bool = False,
+    expected_dir: Path = DEFAULT_DIR,
+) -> SelftestReport:
+    """Probe the server at ``settings.infer_url`` for ``model`` (default ``settings.model``).
+
+    With ``record``, the expectation file is first rewritten from what the server reports now,
+    so the checks then compare against the new values and the live probes still run.
+    Raises ``ExpectationsError`` for an expectations file that cannot be read or written.
+    """
+    model = model or settings.model
+    notes = [] if tools_text else ["no tools file: the render probe rendered without tools"]
+    config = ProbeConfig.from_settings(settings, tools_text)
+
+    def connect() -> InferenceClient:
+        return InferenceClient(settings.infer_url, model, connect_s=settings.connect_s)
+
+    facts = await gather_facts(connect, config)
+    expected = load_expectation(model, expected_dir)
+    recording = None
+    if record and facts.health.reachable:
+        new = expectation_from_facts(facts)
+        changes = diff_expectations(expected, new)
+        path = save_expectation(new, expected_dir)
+        recording, expected = Recording(path, changes), new
+    return SelftestReport(
+        model=model,
+        url=settings.infer_url,
+        expectations=expectation_path(model, expected_dir),
+        results=run_checks(facts, expected),
+        facts=facts,
+        recording=recording,
+        notes=notes,
+    )
+
+
+def format_report(report: SelftestReport) -> str:
+    """The human report: a header, one line per check, the recording's diff, a verdict."""
+    lines = [f"loopd selftest: {report.model} at {report.url}"]
+    lines.append(f"expectations: {report.expectations}")
+    if report.recording is not None:
+        lines.append(f"recorded {report.recording.path}:")
+        changes = report.recording.changes
+        lines.extend(f"  {change.describe()}" for change in changes)
+        if not changes:
+            lines.append("  no change")
+    lines.extend(format_result(result) for result in report.results)
+    lines.extend(f"note: {note}" for note in report.notes)
+    counted = [r for r in report.results if not r.informational]
+    good = sum(r.ok for r in counted)
+    verdict = "pass" if report.ok else "FAIL"
+    lines.append(f"{verdict}: {good} of {len(counted)} checks pass")
+    return "\n".join(lines)
+
+
+def format_result(result: CheckResult) -> str:
+    """One line: ``ok   name: expected X, got Y (detail)``; ``info`` lines give the answer."""
+    if result.informational:
+        text = f"info  {result.name}: {result.actual} (best: {result.expected})"
+    else:
+        mark = "ok  " if result.ok else "FAIL"
+        text = f"{mark}  {result.name}: expected {result.expected}, got {result.actual}"
+    if result.detail:
+        text = f"{text} ({result.detail})"
+    return text

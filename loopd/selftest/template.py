@@ -1,0 +1,120 @@
+"""The chat template, as the self-test sees it: its fingerprint and the probe conversations. Pure.
+
+The probes render conversations through ``/apply-template`` (in ``probe.py``) and judge the
+rendered prompts here:
+
+- *keeps past reasoning*: an assistant turn with reasoning, then a new user message. A template
+  that drops the earlier reasoning (llama.cpp's Qwen3.5 template does) re-renders that turn
+  differently from what the model generated, so each new user turn re-reads the previous answer.
+  That is a template cost, not a client fault, and the perf records label it so.
+- *tool turn then user is a prefix extension*: the prompt of a conversation ending in a tool
+  result, and the same conversation with a user message added. When the second does not begin
+  with the first, a user message after tool calls costs a re-read from that turn on.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from enum import StrEnum
+
+from loopd.jsonbytes import dumps
+
+# Unlikely to occur in any template's own text, so finding it means the template rendered it.
+REASONING_MARKER = "selftest-reasoning-7d1c"
+PROBE_CALL_ID = "selftest-call-1"
+
+
+class TemplateAnswer(StrEnum):
+    """The answer to one template question; UNKNOWN when the server could not render it."""
+
+    YES = "yes"
+    NO = "no"
+    UNKNOWN = "unknown"
+
+
+def template_sha256(chat_template: str, tool_use_template: str | None) -> str:
+    """sha256 (hex) of ``chat_template``; with a separate tool-use template, of both.
+
+    Without a tool-use template this is the plain sha256 of the template's UTF-8 bytes, the figure
+    an operator gets from ``sha256sum`` of the template file. The record separator keeps
+    ("ab", "c") and ("a", "bc") apart.
+    """
+    digest = hashlib.sha256(chat_template.encode("utf-8"))
+    if tool_use_template is not None:
+        digest.update(b"\x1e")
+        digest.update(tool_use_template.encode("utf-8"))
+    return digest.hexdigest()
+
+
+def first_turn(system_text: str) -> list[str]:
+    """A new session's first request: system text and one user message."""
+    return [
+        dumps({"role": "system", "content": system_text}),
+        dumps({"role": "user", "content": "Say OK."}),
+    ]
+
+
+def tool_turn(system_text: str, tool_name: str) -> list[str]:
+    """A conversation ending in a tool result, shaped like loopd's replayed messages.
+
+    The assistant message is what ``AssistantMessage.to_wire`` stores for a turn that thought and
+    then called a tool: content null, reasoning, one call with its argument text.
+    """
+    call = {
+        "id": PROBE_CALL_ID,
+        "type": "function",
+        "function": {"name": tool_name, "arguments": "{}"},
+    }
+    assistant = {
+        "role": "assistant",
+        "content": None,
+        "reasoning_content": f"I will call {tool_name}. {REASONING_MARKER}",
+        "tool_calls": [call],
+    }
+    tool = {"role": "tool", "tool_call_id": PROBE_CALL_ID, "content": "selftest tool result"}
+    return [*first_turn(system_text), dumps(assistant), dumps(tool)]
+
+
+def answered_then_user(system_text: str) -> list[str]:
+    """An assistant turn with reasoning and an answer, then the next user message."""
+    assistant = {
+        "role": "assistant",
+        "content": "OK.",
+        "reasoning_content": f"The user wants OK. {REASONING_MARKER}",
+    }
+    follow_up = {"role": "user", "content": "Again."}
+    return [*first_turn(system_text), dumps(assistant), dumps(follow_up)]
+
+
+def user_after_tool(system_text: str, tool_name: str) -> list[str]:
+    return [*tool_turn(system_text, tool_name), dumps({"role": "user", "content": "Thanks."})]
+
+
+def judge_keeps_reasoning(prompt: str | None) -> TemplateAnswer:
+    """From the rendered ``answered_then_user`` conversation (None: it did not render)."""
+    if prompt is None:
+        return TemplateAnswer.UNKNOWN
+    return TemplateAnswer.YES if REASONING_MARKER in prompt else TemplateAnswer.NO
+
+
+def judge_prefix_extension(before: str | None, after: str | None) -> TemplateAnswer:
+    """Does the longer conversation's prompt begin, byte for byte, with the shorter one's?
+
+    Both must be rendered without the generation prompt, which the next request replaces with
+    the assistant turn itself.
+    """
+    if before is None or after is None:
+        return TemplateAnswer.UNKNOWN
+    return TemplateAnswer.YES if after.startswith(before) else TemplateAnswer.NO
+
+
+def divergence(before: str, after: str, context: int = 40) -> str:
+    """Where two prompts first differ, for a person reading the report."""
+    index = next(
+        (i for i, (a, b) in enumerate(zip(before, after, strict=False)) if a != b),
+        min(len(before), len(after)),
+    )
+    return (
+        f"prompts differ at character {index}: {before[index : index + context]!r} "
+        f"became {after[index : index + context]!r}"
+    )

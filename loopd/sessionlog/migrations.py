@@ -1,0 +1,112 @@
+"""Versioned schema of the session log.
+
+The version lives in ``PRAGMA user_version`` and the file is marked as a session log by
+``PRAGMA application_id``. Migration ``n`` (1-based) moves the schema from ``n - 1`` to ``n``; each
+runs in the same transaction as its version bump, so a crash leaves the old or the new schema,
+never a mix. Migrations are only ever appended to this list.
+"""
+
+from collections.abc import Callable
+
+from sqlite_utils import Database
+
+APPLICATION_ID = 0x6C6F6F70  # "loop"
+
+APPEND_ONLY_TABLES = ("sessions", "epochs", "entries", "requests")
+
+_V1_TABLES = """
+CREATE TABLE sessions (
+    id INTEGER PRIMARY KEY,
+    name TEXT NOT NULL UNIQUE,
+    slot INTEGER NOT NULL CHECK (slot >= 0),
+    created_at TEXT NOT NULL
+) STRICT;
+
+CREATE TABLE epochs (
+    id INTEGER PRIMARY KEY,
+    session_id INTEGER NOT NULL REFERENCES sessions (id),
+    number INTEGER NOT NULL CHECK (number >= 1),
+    reason TEXT NOT NULL,
+    tools_text TEXT NOT NULL,
+    tools_sha256 TEXT NOT NULL,
+    system_text TEXT NOT NULL,
+    created_at TEXT NOT NULL,
+    UNIQUE (session_id, number)
+) STRICT;
+
+CREATE TABLE requests (
+    id INTEGER PRIMARY KEY,
+    session_id INTEGER NOT NULL REFERENCES sessions (id),
+    epoch_id INTEGER NOT NULL REFERENCES epochs (id),
+    kind TEXT NOT NULL
+        CHECK (kind IN ('turn', 'tool_followup', 'selftest', 'compaction', 'prewarm')),
+    slot INTEGER NOT NULL,
+    message_count INTEGER NOT NULL CHECK (message_count >= 0),
+    messages_sha256 TEXT NOT NULL,
+    outcome TEXT NOT NULL,
+    cache_n INTEGER,
+    prompt_n INTEGER,
+    predicted_n INTEGER,
+    ttfb_ms REAL,
+    queue_wait_ms REAL,
+    prompt_per_second REAL,
+    predicted_per_second REAL,
+    thinking_tokens INTEGER,
+    capped INTEGER NOT NULL CHECK (capped IN (0, 1)),
+    cache_loss INTEGER,
+    cache_loss_cause TEXT,
+    extra TEXT NOT NULL CHECK (json_valid(extra)),
+    created_at TEXT NOT NULL
+) STRICT;
+
+CREATE INDEX requests_by_session ON requests (session_id, id);
+
+CREATE TABLE entries (
+    id INTEGER PRIMARY KEY,
+    session_id INTEGER NOT NULL REFERENCES sessions (id),
+    seq INTEGER NOT NULL CHECK (seq >= 1),
+    epoch_id INTEGER NOT NULL REFERENCES epochs (id),
+    kind TEXT NOT NULL
+        CHECK (kind IN ('epoch', 'user', 'assistant', 'tool', 'broken', 'note')),
+    message TEXT,
+    text TEXT,
+    reason TEXT,
+    external_key TEXT,
+    tool_call_id TEXT,
+    request_id INTEGER REFERENCES requests (id),
+    refers_to INTEGER,
+    tools_sha256 TEXT,
+    created_at TEXT NOT NULL,
+    prev_hash TEXT NOT NULL,
+    hash TEXT NOT NULL,
+    UNIQUE (session_id, seq),
+    UNIQUE (session_id, external_key),
+    CHECK ((message IS NOT NULL) = (kind IN ('epoch', 'user', 'assistant', 'tool')))
+) STRICT;
+
+-- The replay query reads one epoch's messages in log order from this index alone.
+CREATE INDEX entries_replay ON entries (epoch_id, seq) WHERE message IS NOT NULL;
+CREATE INDEX entries_by_kind ON entries (session_id, kind, seq);
+"""
+
+
+def _append_only_triggers(table: str) -> str:
+    return f"""
+CREATE TRIGGER {table}_no_update BEFORE UPDATE ON {table}
+BEGIN SELECT RAISE(ABORT, '{table} are append-only'); END;
+CREATE TRIGGER {table}_no_delete BEFORE DELETE ON {table}
+BEGIN SELECT RAISE(ABORT, '{table} are append-only'); END;
+"""
+
+
+def _v1_initial(db: Database) -> None:
+    db.executescript(_V1_TABLES + "".join(map(_append_only_triggers, APPEND_ONLY_TABLES)))
+    db.execute(f"PRAGMA application_id = {APPLICATION_ID}")
+
+
+MIGRATIONS: list[Callable[[Database], None]] = [_v1_initial]
+LATEST_VERSION = len(MIGRATIONS)
+
+
+def expected_triggers() -> frozenset[str]:
+    return frozenset(f"{t}_no_{op}" for t in APPEND_ONLY_TABLES for op in ("update", "delete"))

@@ -1,0 +1,172 @@
+"""Typed rows of the session log: what goes in and what comes out.
+
+These are plain frozen dataclasses; the store maps them to and from SQL, and the pure modules
+(``replay``, ``state``, ``chain``, ``verify``) work on them without touching the database.
+"""
+
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+
+class EntryKind(StrEnum):
+    EPOCH = "epoch"  # opens an epoch; its message is the epoch's system message
+    USER = "user"
+    ASSISTANT = "assistant"
+    TOOL = "tool"
+    BROKEN = "broken"  # a stream that did not finish: kept for diagnosis, never replayed
+    NOTE = "note"  # an operator note or a correction of an earlier entry, never replayed
+
+
+REPLAYED_KINDS = frozenset({EntryKind.EPOCH, EntryKind.USER, EntryKind.ASSISTANT, EntryKind.TOOL})
+
+
+class RequestKind(StrEnum):
+    TURN = "turn"
+    TOOL_FOLLOWUP = "tool_followup"
+    SELFTEST = "selftest"
+    COMPACTION = "compaction"
+    PREWARM = "prewarm"
+
+
+# Requests of these kinds send the session's replayed messages and must keep replay identity;
+# a self-test sends its own probes.
+REPLAYING_REQUEST_KINDS = frozenset(set(RequestKind) - {RequestKind.SELFTEST})
+
+
+def fresh_external_key() -> str:
+    """An intake key for a message with no natural one (a terminal message)."""
+    return f"local-{uuid.uuid4().hex}"
+
+
+@dataclass(frozen=True, slots=True)
+class Session:
+    id: int
+    name: str
+    slot: int
+    created_at: str
+
+
+@dataclass(frozen=True, slots=True)
+class Epoch:
+    id: int
+    session_id: int
+    number: int
+    reason: str
+    tools_text: str
+    tools_sha256: str
+    system_text: str
+    created_at: str
+
+
+@dataclass(frozen=True, slots=True)
+class EntryFields:
+    """What an entry says: everything the hash chain covers besides the previous hash."""
+
+    seq: int
+    epoch_number: int
+    kind: EntryKind
+    message: str | None  # the serialized message, exactly as replayed (replayed kinds only)
+    text: str | None  # not replayed: a note's text, a broken stream's partial text
+    reason: str | None  # an epoch's or a broken stream's reason
+    external_key: str | None
+    tool_call_id: str | None
+    request_id: int | None
+    refers_to: int | None  # the seq of an entry this one corrects or copies
+    tools_sha256: str | None  # epoch entries: the epoch's tools hash
+    created_at: str
+
+
+@dataclass(frozen=True, slots=True)
+class Entry:
+    id: int
+    session_id: int
+    fields: EntryFields
+    prev_hash: str
+    hash: str
+
+    @property
+    def seq(self) -> int:
+        return self.fields.seq
+
+    @property
+    def kind(self) -> EntryKind:
+        return self.fields.kind
+
+    @property
+    def message(self) -> str | None:
+        return self.fields.message
+
+
+@dataclass(frozen=True, slots=True)
+class Appended:
+    """The result of an idempotent append: the entry, and whether this call created it."""
+
+    entry: Entry
+    is_new: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Perf:
+    """How a request went, as reported by the server and measured by the turn engine."""
+
+    outcome: str = "ok"
+    cache_n: int | None = None
+    prompt_n: int | None = None
+    predicted_n: int | None = None
+    ttfb_ms: float | None = None
+    queue_wait_ms: float | None = None
+    prompt_per_second: float | None = None
+    predicted_per_second: float | None = None
+    thinking_tokens: int | None = None
+    capped: bool = False
+    cache_loss: int | None = None  # tokens re-read that the previous request had cached
+    cache_loss_cause: str | None = None
+    extra: Mapping[str, Any] = field(default_factory=dict)  # stored as a JSON object
+
+
+@dataclass(frozen=True, slots=True)
+class RequestRecord:
+    """A request to record: what it sent (count and digest of its messages) and how it went.
+
+    ``messages_sha256`` is ``chain.messages_digest`` of the messages actually sent, which is the
+    sha256 of the request's ``messages`` array bytes.
+    """
+
+    kind: RequestKind
+    slot: int
+    epoch: int  # the epoch number the request was built from
+    message_count: int
+    messages_sha256: str
+    perf: Perf = field(default_factory=Perf)
+
+
+@dataclass(frozen=True, slots=True)
+class Request:
+    id: int
+    session_id: int
+    record: RequestRecord
+    created_at: str
+
+
+@dataclass(frozen=True, slots=True)
+class InterruptedCall:
+    call_id: str
+    name: str
+    assistant_seq: int  # the assistant entry that made the call
+
+
+@dataclass(frozen=True, slots=True)
+class SessionState:
+    """What a session is waiting for, derived from its rows (never stored)."""
+
+    session: str
+    pending_turn: bool  # the last replayed entry is a user message or a tool result
+    interrupted_calls: tuple[InterruptedCall, ...]  # tool calls with no result
+    broken_since: tuple[Entry, ...]  # broken-stream records after the last replayed entry
+
+    @property
+    def idle(self) -> bool:
+        return not self.pending_turn and not self.interrupted_calls

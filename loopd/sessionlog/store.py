@@ -1,0 +1,754 @@
+"""The I/O shell of the session log: one SQLite file per state dir, written append-only.
+
+Settings, and why:
+
+- WAL journal: readers (``loopd log ...``) never block the daemon's appends.
+- ``synchronous=FULL``: in WAL mode NORMAL survives a process crash but may lose the last commits
+  on power loss. The log is the only record of what was posted to a thread and sent to the server,
+  and a turn takes seconds, so one fsync per append is cheap insurance.
+- Every write is one ``BEGIN IMMEDIATE`` transaction: an append reads the chain head then inserts,
+  and taking the write lock up front makes a competing writer wait (busy timeout) instead of
+  failing on a stale snapshot. A crash at any point leaves the rows of whole appends only.
+- Triggers reject UPDATE and DELETE on every table (see ``migrations``); corrections are entries.
+"""
+
+import json
+import sqlite3
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from datetime import UTC, datetime
+from itertools import count
+from pathlib import Path
+from types import TracebackType
+from typing import Any, Self
+
+from sqlite_utils import Database
+
+from loopd import jsonbytes
+from loopd.sessionlog import chain, replay
+from loopd.sessionlog.assistant import MalformedAssistantError, tool_calls_of
+from loopd.sessionlog.errors import (
+    AppendOnlyError,
+    CorruptLogError,
+    DiskFullError,
+    InvalidAppendError,
+    InvalidMessageError,
+    LockedError,
+    LogError,
+    LogNotFoundError,
+    NoEpochError,
+    NotALogError,
+    SchemaTooNewError,
+    SlotMismatchError,
+    StorageError,
+    ToolCallError,
+    UnknownSessionError,
+)
+from loopd.sessionlog.migrations import APPLICATION_ID, LATEST_VERSION, MIGRATIONS
+from loopd.sessionlog.records import (
+    Appended,
+    Entry,
+    EntryFields,
+    EntryKind,
+    Epoch,
+    Perf,
+    Request,
+    RequestKind,
+    RequestRecord,
+    Session,
+    SessionState,
+)
+from loopd.sessionlog.state import derive_state, unanswered_calls
+
+WriteHook = Callable[[str], None]
+"""Called after every write statement and every commit with a label; used by crash tests."""
+
+_ENTRY_COLUMNS = (
+    "e.id, e.session_id, e.seq, ep.number, e.kind, e.message, e.text, e.reason, e.external_key,"
+    " e.tool_call_id, e.request_id, e.refers_to, e.tools_sha256, e.created_at, e.prev_hash, e.hash"
+)
+_ENTRY_SELECT = f"SELECT {_ENTRY_COLUMNS} FROM entries e JOIN epochs ep ON ep.id = e.epoch_id"
+_EPOCH_COLUMNS = "id, session_id, number, reason, tools_text, tools_sha256, system_text, created_at"
+_PERF_COLUMNS = (
+    "outcome",
+    "cache_n",
+    "prompt_n",
+    "predicted_n",
+    "ttfb_ms",
+    "queue_wait_ms",
+    "prompt_per_second",
+    "predicted_per_second",
+    "thinking_tokens",
+    "capped",
+    "cache_loss",
+    "cache_loss_cause",
+    "extra",
+)
+_REQUEST_COLUMNS = (
+    "r.id, r.session_id, ep.number, r.kind, r.slot, r.message_count, r.messages_sha256, "
+    + ", ".join(f"r.{column}" for column in _PERF_COLUMNS)
+    + ", r.created_at"
+)
+
+
+def utc_now() -> str:
+    return datetime.now(UTC).isoformat(timespec="microseconds")
+
+
+class SessionLog:
+    """An open session log. Safe to share between threads (calls are serialized)."""
+
+    def __init__(
+        self, path: Path, conn: sqlite3.Connection, clock: Callable[[], str], on_write: WriteHook
+    ) -> None:
+        self.path = path
+        self._db = Database(conn, execute_plugins=False)
+        self._clock = clock
+        self._on_write = on_write
+        self._lock = threading.RLock()
+        self._sessions: dict[str, Session] = {}
+        self._savepoints = count()
+
+    # -- opening and closing -------------------------------------------------------------------
+
+    @classmethod
+    def open(
+        cls,
+        path: Path,
+        *,
+        create: bool = True,
+        busy_timeout_ms: int = 5000,
+        clock: Callable[[], str] = utc_now,
+        on_write: WriteHook | None = None,
+    ) -> Self:
+        """Open (and create or migrate) the log at ``path``; raises a ``StorageError`` naming it."""
+        path = Path(path)
+        if path.exists() and not path.is_file():
+            raise NotALogError(path, "not a regular file")
+        if not path.exists() and not create:
+            raise LogNotFoundError(path, "no such file")
+        try:
+            conn = sqlite3.connect(
+                path,
+                timeout=busy_timeout_ms / 1000,
+                isolation_level=None,  # transactions are explicit; nothing opens one implicitly
+                check_same_thread=False,  # guarded by the log's lock instead
+            )
+        except sqlite3.Error as exc:
+            raise translate_error(path, exc) from exc
+        log = cls(path, conn, clock, on_write or _no_hook)
+        try:
+            log._prepare(busy_timeout_ms)
+        except BaseException:
+            conn.close()
+            raise
+        return log
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def _prepare(self, busy_timeout_ms: int) -> None:
+        with self._reading():
+            self._pragma(f"busy_timeout = {int(busy_timeout_ms)}")
+            version = int(self._pragma("user_version"))  # the first read: fails on a foreign file
+            self._check_identity(version)
+            if str(self._pragma("journal_mode = WAL")).lower() != "wal":
+                raise StorageError(self.path, "cannot use write-ahead logging on this file system")
+            self._pragma("synchronous = FULL")
+            self._pragma("foreign_keys = ON")
+            problems = [row[0] for row in self._db.execute("PRAGMA quick_check").fetchall()]
+            if problems != ["ok"]:
+                raise CorruptLogError(self.path, "damaged database: " + "; ".join(problems[:3]))
+            self._migrate()
+
+    def _check_identity(self, version: int) -> None:
+        if version > LATEST_VERSION:
+            raise SchemaTooNewError(
+                self.path,
+                f"schema version {version} was written by a newer loopd "
+                f"(this one understands up to {LATEST_VERSION}); upgrade loopd to read it",
+            )
+        if version == 0:
+            tables = [name for name in self._db.table_names() if not name.startswith("sqlite_")]
+            if tables:
+                raise NotALogError(
+                    self.path, f"an SQLite database but not a session log (tables: {tables})"
+                )
+        elif int(self._pragma("application_id")) != APPLICATION_ID:
+            raise NotALogError(self.path, "an SQLite database of another application")
+
+    def _migrate(self) -> None:
+        for target in range(int(self._pragma("user_version")) + 1, LATEST_VERSION + 1):
+            with self.transaction():
+                # Re-read under the write lock: another process may have migrated meanwhile.
+                if int(self._pragma("user_version")) >= target:
+                    continue
+                MIGRATIONS[target - 1](self._db)
+                self._db.execute(f"PRAGMA user_version = {target}")
+
+    def _pragma(self, statement: str) -> Any:
+        row = self._db.execute(f"PRAGMA {statement}").fetchone()
+        return None if row is None else row[0]
+
+    # -- transactions and error translation -----------------------------------------------------
+
+    @contextmanager
+    def transaction(self) -> Iterator[None]:
+        """Group writes into one transaction: all of them are kept, or none. Nestable."""
+        with self._lock, self._guard():
+            conn = self._db.conn
+            if conn.in_transaction:
+                name = f"sessionlog_{next(self._savepoints)}"
+                conn.execute(f"SAVEPOINT {name}")
+                try:
+                    yield
+                except BaseException:
+                    if conn.in_transaction:
+                        conn.execute(f"ROLLBACK TO {name}")
+                        conn.execute(f"RELEASE {name}")
+                    raise
+                conn.execute(f"RELEASE {name}")
+                return
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                yield
+                conn.execute("COMMIT")
+            except BaseException:
+                if conn.in_transaction:  # SQLITE_FULL and others may have rolled back already
+                    conn.execute("ROLLBACK")
+                raise
+            self._on_write("commit")
+
+    @contextmanager
+    def _reading(self) -> Iterator[None]:
+        with self._lock, self._guard():
+            yield
+
+    @contextmanager
+    def _guard(self) -> Iterator[None]:
+        try:
+            yield
+        except sqlite3.Error as exc:
+            raise translate_error(self.path, exc) from exc
+
+    def _write(self, label: str, sql: str, params: tuple[Any, ...]) -> int:
+        cursor = self._db.execute(sql, params)
+        self._on_write(label)
+        return int(cursor.lastrowid or 0)
+
+    # -- sessions -------------------------------------------------------------------------------
+
+    def ensure_session(self, name: str, slot: int) -> Session:
+        """The session called ``name``, created on first use; its slot is fixed for life."""
+        if not name or slot < 0:
+            raise InvalidAppendError(self.path, f"bad session {name!r} / slot {slot}")
+        with self.transaction():
+            existing = self._find_session(name)
+            if existing is not None:
+                if existing.slot != slot:
+                    raise SlotMismatchError(
+                        self.path,
+                        f"session {name!r} uses slot {existing.slot} for life, not {slot}",
+                    )
+                return existing
+            created_at = self._clock()
+            row_id = self._write(
+                "ensure_session:insert session",
+                "INSERT INTO sessions (name, slot, created_at) VALUES (?, ?, ?)",
+                (_utf8(self.path, name, "session name"), slot, created_at),
+            )
+        return self._remember(Session(row_id, name, slot, created_at))
+
+    def get_session(self, name: str) -> Session:
+        with self._reading():
+            found = self._find_session(name)
+        if found is None:
+            raise UnknownSessionError(self.path, f"no session {name!r}")
+        return found
+
+    def sessions(self) -> list[Session]:
+        with self._reading():
+            rows = self._db.execute(
+                "SELECT id, name, slot, created_at FROM sessions ORDER BY id"
+            ).fetchall()
+        return [self._remember(Session(*row)) for row in rows]
+
+    def _find_session(self, name: str) -> Session | None:
+        if name in self._sessions:
+            return self._sessions[name]
+        row = self._db.execute(
+            "SELECT id, name, slot, created_at FROM sessions WHERE name = ?", (name,)
+        ).fetchone()
+        return None if row is None else self._remember(Session(*row))
+
+    def _remember(self, session: Session) -> Session:
+        # Sessions are never updated, so a cached row cannot go stale.
+        self._sessions[session.name] = session
+        return session
+
+    # -- epochs ---------------------------------------------------------------------------------
+
+    def start_epoch(
+        self,
+        session: str,
+        *,
+        reason: str,
+        tools_text: str,
+        system_text: str,
+        carry_over: bool = False,
+    ) -> Epoch:
+        """Open a new epoch with fixed tools bytes and system text.
+
+        With ``carry_over`` the conversation of the previous epoch (its user, assistant and tool
+        entries) is copied, text for text, into the new one; otherwise the epoch starts empty
+        (after a compaction the caller appends the summary).
+        """
+        _check_tools(self.path, tools_text)
+        system = replay.system_message(_utf8(self.path, system_text, "system text"))
+        with self.transaction():
+            target = self.get_session(session)
+            previous = self._current_epoch(target)
+            number = 1 if previous is None else previous.number + 1
+            tools_sha256 = chain.sha256_text(tools_text)
+            created_at = self._clock()
+            epoch_id = self._write(
+                "start_epoch:insert epoch",
+                "INSERT INTO epochs (session_id, number, reason, tools_text, tools_sha256,"
+                " system_text, created_at) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                (target.id, number, reason, tools_text, tools_sha256, system_text, created_at),
+            )
+            epoch = Epoch(
+                id=epoch_id,
+                session_id=target.id,
+                number=number,
+                reason=reason,
+                tools_text=tools_text,
+                tools_sha256=tools_sha256,
+                system_text=system_text,
+                created_at=created_at,
+            )
+            self._append_entry(
+                target,
+                epoch,
+                EntryKind.EPOCH,
+                message=system,
+                reason=_utf8(self.path, reason, "reason"),
+                tools_sha256=tools_sha256,
+            )
+            if carry_over and previous is not None:
+                self._carry_over(target, previous, epoch)
+        return epoch
+
+    def current_epoch(self, session: str) -> Epoch:
+        with self._reading():
+            target = self.get_session(session)
+            epoch = self._current_epoch(target)
+        if epoch is None:
+            raise NoEpochError(self.path, f"session {session!r} has no epoch yet")
+        return epoch
+
+    def epochs(self, session: str) -> list[Epoch]:
+        with self._reading():
+            target = self.get_session(session)
+            rows = self._db.execute(
+                f"SELECT {_EPOCH_COLUMNS} FROM epochs WHERE session_id = ? ORDER BY number",
+                (target.id,),
+            ).fetchall()
+        return [Epoch(*row) for row in rows]
+
+    def _current_epoch(self, session: Session) -> Epoch | None:
+        row = self._db.execute(
+            f"SELECT {_EPOCH_COLUMNS} FROM epochs WHERE session_id = ?"
+            " ORDER BY number DESC LIMIT 1",
+            (session.id,),
+        ).fetchone()
+        return None if row is None else Epoch(*row)
+
+    def _require_epoch(self, session: Session) -> Epoch:
+        epoch = self._current_epoch(session)
+        if epoch is None:
+            raise NoEpochError(self.path, f"session {session.name!r} has no epoch; start one first")
+        return epoch
+
+    def _carry_over(self, session: Session, previous: Epoch, epoch: Epoch) -> None:
+        rows = self._db.execute(
+            f"{_ENTRY_SELECT} WHERE e.epoch_id = ? AND e.kind IN ('user', 'assistant', 'tool')"
+            " ORDER BY e.seq",
+            (previous.id,),
+        ).fetchall()
+        for row in rows:
+            old = _entry_from_row(row)
+            self._append_entry(
+                session,
+                epoch,
+                old.kind,
+                message=old.message,
+                tool_call_id=old.fields.tool_call_id,
+                request_id=old.fields.request_id,
+                refers_to=old.seq,
+            )
+
+    # -- appends --------------------------------------------------------------------------------
+
+    def append_user(self, session: str, text: str, *, external_key: str) -> Appended:
+        """Append a user message once per ``external_key`` (a post id, or a fresh key)."""
+        message = replay.user_message(_utf8(self.path, text, "user message"))
+        _utf8(self.path, external_key, "external key")
+        with self.transaction():
+            target = self.get_session(session)
+            row = self._db.execute(
+                f"{_ENTRY_SELECT} WHERE e.session_id = ? AND e.external_key = ?",
+                (target.id, external_key),
+            ).fetchone()
+            if row is not None:
+                return Appended(_entry_from_row(row), is_new=False)
+            epoch = self._require_epoch(target)
+            entry = self._append_entry(
+                target, epoch, EntryKind.USER, message=message, external_key=external_key
+            )
+        return Appended(entry, is_new=True)
+
+    def append_assistant(self, session: str, message_text: str, *, request: RequestRecord) -> Entry:
+        """Append the assistant message exactly as assembled, with the request that produced it."""
+        _utf8(self.path, message_text, "assistant message")
+        try:
+            tool_calls_of(message_text)
+        except MalformedAssistantError as exc:
+            raise InvalidMessageError(self.path, f"assistant message refused: {exc}") from exc
+        with self.transaction():
+            target = self.get_session(session)
+            epoch = self._require_epoch(target)
+            request_id = self._insert_request(target, request)
+            return self._append_entry(
+                target, epoch, EntryKind.ASSISTANT, message=message_text, request_id=request_id
+            )
+
+    def append_tool_result(self, session: str, *, tool_call_id: str, content: str) -> Entry:
+        """Append the result of an unanswered tool call of the latest assistant message."""
+        message = replay.tool_message(tool_call_id, _utf8(self.path, content, "tool result"))
+        with self.transaction():
+            target = self.get_session(session)
+            epoch = self._require_epoch(target)
+            open_calls = unanswered_calls(self._epoch_tail(epoch))
+            if tool_call_id not in {call.call_id for call in open_calls}:
+                raise ToolCallError(
+                    self.path,
+                    f"session {session!r}: no unanswered tool call {tool_call_id!r} "
+                    f"(unanswered: {[call.call_id for call in open_calls]})",
+                )
+            return self._append_entry(
+                target, epoch, EntryKind.TOOL, message=message, tool_call_id=tool_call_id
+            )
+
+    def append_broken(
+        self,
+        session: str,
+        *,
+        partial_text: str,
+        reason: str,
+        request: RequestRecord | None = None,
+    ) -> Entry:
+        """Record a stream that did not finish. It is kept for diagnosis and never replayed."""
+        with self.transaction():
+            target = self.get_session(session)
+            epoch = self._require_epoch(target)
+            request_id = None if request is None else self._insert_request(target, request)
+            return self._append_entry(
+                target,
+                epoch,
+                EntryKind.BROKEN,
+                text=_utf8(self.path, partial_text, "partial text"),
+                reason=_utf8(self.path, reason, "reason"),
+                request_id=request_id,
+            )
+
+    def append_note(self, session: str, text: str, *, refers_to: int | None = None) -> Entry:
+        """A note or a correction of entry ``refers_to`` (a seq); never replayed."""
+        with self.transaction():
+            target = self.get_session(session)
+            epoch = self._require_epoch(target)
+            if refers_to is not None and not self._entry_exists(target, refers_to):
+                raise InvalidAppendError(
+                    self.path, f"session {session!r} has no entry {refers_to} to refer to"
+                )
+            return self._append_entry(
+                target,
+                epoch,
+                EntryKind.NOTE,
+                text=_utf8(self.path, text, "note"),
+                refers_to=refers_to,
+            )
+
+    def _entry_exists(self, session: Session, seq: int) -> bool:
+        row = self._db.execute(
+            "SELECT 1 FROM entries WHERE session_id = ? AND seq = ?", (session.id, seq)
+        ).fetchone()
+        return row is not None
+
+    def _append_entry(
+        self,
+        session: Session,
+        epoch: Epoch,
+        kind: EntryKind,
+        *,
+        message: str | None = None,
+        text: str | None = None,
+        reason: str | None = None,
+        external_key: str | None = None,
+        tool_call_id: str | None = None,
+        request_id: int | None = None,
+        refers_to: int | None = None,
+        tools_sha256: str | None = None,
+    ) -> Entry:
+        head = self._db.execute(
+            "SELECT seq, hash FROM entries WHERE session_id = ? ORDER BY seq DESC LIMIT 1",
+            (session.id,),
+        ).fetchone()
+        seq, prev_hash = (1, chain.genesis_hash(session.name, session.slot))
+        if head is not None:
+            seq, prev_hash = head[0] + 1, head[1]
+        fields = EntryFields(
+            seq=seq,
+            epoch_number=epoch.number,
+            kind=kind,
+            message=message,
+            text=text,
+            reason=reason,
+            external_key=external_key,
+            tool_call_id=tool_call_id,
+            request_id=request_id,
+            refers_to=refers_to,
+            tools_sha256=tools_sha256,
+            created_at=self._clock(),
+        )
+        entry_hash = chain.entry_hash(prev_hash, fields)
+        row_id = self._write(
+            f"{kind.value}:insert entry",
+            "INSERT INTO entries (session_id, seq, epoch_id, kind, message, text, reason,"
+            " external_key, tool_call_id, request_id, refers_to, tools_sha256, created_at,"
+            " prev_hash, hash) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (
+                session.id,
+                seq,
+                epoch.id,
+                kind.value,
+                message,
+                text,
+                reason,
+                external_key,
+                tool_call_id,
+                request_id,
+                refers_to,
+                tools_sha256,
+                fields.created_at,
+                prev_hash,
+                entry_hash,
+            ),
+        )
+        return Entry(row_id, session.id, fields, prev_hash, entry_hash)
+
+    # -- requests -------------------------------------------------------------------------------
+
+    def record_request(self, session: str, request: RequestRecord) -> Request:
+        """Record a request that produced no entry (a self-test, a prewarm, a failed request)."""
+        with self.transaction():
+            target = self.get_session(session)
+            request_id = self._insert_request(target, request)
+            created_at = self._db.execute(
+                "SELECT created_at FROM requests WHERE id = ?", (request_id,)
+            ).fetchone()[0]
+        return Request(request_id, target.id, request, created_at)
+
+    def requests(self, session: str) -> list[Request]:
+        with self._reading():
+            target = self.get_session(session)
+            rows = self._db.execute(
+                f"SELECT {_REQUEST_COLUMNS} FROM requests r JOIN epochs ep ON ep.id = r.epoch_id"
+                " WHERE r.session_id = ? ORDER BY r.id",
+                (target.id,),
+            ).fetchall()
+        return [_request_from_row(row) for row in rows]
+
+    def _insert_request(self, session: Session, request: RequestRecord) -> int:
+        epoch = self._db.execute(
+            "SELECT id FROM epochs WHERE session_id = ? AND number = ?",
+            (session.id, request.epoch),
+        ).fetchone()
+        if epoch is None:
+            raise NoEpochError(self.path, f"session {session.name!r} has no epoch {request.epoch}")
+        perf = request.perf
+        try:
+            extra = jsonbytes.dumps(dict(perf.extra))
+        except (TypeError, ValueError) as exc:
+            raise InvalidAppendError(self.path, f"request extra is not JSON: {exc}") from exc
+        values = (
+            perf.outcome,
+            perf.cache_n,
+            perf.prompt_n,
+            perf.predicted_n,
+            perf.ttfb_ms,
+            perf.queue_wait_ms,
+            perf.prompt_per_second,
+            perf.predicted_per_second,
+            perf.thinking_tokens,
+            int(perf.capped),
+            perf.cache_loss,
+            perf.cache_loss_cause,
+            extra,
+        )
+        return self._write(
+            "request:insert request",
+            "INSERT INTO requests (session_id, epoch_id, kind, slot, message_count,"
+            f" messages_sha256, {', '.join(_PERF_COLUMNS)}, created_at)"
+            f" VALUES ({', '.join('?' * (7 + len(_PERF_COLUMNS)))})",
+            (
+                session.id,
+                epoch[0],
+                RequestKind(request.kind).value,
+                request.slot,
+                request.message_count,
+                request.messages_sha256,
+                *values,
+                self._clock(),
+            ),
+        )
+
+    # -- reading --------------------------------------------------------------------------------
+
+    def replay_messages(self, session: str) -> list[str]:
+        """The current epoch's messages, as stored: the system message first, then in log order."""
+        with self._reading():
+            epoch = self._require_epoch(self.get_session(session))
+            cursor = self._db.execute(
+                "SELECT message FROM entries WHERE epoch_id = ? AND message IS NOT NULL"
+                " ORDER BY seq",
+                (epoch.id,),
+            )
+            return [row[0] for row in cursor]
+
+    def entries(self, session: str) -> list[Entry]:
+        with self._reading():
+            target = self.get_session(session)
+            rows = self._db.execute(
+                f"{_ENTRY_SELECT} WHERE e.session_id = ? ORDER BY e.seq", (target.id,)
+            ).fetchall()
+        return [_entry_from_row(row) for row in rows]
+
+    def state(self, session: str) -> SessionState:
+        """What the session waits for (pending turn, interrupted tool calls), from its rows."""
+        with self._reading():
+            target = self.get_session(session)
+            epoch = self._current_epoch(target)
+            tail = [] if epoch is None else self._epoch_tail(epoch)
+        return derive_state(session, tail)
+
+    def pending_states(self) -> list[SessionState]:
+        """The state of every session, for a restart."""
+        with self._reading():
+            return [self.state(session.name) for session in self.sessions()]
+
+    def _epoch_tail(self, epoch: Epoch) -> list[Entry]:
+        """The epoch's entries from its latest assistant entry on (all of them if none)."""
+        rows = self._db.execute(
+            f"{_ENTRY_SELECT} WHERE e.epoch_id = ? AND e.seq >= coalesce((SELECT max(seq) FROM"
+            " entries WHERE epoch_id = ? AND kind = 'assistant'), 0) ORDER BY e.seq",
+            (epoch.id, epoch.id),
+        ).fetchall()
+        return [_entry_from_row(row) for row in rows]
+
+    def integrity_problems(self) -> list[str]:
+        """SQLite's full integrity check; empty when the file is sound."""
+        with self._reading():
+            rows = self._db.execute("PRAGMA integrity_check").fetchall()
+        return [row[0] for row in rows if row[0] != "ok"]
+
+    def trigger_names(self) -> set[str]:
+        with self._reading():
+            rows = self._db.execute("SELECT name FROM sqlite_master WHERE type = 'trigger'")
+            return {row[0] for row in rows}
+
+
+def translate_error(path: Path, exc: sqlite3.Error) -> LogError:
+    """The owned error for an SQLite failure on ``path``."""
+    name = getattr(exc, "sqlite_errorname", "") or type(exc).__name__
+    if name == "SQLITE_FULL":
+        return DiskFullError(path, "disk full (SQLITE_FULL); the write was rolled back")
+    if name.startswith(("SQLITE_BUSY", "SQLITE_LOCKED")):
+        return LockedError(path, f"database is locked by another process ({name})")
+    if name == "SQLITE_NOTADB":
+        return NotALogError(path, "not an SQLite database (a foreign or encrypted file)")
+    if name.startswith("SQLITE_CORRUPT"):
+        return CorruptLogError(path, f"damaged database ({exc})")
+    if name == "SQLITE_CONSTRAINT_TRIGGER" and "append-only" in str(exc):
+        return AppendOnlyError(path, str(exc))
+    if name.startswith("SQLITE_CANTOPEN"):
+        return StorageError(path, f"cannot open the file ({exc})")
+    return StorageError(path, f"{name}: {exc}")
+
+
+def _no_hook(label: str) -> None:
+    del label
+
+
+def _utf8(path: Path, text: str, what: str) -> str:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise InvalidMessageError(path, f"{what} is not valid UTF-8 text ({exc.reason})") from exc
+    return text
+
+
+def _check_tools(path: Path, tools_text: str) -> None:
+    _utf8(path, tools_text, "tools")
+    try:
+        tools = json.loads(tools_text)
+    except json.JSONDecodeError as exc:
+        raise InvalidMessageError(path, f"tools text is not JSON ({exc})") from exc
+    if not isinstance(tools, list):
+        raise InvalidMessageError(path, "tools text is not a JSON array")
+
+
+def _entry_from_row(row: Any) -> Entry:
+    fields = EntryFields(
+        seq=row[2],
+        epoch_number=row[3],
+        kind=EntryKind(row[4]),
+        message=row[5],
+        text=row[6],
+        reason=row[7],
+        external_key=row[8],
+        tool_call_id=row[9],
+        request_id=row[10],
+        refers_to=row[11],
+        tools_sha256=row[12],
+        created_at=row[13],
+    )
+    return Entry(id=row[0], session_id=row[1], fields=fields, prev_hash=row[14], hash=row[15])
+
+
+def _request_from_row(row: Any) -> Request:
+    perf_values = dict(zip(_PERF_COLUMNS, row[7:-1], strict=True))
+    perf_values["capped"] = bool(perf_values["capped"])
+    perf_values["extra"] = json.loads(perf_values["extra"])
+    record = RequestRecord(
+        kind=RequestKind(row[3]),
+        slot=row[4],
+        epoch=row[2],
+        message_count=row[5],
+        messages_sha256=row[6],
+        perf=Perf(**perf_values),
+    )
+    return Request(id=row[0], session_id=row[1], record=record, created_at=row[-1])

@@ -1,0 +1,210 @@
+"""``loopd log verify``: recompute the hash chain and check replay identity.
+
+The checks are pure functions of a session's rows (``check_session``); ``verify`` only reads them.
+Replay identity: every request of an epoch sent a prefix of the epoch's messages (its recorded
+digest equals the digest of that prefix as stored now), and each request sent at least as many
+messages as the one before it, so every message it sent is, byte for byte, at the same position in
+the next request.
+"""
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from loopd.sessionlog import chain, replay
+from loopd.sessionlog.migrations import expected_triggers
+from loopd.sessionlog.records import (
+    REPLAYED_KINDS,
+    REPLAYING_REQUEST_KINDS,
+    Entry,
+    EntryKind,
+    Epoch,
+    Request,
+    RequestKind,
+    Session,
+)
+from loopd.sessionlog.store import SessionLog
+
+_ROLE_OF_KIND = {
+    EntryKind.EPOCH: "system",
+    EntryKind.USER: "user",
+    EntryKind.ASSISTANT: "assistant",
+    EntryKind.TOOL: "tool",
+}
+_SLOT_BOUND_KINDS = frozenset({RequestKind.TURN, RequestKind.TOOL_FOLLOWUP, RequestKind.PREWARM})
+
+
+@dataclass(frozen=True, slots=True)
+class Problem:
+    session: str | None  # None for a problem of the whole file
+    where: str  # "entry 17", "request 4", "epoch 2", "schema"
+    detail: str
+
+    def __str__(self) -> str:
+        scope = "database" if self.session is None else f"session {self.session!r}"
+        return f"{scope} {self.where}: {self.detail}"
+
+
+def verify(log: SessionLog, session: str | None = None) -> list[Problem]:
+    """Every problem found, in order; the first one is the first offending row."""
+    problems = [Problem(None, "file", detail) for detail in log.integrity_problems()[:5]]
+    targets = [log.get_session(session)] if session is not None else log.sessions()
+    for target in targets:
+        problems += check_session(
+            target,
+            log.epochs(target.name),
+            log.entries(target.name),
+            log.requests(target.name),
+        )
+    missing = sorted(expected_triggers() - log.trigger_names())
+    if missing:
+        problems.append(Problem(None, "schema", f"append-only triggers missing: {missing}"))
+    return problems
+
+
+def check_session(
+    session: Session,
+    epochs: Sequence[Epoch],
+    entries: Sequence[Entry],
+    requests: Sequence[Request],
+) -> list[Problem]:
+    return [
+        *check_chain(session, entries),
+        *check_messages(session, entries),
+        *check_epochs(session, epochs, entries),
+        *check_requests(session, entries, requests),
+    ]
+
+
+def check_chain(session: Session, entries: Sequence[Entry]) -> list[Problem]:
+    problems: list[Problem] = []
+    prev_hash = chain.genesis_hash(session.name, session.slot)
+    for position, entry in enumerate(entries, start=1):
+        where = f"entry {entry.seq}"
+        if entry.seq != position:
+            problems.append(Problem(session.name, where, f"expected seq {position} (a gap?)"))
+        if entry.prev_hash != prev_hash:
+            problems.append(Problem(session.name, where, "does not chain to the entry before it"))
+        if chain.entry_hash(entry.prev_hash, entry.fields) != entry.hash:
+            problems.append(Problem(session.name, where, "content does not match its hash"))
+        prev_hash = entry.hash
+    return problems
+
+
+def check_messages(session: Session, entries: Sequence[Entry]) -> list[Problem]:
+    problems: list[Problem] = []
+    for entry in entries:
+        if entry.kind not in REPLAYED_KINDS:
+            continue
+        role = _role_of(entry.message)
+        if role != _ROLE_OF_KIND[entry.kind]:
+            problems.append(
+                Problem(
+                    session.name,
+                    f"entry {entry.seq}",
+                    f"{entry.kind.value} entry does not hold a {_ROLE_OF_KIND[entry.kind]} message",
+                )
+            )
+    return problems
+
+
+def _role_of(message: str | None) -> object:
+    try:
+        parsed = json.loads(message or "")
+    except json.JSONDecodeError:
+        return None
+    return parsed.get("role") if isinstance(parsed, dict) else None
+
+
+def check_epochs(
+    session: Session, epochs: Sequence[Epoch], entries: Sequence[Entry]
+) -> list[Problem]:
+    problems: list[Problem] = []
+    openers = {e.fields.epoch_number: e for e in entries if e.kind is EntryKind.EPOCH}
+    for position, epoch in enumerate(epochs, start=1):
+        where = f"epoch {epoch.number}"
+        opener = openers.get(epoch.number)
+        first = next((e for e in entries if e.fields.epoch_number == epoch.number), None)
+        if epoch.number != position:
+            problems.append(Problem(session.name, where, f"expected epoch number {position}"))
+        if chain.sha256_text(epoch.tools_text) != epoch.tools_sha256:
+            problems.append(Problem(session.name, where, "tools text does not match its sha256"))
+        if opener is None or opener is not first:
+            problems.append(Problem(session.name, where, "does not open with an epoch entry"))
+            continue
+        if opener.fields.tools_sha256 != epoch.tools_sha256:
+            problems.append(
+                Problem(session.name, f"entry {opener.seq}", "tools hash differs from its epoch")
+            )
+        if opener.message != replay.system_message(epoch.system_text):
+            problems.append(
+                Problem(session.name, f"entry {opener.seq}", "system message differs from epoch")
+            )
+    return problems
+
+
+def check_requests(
+    session: Session, entries: Sequence[Entry], requests: Sequence[Request]
+) -> list[Problem]:
+    problems: list[Problem] = []
+    by_epoch: dict[int, list[Request]] = {}
+    for request in requests:
+        record = request.record
+        if record.kind in _SLOT_BOUND_KINDS and record.slot != session.slot:
+            problems.append(
+                Problem(
+                    session.name,
+                    f"request {request.id}",
+                    f"sent to slot {record.slot}; the session's slot is {session.slot}",
+                )
+            )
+        if record.kind in REPLAYING_REQUEST_KINDS:
+            by_epoch.setdefault(record.epoch, []).append(request)
+    for epoch_number, epoch_requests in by_epoch.items():
+        messages = [
+            e.message
+            for e in entries
+            if e.fields.epoch_number == epoch_number and e.message is not None
+        ]
+        problems += _check_replay_identity(session, messages, epoch_requests)
+    return problems
+
+
+def _check_replay_identity(
+    session: Session, messages: Sequence[str], requests: Sequence[Request]
+) -> list[Problem]:
+    problems: list[Problem] = []
+    digests = chain.prefix_digests(messages, (r.record.message_count for r in requests))
+    previous: Request | None = None
+    for request in requests:
+        record = request.record
+        where = f"request {request.id}"
+        if record.message_count > len(messages):
+            problems.append(
+                Problem(
+                    session.name,
+                    where,
+                    f"sent {record.message_count} messages; epoch {record.epoch} holds only "
+                    f"{len(messages)}",
+                )
+            )
+        elif digests[record.message_count] != record.messages_sha256:
+            problems.append(
+                Problem(
+                    session.name,
+                    where,
+                    f"its {record.message_count} messages are not, byte for byte, the first "
+                    f"{record.message_count} messages of epoch {record.epoch} as stored",
+                )
+            )
+        if previous is not None and record.message_count < previous.record.message_count:
+            problems.append(
+                Problem(
+                    session.name,
+                    where,
+                    f"sent {record.message_count} messages, fewer than request {previous.id} "
+                    f"({previous.record.message_count}): it did not extend it",
+                )
+            )
+        previous = request
+    return problems

@@ -1,0 +1,202 @@
+"""The pieces a session needs, built once from the settings: log, server client, tools.
+
+Both front ends (the terminal thread and the Mattermost adapter) go through here, so a session
+behaves the same whichever way its messages arrive.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from loopd.config import Settings
+from loopd.engine.client import InferenceClient
+from loopd.engine.request import RequestSettings, Sampling
+from loopd.engine.stream import Limits, StatusCallback
+from loopd.engine.turn import Turn, TurnOutcome
+from loopd.sessionlog.records import Session
+from loopd.sessionlog.store import SessionLog
+from loopd.tools.broker_client import BrokerClient
+from loopd.tools.command import Sandbox, detect_sandbox
+from loopd.tools.core import ToolContext, is_broker_tool, make_tool_context, run_core_tool
+from loopd.tools.spec import ToolsSpec, load_tools_spec
+from loopd.wire.assemble import ToolCall
+
+log = logging.getLogger("loopd.sessions")
+
+INTERRUPTED = (
+    "error: loopd stopped while this tool call ran; it may or may not have taken effect. "
+    "Check before repeating it."
+)
+
+
+def choose_slot(harness_slots: Sequence[int], existing: Sequence[int]) -> int:
+    """The harness slot with the fewest sessions (lowest id on a tie). A session keeps it for
+    life, since moving a session to another slot costs a full re-read (seed finding (d))."""
+    counts = Counter(s for s in existing if s in harness_slots)
+    return min(harness_slots, key=lambda slot: (counts[slot], slot))
+
+
+@dataclass
+class SessionTools:
+    """Runs a session's tool calls: core tools in its workspace, the meta-tools via brokerd."""
+
+    workspaces: Path
+    spec: ToolsSpec
+    broker: BrokerClient
+    contexts: dict[str, ToolContext]
+    protected: tuple[Path, ...]
+    sandbox: Sandbox | None = None  # probed once, on the first core tool call
+
+    async def context(self, session: str) -> ToolContext:
+        ctx = self.contexts.get(session)
+        if ctx is None:
+            workspace = self.workspaces / _safe_name(session)
+            workspace.mkdir(parents=True, exist_ok=True)
+            if self.sandbox is None:
+                self.sandbox = await detect_sandbox()
+                if self.sandbox.warning:
+                    log.warning(self.sandbox.warning)
+            ctx = make_tool_context(workspace, self.spec, self.sandbox, protected=self.protected)
+            self.contexts[session] = ctx
+        return ctx
+
+    async def run(self, session: str, call: ToolCall) -> str:
+        if is_broker_tool(call.name):
+            return await self._broker(session, call)
+        result = await run_core_tool(call.name, call.arguments, await self.context(session))
+        return result.text
+
+    async def _broker(self, session: str, call: ToolCall) -> str:
+        try:
+            args = json.loads(call.arguments)
+        except ValueError as exc:
+            return f"error: the arguments of {call.name} are not JSON ({exc}); send an object"
+        if not isinstance(args, dict):
+            return f"error: the arguments of {call.name} must be a JSON object"
+        if call.name == "find_tool":
+            query = args.get("query")
+            if not isinstance(query, str) or not query.strip():
+                return 'error: find_tool needs {"query": "<what the tool should do>"}'
+            return await self.broker.find_tool(session, query)
+        name = args.get("name")
+        if not isinstance(name, str) or not name:
+            return 'error: call_tool needs {"name": "<tool>", "arguments": {...}}'
+        # The inner arguments travel to brokerd as text; they are validated there, not replayed.
+        inner = args.get("arguments", {})
+        inner_text = inner if isinstance(inner, str) else json.dumps(inner, ensure_ascii=False)
+        return await self.broker.call_tool(session, call.id, name, inner_text)
+
+
+def _safe_name(session: str) -> str:
+    return "".join(c if c.isalnum() or c in "-_." else "_" for c in session)[:120] or "_"
+
+
+@dataclass
+class Runtime:
+    settings: Settings
+    log: SessionLog
+    client: InferenceClient
+    spec: ToolsSpec
+    tools: SessionTools
+
+    @classmethod
+    def open(cls, settings: Settings) -> Runtime:
+        settings.state_dir.mkdir(parents=True, exist_ok=True)
+        spec = load_tools_spec(settings.tools_file)
+        session_log = SessionLog.open(settings.db_path)
+        client = InferenceClient(settings.infer_url, settings.model, connect_s=settings.connect_s)
+        tools = SessionTools(
+            workspaces=settings.workspaces,
+            spec=spec,
+            broker=BrokerClient(settings.broker_url),
+            contexts={},
+            protected=(settings.state_dir, settings.tools_file.parent / "loopd.toml"),
+        )
+        return cls(settings, session_log, client, spec, tools)
+
+    async def aclose(self) -> None:
+        await self.client.aclose()
+        await self.tools.broker.aclose()
+        self.log.close()
+
+    def ensure_session(self, name: str) -> Session:
+        """The session, created on its first use with a slot and a first epoch; a new epoch
+        when the tools file or the system text changed since (recorded with the reason)."""
+        existing = {s.name: s for s in self.log.sessions()}
+        session = existing.get(name)
+        if session is None:
+            slot = choose_slot(self.settings.slots, [s.slot for s in existing.values()])
+            session = self.log.ensure_session(name, slot)
+        epochs = self.log.epochs(name)
+        reason = None
+        if not epochs:
+            reason = "new session"
+        elif epochs[-1].tools_sha256 != self.spec.sha256:
+            reason = "tool set changed"
+        elif epochs[-1].system_text != self.settings.system_text:
+            reason = "system text changed"
+        if reason is not None:
+            self.log.start_epoch(
+                name,
+                reason=reason,
+                tools_text=self.spec.text,
+                system_text=self.settings.system_text,
+                carry_over=bool(epochs),
+            )
+        return session
+
+    def turn(self, session: Session, report: StatusCallback) -> Turn:
+        s = self.settings
+        return Turn(
+            session=session.name,
+            slot=session.slot,
+            client=self.client,
+            log=self.log,
+            settings=RequestSettings(
+                model=s.model,
+                slot=session.slot,
+                max_tokens=s.max_tokens,
+                sampling=Sampling(s.temperature, s.top_p, s.top_k, s.min_p),
+            ),
+            limits=Limits(
+                first_byte_s=s.first_byte_s, silence_s=s.silence_s, think_cap=s.think_cap
+            ),
+            tools=self.tools,
+            report=report,
+        )
+
+    async def resume(self, session: Session, report: StatusCallback) -> TurnOutcome | None:
+        """Finish what a crash left: interrupted tool calls get a result (brokerd's are asked
+        again: it answers a known call id from its record without running it twice), then a
+        pending turn runs. None when there was nothing to do."""
+        state = self.log.state(session.name)
+        for call in state.interrupted_calls:
+            if is_broker_tool(call.name):
+                text = await self.tools.run(
+                    session.name, _call_from_log(self.log, session.name, call.call_id)
+                )
+            else:
+                text = INTERRUPTED
+            self.log.append_tool_result(session.name, tool_call_id=call.call_id, content=text)
+        if state.interrupted_calls or state.pending_turn:
+            return await self.turn(session, report).run()
+        return None
+
+
+def _call_from_log(session_log: SessionLog, session: str, call_id: str) -> ToolCall:
+    """The tool call with this id, read back from the stored assistant message."""
+    for entry in reversed(session_log.entries(session)):
+        if entry.message and call_id in entry.message:
+            message = json.loads(entry.message)
+            for call in message.get("tool_calls") or ():
+                if call.get("id") == call_id:
+                    function = call.get("function", {})
+                    return ToolCall(
+                        call_id, function.get("name", ""), function.get("arguments", "")
+                    )
+    return ToolCall(call_id, "", "")

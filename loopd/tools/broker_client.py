@@ -1,0 +1,94 @@
+"""loopd's side of brokerd's tool broker: ``find_tool`` and ``call_tool`` over ``broker.sock``.
+
+Both return the text to append as the tool result. When brokerd cannot be reached, or answers
+with an error, the text says so and the turn goes on: nothing here raises for a broker problem
+(cancellation still propagates, as it must).
+"""
+
+import json
+from types import TracebackType
+
+import httpx
+
+UNIX_PREFIX = "unix:"
+# The host name is never resolved over a Unix socket; it only fills the Host header.
+UNIX_BASE_URL = "http://brokerd"
+DEFAULT_TIMEOUT = httpx.Timeout(connect=5.0, read=600.0, write=30.0, pool=5.0)
+
+
+class BrokerClient:
+    """Client of the tool broker at ``url``: ``unix:/path/to/broker.sock`` or ``http://host:port``."""
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        timeout: httpx.Timeout = DEFAULT_TIMEOUT,
+        transport: httpx.AsyncBaseTransport | None = None,
+    ) -> None:
+        self.url = url
+        if url.startswith(UNIX_PREFIX):
+            transport = transport or httpx.AsyncHTTPTransport(uds=url[len(UNIX_PREFIX) :])
+            base_url = UNIX_BASE_URL
+        else:
+            base_url = url
+        self._http = httpx.AsyncClient(
+            base_url=base_url, transport=transport, timeout=timeout, trust_env=False
+        )
+
+    async def __aenter__(self) -> "BrokerClient":
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        await self._http.aclose()
+
+    async def find_tool(self, session: str, query: str) -> str:
+        """The broker's find_tool result text for ``query``."""
+        return await self._post(
+            "/v1/find_tool", {"session": session, "query": query}, what="find_tool"
+        )
+
+    async def call_tool(self, session: str, call_id: str, name: str, arguments: str) -> str:
+        """The result text of calling tool ``name``; ``arguments`` is the model's text as is.
+
+        ``call_id`` is the model's tool call id: the broker runs one id once, so retrying after a
+        failure here is safe.
+        """
+        body = {"session": session, "call_id": call_id, "name": name, "arguments": arguments}
+        return await self._post("/v1/call_tool", body, what=f"call_tool {name!r}")
+
+    async def _post(self, path: str, body: dict[str, str], *, what: str) -> str:
+        try:
+            response = await self._http.post(path, json=body)
+        except httpx.ConnectError as exc:
+            return (
+                f"{what} is unavailable: brokerd is not running (cannot connect to {self.url}: "
+                f"{exc}). Nothing was run. Carry on without it, or try again later."
+            )
+        except httpx.HTTPError as exc:
+            return (
+                f"{what}: brokerd did not answer ({type(exc).__name__}: {exc}). If this was a "
+                "tool call it may or may not have taken effect."
+            )
+        return _result_text(response, what)
+
+
+def _result_text(response: httpx.Response, what: str) -> str:
+    try:
+        payload = response.json()
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        payload = None
+    result = payload.get("result") if isinstance(payload, dict) else None
+    if response.is_success and isinstance(result, str):
+        return result
+    message = payload.get("error") if isinstance(payload, dict) else None
+    detail = message if isinstance(message, str) else response.text[:500]
+    return f"{what}: brokerd answered HTTP {response.status_code}: {detail}"

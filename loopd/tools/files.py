@@ -1,0 +1,174 @@
+"""The file tools: read_file, write_file, edit_file, list_dir, search_files.
+
+Each one is a blocking function over the confined I/O of ``workspace``; the runner calls it in a
+worker thread. What a tool decides (an edit, a listing, a match) is a pure function of its input,
+kept apart so it can be tested without a disk. Failures the model can act on are raised as
+``ToolFailure`` with the message it will read.
+"""
+
+import re
+from collections.abc import Callable
+
+from loopd.tools.errors import ToolFailure
+from loopd.tools.limits import ToolLimits
+from loopd.tools.workspace import (
+    DirEntry,
+    TextWindow,
+    WalkReport,
+    Workspace,
+    describe_size,
+    list_entries,
+    read_text_whole,
+    read_text_window,
+    walk_text_files,
+    write_file_atomic,
+)
+
+# --- pure decisions ----------------------------------------------------------------------------
+
+
+def apply_edit(text: str, old: str, new: str, raw: str) -> str:
+    """Replace the one occurrence of ``old``; refuse when there is none or more than one."""
+    if old == new:
+        raise ToolFailure(f"{raw}: old_string and new_string are the same; nothing to change")
+    count = text.count(old)
+    if count == 0:
+        raise ToolFailure(
+            f"{raw}: old_string was not found; read the file and copy the text exactly"
+        )
+    if count > 1:
+        raise ToolFailure(
+            f"{raw}: old_string occurs {count} times; include more surrounding text "
+            "so that it occurs once"
+        )
+    return text.replace(old, new, 1)
+
+
+def render_window(raw: str, window: TextWindow, max_bytes: int) -> str:
+    if window.next_line is None and not window.text:
+        if window.first_line > 1:
+            return f"{raw} has fewer than {window.first_line} lines"
+        return f"{raw} is empty"
+    if window.cut_mid_line:
+        return (
+            f"{window.text}\n[line {window.first_line} is longer than "
+            f"{describe_size(max_bytes)} and was cut; use run_command (head -c, cut) to see more]"
+        )
+    if window.next_line is None:
+        return window.text
+    last = window.next_line - 1
+    return (
+        f"{window.text}\n[lines {window.first_line}-{last} of {raw} shown "
+        f"({describe_size(window.size)} in all); continue with offset={window.next_line}]"
+    )
+
+
+def render_listing(raw: str, entries: list[DirEntry], max_entries: int) -> str:
+    if not entries:
+        return f"{raw} is an empty directory"
+    lines = [_entry_line(entry) for entry in entries[:max_entries]]
+    if len(entries) > max_entries:
+        left_out = len(entries) - max_entries
+        lines.append(f"[{left_out} more {'entry' if left_out == 1 else 'entries'} not shown]")
+    return "\n".join(lines)
+
+
+def _entry_line(entry: DirEntry) -> str:
+    if entry.kind == "dir":
+        return f"{entry.name}/"
+    if entry.kind == "link":
+        return f"{entry.name} -> {entry.link_target}"
+    if entry.kind == "file":
+        return f"{entry.name} ({describe_size(entry.size)})"
+    return f"{entry.name} (special file)"
+
+
+def line_matcher(pattern: str, regex: bool) -> Callable[[str], bool]:
+    if not regex:
+        return lambda line: pattern in line
+    try:
+        compiled = re.compile(pattern)
+    except re.error as exc:
+        raise ToolFailure(f"invalid regex {pattern!r}: {exc}") from exc
+    return lambda line: compiled.search(line) is not None
+
+
+def _count(number: int, noun: str) -> str:
+    return f"{number} {noun}" if number == 1 else f"{number} {noun}s"
+
+
+def shorten(line: str, max_chars: int) -> str:
+    return line if len(line) <= max_chars else line[:max_chars] + " [line cut]"
+
+
+# --- the tools ---------------------------------------------------------------------------------
+
+
+def read_file(
+    workspace: Workspace, path: str, offset: int, limit: int | None, limits: ToolLimits
+) -> str:
+    window = read_text_window(
+        workspace, path, offset=offset, limit=limit, max_bytes=limits.read_max_bytes
+    )
+    return render_window(path, window, limits.read_max_bytes)
+
+
+def write_file(workspace: Workspace, path: str, content: str, limits: ToolLimits) -> str:
+    data = content.encode("utf-8")
+    created = write_file_atomic(workspace, path, data, max_bytes=limits.write_max_bytes)
+    return f"{'created' if created else 'wrote'} {path} ({describe_size(len(data))})"
+
+
+def edit_file(workspace: Workspace, path: str, old: str, new: str, limits: ToolLimits) -> str:
+    text = read_text_whole(workspace, path, max_bytes=limits.write_max_bytes)
+    edited = apply_edit(text, old, new, path)
+    write_file_atomic(workspace, path, edited.encode("utf-8"), max_bytes=limits.write_max_bytes)
+    return f"edited {path}: replaced 1 occurrence"
+
+
+def list_dir(workspace: Workspace, path: str, limits: ToolLimits) -> str:
+    return render_listing(path, list_entries(workspace, path), limits.list_max_entries)
+
+
+def search_files(
+    workspace: Workspace, pattern: str, path: str, regex: bool, limits: ToolLimits
+) -> str:
+    matches = line_matcher(pattern, regex)
+    report = WalkReport()
+    found: list[str] = []
+    files = walk_text_files(
+        workspace,
+        path,
+        max_file_bytes=limits.search_max_file_bytes,
+        max_files=limits.search_max_files,
+        report=report,
+    )
+    for file in files:
+        text = file.data.decode("utf-8", errors="replace")
+        for number, line in enumerate(text.splitlines(), start=1):
+            if matches(line):
+                found.append(f"{file.path}:{number}: {shorten(line, limits.search_line_chars)}")
+                if len(found) >= limits.search_max_matches:
+                    files.close()
+                    return _search_summary(found, report, limits, full=True)
+    if not found:
+        return _search_summary([f"no matches for {pattern!r} under {path}"], report, limits)
+    return _search_summary(found, report, limits)
+
+
+def _search_summary(
+    lines: list[str], report: WalkReport, limits: ToolLimits, *, full: bool = False
+) -> str:
+    notes = []
+    if full:
+        notes.append(f"stopped at {limits.search_max_matches} matches; narrow the search")
+    if report.stopped_at_files:
+        notes.append(f"stopped after {limits.search_max_files} files")
+    if report.skipped_large:
+        too_large = describe_size(limits.search_max_file_bytes)
+        notes.append(f"{_count(report.skipped_large, 'file')} over {too_large} skipped")
+    if report.skipped_binary:
+        notes.append(f"{_count(report.skipped_binary, 'binary file')} skipped")
+    if notes:
+        lines = [*lines, f"[{'; '.join(notes)}]"]
+    return "\n".join(lines)

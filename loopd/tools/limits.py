@@ -1,0 +1,30 @@
+"""The caps every core tool works within.
+
+Each cap bounds memory in loopd and tokens in the next prompt: whatever a tool returns is replayed
+in every later request of the session, so a result is cut (with a note saying so) rather than sent
+whole.
+"""
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class ToolLimits:
+    read_max_bytes: int = 64_000
+    """The most bytes of a file one read_file call returns."""
+    write_max_bytes: int = 1_000_000
+    """The largest file write_file and edit_file will write (and edit_file will read)."""
+    list_max_entries: int = 300
+    search_max_matches: int = 100
+    search_max_file_bytes: int = 1_000_000
+    """Larger files are skipped by search_files (and counted as skipped)."""
+    search_max_files: int = 5_000
+    search_line_chars: int = 240
+    """A matching line longer than this is shown cut."""
+    command_timeout_s: float = 120.0
+    """The timeout of run_command when the model gives none."""
+    command_timeout_max_s: float = 600.0
+    """The most the model may ask for with timeout_s."""
+    command_output_max_bytes: int = 32_000
+    result_max_chars: int = 80_000
+    """The last cap, on any result text."""

@@ -1,0 +1,112 @@
+"""Load, check and fingerprint the tools file (``tools.schema.json``).
+
+The server renders the ``tools`` array at the very top of the prompt, so one change to it costs a
+full re-read of every session. The array is therefore read once at startup, checked, and turned
+into one string (``ToolsSpec.text``) that every request of the epoch sends unchanged. How the file
+is formatted on disk does not matter: ``text`` is ``loopd.jsonbytes.dumps`` of the parsed value.
+"""
+
+import hashlib
+import json
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from jsonschema import Draft202012Validator
+from jsonschema.exceptions import SchemaError
+
+from loopd.jsonbytes import dumps
+from loopd.tools.errors import ToolsSpecError
+
+# The names the chat-completions API accepts for a function.
+_NAME_PATTERN = re.compile(r"[A-Za-z0-9_-]{1,64}")
+_TOOL_KEYS = frozenset({"type", "function"})
+_FUNCTION_KEYS = frozenset({"name", "description", "parameters"})
+
+
+@dataclass(frozen=True)
+class ToolsSpec:
+    """The checked tools array of one epoch.
+
+    ``text`` is the exact JSON sent as ``tools`` in every request; ``sha256`` is its fingerprint
+    (hex, over the UTF-8 bytes of ``text``); ``names`` are in file order; ``schemas`` maps each
+    name to its ``parameters`` JSON Schema.
+    """
+
+    text: str
+    sha256: str
+    names: tuple[str, ...]
+    schemas: dict[str, dict[str, Any]]
+
+
+def load_tools_spec(path: Path) -> ToolsSpec:
+    """Read and check the tools file; raise ``ToolsSpecError`` naming the file and the tool."""
+    try:
+        raw = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ToolsSpecError(f"{path}: cannot read the tools file: {exc}") from exc
+    return parse_tools_spec(raw, source=str(path))
+
+
+def parse_tools_spec(raw: str, source: str) -> ToolsSpec:
+    """Check the text of a tools file; ``source`` names it in error messages."""
+    try:
+        value = json.loads(raw)
+    except json.JSONDecodeError as exc:
+        raise ToolsSpecError(f"{source}: not valid JSON: {exc}") from exc
+    schemas = _check_tools_array(value, source)
+    text = dumps(value)
+    return ToolsSpec(
+        text=text,
+        sha256=hashlib.sha256(text.encode("utf-8")).hexdigest(),
+        names=tuple(schemas),
+        schemas=schemas,
+    )
+
+
+def _check_tools_array(value: Any, source: str) -> dict[str, dict[str, Any]]:
+    if not isinstance(value, list) or not value:
+        raise ToolsSpecError(f"{source}: expected a non-empty JSON array of tools")
+    schemas: dict[str, dict[str, Any]] = {}
+    for index, tool in enumerate(value):
+        name, parameters = _check_tool(tool, f"{source}: tool #{index}")
+        if name in schemas:
+            raise ToolsSpecError(f"{source}: tool {name!r} is declared twice")
+        schemas[name] = parameters
+    return schemas
+
+
+def _check_tool(tool: Any, where: str) -> tuple[str, dict[str, Any]]:
+    """Check one entry; return its name and parameters schema."""
+    if not isinstance(tool, Mapping) or set(tool) != _TOOL_KEYS or tool["type"] != "function":
+        raise ToolsSpecError(f'{where}: expected {{"type": "function", "function": {{...}}}}')
+    function = tool["function"]
+    if not isinstance(function, Mapping):
+        raise ToolsSpecError(f'{where}: "function" must be an object')
+    name = function.get("name")
+    if not isinstance(name, str) or not _NAME_PATTERN.fullmatch(name):
+        raise ToolsSpecError(f"{where}: name must match [A-Za-z0-9_-]{{1,64}}, got {name!r}")
+    where = f"{where} ({name})"
+    if set(function) != _FUNCTION_KEYS:
+        keys = ", ".join(sorted(_FUNCTION_KEYS))
+        raise ToolsSpecError(f"{where}: the function must have exactly the keys {keys}")
+    description = function["description"]
+    if not isinstance(description, str) or not description.strip():
+        raise ToolsSpecError(f"{where}: description must be a non-empty string")
+    return name, _check_parameters(function["parameters"], where)
+
+
+def _check_parameters(parameters: Any, where: str) -> dict[str, Any]:
+    # Arguments always arrive as one JSON object, so anything else could never validate.
+    if not isinstance(parameters, dict) or parameters.get("type") != "object":
+        raise ToolsSpecError(f'{where}: parameters must be a JSON Schema with "type": "object"')
+    try:
+        Draft202012Validator.check_schema(parameters)
+    except SchemaError as exc:
+        path = "/".join(str(part) for part in exc.path) or "(top)"
+        raise ToolsSpecError(
+            f"{where}: parameters is not a valid JSON Schema at {path}: {exc.message}"
+        ) from exc
+    return parameters

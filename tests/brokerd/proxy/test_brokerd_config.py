@@ -1,0 +1,98 @@
+"""brokerd's settings: environment over the TOML file, and one clear line for bad config."""
+
+from pathlib import Path
+
+import pytest
+
+from brokerd.config import ConfigError, load_settings, read_secret, read_secrets
+
+
+@pytest.fixture(autouse=True)
+def clean_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    import os
+
+    for name in list(os.environ):
+        if name.startswith("BROKERD_"):
+            monkeypatch.delenv(name)
+
+
+def test_environment_overrides_the_toml_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    config = tmp_path / "brokerd.toml"
+    config.write_text(
+        'socket_dir = "/srv/socks"\n'
+        'inference_url = "unix:/run/llama.sock"\n'
+        "body_cap_bytes = 1000\n"
+        "[broker]\n"
+        'audit_db = "/var/lib/brokerd/audit.db"\n'
+    )
+    monkeypatch.setenv("BROKERD_CONFIG", str(config))
+    monkeypatch.setenv("BROKERD_BODY_CAP_BYTES", "2000")
+    monkeypatch.setenv("BROKERD_MATTERMOST_URL", "https://chat.example.org")
+    settings = load_settings()
+    assert settings.socket_dir == Path("/srv/socks")
+    assert settings.inference_url == "unix:/run/llama.sock"
+    assert settings.body_cap_bytes == 2000
+    assert settings.mattermost_url == "https://chat.example.org"
+    assert settings.broker is not None
+    assert settings.broker.audit_db == Path("/var/lib/brokerd/audit.db")
+
+
+@pytest.mark.parametrize(
+    ("variable", "value", "field"),
+    [
+        ("BROKERD_INFERENCE_URL", "ftp://host", "inference_url"),
+        ("BROKERD_MATTERMOST_URL", "https://user:pw@chat.example.org", "mattermost_url"),
+        ("BROKERD_BODY_CAP_BYTES", "0", "body_cap_bytes"),
+        ("BROKERD_LOG_LEVEL", "loud", "log_level"),
+        ("BROKERD_BROKER__DEFAULT_TIMEOUT_S", "5", "broker.audit_db"),
+    ],
+)
+def test_bad_config_is_one_line_naming_the_field(
+    monkeypatch: pytest.MonkeyPatch, variable: str, value: str, field: str
+) -> None:
+    monkeypatch.setenv(variable, value)
+    with pytest.raises(ConfigError) as error:
+        load_settings()
+    message = str(error.value)
+    assert "\n" not in message
+    assert message.startswith(f"{field}: ")
+    assert "pw" not in message
+
+
+def test_a_missing_config_file_is_named(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("BROKERD_CONFIG", str(tmp_path / "absent.toml"))
+    with pytest.raises(ConfigError, match=r"^BROKERD_CONFIG: no such file: .*absent\.toml$"):
+        load_settings()
+
+
+def test_a_malformed_config_file_is_one_line(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    config = tmp_path / "bad.toml"
+    config.write_text("socket_dir = \n")
+    monkeypatch.setenv("BROKERD_CONFIG", str(config))
+    with pytest.raises(ConfigError) as error:
+        load_settings()
+    assert str(error.value).startswith("BROKERD_CONFIG: ")
+    assert "\n" not in str(error.value)
+
+
+def test_secrets_are_read_from_files(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    token = tmp_path / "token"
+    token.write_text("abc123\n")
+    monkeypatch.setenv("BROKERD_MATTERMOST_TOKEN_FILE", str(token))
+    secrets = read_secrets(load_settings())
+    assert (secrets.bot_token, secrets.inference_key) == ("abc123", None)
+    assert secrets.values() == ["abc123"]
+
+
+@pytest.mark.parametrize(("content", "problem"), [("", "is empty"), ("a b", "more than one")])
+def test_a_bad_secret_file_is_named(tmp_path: Path, content: str, problem: str) -> None:
+    path = tmp_path / "key"
+    path.write_text(content)
+    with pytest.raises(ConfigError, match=f"^inference_key_file: .*{problem}"):
+        read_secret(path, "inference_key_file")
+    with pytest.raises(ConfigError, match=r"^inference_key_file: cannot read"):
+        read_secret(tmp_path / "absent", "inference_key_file")

@@ -1,0 +1,45 @@
+"""Shared pytest configuration.
+
+- anyio runs on asyncio, the backend loopd uses in production.
+- ``real_server``: the real llama-server (build 11434, router mode, SmolLM2-135M), started once
+  per test session on a Unix socket. It is provisioned by ``make llama-server``; when it is missing
+  the tests that need it FAIL with the command to run. They are never skipped.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from loopd import devserver
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+def _cache_dir() -> Path:
+    return Path(os.environ.get("LOOPD_CACHE_DIR", Path.home() / ".cache" / "loopd"))
+
+
+@pytest.fixture(scope="session")
+def real_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[devserver.RunningServer]:
+    """The real router with both presets loaded, on a Unix socket; shared by the whole session."""
+    workdir = tmp_path_factory.mktemp("llama-server")
+    try:
+        server = devserver.start(
+            workdir,
+            _cache_dir(),
+            socket_path=workdir / "llama.sock",
+            load=(devserver.PLAIN_MODEL, devserver.THINKING_MODEL),
+        )
+    except devserver.DevServerError as exc:
+        pytest.fail(f"the real llama-server is required and could not start: {exc}")
+    try:
+        yield server
+    finally:
+        server.stop()

@@ -1,0 +1,54 @@
+"""The cache-loss rule: expected reuse after exact replay, and the named causes of a loss."""
+
+from loopd.engine.perf import LossCause, PrevRequest, cache_loss
+
+
+def prev(**overrides: object) -> PrevRequest:
+    fields: dict[str, object] = {
+        "epoch_id": 1,
+        "slot": 0,
+        "cache_n": 205,
+        "prompt_n": 17,
+        "predicted_n": 24,
+        "complete": True,
+        "capped": False,
+        "had_reasoning": False,
+    }
+    fields.update(overrides)
+    return PrevRequest(**fields)  # type: ignore[arg-type]
+
+
+def test_exact_replay_has_no_loss() -> None:
+    # real-server-notes: turn 2 cache_n 205 / prompt_n 17 / predicted_n 24 -> turn 3 cache_n 245
+    loss = cache_loss(prev(), epoch_id=1, slot=0, cache_n=245)
+    assert (loss.expected, loss.lost, loss.cause) == (245, 0, LossCause.NONE)
+
+
+def test_first_request_and_new_epoch_and_slot_change() -> None:
+    assert cache_loss(None, epoch_id=1, slot=0, cache_n=0).cause is LossCause.FIRST
+    assert cache_loss(prev(), epoch_id=2, slot=0, cache_n=0).cause is LossCause.NEW_EPOCH
+    assert cache_loss(prev(), epoch_id=1, slot=1, cache_n=0).cause is LossCause.OTHER_SLOT
+
+
+def test_causes_in_order_of_certainty() -> None:
+    assert cache_loss(prev(capped=True), epoch_id=1, slot=0, cache_n=85).cause is (
+        LossCause.CAPPED_TURN
+    )
+    assert cache_loss(prev(), epoch_id=1, slot=0, cache_n=0).cause is LossCause.COLD
+    dropped = cache_loss(
+        prev(had_reasoning=True), epoch_id=1, slot=0, cache_n=150, template_drops_reasoning=True
+    )
+    assert dropped.cause is LossCause.TEMPLATE_DROPS_REASONING
+    assert dropped.lost == 95
+    assert cache_loss(prev(), epoch_id=1, slot=0, cache_n=150).cause is LossCause.UNEXPLAINED
+
+
+def test_broken_previous_request_expects_only_its_prompt() -> None:
+    loss = cache_loss(prev(complete=False), epoch_id=1, slot=0, cache_n=221)
+    assert (loss.expected, loss.lost) == (221, 0)
+    broken = cache_loss(prev(complete=False), epoch_id=1, slot=0, cache_n=100)
+    assert broken.cause is LossCause.BROKEN_TURN
+
+
+def test_small_boundary_losses_are_noise() -> None:
+    assert cache_loss(prev(), epoch_id=1, slot=0, cache_n=243).cause is LossCause.NONE

@@ -1,0 +1,154 @@
+"""``log verify`` and the other commands: chain, replay identity, exit codes, output."""
+
+import argparse
+import io
+import json
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+from loopd.sessionlog import RequestKind, RequestRecord, SessionLog, messages_digest
+from loopd.sessionlog.commands import (
+    EXPORT_FIELDS,
+    export_log,
+    list_sessions,
+    register,
+    show_log,
+    verify_log,
+)
+from loopd.sessionlog.verify import verify
+from tests.sessionlog.sessionlog_support import assistant_text, request_for
+
+S = "thread-1"
+
+
+def _turn(log: SessionLog) -> None:
+    log.append_user(S, "list files", external_key="p1")
+    calls = [("c1", "read_file", '{"path": "a"}')]
+    log.append_assistant(S, assistant_text(calls=calls), request=request_for(log, S))
+    log.append_tool_result(S, tool_call_id="c1", content="a.txt")
+    request = request_for(log, S, RequestKind.TOOL_FOLLOWUP)
+    log.append_assistant(S, assistant_text("one file"), request=request)
+
+
+def _tamper(db_path: Path, statement: str) -> None:
+    conn = sqlite3.connect(db_path)
+    conn.executescript(f"DROP TRIGGER entries_no_update; {statement};")
+    conn.close()
+
+
+def _verify(db_path: Path, session: str | None = None) -> tuple[int, str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    status = verify_log(db_path, session, out, err)
+    return status, out.getvalue(), err.getvalue()
+
+
+def test_verify_passes_on_a_sound_log(db_path: Path, log: SessionLog) -> None:
+    _turn(log)
+    assert verify(log) == []
+    status, out, _ = _verify(db_path, S)
+    assert (status, out.startswith("ok:")) == (0, True)
+
+
+def test_verify_names_the_first_changed_entry(db_path: Path, log: SessionLog) -> None:
+    _turn(log)
+    log.close()
+    _tamper(
+        db_path, "UPDATE entries SET message = replace(message, 'list', 'delete') WHERE seq = 2"
+    )
+    status, _, err = _verify(db_path)
+    assert status == 1
+    assert "first problem: session 'thread-1' entry 2: content does not match its hash" in err
+    assert "append-only triggers missing: ['entries_no_update']" in err
+
+
+def test_verify_notices_a_request_that_did_not_replay_the_log(
+    db_path: Path, log: SessionLog
+) -> None:
+    log.append_user(S, "hello", external_key="p1")
+    sent = log.replay_messages(S)
+    rerendered = [*sent[:-1], '{"role": "user", "content": "hello"}']  # re-dumped: spacing differs
+    record = RequestRecord(RequestKind.TURN, 0, 1, len(sent), messages_digest(rerendered))
+    log.append_assistant(S, assistant_text("hi"), request=record)
+    problems = verify(log)
+    assert [p.where for p in problems] == ["request 1"]
+    assert "not, byte for byte" in str(problems[0])
+
+
+def test_verify_notices_a_request_that_dropped_messages(log: SessionLog) -> None:
+    _turn(log)
+    shorter = RequestRecord(RequestKind.TURN, 0, 1, 1, messages_digest(log.replay_messages(S)[:1]))
+    log.record_request(S, shorter)
+    assert "did not extend it" in str(verify(log)[0])
+
+
+def test_verify_notices_a_request_on_another_slot(log: SessionLog) -> None:
+    record = request_for(log, S)
+    log.record_request(S, RequestRecord(record.kind, 3, 1, 1, record.messages_sha256))
+    assert "slot 3; the session's slot is 0" in str(verify(log)[0])
+
+
+def test_selftest_requests_are_not_replay_checked(log: SessionLog) -> None:
+    log.record_request(S, RequestRecord(RequestKind.SELFTEST, 2, 1, 5, "0" * 64))
+    assert verify(log) == []
+
+
+def test_verify_of_a_damaged_file_fails_naming_it(db_path: Path) -> None:
+    db_path.write_bytes(b"garbage" * 1000)
+    status, _, err = _verify(db_path)
+    assert status == 1
+    assert str(db_path) in err
+
+
+def test_sessions_lists_state(db_path: Path, log: SessionLog) -> None:
+    log.append_user(S, "hello", external_key="p1")
+    log.ensure_session("thread-2", 1)
+    log.start_epoch("thread-2", reason="start", tools_text="[]", system_text="s")
+    log.append_user("thread-2", "go", external_key="q1")
+    calls = [("call-7", "read_file", "{}")]
+    log.append_assistant(
+        "thread-2", assistant_text(calls=calls), request=request_for(log, "thread-2")
+    )
+    out = io.StringIO()
+    assert list_sessions(db_path, out) == 0
+    lines = out.getvalue().splitlines()
+    assert lines[1].split()[:4] == ["thread-1", "0", "1", "2"]
+    assert lines[1].endswith("pending turn")
+    assert lines[2].endswith("interrupted tool calls: call-7")
+
+
+def test_show_prints_every_entry(db_path: Path, log: SessionLog) -> None:
+    _turn(log)
+    out = io.StringIO()
+    assert show_log(db_path, S, out) == 0
+    lines = out.getvalue().splitlines()
+    assert len(lines) == 1 + len(log.entries(S))
+    assert "key=p1" in lines[2]
+    assert "call=c1" in lines[4]
+
+
+def test_show_of_an_unknown_session_fails(db_path: Path, log: SessionLog) -> None:
+    err = io.StringIO()
+    assert show_log(db_path, "ghost", io.StringIO(), err) == 1
+    assert "no session 'ghost'" in err.getvalue()
+
+
+def test_export_is_one_entry_a_line_with_the_stored_text(db_path: Path, log: SessionLog) -> None:
+    _turn(log)
+    out = io.StringIO()
+    assert export_log(db_path, S, out) == 0
+    records = [json.loads(line) for line in out.getvalue().splitlines()]
+    assert [tuple(record) for record in records] == [EXPORT_FIELDS] * len(log.entries(S))
+    messages = [r["message"] for r in records if r["message"] is not None]
+    assert messages == log.replay_messages(S)
+
+
+def test_register_wires_the_commands(db_path: Path, log: SessionLog) -> None:
+    parser = argparse.ArgumentParser(prog="loopd")
+    register(parser.add_subparsers(dest="command", required=True))
+    for argv in (["sessions"], ["log", "show", S], ["log", "export", S], ["log", "verify"]):
+        args = parser.parse_args(argv)
+        assert args.run(args, db_path, io.StringIO(), io.StringIO()) == 0, argv
+    with pytest.raises(SystemExit):
+        parser.parse_args(["log"])
