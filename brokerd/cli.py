@@ -25,14 +25,17 @@ def parser() -> argparse.ArgumentParser:
     commands = root.add_subparsers(dest="command", required=True)
     serve = commands.add_parser("serve", help="serve infer.sock, chat.sock and broker.sock")
     serve.add_argument(
-        "--only", choices=SERVICES, help="serve just this one socket (for example, on a test host)"
+        "--only",
+        choices=SERVICES,
+        action="append",
+        help="serve just this socket; repeat for several (default: all three)",
     )
     return root
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parser().parse_args(argv)
-    services = (args.only,) if args.only else SERVICES
+    services = tuple(dict.fromkeys(args.only)) if args.only else SERVICES
     try:
         settings = load_settings()
         secrets = read_secrets(settings)

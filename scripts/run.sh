@@ -3,7 +3,7 @@
 #   the real llama-server (router, tiny model) on state/run/llama.sock
 #   brokerd on state/run/{infer,broker}.sock, in front of it
 #   loopd chat in this terminal, talking to brokerd's inference proxy
-# Everything started here stops when the chat ends.
+# Everything started here stops when the chat ends. Logs: state/run/*.log
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bin=.venv/bin
@@ -33,17 +33,18 @@ for _ in $(seq 1 600); do
     sleep 0.2
 done
 
-infer_url="unix:$PWD/$run/llama.sock"
-if $bin/python -c "import brokerd.serve" 2>/dev/null; then
-    echo "run: starting brokerd ..." >&2
-    BROKERD_SOCKET_DIR="$PWD/$run" BROKERD_INFER_UPSTREAM="$infer_url" \
-        $bin/brokerd serve --only infer >"$run/brokerd.log" 2>&1 &
-    pids+=($!)
-    wait_for_socket "$run/infer.sock" brokerd "${pids[-1]}"
-    infer_url="unix:$PWD/$run/infer.sock"
-fi
+# brokerd in front of it: the inference proxy and the tool broker, as in the deployment.
+echo "run: starting brokerd (infer.sock, broker.sock) ..." >&2
+BROKERD_SOCKET_DIR="$PWD/$run/brokerd" \
+BROKERD_INFERENCE_URL="unix:$PWD/$run/llama.sock" \
+BROKERD_BROKER__AUDIT_DB="$PWD/$run/brokerd-audit.db" \
+    $bin/brokerd serve --only infer --only broker >"$run/brokerd.log" 2>&1 &
+pids+=($!)
+wait_for_socket "$run/brokerd/infer.sock" brokerd "${pids[-1]}"
+wait_for_socket "$run/brokerd/broker.sock" brokerd "${pids[-1]}"
 
-export LOOPD_INFER_URL="$infer_url"
+export LOOPD_INFER_URL="unix:$PWD/$run/brokerd/infer.sock"
+export LOOPD_BROKER_URL="unix:$PWD/$run/brokerd/broker.sock"
 export LOOPD_STATE_DIR="${LOOPD_STATE_DIR:-$PWD/state}"
 echo "run: loopd chat on $LOOPD_INFER_URL (state in $LOOPD_STATE_DIR); Ctrl-D ends it" >&2
 $bin/loopd chat --session "${SESSION:-terminal}"

@@ -1,0 +1,97 @@
+"""The loopd command line as a user runs it: a subprocess, its exit status, its stderr."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from loopd import devserver
+
+LOOPD = [sys.executable, "-m", "loopd"]
+
+
+def run_loopd(
+    args: list[str], env: dict[str, str], stdin: str = "", timeout: float = 120
+) -> subprocess.CompletedProcess[str]:
+    full_env = {k: v for k, v in os.environ.items() if not k.startswith("LOOPD_")}
+    full_env.update(env)
+    return subprocess.run(
+        [*LOOPD, *args],
+        input=stdin,
+        capture_output=True,
+        text=True,
+        env=full_env,
+        timeout=timeout,
+        check=False,
+    )
+
+
+@pytest.mark.parametrize(
+    ("url", "says"),
+    [
+        ("http://127.0.0.1:1", "unreachable"),
+        ("unix:/nonexistent/llama.sock", "No such file"),
+        ("htp://typo", "must start with"),
+    ],
+)
+def test_bad_server_url_gives_one_line_and_exit_2(tmp_path: Path, url: str, says: str) -> None:
+    result = run_loopd(
+        ["chat", "--session", "x"],
+        {"LOOPD_INFER_URL": url, "LOOPD_STATE_DIR": str(tmp_path)},
+        stdin="hello\n",
+    )
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert url in lines[0] or "LOOPD_INFER_URL" in lines[0]
+    assert says in lines[0]
+    assert "Traceback" not in result.stderr
+    assert result.stdout == ""
+
+
+@pytest.mark.real_server
+def test_chat_answers_each_line_then_resumes_the_log(
+    real_server: devserver.RunningServer, tmp_path: Path
+) -> None:
+    env = {
+        "LOOPD_INFER_URL": real_server.url,
+        "LOOPD_STATE_DIR": str(tmp_path),
+        "LOOPD_SLOTS": "1",
+        "LOOPD_TEMPERATURE": "0",
+        "LOOPD_MAX_TOKENS": "40",
+    }
+    first = run_loopd(["chat", "--session", "smoke"], env, stdin="Say hello.\nAnd again.\n")
+    assert first.returncode == 0, first.stderr
+    answers = [line for line in first.stdout.splitlines() if line.strip()]
+    assert len(answers) >= 2
+    requests = [line for line in first.stderr.splitlines() if '"model request"' in line]
+    assert len(requests) == 2, "one JSON log line per model request"
+    verify = run_loopd(["log", "verify", "smoke"], env)
+    assert verify.returncode == 0, verify.stdout + verify.stderr
+    sessions = run_loopd(["sessions"], env)
+    assert "smoke" in sessions.stdout
+    assert "idle" in sessions.stdout
+
+
+@pytest.mark.real_server
+def test_stopped_server_mid_session_fails_the_turn_with_exit_2(tmp_path: Path) -> None:
+    """A server that goes away between turns: the piped chat ends with one clear line."""
+    workdir = tmp_path / "server"
+    server = devserver.start(
+        workdir,
+        Path(os.environ.get("LOOPD_CACHE_DIR", Path.home() / ".cache" / "loopd")),
+        socket_path=workdir / "llama.sock",
+    )
+    server.stop()
+    result = run_loopd(
+        ["chat", "--session", "gone"],
+        {"LOOPD_INFER_URL": server.url, "LOOPD_STATE_DIR": str(tmp_path / "state")},
+        stdin="hello\n",
+    )
+    assert result.returncode == 2
+    assert server.url in result.stderr
+    assert "Traceback" not in result.stderr
