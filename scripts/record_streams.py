@@ -14,12 +14,13 @@ import argparse
 import logging
 import socket
 import subprocess
+import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import httpx
 
@@ -138,25 +139,30 @@ def running_server(server: Path, model: Path, extra_args: list[str]) -> Iterator
     command += ["--ctx-size", "4096", "-np", "2", "--no-webui", "--offline", "--alias", ALIAS]
     command += extra_args
     LOG.info("starting %s", " ".join(command))
-    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        base_url = f"http://127.0.0.1:{port}"
-        wait_until_healthy(base_url, process)
-        yield base_url
-    finally:
-        process.terminate()
+    with tempfile.TemporaryFile() as server_log:
+        process = subprocess.Popen(command, stdout=server_log, stderr=subprocess.STDOUT)
         try:
-            process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+            base_url = f"http://127.0.0.1:{port}"
+            wait_until_healthy(base_url, process, server_log)
+            yield base_url
+        finally:
+            process.terminate()
+            try:
+                process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
 
 
-def wait_until_healthy(base_url: str, process: "subprocess.Popen[bytes]") -> None:
+def wait_until_healthy(
+    base_url: str, process: "subprocess.Popen[bytes]", server_log: IO[bytes]
+) -> None:
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
         if process.poll() is not None:
-            raise RuntimeError(f"llama-server exited with status {process.returncode}")
+            server_log.seek(0)
+            tail = server_log.read().decode(errors="replace")[-2000:]
+            raise RuntimeError(f"llama-server exited with status {process.returncode}:\n{tail}")
         try:
             if httpx.get(f"{base_url}/health", timeout=2).status_code == 200:
                 return
@@ -203,6 +209,7 @@ def main() -> None:
     parser.add_argument("--model", type=Path, default=MODEL)
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)
     args.out.mkdir(parents=True, exist_ok=True)
     for setup in SETUPS:
         with (

@@ -262,29 +262,31 @@ def test_deep_nesting_is_malformed_not_a_crash() -> None:
 
 JSON_VALUES = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=5),
-    lambda children: st.lists(children, max_size=3)
-    | st.dictionaries(
-        st.sampled_from(
-            [
-                "choices",
-                "delta",
-                "content",
-                "tool_calls",
-                "function",
-                "arguments",
-                "index",
-                "id",
-                "model",
-                "error",
-                "timings",
-                "usage",
-                "prompt_progress",
-                "role",
-                "finish_reason",
-            ]
-        ),
-        children,
-        max_size=5,
+    lambda children: (
+        st.lists(children, max_size=3)
+        | st.dictionaries(
+            st.sampled_from(
+                [
+                    "choices",
+                    "delta",
+                    "content",
+                    "tool_calls",
+                    "function",
+                    "arguments",
+                    "index",
+                    "id",
+                    "model",
+                    "error",
+                    "timings",
+                    "usage",
+                    "prompt_progress",
+                    "role",
+                    "finish_reason",
+                ]
+            ),
+            children,
+            max_size=5,
+        )
     ),
     max_leaves=20,
 )

@@ -5,6 +5,7 @@ assembled message are the same as when the body arrives whole.
 """
 
 import functools
+from itertools import pairwise
 from pathlib import Path
 
 import pytest
@@ -23,6 +24,7 @@ from loopd.wire import (
     StreamAssembler,
     StreamEvent,
     ToolCall,
+    ToolCallDelta,
     Usage,
     events_from_item,
 )
@@ -116,7 +118,7 @@ def test_tool_call() -> None:
 
 def test_tool_call_streamed_fragment_by_fragment() -> None:
     events = events_of([RECORDED["tool_call_streamed"]])
-    fragments = [event for event in events if type(event).__name__ == "ToolCallDelta"]
+    fragments = [event for event in events if isinstance(event, ToolCallDelta)]
     assert len(fragments) > 10
     [call] = assembled(events).message().tool_calls
     assert call == ToolCall(call.id, "read_file", call.arguments)
@@ -136,6 +138,7 @@ def events_via_cache(chunks: list[bytes]) -> list[StreamEvent]:
     return [event for item in items for event in cached_events(item)]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(RECORDED))
 def test_split_at_every_byte_offset(name: str) -> None:
     body = RECORDED[name]
@@ -161,7 +164,7 @@ def test_random_chunkings(name: str, data: st.DataObject) -> None:
     body = RECORDED[name]
     offsets = data.draw(st.lists(st.integers(0, len(body)), max_size=40).map(sorted))
     bounds = [0, *offsets, len(body)]
-    chunks = [body[start:end] for start, end in zip(bounds, bounds[1:], strict=False)]
+    chunks = [body[start:end] for start, end in pairwise(bounds)]
     events = events_of(chunks)
     assert events == events_of([body])
     assert assembled(events).message() == assembled(events_of([body])).message()
@@ -200,7 +203,10 @@ def test_stream_cut_mid_event_is_truncated_and_the_torn_chunk_is_malformed() -> 
 def test_error_mid_stream() -> None:
     body = RECORDED["thinking"]
     events_part = body.split(b"\n\n")
-    error = b'data: {"error":{"code":500,"message":"Context size has been exceeded.","type":"server_error"}}'
+    error = (
+        b'data: {"error":{"code":500,"message":"Context size has been exceeded.",'
+        b'"type":"server_error"}}'
+    )
     broken = b"\n\n".join([*events_part[:6], error]) + b"\n\n"
     assembler = assembled(events_of([broken]))
     assert assembler.server_error == ServerError(

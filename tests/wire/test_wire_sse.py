@@ -1,5 +1,7 @@
 """SSEDecoder: framing, line endings, comments, foreign lines, and chunks split anywhere."""
 
+from itertools import pairwise
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -22,7 +24,7 @@ def decode_chunks(chunks: list[bytes]) -> list[SSEItem]:
 
 def split_at(body: bytes, offsets: list[int]) -> list[bytes]:
     bounds = [0, *sorted(offsets), len(body)]
-    return [body[start:end] for start, end in zip(bounds, bounds[1:], strict=False)]
+    return [body[start:end] for start, end in pairwise(bounds)]
 
 
 def test_data_events_are_separated_by_blank_lines() -> None:
@@ -169,3 +171,21 @@ def test_any_chunking_gives_the_same_items(pieces: list[bytes], offsets: list[in
 def test_arbitrary_bytes_never_raise_and_split_the_same(body: bytes, offsets: list[int]) -> None:
     offsets = [offset for offset in offsets if offset <= len(body)]
     assert decode_chunks(split_at(body, offsets)) == decode_whole(body)
+
+
+@pytest.mark.parametrize(
+    ("body", "items"),
+    [
+        (b"data: a\r\n\ndata: b\n\n", [SSEData("a"), SSEData("b")]),
+        (b"data: a\n\ndata: b\ndata: c\n\n", [SSEData("a"), SSEData("b\nc")]),
+        (b"data: a\n\n\n", [SSEData("a")]),
+        (b"data: a\n\n:\n\n", [SSEData("a"), SSEComment("")]),
+        (b"data: a\n\nhello\n\n", [SSEData("a"), SSEForeign("hello")]),
+        (b"data: \n\n", [SSEData("")]),
+    ],
+)
+def test_blocks_that_look_like_data_events_but_are_not_only_that(
+    body: bytes, items: list[SSEItem]
+) -> None:
+    # Each body starts with "data: " and ends with a blank line, the shape the fast path takes.
+    assert decode_whole(body) == items
