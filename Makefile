@@ -42,8 +42,8 @@ test: venv system-deps llama-server lint types
 run: venv system-deps llama-server
 	scripts/run.sh
 
-verify-device: venv
-	$(BIN)/loopd selftest
+verify-device: venv llama-server
+	scripts/verify-device.sh
 
 bench: venv llama-server
 	$(BIN)/python -m bench

@@ -49,9 +49,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _register_optional(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Subcommands owned by other modules register themselves here."""
+    from loopd.selftest.commands import register as register_selftest
     from loopd.sessionlog.commands import register as register_log
 
     register_log(sub)
+    register_selftest(sub)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -40,7 +40,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser.add_argument(
         "--tools",
         type=Path,
-        help=f"tools file the render probe sends (default: ./{DEFAULT_TOOLS_FILE} if present)",
+        help="tools file the render probe sends (default: LOOPD_TOOLS_FILE)",
     )
     parser.add_argument(
         "--expected-dir",
@@ -55,7 +55,7 @@ def cmd_selftest(args: argparse.Namespace, settings: Settings) -> int:
     return selftest(
         settings,
         model=args.model,
-        tools_path=args.tools,
+        tools_path=args.tools or settings.tools_file,
         record=args.record,
         as_json=args.json,
         expected_dir=args.expected_dir,

@@ -6,22 +6,25 @@ Live requests go only to a harness slot (the first of ``LOOPD_SLOTS``) and are l
 server's mechanics, and a tools array would make them slow on a CPU. The tools array is exercised
 by the render probe, which costs no generation.
 
-Each streamed request gets a client (so a connection) of its own, and so do the requests after
-one. The router closes a connection after proxying a stream without saying so, and a request on
-that pooled connection then fails with "Server disconnected without sending a response"
-(measured on build 11434: 5 of 15 requests sent right after a stream).
+The router sometimes closes a kept-alive connection after proxying a response without saying so,
+and the next request on that pooled connection fails with "Server disconnected without sending a
+response" (measured on build 11434: 5 of 15 requests sent right after a stream, 1 of 30
+back-to-back ``/apply-template`` calls). Nothing reached the server then, so the probe's
+idempotent calls are retried on exactly that; each streamed request gets a client (so a
+connection) of its own, because a stream is not retried.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import anyio
 import httpx
+from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt
 
 from loopd.config import Settings
 from loopd.engine.client import InferenceClient
@@ -53,11 +56,30 @@ from loopd.wire.events import EventDecoder
 log = logging.getLogger("loopd.selftest")
 
 APPLY_TEMPLATE_PATH = "/apply-template"
-PROBE_SYSTEM_TEXT = "You are a self-test. Answer in one short sentence."
+PROBE_SYSTEM_TEXT = "You are a self-test."
+COUNTING = "Count from 1 to 100, one number per line."
 # The failures a probe records as a fact instead of raising: the server answered badly or not.
 _PROBE_ERRORS = (InferenceError, ValueError)
 
 ClientFactory = Callable[[], InferenceClient]
+T = TypeVar("T")
+
+
+def _dropped(exc: BaseException) -> bool:
+    """A pooled connection closed before the server answered: the request never reached it."""
+    return isinstance(exc, ServerUnreachable) and isinstance(
+        exc.__cause__, httpx.RemoteProtocolError
+    )
+
+
+async def _idempotent(call: Callable[[], Awaitable[T]]) -> T:
+    """Run a call that changes nothing on the server, again if its connection was dropped."""
+    async for attempt in AsyncRetrying(
+        retry=retry_if_exception(_dropped), stop=stop_after_attempt(3), reraise=True
+    ):
+        with attempt:
+            return await call()
+    raise AssertionError("AsyncRetrying with reraise=True either returns or raises")
 
 
 @dataclass(frozen=True)
@@ -158,24 +180,24 @@ async def _gather_live(connect: ClientFactory, config: ProbeConfig, facts: Serve
 
 async def probe_health(client: InferenceClient, limit_s: float) -> Health:
     try:
-        healthy = await client.health(timeout=limit_s)
+        healthy = await _idempotent(lambda: client.health(limit_s))
     except ServerUnreachable as exc:
         return Health(reachable=False, healthy=False, detail=str(exc))
     return Health(True, healthy, "" if healthy else "/health did not answer 200 (loading?)")
 
 
 async def probe_listing(client: InferenceClient, limit_s: float) -> Listing:
-    data = await client.models(timeout=limit_s)
+    data = await _idempotent(lambda: client.models(limit_s))
     listing = parse_listing(data)
     return Listing(listing.router, listing.served, model_status(data, client.model))
 
 
 async def probe_props(client: InferenceClient, limit_s: float) -> Props:
-    return parse_props(await client.props(timeout=limit_s))
+    return parse_props(await _idempotent(lambda: client.props(limit_s)))
 
 
 async def probe_slots(client: InferenceClient, limit_s: float) -> tuple[SlotInfo, ...]:
-    return parse_slots(await client.slots(timeout=limit_s))
+    return parse_slots(await _idempotent(lambda: client.slots(limit_s)))
 
 
 async def probe_cache(connect: ClientFactory, config: ProbeConfig) -> CacheProbe:
@@ -217,7 +239,9 @@ async def probe_stream(client: InferenceClient, config: ProbeConfig) -> StreamPr
     """
     slot = config.harness_slots[0]
     settings = config.request(client.model, config.stream_probe_tokens)
-    body = build_body(settings, "", template.first_turn(PROBE_SYSTEM_TEXT))
+    # A long answer, cut by max_tokens: the completion must still run when the control call
+    # arrives, even on a fast server and with a model that does not think.
+    body = build_body(settings, "", template.first_turn(PROBE_SYSTEM_TEXT, COUNTING))
     tally = StreamTally()
     control: str | None = None
     failure = ""
@@ -324,7 +348,7 @@ async def template_keeps_reasoning(
 
 
 async def _render(client: InferenceClient, body: dict[str, Any], limit_s: float) -> str:
-    answer = await client.post_json(APPLY_TEMPLATE_PATH, body, limit_s)
+    answer = await _idempotent(lambda: client.post_json(APPLY_TEMPLATE_PATH, body, limit_s))
     prompt = answer.get("prompt") if isinstance(answer, dict) else None
     if not isinstance(prompt, str):
         raise MalformedAnswer(f"{APPLY_TEMPLATE_PATH} answered without a prompt")

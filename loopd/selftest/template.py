@@ -46,11 +46,11 @@ def template_sha256(chat_template: str, tool_use_template: str | None) -> str:
     return digest.hexdigest()
 
 
-def first_turn(system_text: str) -> list[str]:
+def first_turn(system_text: str, user_text: str = "Say OK.") -> list[str]:
     """A new session's first request: system text and one user message."""
     return [
         dumps({"role": "system", "content": system_text}),
-        dumps({"role": "user", "content": "Say OK."}),
+        dumps({"role": "user", "content": user_text}),
     ]
 
 

@@ -91,6 +91,7 @@ def test_record_rewrites_the_file_and_shows_the_diff(
         out=out,
     )
     report = json.loads(out.getvalue())
+    assert [c for c in report["checks"] if not c["ok"]] == []
     assert status == 0
     assert report["recorded"]["changes"] == [
         {"field": "n_ctx_per_slot", "old": 1234, "new": recorded.n_ctx_per_slot}
