@@ -49,10 +49,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _register_optional(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Subcommands owned by other modules register themselves here."""
+    from loopd.perfreport import register as register_perf
     from loopd.selftest.commands import register as register_selftest
     from loopd.sessionlog.commands import register as register_log
 
     register_log(sub)
+    register_perf(sub)
     register_selftest(sub)
 
 

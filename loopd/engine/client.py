@@ -11,9 +11,10 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
+import anyio
 import httpx
 
-from loopd.errors import ServerRejected, ServerUnreachable
+from loopd.errors import ServerRejected, ServerUnreachable, StreamBroken
 
 CHAT_PATH = "/v1/chat/completions"
 CONTROL_PATH = "/v1/chat/completions/control"
@@ -24,14 +25,21 @@ def make_async_client(url: str, connect_s: float) -> httpx.AsyncClient:
 
     Reads have no httpx timeout: the turn engine owns the first-byte and silence limits, which
     differ by phase and which a single read timeout cannot express.
+
+    Connections are not kept alive: the router sometimes closes a kept-alive connection after
+    proxying a stream without saying so, and the next request on it fails with "Server
+    disconnected without sending a response" (measured on build 11434). A fresh connection per
+    request costs nothing on a Unix socket or loopback, and a request that then fails that way
+    means the server really hung up.
     """
     timeout = httpx.Timeout(connect=connect_s, read=None, write=connect_s, pool=connect_s)
+    limits = httpx.Limits(max_keepalive_connections=0)
     if url.startswith("unix:"):
-        transport = httpx.AsyncHTTPTransport(uds=url[len("unix:") :])
+        transport = httpx.AsyncHTTPTransport(uds=url[len("unix:") :], limits=limits)
         return httpx.AsyncClient(
             transport=transport, base_url="http://llama-server", timeout=timeout
         )
-    return httpx.AsyncClient(base_url=url, timeout=timeout)
+    return httpx.AsyncClient(base_url=url, timeout=timeout, limits=limits)
 
 
 def error_message(body: bytes) -> tuple[str, str]:
@@ -129,15 +137,22 @@ class InferenceClient:
 
         Entering blocks until the server sends the status line, which for a request queued behind
         another on its slot is only when the slot frees (seed finding (j)). Errors raised before a
-        slot starts arrive as plain JSON with a 4xx/5xx status: ServerRejected.
+        slot starts arrive as plain JSON with a 4xx/5xx status: ServerRejected. A connection
+        that could not be made is ServerUnreachable; one the server closed before answering
+        (it died while the request waited) is StreamBroken.
         """
         request = self._http.build_request(
             "POST", CHAT_PATH, content=body, headers={"Content-Type": "application/json"}
         )
         try:
             response = await self._http.send(request, stream=True)
-        except httpx.TransportError as exc:
+        except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
             raise self._unreachable(exc) from exc
+        except httpx.TransportError as exc:
+            reason = str(exc) or type(exc).__name__
+            raise StreamBroken(
+                f"llama-server at {self.url} closed the connection before answering: {reason}"
+            ) from exc
         try:
             if response.status_code != 200:
                 content = await response.aread()
@@ -145,5 +160,7 @@ class InferenceClient:
                 raise ServerRejected(self.url, response.status_code, message, kind)
             yield response
         finally:
-            # Closing the connection is what cancels generation on the server (finding (l)).
-            await response.aclose()
+            # Closing the connection is what cancels generation on the server (finding (l)), so
+            # it must happen even when the request is being cancelled.
+            with anyio.CancelScope(shield=True), anyio.move_on_after(self.connect_s):
+                await response.aclose()

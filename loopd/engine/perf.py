@@ -59,26 +59,37 @@ def cache_loss(
     cache_n: int,
     template_drops_reasoning: bool = False,
 ) -> Loss:
-    """Expected reuse minus the real ``cache_n``, with the most likely cause."""
+    """Expected reuse minus the real ``cache_n``, with the most likely cause.
+
+    The expectation is the same whatever happened in between: the previous request's prompt and
+    what it generated, as the server last held them. The cause is what best explains a
+    shortfall, the most certain first.
+    """
     if prev is None:
         return Loss(0, 0, LossCause.FIRST)
-    if prev.epoch_id != epoch_id:
-        return Loss(0, 0, LossCause.NEW_EPOCH)
-    if prev.slot != slot:
-        return Loss(0, 0, LossCause.OTHER_SLOT)
     expected = prev.cache_n + prev.prompt_n + (prev.predicted_n if prev.complete else 0) - 1
     expected = max(expected, 0)
     lost = max(expected - cache_n, 0)
     if lost <= LOSS_TOLERANCE:
         return Loss(expected, lost, LossCause.NONE)
+    return Loss(expected, lost, _cause(prev, epoch_id, slot, cache_n, template_drops_reasoning))
+
+
+def _cause(
+    prev: PrevRequest, epoch_id: int, slot: int, cache_n: int, template_drops_reasoning: bool
+) -> LossCause:
+    if prev.epoch_id != epoch_id:
+        return LossCause.NEW_EPOCH
+    if prev.slot != slot:
+        return LossCause.OTHER_SLOT
+    # Nothing reused at all: the server lost the slot's cache (a model unload, a restart, an
+    # eviction). A broken or capped turn costs only what follows the previous prompt.
+    if cache_n <= LOSS_TOLERANCE:
+        return LossCause.COLD
     if not prev.complete:
-        cause = LossCause.BROKEN_TURN
-    elif prev.capped:
-        cause = LossCause.CAPPED_TURN
-    elif cache_n <= LOSS_TOLERANCE:
-        cause = LossCause.COLD
-    elif template_drops_reasoning and prev.had_reasoning:
-        cause = LossCause.TEMPLATE_DROPS_REASONING
-    else:
-        cause = LossCause.UNEXPLAINED
-    return Loss(expected, lost, cause)
+        return LossCause.BROKEN_TURN
+    if prev.capped:
+        return LossCause.CAPPED_TURN
+    if template_drops_reasoning and prev.had_reasoning:
+        return LossCause.TEMPLATE_DROPS_REASONING
+    return LossCause.UNEXPLAINED

@@ -4,9 +4,13 @@ Read as three short steps (``run`` -> ``step`` -> ``execute``). The session log 
 each step rebuilds the request from what is stored, and what happened is appended before the next
 step begins, so a crash at any point leaves a state the next start derives and resumes from.
 
+A request that fails is recorded as broken (never replayed) and sent again only when that is safe
+(``stream.retry_safe``: nothing the model made was lost, not a 4xx), a bounded number of times with
+a growing wait. The next attempt is built from the log like the first, so it sends the same bytes.
+
 Log calls are synchronous SQLite writes of well under a millisecond in WAL mode (``make bench``
 measures them); they run on the event loop rather than in a thread so that their order is the
-order of events.
+order of events, and so that a cancelled request is recorded before the cancellation goes on.
 """
 
 from __future__ import annotations
@@ -16,10 +20,26 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+import anyio
+from tenacity import (
+    AsyncRetrying,
+    RetryCallState,
+    retry_if_result,
+    stop_after_attempt,
+    wait_exponential,
+)
+
 from loopd.engine.client import InferenceClient
 from loopd.engine.perf import Loss, LossCause, PrevRequest, cache_loss
 from loopd.engine.request import RequestSettings, build_body
-from loopd.engine.stream import Limits, RequestResult, StatusCallback, run_request
+from loopd.engine.stream import (
+    Failure,
+    Limits,
+    RequestResult,
+    StatusCallback,
+    retry_safe,
+    stream_into,
+)
 from loopd.jsonbytes import dumps
 from loopd.sessionlog.chain import messages_digest
 from loopd.sessionlog.records import Perf, Request, RequestKind, RequestRecord
@@ -38,19 +58,29 @@ class ToolRunner(Protocol):
 @dataclass
 class TurnOutcome:
     answer: str | None
-    failure: str | None = None
+    failure: str | None = None  # the last failed request's message, for the thread
+    cause: Failure | None = None  # what ended the turn without an answer, when a request did
     requests: list[RequestRecord] = field(default_factory=list)
 
 
+@dataclass(frozen=True)
+class Attempt:
+    """One request as sent and recorded."""
+
+    record: RequestRecord
+    result: RequestResult
+
+
 def previous_request(requests: Sequence[Request]) -> PrevRequest | None:
-    """The cache-loss rule's view of the session's last replaying request."""
+    """The cache-loss rule's view of the last request that reached the session's slot.
+
+    Self-tests send their own prompts, and a request the server never streamed for (a 4xx, a
+    refused connection) left the slot as it was: both are passed over.
+    """
     for request in reversed(requests):
-        record = request.record
-        if record.kind is RequestKind.SELFTEST:
+        record, perf = request.record, request.record.perf
+        if record.kind is RequestKind.SELFTEST or perf.cache_n is None or perf.prompt_n is None:
             continue
-        perf = record.perf
-        if perf.cache_n is None or perf.prompt_n is None:
-            return None  # it broke before the server said anything: expectation unknown
         return PrevRequest(
             epoch_id=record.epoch,
             slot=record.slot,
@@ -83,39 +113,52 @@ class Turn:
         outcome = TurnOutcome(answer=None)
         kind = RequestKind.TURN
         for _ in range(self.max_rounds):
-            record, calls, answer = await self.step(kind)
-            outcome.requests.append(record)
-            if record.perf.outcome != "complete":
-                outcome.failure = str(record.perf.extra.get("detail", "the request failed"))
+            attempt = await self.request(kind, outcome)
+            result = attempt.result
+            if not result.complete:
+                outcome.failure, outcome.cause = result.detail, result.failure
                 return outcome
-            if not calls:
-                outcome.answer = answer
+            message = result.assembler.message()
+            if not message.tool_calls:
+                outcome.answer = message.content
                 return outcome
-            await self.execute(calls)
+            await self.execute(message.tool_calls)
             kind = RequestKind.TOOL_FOLLOWUP
         outcome.failure = f"stopped after {self.max_rounds} tool rounds without an answer"
         return outcome
 
-    async def step(self, kind: RequestKind) -> tuple[RequestRecord, Sequence[ToolCall], str]:
+    async def request(self, kind: RequestKind, outcome: TurnOutcome) -> Attempt:
+        """``step`` until it completes or another attempt would not be safe; every attempt is
+        recorded (in ``outcome.requests`` too)."""
+
+        async def step() -> Attempt:
+            attempt = await self.step(kind)
+            outcome.requests.append(attempt.record)
+            return attempt
+
+        retrying = AsyncRetrying(
+            retry=retry_if_result(lambda attempt: retry_safe(attempt.result)),
+            stop=stop_after_attempt(max(self.limits.attempts, 1)),
+            wait=wait_exponential(multiplier=self.limits.retry_wait_s, max=30),
+            retry_error_callback=_last_attempt,
+        )
+        attempt: Attempt = await retrying(step)
+        return attempt
+
+    async def step(self, kind: RequestKind) -> Attempt:
+        """One request, built from the log, streamed, and recorded."""
         epoch = self.log.current_epoch(self.session)
         messages = self.log.replay_messages(self.session)
         body = build_body(self.settings, epoch.tools_text, messages)
-        result = await run_request(
-            self.client, body, slot=self.slot, limits=self.limits, report=self.report
-        )
-        record = self._record(kind, epoch.number, messages, result)
-        message = result.assembler.message()
-        if result.complete:
-            self.log.append_assistant(self.session, dumps(message.to_wire()), request=record)
-        else:
-            self.log.append_broken(
-                self.session,
-                partial_text=dumps(message.to_wire()),
-                reason=result.detail,
-                request=record,
+        result = RequestResult.start()
+        try:
+            await stream_into(
+                result, self.client, body, slot=self.slot, limits=self.limits, report=self.report
             )
-        _log_request(self.session, record)
-        return record, message.tool_calls if result.complete else (), message.content
+        except anyio.get_cancelled_exc_class():
+            self._record(kind, epoch.number, messages, result)  # synchronous: not interrupted
+            raise
+        return Attempt(self._record(kind, epoch.number, messages, result), result)
 
     async def execute(self, calls: Sequence[ToolCall]) -> None:
         for call in calls:
@@ -128,53 +171,83 @@ class Turn:
     def _record(
         self, kind: RequestKind, epoch: int, messages: list[str], result: RequestResult
     ) -> RequestRecord:
-        asm = result.assembler
-        t = asm.timings
-        loss = Loss(0, 0, LossCause.NONE)  # no timings: it broke before the server said anything
-        if t is not None:
-            loss = cache_loss(
-                previous_request(self.log.requests(self.session)),
-                epoch_id=epoch,
-                slot=self.slot,
-                cache_n=t.cache_n,
-                template_drops_reasoning=self.template_drops_reasoning,
-            )
-        extra: dict[str, Any] = {
-            "expected_reuse": loss.expected,
-            "duration_ms": round(result.ended_s * 1000, 1),
-            "finish_reason": asm.finish_reason,
-            "completion_id": asm.completion_id,
-            "had_reasoning": bool(asm.reasoning),
-        }
-        if t is not None:
-            extra.update(prompt_ms=t.prompt_ms, predicted_ms=t.predicted_ms)
-        if result.failure is not None:
-            extra.update(failure=result.failure.value, detail=result.detail)
-        if result.control_answer is not None:
-            extra["control_answer"] = result.control_answer
-        perf = Perf(
-            outcome="complete" if result.complete else "broken",
-            cache_n=t.cache_n if t else None,
-            prompt_n=t.prompt_n if t else None,
-            predicted_n=t.predicted_n if t else None,
-            ttfb_ms=None if result.first_byte_s is None else round(result.first_byte_s * 1000, 1),
-            queue_wait_ms=round(result.queue_wait_s * 1000, 1),
-            prompt_per_second=t.prompt_per_second if t else None,
-            predicted_per_second=t.predicted_per_second if t else None,
-            thinking_tokens=asm.thinking_tokens,
-            capped=result.capped,
-            cache_loss=loss.lost,
-            cache_loss_cause=loss.cause.value or None,
-            extra=extra,
-        )
-        return RequestRecord(
+        """Append the assistant entry (or the broken one) with the request's record."""
+        record = RequestRecord(
             kind=kind,
             slot=self.slot,
             epoch=epoch,
             message_count=len(messages),
             messages_sha256=messages_digest(messages),
-            perf=perf,
+            perf=request_perf(result, self._loss(epoch, result)),
         )
+        message = dumps(result.assembler.message().to_wire())
+        if result.complete:
+            self.log.append_assistant(self.session, message, request=record)
+        else:
+            self.log.append_broken(
+                self.session, partial_text=message, reason=result.detail, request=record
+            )
+        _log_request(self.session, record)
+        return record
+
+    def _loss(self, epoch: int, result: RequestResult) -> Loss:
+        timings = result.assembler.timings
+        if timings is None:
+            return Loss(0, 0, LossCause.NONE)  # it broke before the server said anything
+        return cache_loss(
+            previous_request(self.log.requests(self.session)),
+            epoch_id=epoch,
+            slot=self.slot,
+            cache_n=timings.cache_n,
+            template_drops_reasoning=self.template_drops_reasoning,
+        )
+
+
+def _last_attempt(state: RetryCallState) -> Attempt:
+    """When attempts run out, the turn goes on with the last one (recorded as broken)."""
+    assert state.outcome is not None
+    attempt: Attempt = state.outcome.result()
+    return attempt
+
+
+def request_perf(result: RequestResult, loss: Loss) -> Perf:
+    """The request's perf record: the server's counters, the engine's times, the cache loss."""
+    asm, t = result.assembler, result.assembler.timings
+    return Perf(
+        outcome="complete" if result.complete else "broken",
+        cache_n=t.cache_n if t else None,
+        prompt_n=t.prompt_n if t else None,
+        predicted_n=t.predicted_n if t else None,
+        ttfb_ms=None if result.first_byte_s is None else round(result.first_byte_s * 1000, 1),
+        queue_wait_ms=round(result.queue_wait_s * 1000, 1),
+        prompt_per_second=t.prompt_per_second if t else None,
+        predicted_per_second=t.predicted_per_second if t else None,
+        thinking_tokens=asm.thinking_tokens,
+        capped=result.capped,
+        cache_loss=loss.lost,
+        cache_loss_cause=loss.cause.value or None,
+        extra=_perf_extra(result, loss),
+    )
+
+
+def _perf_extra(result: RequestResult, loss: Loss) -> dict[str, Any]:
+    asm, t = result.assembler, result.assembler.timings
+    extra: dict[str, Any] = {
+        "expected_reuse": loss.expected,
+        "duration_ms": round(result.ended_s * 1000, 1),
+        "finish_reason": asm.finish_reason,
+        "completion_id": asm.completion_id,
+        "had_reasoning": bool(asm.reasoning),
+    }
+    if t is not None:
+        extra.update(prompt_ms=t.prompt_ms, predicted_ms=t.predicted_ms)
+    if result.failure is not None:
+        extra.update(failure=result.failure.value, detail=result.detail)
+    if result.status_code is not None:
+        extra["status_code"] = result.status_code
+    if result.control_answer is not None:
+        extra["control_answer"] = result.control_answer
+    return extra
 
 
 def _log_request(session: str, record: RequestRecord) -> None:

@@ -1,0 +1,150 @@
+"""``loopd perf``: the records as JSON with the server's field names, and the readable summary."""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from loopd import perfreport
+from loopd.engine.perf import LossCause
+from loopd.jsonbytes import dumps
+from loopd.sessionlog.chain import messages_digest
+from loopd.sessionlog.records import Perf, RequestKind, RequestRecord
+from loopd.sessionlog.store import SessionLog
+from tests.engine.engine_support import SESSION, SLOT, open_log, say
+
+ANSWER = dumps({"role": "assistant", "content": "ok"})
+
+
+def _record(log: SessionLog, kind: RequestKind, **perf: Any) -> RequestRecord:
+    messages = log.replay_messages(SESSION)
+    return RequestRecord(
+        kind=kind,
+        slot=SLOT,
+        epoch=log.current_epoch(SESSION).number,
+        message_count=len(messages),
+        messages_sha256=messages_digest(messages),
+        perf=Perf(**perf),
+    )
+
+
+def _answer(log: SessionLog, kind: RequestKind = RequestKind.TURN, **perf: Any) -> None:
+    log.append_assistant(SESSION, ANSWER, request=_record(log, kind, outcome="complete", **perf))
+
+
+def _break(log: SessionLog, **perf: Any) -> None:
+    record = _record(log, RequestKind.TURN, outcome="broken", **perf)
+    log.append_broken(SESSION, partial_text="", reason="dropped", request=record)
+
+
+@pytest.fixture
+def db(tmp_path: Path) -> Path:
+    """Two turns: the first retried once after a 500; the second capped, then a cold re-read."""
+    with open_log(tmp_path) as log:
+        say(log, "one")
+        _break(log, extra={"failure": "rejected", "status_code": 500, "detail": "answered 500"})
+        _answer(log, cache_n=0, prompt_n=200, predicted_n=20, ttfb_ms=30.5, capped=True)
+        say(log, "two")
+        _answer(
+            log,
+            cache_n=2,
+            prompt_n=300,
+            predicted_n=10,
+            cache_loss=217,
+            cache_loss_cause=LossCause.COLD.value,
+            extra={"expected_reuse": 219},
+        )
+        log.record_request(SESSION, _record(log, RequestKind.SELFTEST, cache_n=9, prompt_n=9))
+    return tmp_path / "loopd.db"
+
+
+def _run(db: Path, *argv: str) -> tuple[int, str, str]:
+    parser = argparse.ArgumentParser()
+    perfreport.register(parser.add_subparsers())
+    args = parser.parse_args(["perf", *argv])
+    out, err = io.StringIO(), io.StringIO()
+    code: int = args.run(args, db, out, err)
+    return code, out.getvalue(), err.getvalue()
+
+
+def test_json_lists_every_request_with_the_servers_field_names(db: Path) -> None:
+    code, out, err = _run(db, "--session", SESSION, "--json")
+    assert (code, err) == (0, "")
+    records = json.loads(out)
+    assert [(r["kind"], r["outcome"]) for r in records] == [
+        ("turn", "broken"),
+        ("turn", "complete"),
+        ("turn", "complete"),
+        ("selftest", "ok"),
+    ]
+    retried, capped, cold, _ = records
+    assert (retried["failure"], retried["status_code"], retried["cache_n"]) == (
+        "rejected",
+        500,
+        None,
+    )
+    assert {k: capped[k] for k in ("cache_n", "prompt_n", "predicted_n", "ttfb_ms", "capped")} == {
+        "cache_n": 0,
+        "prompt_n": 200,
+        "predicted_n": 20,
+        "ttfb_ms": 30.5,
+        "capped": True,
+    }
+    assert (cold["cache_loss"], cold["cache_loss_cause"], cold["expected_reuse"]) == (
+        217,
+        "cold server or eviction",
+        219,
+    )
+    assert {r["session"] for r in records} == {SESSION}
+    assert {r["slot"] for r in records} == {SLOT}
+    assert {r["epoch"] for r in records} == {1}
+    for name in ("queue_wait_ms", "prompt_per_second", "predicted_per_second", "thinking_tokens"):
+        assert name in capped
+
+
+def test_summary_shows_hit_rate_recompute_per_turn_and_losses_by_cause(db: Path) -> None:
+    code, out, _ = _run(db)
+    assert code == 0
+    assert out.splitlines() == [
+        f"session {SESSION}: 4 requests (1 selftest, 3 turn)",
+        "  broken: 1, capped: 1",
+        "  prompt cache hit rate: 0.4% (2 of 502 prompt tokens reused)",
+        "  recompute per turn: 250 tokens (2 turns)",
+        "  cache losses by cause:",
+        "    cold server or eviction         1 request        217 tokens",
+    ]
+
+
+def test_summary_of_every_session_adds_a_total(db: Path) -> None:
+    with SessionLog.open(db) as log:
+        log.ensure_session("other", SLOT)
+    code, out, _ = _run(db)
+    assert code == 0
+    assert "session other: 0 requests" in out
+    assert "all sessions: 4 requests (1 selftest, 3 turn)" in out
+
+
+def test_summary_figures_from_requests() -> None:
+    summary = perfreport.summarize([])
+    assert (summary.requests, summary.hit_rate, summary.recompute_per_turn) == (0, None, None)
+    assert perfreport.format_summary("empty", summary).splitlines() == [
+        "empty: 0 requests",
+        "  broken: 0, capped: 0",
+        "  cache losses: none",
+    ]
+
+
+def test_an_unknown_session_or_a_missing_log_is_one_clear_line(db: Path, tmp_path: Path) -> None:
+    code, out, err = _run(db, "--session", "nobody", "--json")
+    assert (code, out) == (1, "")
+    assert err == f"loopd: perf: session log {db}: no session 'nobody'\n"
+    missing = tmp_path / "none.db"
+    code, _, err = _run(missing)
+    assert code == 1
+    assert err.startswith(f"loopd: perf: session log {missing}: ")
+    assert not missing.exists(), "reading perf never creates a log"
