@@ -191,7 +191,12 @@ class _ChatRequestRun:
         await self._fake.faults.wait_until(lambda f: not f.stall_before_first_byte)
         reply = self._instance.script.next_reply(self._request.messages)
         call_ids = self._fake.new_call_ids(len(reply.tool_calls))
-        generation = Generation(reply, call_ids, self._request.reasoning_budget_message)
+        generation = Generation(
+            reply,
+            call_ids,
+            self._request.reasoning_budget_message,
+            ignore_eos=self._request.ignore_eos,
+        )
         self._instance.live[self._identity.completion_id] = LiveCompletion(
             generation, armed=self._request.reasoning_control
         )

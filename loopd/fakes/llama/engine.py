@@ -14,7 +14,7 @@ import anyio.lowlevel
 
 from .chunks import Timings
 from .model import FinishReason, Generation, Step
-from .slots import Slot, TaskInfo, reusable_prefix
+from .slots import Slot, TaskInfo
 
 
 @dataclass
@@ -78,8 +78,7 @@ async def run_completion(job: CompletionJob, sink: CompletionSink) -> FinishReas
 
 async def _evaluate_prompt(job: CompletionJob, sink: CompletionSink) -> None:
     slot, prompt, timings = job.slot, job.prompt, job.timings
-    cache_n = reusable_prefix(prompt, slot.cached, cache_prompt=job.cache_prompt)
-    del slot.cached[cache_n:]
+    cache_n = slot.take_prompt(prompt, cache_prompt=job.cache_prompt)
     task = TaskInfo(job.id_task, len(prompt), cache_n, cache_n, params=job.params)
     task.n_remain = job.n_predict
     slot.task = task

@@ -50,6 +50,7 @@ class ChatRequest:
     sse_ping_interval: int | None = None
     reasoning_control: bool = False
     reasoning_budget_message: str = ""
+    ignore_eos: bool = False
     n_predict: int = -1
     params: dict[str, Any] = field(default_factory=dict)
 
@@ -89,6 +90,7 @@ def parse_chat_request(body: Any) -> ChatRequest:
         sse_ping_interval=_int_field(body, "sse_ping_interval", -1),
         reasoning_control=_bool(body, "reasoning_control", False),
         reasoning_budget_message=_str_field(body, "reasoning_budget_message"),
+        ignore_eos=_bool(body, "ignore_eos", False),
         n_predict=_n_predict(body),
         params={
             k: body[k] for k in ("temperature", "top_k", "top_p", "min_p", "seed") if k in body

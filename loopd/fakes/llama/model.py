@@ -65,8 +65,9 @@ def random_id(rng: random.Random, length: int = 32) -> str:
 class ScriptedModel:
     """The queue of replies for one model; when empty, a deterministic reply from the prompt."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, thinking: bool = True) -> None:
         self._queue: deque[ScriptedReply] = deque()
+        self._thinking = thinking
 
     def push(self, *replies: ScriptedReply) -> None:
         self._queue.extend(replies)
@@ -81,7 +82,8 @@ class ScriptedModel:
     def next_reply(self, messages: Sequence[Message]) -> ScriptedReply:
         if self._queue:
             return self._queue.popleft()
-        return default_reply(messages)
+        reply = default_reply(messages)
+        return reply if self._thinking else ScriptedReply(content=reply.content)
 
 
 def default_reply(messages: Sequence[Message]) -> ScriptedReply:
@@ -139,9 +141,15 @@ class Generation:
     """Token-by-token output of one reply, with reasoning-end forcing and a finish reason."""
 
     def __init__(
-        self, reply: ScriptedReply, call_ids: Sequence[str], budget_message: str = ""
+        self,
+        reply: ScriptedReply,
+        call_ids: Sequence[str],
+        budget_message: str = "",
+        *,
+        ignore_eos: bool = False,
     ) -> None:
         self._reply = reply
+        self._ignore_eos = ignore_eos
         self._calls = tuple(
             ToolCallText(c.name, c.arguments, c.id or call_ids[i])
             for i, c in enumerate(reply.tool_calls)
@@ -183,6 +191,9 @@ class Generation:
             self._apply_reasoning_end()
         if self._next >= len(self._tokens):
             return None
+        if self._ignore_eos and self._next == len(self._tokens) - 1:
+            # The end-of-turn token is banned: the model keeps writing, as the real one does.
+            return self._filler_step()
         token = self._tokens[self._next]
         self._next += 1
         return self._step(token)
@@ -215,6 +226,13 @@ class Generation:
         rest = tokenize_with_offsets(self._text.text[position:] + EOS)
         shifted = [Token(t.piece, t.start + position) for t in rest]
         self._tokens = self._tokens[: self._next] + shifted
+
+    def _filler_step(self) -> Step:
+        piece = " and"
+        if self._reply.tool_calls:
+            return Step(piece)  # text after a call is not parsed into anything visible
+        self.content += piece
+        return Step(piece, content=piece)
 
     def _step(self, token: Token) -> Step:
         step = Step(token.piece)

@@ -33,9 +33,11 @@ class TemplateOptions:
 
     ``drop_past_reasoning`` imitates templates that render reasoning only for assistant turns
     after the last user message, so each new user turn re-reads the previous answer.
+    ``thinking`` false imitates a template with no think block: the model never reasons.
     """
 
     drop_past_reasoning: bool = False
+    thinking: bool = True
 
 
 class Part(Enum):

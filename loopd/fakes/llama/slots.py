@@ -3,6 +3,10 @@
 The cache arithmetic is the real server's: a new prompt reuses the longest common token prefix
 with what the slot holds (prompt plus generated tokens, less the last sampled one, which was never
 evaluated), and at least one prompt token is always evaluated.
+
+The host prompt cache (``--cache-ram``) is modelled as the real one was measured: a state that
+other prompts pushed out of a slot comes back when a matching prompt returns to the same slot;
+the same prompt sent to another slot is read again in full.
 """
 
 from collections.abc import Sequence
@@ -53,6 +57,39 @@ class Slot:
     is_processing: bool = False
     last_used: int = 0
     task: TaskInfo | None = None
+    host_cache_tokens: int = 0  # the host prompt cache's room for this slot; 0 turns it off
+    saved: list[list[str]] = field(default_factory=list)  # oldest first
+
+    def take_prompt(self, prompt: Sequence[str], *, cache_prompt: bool) -> int:
+        """Keep the reusable prefix for ``prompt`` and return ``cache_n``.
+
+        A saved state that matches better is swapped in; a state about to lose more than half
+        of its tokens is saved first.
+        """
+        cache_n = reusable_prefix(prompt, self.cached, cache_prompt=cache_prompt)
+        if self.host_cache_tokens and cache_prompt:
+            best = max(self.saved, key=lambda s: common_prefix_len(prompt, s), default=None)
+            if best is not None and reusable_prefix(prompt, best, cache_prompt=True) > cache_n:
+                self.saved.remove(best)
+                self._save()
+                self.cached[:] = best
+                cache_n = reusable_prefix(prompt, self.cached, cache_prompt=True)
+            elif cache_n < len(self.cached) / 2:
+                self._save()
+        del self.cached[cache_n:]
+        return cache_n
+
+    def forget(self) -> None:
+        """What an unload or a sleep does: the slot and its saved states are gone."""
+        self.cached.clear()
+        self.saved.clear()
+
+    def _save(self) -> None:
+        if not self.cached or len(self.cached) > self.host_cache_tokens:
+            return
+        self.saved.append(list(self.cached))
+        while sum(len(s) for s in self.saved) > self.host_cache_tokens:
+            self.saved.pop(0)
 
     def to_json(self) -> dict[str, Any]:
         """One entry of ``GET /slots``; task fields appear once the slot has run a task."""
@@ -93,10 +130,10 @@ class _Waiter:
 class SlotPool:
     """The slots of one model and the deferred queue in front of them."""
 
-    def __init__(self, n_slots: int, n_ctx: int) -> None:
+    def __init__(self, n_slots: int, n_ctx: int, host_cache_tokens: int = 0) -> None:
         if n_slots < 1:
             raise ValueError("a model needs at least one slot")
-        self.slots = [Slot(i, n_ctx) for i in range(n_slots)]
+        self.slots = [Slot(i, n_ctx, host_cache_tokens=host_cache_tokens) for i in range(n_slots)]
         self._waiters: list[_Waiter] = []
         self._clock = 0
 
@@ -133,7 +170,7 @@ class SlotPool:
     def clear_caches(self) -> None:
         """What an unload or a sleep does: every slot forgets its tokens."""
         for slot in self.slots:
-            slot.cached.clear()
+            slot.forget()
 
     def _abandon(self, waiter: _Waiter) -> None:
         if waiter.slot is not None:

@@ -19,13 +19,17 @@ DEFAULT_BUILD = "b11434-5e1d3f0"
 
 @dataclass(frozen=True)
 class ModelSpec:
-    """One model the fake serves: its id, slots, context per slot and template switches."""
+    """One model the fake serves: its id, slots, context per slot and template switches.
+
+    ``host_cache_tokens`` is the host prompt cache's room per slot (0: ``--cache-ram 0``).
+    """
 
     name: str = "fake-model"
     n_slots: int = 2
     n_ctx: int = 8192
     template: TemplateOptions = field(default_factory=TemplateOptions)
     loaded: bool = True
+    host_cache_tokens: int = 65536
 
 
 @dataclass
@@ -63,11 +67,12 @@ class ModelInstance:
 
     def __init__(self, spec: ModelSpec) -> None:
         self.spec = spec
-        self.slots = SlotPool(spec.n_slots, spec.n_ctx)
-        self.script = ScriptedModel()
+        self.slots = SlotPool(spec.n_slots, spec.n_ctx, spec.host_cache_tokens)
+        self.script = ScriptedModel(thinking=spec.template.thinking)
         self.live: dict[str, LiveCompletion] = {}
         self.loaded = spec.loaded
         self.created = int(time.time())
+        self.last_used = 0
 
     @property
     def name(self) -> str:
@@ -86,13 +91,20 @@ class FakeLlama:
         build_info: str = DEFAULT_BUILD,
         seed: int = 0,
         sse_ping_interval: float = 30,
+        models_max: int | None = None,
     ) -> None:
         if not models:
             raise ValueError("the fake needs at least one model")
         if not router and len(models) != 1:
             raise ValueError("single-model mode serves exactly one model")
         self.router = router
+        self.models_max = models_max  # the router's --models-max; None: no limit
+        self._use_clock = itertools.count(1)
         self.models = {spec.name: ModelInstance(spec) for spec in models}
+        if models_max is not None:
+            # The router never holds more than models_max: the rest start unloaded.
+            for instance in [m for m in self.models.values() if m.loaded][models_max:]:
+                instance.loaded = False
         self.pace = pace or Pace()
         self.build_info = build_info
         self.sse_ping_interval = sse_ping_interval
@@ -123,8 +135,23 @@ class FakeLlama:
             raise invalid_request(f"model '{name}' not found")
         if not instance.loaded and not autoload:
             raise invalid_request("model is not loaded")
+        if not instance.loaded:
+            self._make_room()
         instance.loaded = True
+        instance.last_used = next(self._use_clock)
         return instance
+
+    def _make_room(self) -> None:
+        """Unload least recently used idle models until one more fits; their caches are lost."""
+        if self.models_max is None:
+            return
+        loaded = [m for m in self.models.values() if m.loaded]
+        idle = sorted((m for m in loaded if not m.live), key=lambda m: m.last_used)
+        while len(loaded) >= self.models_max and idle:
+            victim = idle.pop(0)
+            victim.loaded = False
+            victim.slots.clear_caches()
+            loaded.remove(victim)
 
     def find_live(self, completion_id: str) -> LiveCompletion | None:
         for instance in self.models.values():

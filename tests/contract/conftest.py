@@ -1,0 +1,131 @@
+"""The contract suite's fixtures: ``target`` runs each test on the real server and on the fake.
+
+Measured numbers go to the file named by ``LOOPD_CONTRACT_RESULTS`` (JSON) when it is set;
+``tests/contract/write_table.py`` turns that file into docs/contract.md's table.
+
+``LOOPD_CONTRACT_FAKE_FAULTS=byte_while_queued`` (comma-separated fault switches) runs the fake
+with those switches on, to show which contract test catches a fake that lies.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from collections.abc import AsyncIterator, Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from loopd import devserver
+from loopd.fakes.llama import FakeLlama, ModelSpec, Pace, TemplateOptions, serve_fake_llama
+from tests.contract.contract_kit import Endpoint, Target
+
+KEEP_TEMPLATE = Path(__file__).parent / "templates" / "keep-reasoning.jinja"
+RESULTS_ENV = "LOOPD_CONTRACT_RESULTS"
+FAKE_FAULTS_ENV = "LOOPD_CONTRACT_FAKE_FAULTS"
+# A small batch, so a prefill the tiny model gets through quickly still spans several batches
+# (progress is reported once per batch; the default batch is 2048 tokens).
+KEEP_SERVER_ARGS = ("--chat-template-file", str(KEEP_TEMPLATE), "-b", "128", "-ub", "128")
+FAKE_PLAIN, FAKE_KEEP, FAKE_DROP = "smollm2", "smollm2-keep", "smollm2-think"
+
+Record = Callable[..., None]
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("LOOPD_CACHE_DIR", Path.home() / ".cache" / "loopd"))
+
+
+def start_own_server(
+    workdir: Path, *, extra_args: tuple[str, ...] = KEEP_SERVER_ARGS, models_max: int = 2
+) -> devserver.RunningServer:
+    """A router of the contract suite's own, with the keep-reasoning template on every model."""
+    try:
+        return devserver.start(
+            workdir,
+            cache_dir(),
+            socket_path=workdir / "llama.sock",
+            layout=devserver.ServerLayout(models_max=models_max),
+            extra_args=extra_args,
+            load=(devserver.PLAIN_MODEL,),
+        )
+    except devserver.DevServerError as exc:
+        pytest.fail(f"the contract suite's own llama-server could not start: {exc}")
+
+
+@pytest.fixture(scope="session")
+def keep_server() -> Iterator[devserver.RunningServer]:
+    with tempfile.TemporaryDirectory(prefix="lk") as tmp:
+        server = start_own_server(Path(tmp))
+        try:
+            yield server
+        finally:
+            server.stop()
+
+
+def fake_llama(**kwargs: Any) -> FakeLlama:
+    """The fake, shaped like the real router: the same slots and context, a realistic pace."""
+    return FakeLlama(
+        [
+            ModelSpec(FAKE_PLAIN, n_slots=2, n_ctx=4096, template=TemplateOptions(thinking=False)),
+            ModelSpec(FAKE_KEEP, n_slots=2, n_ctx=4096),
+            ModelSpec(
+                FAKE_DROP, n_slots=2, n_ctx=4096, template=TemplateOptions(drop_past_reasoning=True)
+            ),
+        ],
+        pace=Pace(tokens_per_second=200, prompt_tokens_per_second=4000, batch_size=128),
+        **kwargs,
+    )
+
+
+@pytest.fixture(params=[pytest.param("real", marks=pytest.mark.real_server), "fake"])
+async def target(request: pytest.FixtureRequest) -> AsyncIterator[Target]:
+    if request.param == "real":
+        real: devserver.RunningServer = request.getfixturevalue("real_server")
+        keep: devserver.RunningServer = request.getfixturevalue("keep_server")
+        yield Target(
+            "real",
+            plain=Endpoint(real.url, devserver.PLAIN_MODEL),
+            keep=Endpoint(keep.url, devserver.PLAIN_MODEL),
+            drop=Endpoint(real.url, devserver.THINKING_MODEL),
+        )
+        return
+    fake = fake_llama()
+    switches = [name for name in os.environ.get(FAKE_FAULTS_ENV, "").split(",") if name]
+    fake.faults.set(**dict.fromkeys(switches, True))
+    with tempfile.TemporaryDirectory(prefix="lf") as tmp:
+        uds = Path(tmp) / "llama.sock"
+        async with serve_fake_llama(fake, uds=uds):
+            url = f"unix:{uds}"
+            yield Target(
+                "fake",
+                plain=Endpoint(url, FAKE_PLAIN),
+                keep=Endpoint(url, FAKE_KEEP),
+                drop=Endpoint(url, FAKE_DROP),
+                fake=fake,
+            )
+
+
+@pytest.fixture(scope="session")
+def contract_results() -> Iterator[dict[str, Any]]:
+    results: dict[str, Any] = {}
+    yield results
+    path = os.environ.get(RESULTS_ENV)
+    if path and results:
+        old = json.loads(Path(path).read_text()) if Path(path).exists() else {}
+        for finding, by_kind in results.items():
+            old.setdefault(finding, {}).update(by_kind)
+        Path(path).write_text(json.dumps(old, indent=2, sort_keys=True) + "\n")
+
+
+@pytest.fixture
+def record(request: pytest.FixtureRequest, contract_results: dict[str, Any]) -> Record:
+    """``record(finding, kind, summary, **numbers)``: what this test measured, for the table."""
+    test_name = request.node.originalname
+
+    def save(finding: str, kind: str, summary: str, **numbers: Any) -> None:
+        entry = {"test": test_name, "summary": summary, "numbers": numbers}
+        contract_results.setdefault(finding, {})[kind] = entry
+
+    return save
