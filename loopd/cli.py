@@ -19,7 +19,11 @@ Handler = Callable[[argparse.Namespace, Settings], int]
 
 def _cmd_config(args: argparse.Namespace, settings: Settings) -> int:
     if args.table:
+        from loopd.chat.config import ChatSettings
+
         print(settings_table())
+        print()
+        print(settings_table(ChatSettings))
     else:
         print(settings.model_dump_json(indent=2))
     return 0
@@ -51,8 +55,10 @@ def _register_optional(sub: argparse._SubParsersAction[argparse.ArgumentParser])
     """Subcommands owned by other modules register themselves here."""
     from loopd.perfreport import register as register_perf
     from loopd.selftest.commands import register as register_selftest
+    from loopd.serve import register as register_serve
     from loopd.sessionlog.commands import register as register_log
 
+    register_serve(sub)
     register_log(sub)
     register_perf(sub)
     register_selftest(sub)

@@ -192,15 +192,16 @@ def load_settings(**overrides: Any) -> Settings:
         raise ConfigError(f"invalid configuration file {toml_path}: {exc}") from exc
 
 
-def settings_table() -> str:
-    """The README's table of every knob, generated from the model."""
+def settings_table(model: type[BaseSettings] = Settings) -> str:
+    """The README's table of every knob of ``model``, generated so the two cannot drift."""
+    prefix = str(model.model_config.get("env_prefix", ""))
     rows = ["| Variable | Default | Meaning |", "|---|---|---|"]
-    for name, field in Settings.model_fields.items():
+    for name, field in model.model_fields.items():
         if field.default_factory is not None:
             default = "(see meaning)"
         else:
             default = f"`{_render_default(field.default)}`"
-        rows.append(f"| `LOOPD_{name.upper()}` | {default} | {field.description or ''} |")
+        rows.append(f"| `{prefix}{name.upper()}` | {default} | {field.description or ''} |")
     return "\n".join(rows)
 
 

@@ -10,7 +10,7 @@ import json
 import logging
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from loopd.config import Settings
@@ -18,6 +18,7 @@ from loopd.engine.client import InferenceClient
 from loopd.engine.request import RequestSettings, Sampling
 from loopd.engine.stream import Limits, StatusCallback
 from loopd.engine.turn import Turn, TurnOutcome
+from loopd.scheduler import PositionCallback, Scheduler
 from loopd.sessionlog.records import Session
 from loopd.sessionlog.store import SessionLog
 from loopd.tools.broker_client import BrokerClient
@@ -103,6 +104,8 @@ class Runtime:
     client: InferenceClient
     spec: ToolsSpec
     tools: SessionTools
+    # One per process: every front end's turns share the slots through it.
+    scheduler: Scheduler = field(default_factory=Scheduler)
 
     @classmethod
     def open(cls, settings: Settings) -> Runtime:
@@ -170,6 +173,16 @@ class Runtime:
             report=report,
         )
 
+    async def run_turn(
+        self,
+        session: Session,
+        report: StatusCallback,
+        on_position: PositionCallback = lambda ahead: None,
+    ) -> TurnOutcome:
+        """A turn, once the session's slot is free (FIFO behind other sessions on it)."""
+        async with self.scheduler.slot(session.name, session.slot, on_position):
+            return await self.turn(session, report).run()
+
     async def resume(self, session: Session, report: StatusCallback) -> TurnOutcome | None:
         """Finish what a crash left: interrupted tool calls get a result (brokerd's are asked
         again: it answers a known call id from its record without running it twice), then a
@@ -184,7 +197,7 @@ class Runtime:
                 text = INTERRUPTED
             self.log.append_tool_result(session.name, tool_call_id=call.call_id, content=text)
         if state.interrupted_calls or state.pending_turn:
-            return await self.turn(session, report).run()
+            return await self.run_turn(session, report)
         return None
 
 

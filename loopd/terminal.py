@@ -82,7 +82,7 @@ async def _chat(settings: Settings, session_name: str) -> int:
             if not text:
                 continue
             runtime.log.append_user(session.name, text, external_key=fresh_external_key())
-            outcome = await runtime.turn(session, status).run()
+            outcome = await runtime.run_turn(session, status)
             if not _show(outcome, status) and not interactive:
                 return 2
         return 0

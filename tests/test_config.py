@@ -4,6 +4,7 @@ from pathlib import Path
 
 import pytest
 
+from loopd.chat.config import ChatSettings
 from loopd.config import load_settings, settings_table
 from loopd.errors import ConfigError
 
@@ -71,6 +72,7 @@ def test_unknown_key_in_toml_is_an_error(monkeypatch: pytest.MonkeyPatch, tmp_pa
         load_settings()
 
 
-def test_readme_table_matches_the_model() -> None:
+def test_readme_tables_match_the_models() -> None:
     readme = (Path(__file__).parent.parent / "README.md").read_text()
     assert settings_table() in readme, "regenerate with: loopd config --table"
+    assert settings_table(ChatSettings) in readme, "regenerate with: loopd config --table"

@@ -1,0 +1,88 @@
+"""The chat adapter's settings (``LOOPD_MM_*``), kept beside the adapter until they join the main
+settings table."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any
+
+from pydantic import Field, field_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+
+def _comma_list(value: Any) -> Any:
+    if isinstance(value, str):
+        return tuple(part.strip() for part in value.split(",") if part.strip())
+    return value
+
+
+class ChatSettings(BaseSettings):
+    """How loopd reaches Mattermost and whom it answers."""
+
+    model_config = SettingsConfigDict(env_prefix="LOOPD_MM_", extra="forbid", frozen=True)
+
+    url: str = Field(
+        "unix:/run/loopd/chat.sock",
+        description="Mattermost, or brokerd's chat proxy: `unix:/path` or `http(s)://host`.",
+    )
+    token_file: Path | None = Field(
+        None,
+        description="Development only: a file holding a bot token, for a URL without the proxy "
+        "(the proxy adds the token itself, so in the box this stays unset).",
+    )
+    allowed_users: Annotated[tuple[str, ...], NoDecode] = Field(
+        (), description="Usernames or user ids loopd answers (comma list; `*` for everyone)."
+    )
+    allowed_teams: Annotated[tuple[str, ...], NoDecode] = Field(
+        (), description="Teams (names or ids) whose channels loopd works in (`*` for all)."
+    )
+    allowed_channels: Annotated[tuple[str, ...], NoDecode] = Field(
+        (), description="Channels (names or ids) loopd works in, besides the allowed teams."
+    )
+    stop_word: str = Field("stop", description="A thread reply of only this word stops the turn.")
+    stop_reaction: str = Field(
+        "octagonal_sign", description="This reaction on a status post stops the turn."
+    )
+    status_interval_s: float = Field(
+        3.0, ge=0, description="Least time between two edits of a status post."
+    )
+    ping_interval_s: float = Field(
+        30.0, gt=0, description="WebSocket application ping; no reply by the next one reconnects."
+    )
+    hello_timeout_s: float = Field(
+        10.0, gt=0, description="A socket with no hello (or resume) this long is an auth fault."
+    )
+    catchup_overlap_s: float = Field(
+        60.0, ge=0, description="REST catch-up re-reads this much before the stored cursor."
+    )
+    resume_max_age_s: float = Field(
+        240.0, ge=0, description="A stored WebSocket connection older than this is not resumed."
+    )
+    backoff_s: float = Field(3.0, gt=0, description="First reconnect delay (plus jitter).")
+    backoff_cap_s: float = Field(300.0, gt=0, description="Longest reconnect delay.")
+    retry_for_s: float = Field(
+        180.0, gt=0, description="How long a REST call is retried through 5xx, 429 and outages."
+    )
+    max_message_chars: int = Field(
+        32000, gt=0, description="Longer posts are cut to this many characters (the user is told)."
+    )
+
+    @field_validator("allowed_users", "allowed_teams", "allowed_channels", mode="before")
+    @classmethod
+    def _parse_list(cls, value: Any) -> Any:
+        return _comma_list(value)
+
+    @field_validator("url")
+    @classmethod
+    def _check_url(cls, value: str) -> str:
+        if value.startswith("unix:") and value[len("unix:") :]:
+            return value
+        if value.startswith(("http://", "https://")):
+            return value.rstrip("/")
+        raise ValueError("must be unix:/path/to.sock, http://host or https://host")
+
+    def token(self) -> str | None:
+        """The development token, if a token file is configured."""
+        if self.token_file is None:
+            return None
+        return self.token_file.read_text(encoding="utf-8").strip() or None

@@ -1,0 +1,176 @@
+"""What the adapter must remember across restarts, in ``chat.db`` beside the session log.
+
+Rows are only ever added (the latest row wins), as in the session log:
+
+- ``cursors``: per channel, the newest (``update_at``, post id) taken in; catch-up starts there.
+- ``connections``: the WebSocket's ``{connection_id, next_seq}``, for a resume after a restart.
+- ``seen``: post ids already decided (stored, stopped, refused), so a post is acted on once.
+- ``threads``: the channel of each thread loopd is in (replies need it after a restart).
+- ``outbox``: a reply's intent (before posting) and each part's post id (after), so a restart
+  knows which replies may already be in the thread and looks there before posting again.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from loopd.errors import LoopdError
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS cursors (
+    id INTEGER PRIMARY KEY, channel_id TEXT NOT NULL, update_at INTEGER NOT NULL,
+    post_id TEXT NOT NULL, saved_at REAL NOT NULL);
+CREATE INDEX IF NOT EXISTS cursors_channel ON cursors (channel_id, id);
+CREATE TABLE IF NOT EXISTS connections (
+    id INTEGER PRIMARY KEY, connection_id TEXT NOT NULL, next_seq INTEGER NOT NULL,
+    saved_at REAL NOT NULL);
+CREATE TABLE IF NOT EXISTS seen (
+    post_id TEXT PRIMARY KEY, decision TEXT NOT NULL, saved_at REAL NOT NULL);
+CREATE TABLE IF NOT EXISTS threads (
+    root_id TEXT PRIMARY KEY, channel_id TEXT NOT NULL, saved_at REAL NOT NULL);
+CREATE TABLE IF NOT EXISTS outbox (
+    id INTEGER PRIMARY KEY, key TEXT NOT NULL, part INTEGER NOT NULL, post_id TEXT,
+    saved_at REAL NOT NULL);
+CREATE INDEX IF NOT EXISTS outbox_key ON outbox (key, part);
+CREATE TRIGGER IF NOT EXISTS cursors_no_update BEFORE UPDATE ON cursors
+    BEGIN SELECT RAISE(ABORT, 'chat state is append-only'); END;
+CREATE TRIGGER IF NOT EXISTS outbox_no_update BEFORE UPDATE ON outbox
+    BEGIN SELECT RAISE(ABORT, 'chat state is append-only'); END;
+"""
+
+
+class ChatStateError(LoopdError):
+    """The chat state file cannot be opened or written."""
+
+
+@dataclass(frozen=True)
+class Cursor:
+    update_at: int
+    post_id: str
+
+
+@dataclass(frozen=True)
+class SavedConnection:
+    connection_id: str
+    next_seq: int
+    saved_at: float
+
+
+class ChatState:
+    """The adapter's small append-only SQLite file."""
+
+    def __init__(self, path: Path, conn: sqlite3.Connection) -> None:
+        self.path = path
+        self._conn = conn
+        self._lock = threading.Lock()
+
+    @classmethod
+    def open(cls, path: Path) -> ChatState:
+        try:
+            conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+            conn.execute("PRAGMA journal_mode = WAL")
+            conn.execute("PRAGMA synchronous = FULL")
+            conn.executescript(_SCHEMA)
+        except sqlite3.Error as exc:
+            raise ChatStateError(f"chat state {path}: {exc}") from exc
+        return cls(path, conn)
+
+    def close(self) -> None:
+        self._conn.close()
+
+    def _run(self, sql: str, params: tuple[object, ...] = ()) -> list[tuple[object, ...]]:
+        try:
+            with self._lock:
+                return self._conn.execute(sql, params).fetchall()
+        except sqlite3.Error as exc:
+            raise ChatStateError(f"chat state {self.path}: {exc}") from exc
+
+    # -- cursors ---------------------------------------------------------------------------------
+
+    def cursor(self, channel_id: str) -> Cursor | None:
+        rows = self._run(
+            "SELECT update_at, post_id FROM cursors WHERE channel_id = ? ORDER BY id DESC LIMIT 1",
+            (channel_id,),
+        )
+        return Cursor(int(str(rows[0][0])), str(rows[0][1])) if rows else None
+
+    def advance(self, channel_id: str, update_at: int, post_id: str) -> None:
+        """Move the channel's cursor forward (never back) to a post now durably taken in."""
+        current = self.cursor(channel_id)
+        if current is not None and (current.update_at, current.post_id) >= (update_at, post_id):
+            return
+        self._run(
+            "INSERT INTO cursors (channel_id, update_at, post_id, saved_at) VALUES (?, ?, ?, ?)",
+            (channel_id, update_at, post_id, time.time()),
+        )
+
+    # -- the WebSocket connection ----------------------------------------------------------------
+
+    def connection(self) -> SavedConnection | None:
+        rows = self._run(
+            "SELECT connection_id, next_seq, saved_at FROM connections ORDER BY id DESC LIMIT 1"
+        )
+        if not rows:
+            return None
+        connection_id, next_seq, saved_at = rows[0]
+        return SavedConnection(str(connection_id), int(str(next_seq)), float(str(saved_at)))
+
+    def save_connection(self, connection_id: str, next_seq: int) -> None:
+        self._run(
+            "INSERT INTO connections (connection_id, next_seq, saved_at) VALUES (?, ?, ?)",
+            (connection_id, next_seq, time.time()),
+        )
+
+    # -- posts and threads -----------------------------------------------------------------------
+
+    def seen(self, post_id: str) -> str | None:
+        rows = self._run("SELECT decision FROM seen WHERE post_id = ?", (post_id,))
+        return str(rows[0][0]) if rows else None
+
+    def mark_seen(self, post_id: str, decision: str) -> None:
+        self._run(
+            "INSERT OR IGNORE INTO seen (post_id, decision, saved_at) VALUES (?, ?, ?)",
+            (post_id, decision, time.time()),
+        )
+
+    def thread_channel(self, root_id: str) -> str | None:
+        rows = self._run("SELECT channel_id FROM threads WHERE root_id = ?", (root_id,))
+        return str(rows[0][0]) if rows else None
+
+    def remember_thread(self, root_id: str, channel_id: str) -> None:
+        self._run(
+            "INSERT OR IGNORE INTO threads (root_id, channel_id, saved_at) VALUES (?, ?, ?)",
+            (root_id, channel_id, time.time()),
+        )
+
+    # -- the outbox ------------------------------------------------------------------------------
+
+    def planned_parts(self, key: str) -> int | None:
+        """How many parts the reply ``key`` was split into, if its intent was recorded."""
+        rows = self._run(
+            "SELECT -part FROM outbox WHERE key = ? AND post_id IS NULL ORDER BY id DESC LIMIT 1",
+            (key,),
+        )
+        return int(str(rows[0][0])) if rows else None
+
+    def record_intent(self, key: str, parts: int) -> None:
+        self._run(
+            "INSERT INTO outbox (key, part, post_id, saved_at) VALUES (?, ?, NULL, ?)",
+            (key, -parts, time.time()),
+        )
+
+    def posted_parts(self, key: str) -> dict[int, str]:
+        rows = self._run(
+            "SELECT part, post_id FROM outbox WHERE key = ? AND post_id IS NOT NULL", (key,)
+        )
+        return {int(str(part)): str(post_id) for part, post_id in rows}
+
+    def record_posted(self, key: str, part: int, post_id: str) -> None:
+        self._run(
+            "INSERT INTO outbox (key, part, post_id, saved_at) VALUES (?, ?, ?, ?)",
+            (key, part, post_id, time.time()),
+        )

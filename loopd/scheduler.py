@@ -1,0 +1,95 @@
+"""Shares the harness's slots between sessions: one generation per slot at a time.
+
+A session is pinned to one slot for life (moving it costs a full re-read, seed finding (d)), so
+sessions on one slot wait for each other in FIFO order, while different slots run at once. FIFO is
+also the fairness rule: a session that just ran and comes back joins the end of the line, behind
+every session already waiting.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+
+import anyio
+
+PositionCallback = Callable[[int], None]
+"""Told how many sessions are ahead (0: the slot is ours), whenever that changes."""
+
+
+@dataclass(eq=False)
+class _Waiter:
+    session: str
+    on_position: PositionCallback
+    granted: anyio.Event = field(default_factory=anyio.Event)
+
+
+@dataclass
+class _Line:
+    holder: str | None = None
+    waiting: deque[_Waiter] = field(default_factory=deque)
+
+
+class Scheduler:
+    """Per-slot FIFO queues of sessions."""
+
+    def __init__(self) -> None:
+        self._lines: dict[int, _Line] = {}
+
+    @asynccontextmanager
+    async def slot(
+        self, session: str, slot: int, on_position: PositionCallback = lambda ahead: None
+    ) -> AsyncIterator[None]:
+        """Hold ``slot`` for ``session`` for the block; waits behind earlier sessions."""
+        line = self._lines.setdefault(slot, _Line())
+        if line.holder is None and not line.waiting:
+            line.holder = session
+        else:
+            waiter = _Waiter(session, on_position)
+            line.waiting.append(waiter)
+            self._announce(line)
+            try:
+                await waiter.granted.wait()
+            except BaseException:
+                if waiter.granted.is_set():
+                    self._release(line)  # granted as we were cancelled: pass it on
+                else:
+                    line.waiting.remove(waiter)
+                    self._announce(line)
+                raise
+        on_position(0)
+        try:
+            yield
+        finally:
+            self._release(line)
+
+    def position(self, session: str, slot: int) -> int | None:
+        """Sessions ahead of ``session`` on ``slot`` (0 when it holds it); None if not there."""
+        line = self._lines.get(slot)
+        if line is None:
+            return None
+        if line.holder == session:
+            return 0
+        for index, waiter in enumerate(line.waiting):
+            if waiter.session == session:
+                return index + 1
+        return None
+
+    def holder(self, slot: int) -> str | None:
+        line = self._lines.get(slot)
+        return None if line is None else line.holder
+
+    def _release(self, line: _Line) -> None:
+        line.holder = None
+        if line.waiting:
+            waiter = line.waiting.popleft()
+            line.holder = waiter.session
+            waiter.granted.set()
+            self._announce(line)
+
+    @staticmethod
+    def _announce(line: _Line) -> None:
+        for index, waiter in enumerate(line.waiting):
+            waiter.on_position(index + 1)

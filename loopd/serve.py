@@ -1,0 +1,113 @@
+"""``loopd serve``: the daemon. Mattermost threads drive sessions until SIGINT or SIGTERM.
+
+Startup: open the runtime and the chat state, ask Mattermost who the bot is, deliver answers a
+crash left unposted and resume pending turns (derived from the log), then connect and listen.
+Shutdown cancels one task group; a turn cut short is recorded by the engine and resumed on the
+next start.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+from collections.abc import Callable
+from contextlib import AsyncExitStack
+from dataclasses import dataclass
+from typing import Any
+
+import anyio
+from anyio.abc import TaskStatus
+from pydantic import ValidationError
+
+from loopd.chat.adapter import ChatAdapter
+from loopd.chat.config import ChatSettings
+from loopd.chat.cursor import ChatState
+from loopd.chat.outbox import Outbox
+from loopd.chat.rest import MattermostClient, api_client
+from loopd.chat.split import MAX_POST_RUNES
+from loopd.chat.threads import Threads
+from loopd.config import Settings
+from loopd.errors import ConfigError
+from loopd.sessions import Runtime
+
+log = logging.getLogger("loopd.serve")
+
+
+@dataclass
+class Daemon:
+    """The running parts, for tests and health checks."""
+
+    runtime: Runtime
+    state: ChatState
+    client: MattermostClient
+    threads: Threads
+    adapter: ChatAdapter
+
+
+def load_chat_settings(**overrides: Any) -> ChatSettings:
+    try:
+        return ChatSettings(**overrides)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        field = ".".join(str(p) for p in first["loc"]) or "config"
+        raise ConfigError(
+            f"invalid configuration: LOOPD_MM_{field.upper()}: {first['msg']}"
+        ) from exc
+
+
+async def run_daemon(
+    settings: Settings,
+    chat: ChatSettings,
+    *,
+    task_status: TaskStatus[Daemon] = anyio.TASK_STATUS_IGNORED,
+) -> None:
+    """Run until cancelled; ``task_status`` gets the daemon once it is listening."""
+    async with AsyncExitStack() as stack:
+        runtime = Runtime.open(settings)
+        stack.push_async_callback(runtime.aclose)
+        state = ChatState.open(settings.state_dir / "chat.db")
+        stack.callback(state.close)
+        client = MattermostClient(
+            api_client(chat.url, chat.token()),
+            retry_for_s=chat.retry_for_s,
+            backoff_s=min(chat.backoff_s, 1.0),
+            backoff_cap_s=chat.backoff_cap_s,
+        )
+        stack.push_async_callback(client.aclose)
+        bot = await client.me()
+        outbox = Outbox(client, state, bot.id, await client.max_post_size(MAX_POST_RUNES))
+        log.info("serving Mattermost as @%s", bot.username)
+        async with anyio.create_task_group() as tg:
+            threads = Threads(runtime, outbox, state, chat, tg)
+            adapter = ChatAdapter(client, state, runtime, threads, outbox, chat, bot)
+            await threads.resume_all()
+            tg.start_soon(adapter.run)
+            task_status.started(Daemon(runtime, state, client, threads, adapter))
+
+
+async def serve(settings: Settings, chat: ChatSettings) -> int:
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(_cancel_on_signal, tg.cancel_scope.cancel)
+        await run_daemon(settings, chat)
+    return 0
+
+
+async def _cancel_on_signal(cancel: Callable[[], None]) -> None:
+    with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+        async for signum in signals:
+            log.info("%s: shutting down", signal.Signals(signum).name)
+            cancel()
+            return
+
+
+def handler(args: argparse.Namespace, settings: Settings) -> int:
+    del args
+    return anyio.run(serve, settings, load_chat_settings())
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parser = subparsers.add_parser(
+        "serve", help="run the daemon: Mattermost threads drive sessions (LOOPD_MM_* settings)"
+    )
+    parser.set_defaults(handler=handler)

@@ -1,0 +1,41 @@
+"""Replies after a restart mid-post: parts already in the thread are found, not posted again."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from loopd.chat.cursor import ChatState
+from loopd.chat.outbox import PART_PROP, TURN_PROP, Outbox
+from loopd.chat.rest import MattermostClient, api_client
+from tests.chat.chat_support import FAST_MM, fake_mattermost
+
+pytestmark = pytest.mark.anyio
+
+
+async def test_a_half_posted_reply_is_completed_without_duplicates(tmp_path: Path) -> None:
+    # No dedup window: after a restart the server no longer remembers pending_post_id.
+    async with fake_mattermost(None, replace(FAST_MM, dedup_ttl_s=0.0, max_post_size=200)) as mm:
+        fake = mm.fake
+        root = fake.post_as("alice", "dev", "@loopd long answer please")
+        client = MattermostClient(api_client(mm.base_url, fake.config.bot_token), retry_for_s=5)
+        state = ChatState.open(tmp_path / "chat.db")
+        outbox = Outbox(client, state, fake.bot.id, 200)
+        text = "\n\n".join(f"part {i} " + "y" * 150 for i in range(3))
+        key = "mm:x#7"
+        # The first run recorded its intent, posted part 0, and died before recording it.
+        state.record_intent(key, 3)
+        fake.post_as(
+            "loopd", "dev", text.split("\n\n")[0], root_id=root.id,
+            props={TURN_PROP: key, PART_PROP: 0},
+        )  # fmt: skip
+        ids = await outbox.post_once(key, fake.channel("dev").id, root.id, text)
+        again = await outbox.post_once(key, fake.channel("dev").id, root.id, text)
+        await client.aclose()
+        assert ids == again
+        assert len(ids) == 3
+        created = fake.log.created(user_id=fake.bot.id, root_id=root.id)
+        assert [p.props[PART_PROP] for p in created] == [0, 1, 2]
+        assert outbox.delivered(key)

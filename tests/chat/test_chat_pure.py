@@ -1,0 +1,154 @@
+"""The pure cores: intake decisions, the mention rule, splitting, status text and throttle."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from loopd.chat.intake import Action, Allowlist, decide, is_stop, mentions
+from loopd.chat.model import Channel, Post, User
+from loopd.chat.split import open_fence, split_message
+from loopd.chat.status import Finished, InLine, next_edit, status_text
+from loopd.chat.ws import Resume, SeqCheck, check_seq, websocket_uri
+from loopd.engine.stream import Phase, Status
+
+BOT = User("bot", "loopd", is_bot=True)
+ALICE = User("alice-id", "alice")
+DEV = Channel("dev-id", "O", "dev", "team-id")
+DM = Channel("dm-id", "D", "alice-id__bot")
+ALLOW = Allowlist.of(["alice"], [], ["dev"])
+
+
+def post(message: str, **fields: object) -> Post:
+    values: dict[str, object] = {"id": "p1", "user_id": ALICE.id, "channel_id": DEV.id}
+    values.update(fields)
+    values["message"] = message
+    return Post(**values)  # type: ignore[arg-type]
+
+
+def decision(p: Post, *, channel: Channel = DEV, known: bool = False, seen: bool = False,
+             author: User = ALICE, allow: Allowlist = ALLOW) -> Action:  # fmt: skip
+    return decide(
+        p, channel=channel, author=author, bot=BOT, allow=allow,
+        thread_known=known, post_known=seen,
+    ).action  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("@loopd hi", True),
+        ("hi @loopd.", True),
+        ("@loopd: please", True),
+        ("(@LOOPD)", True),
+        ("@loopdx hi", False),
+        ("email loopd@example.com", False),
+        ("see `@loopd` here", False),
+        ("```\n@loopd in a block\n```", False),
+        ("```\ncode\n```\nthen @loopd", True),
+        ("", False),
+    ],
+)
+def test_mention_rule(text: str, expected: bool) -> None:
+    assert mentions(text, "loopd") is expected
+
+
+def test_stop_word() -> None:
+    assert is_stop("stop", "stop")
+    assert is_stop("@loopd STOP!", "stop")
+    assert not is_stop("please stop that", "stop")
+
+
+def test_decisions() -> None:
+    assert decision(post("@loopd hi")) is Action.START
+    assert decision(post("hi")) is Action.IGNORE
+    assert decision(post("hi", root_id="r"), known=True) is Action.REPLY
+    assert decision(post("hi", root_id="r")) is Action.IGNORE
+    assert decision(post("stop", root_id="r"), known=True) is Action.STOP
+    assert decision(post("hello"), channel=DM) is Action.START
+    assert decision(post("@loopd hi", edit_at=5), seen=True) is Action.EDIT_NOTICE
+    assert decision(post("@loopd hi"), seen=True) is Action.IGNORE
+    assert decision(post("@loopd hi", user_id=BOT.id), author=BOT) is Action.IGNORE
+    assert decision(post("@loopd hi", type="system_join_channel")) is Action.IGNORE
+    assert decision(post("@loopd hi", props={"from_webhook": "true"})) is Action.IGNORE
+    assert decision(post("@loopd hi", delete_at=1)) is Action.IGNORE
+    town = Channel("ts", "O", "town-square", "team-id")
+    assert decision(post("@loopd hi", channel_id="ts"), channel=town) is Action.REFUSE
+    bob = User("bob-id", "bob")
+    assert decision(post("@loopd hi", user_id="bob-id"), author=bob) is Action.REFUSE
+    assert decision(post("hi", user_id="bob-id", root_id="r"), known=True, author=bob) is (
+        Action.IGNORE
+    )
+
+
+def test_default_allowlist_allows_nobody_and_star_everyone() -> None:
+    assert decision(post("hello"), channel=DM, allow=Allowlist()) is Action.REFUSE
+    everyone = Allowlist.of(["*"], ["*"], [])
+    assert decision(post("@loopd hi"), allow=everyone) is Action.START
+    by_team = Allowlist.of(["alice"], ["team-id"], [])
+    assert decision(post("@loopd hi"), allow=by_team) is Action.START
+
+
+def test_post_from_event_string() -> None:
+    raw = '{"id":"p","channel_id":"c","user_id":"u","message":"m","props":{"a":1}}'
+    parsed = Post.from_json(raw)
+    assert (parsed.id, parsed.thread_root, parsed.props) == ("p", "p", {"a": 1})
+
+
+def test_split_short_text_is_unchanged() -> None:
+    assert split_message("hello", 100) == ["hello"]
+
+
+def test_split_on_paragraphs() -> None:
+    text = "\n\n".join(f"paragraph {i} " + "x" * 50 for i in range(10))
+    parts = split_message(text, 200)
+    assert all(len(p) <= 200 for p in parts)
+    assert "\n\n".join(parts) == text
+
+
+def test_split_reopens_a_cut_fence() -> None:
+    code = "\n".join(f"line {i} = {i * 7}" for i in range(100))
+    text = f"Here:\n\n```python\n{code}\n```\n\nDone."
+    parts = split_message(text, 300)
+    assert len(parts) > 2
+    for part in parts:
+        assert len(part) <= 300
+        assert open_fence(part) is None
+    assert parts[1].startswith("```python\n")
+    assert "line 99 = 693" in parts[-1] or "line 99 = 693" in parts[-2]
+
+
+@given(st.text(alphabet=st.sampled_from("ab \n`"), max_size=3000), st.integers(64, 400))
+def test_split_property_every_part_fits(text: str, limit: int) -> None:
+    parts = split_message(text, limit)
+    assert all(len(p) <= limit for p in parts)
+    if len(text) <= limit:
+        assert parts == [text]
+
+
+def test_status_texts() -> None:
+    assert "queued behind another client" in status_text(Status(Phase.QUEUED))
+    assert "reading the prompt 40%" in status_text(Status(Phase.READING, percent=40))
+    assert "thinking (12 tokens)" in status_text(Status(Phase.THINKING, tokens=12))
+    assert "calling read_file" in status_text(Status(Phase.TOOL_CALL, tool="read_file"))
+    assert "answering" in status_text(Status(Phase.ANSWERING), " (stop hint)")
+    assert status_text(InLine(0, 2)) == "⏳ waiting for slot 0 (behind 2 other threads)"
+    assert status_text(Finished("stopped", "by @alice"), "hint") == "⏹️ stopped by @alice"
+
+
+def test_throttle() -> None:
+    assert next_edit(10.0, "a", last_at=None, last_text=None, interval_s=3).send
+    assert not next_edit(10.0, "a", last_at=0.0, last_text="a", interval_s=3).send
+    later = next_edit(10.0, "b", last_at=9.0, last_text="a", interval_s=3)
+    assert (later.send, later.wait_s) == (False, 2.0)
+    assert next_edit(12.0, "b", last_at=9.0, last_text="a", interval_s=3).send
+
+
+def test_seq_and_uri() -> None:
+    assert check_seq(5, 5) is SeqCheck.NEXT
+    assert check_seq(5, 4) is SeqCheck.REPEAT
+    assert check_seq(5, 7) is SeqCheck.GAP
+    assert websocket_uri("unix:/run/chat.sock", None) == "ws://localhost/api/v4/websocket"
+    uri = websocket_uri("https://mm.example", Resume("abc", 9))
+    assert uri == "wss://mm.example/api/v4/websocket?connection_id=abc&sequence_number=9"

@@ -1,0 +1,126 @@
+"""Acceptance: the daemon against the fake Mattermost and the REAL llama-server."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+
+from loopd import devserver
+from loopd.engine.client import InferenceClient
+from tests.chat.chat_support import (
+    Env,
+    chat_settings_for,
+    daemon,
+    fake_mattermost,
+    settings_for,
+    until,
+)
+
+pytestmark = [pytest.mark.real_server, pytest.mark.anyio]
+
+PHASES = ("⏳", "📖", "💭", "✍️", "✅")
+
+
+@asynccontextmanager
+async def environment(
+    tmp_path: Path, sockets: Path, server: devserver.RunningServer, **settings: Any
+) -> AsyncIterator[Env]:
+    async with fake_mattermost(sockets) as mm:
+        yield Env(
+            mm,
+            settings_for(tmp_path / "state", server.url, devserver.PLAIN_MODEL, **settings),
+            chat_settings_for(mm, tmp_path),
+        )
+
+
+def phase_ranks(history: list[str]) -> list[int]:
+    return [next(i for i, icon in enumerate(PHASES) if text.startswith(icon)) for text in history]
+
+
+async def slot_busy(client: InferenceClient, slot: int) -> bool:
+    return any(s.get("id") == slot and s.get("is_processing") for s in await client.slots())
+
+
+async def test_two_threads_on_one_slot_interleave_and_both_are_answered(
+    tmp_path: Path, sockets: Path, real_server: devserver.RunningServer
+) -> None:
+    async with environment(tmp_path, sockets, real_server) as env, daemon(env):
+        a = env.fake.post_as("alice", "dev", "@loopd Name a color.")
+        b = env.fake.post_as("bob", "dev", "@loopd Name a fruit.")
+        await until(lambda: len(env.answers(a.id)) == len(env.answers(b.id)) == 1, "answers", 120)
+        env.fake.post_as("alice", "dev", "Another one?", root_id=a.id)
+        env.fake.post_as("bob", "dev", "Another one?", root_id=b.id)
+        await until(lambda: len(env.answers(a.id)) == len(env.answers(b.id)) == 2, "more", 120)
+        waited = [t for r in (a.id, b.id) for t in env.status_history(r) if "slot 0" in t]
+        assert waited, "one thread waited for the other on slot 0"
+        assert all(len(env.answers(r)) == 2 for r in (a.id, b.id))
+
+
+async def test_status_post_goes_through_its_phases_in_order(
+    tmp_path: Path, sockets: Path, real_server: devserver.RunningServer
+) -> None:
+    async with environment(tmp_path, sockets, real_server, max_tokens=48) as env, daemon(env):
+        post = env.fake.post_as("alice", env.dm(), "Tell me about the sea. " * 40)
+        await until(lambda: len(env.answers(post.id)) == 1, "the answer", 120)
+        await until(lambda: env.status_history(post.id)[-1].startswith("✅"), "done")
+        ranks = phase_ranks(env.status_history(post.id))
+        assert ranks == sorted(ranks)
+        assert ranks[0] == 0
+        assert ranks[-1] == len(PHASES) - 1
+        assert len(set(ranks)) >= 3
+
+
+async def test_dropped_socket_with_posts_in_flight(
+    tmp_path: Path, sockets: Path, real_server: devserver.RunningServer
+) -> None:
+    async with environment(tmp_path, sockets, real_server) as env, daemon(env):
+        first = env.fake.post_as("alice", env.dm(), "Say hello.")
+        await until(lambda: len(env.answers(first.id)) == 1, "the first answer", 120)
+        env.fake.drop_sockets("loopd")
+        second = env.fake.post_as("alice", env.dm(), "Say goodbye.")
+        env.fake.post_as("alice", env.dm(), "Say thanks.", root_id=first.id)
+        await until(lambda: len(env.answers(second.id)) == 1, "the new thread's answer", 120)
+        await until(lambda: len(env.answers(first.id)) == 2, "the in-flight reply", 120)
+        assert len(env.answers(first.id)) == 2  # one per turn: no duplicate
+        assert len(env.answers(second.id)) == 1
+
+
+async def test_killed_and_restarted_mid_turn_answers_once(
+    tmp_path: Path, sockets: Path, real_server: devserver.RunningServer
+) -> None:
+    async with environment(tmp_path, sockets, real_server, max_tokens=200) as env:
+        async with daemon(env):
+            post = env.fake.post_as("alice", env.dm(), "Write a long poem about rivers.")
+            await until(
+                lambda: any("✍️" in t for t in env.status_history(post.id)), "answering", 120
+            )
+        assert env.answers(post.id) == []
+        async with daemon(env):
+            await until(lambda: len(env.answers(post.id)) >= 1, "the answer after restart", 180)
+        async with daemon(env):
+            await anyio.sleep(0.5)
+        assert len(env.answers(post.id)) == 1
+
+
+async def test_stop_frees_the_slot_within_a_second(
+    tmp_path: Path, sockets: Path, real_server: devserver.RunningServer
+) -> None:
+    async with (
+        environment(tmp_path, sockets, real_server, max_tokens=2000) as env,
+        daemon(env),
+        InferenceClient(real_server.url, devserver.PLAIN_MODEL) as client,
+    ):
+        post = env.fake.post_as("alice", env.dm(), "Count from 1 to 1000, one number a line.")
+        await until(lambda: any("✍️" in t for t in env.status_history(post.id)), "answering", 120)
+        assert await slot_busy(client, 0)
+        env.fake.post_as("alice", env.dm(), "stop", root_id=post.id)
+        with anyio.fail_after(1.0):
+            while await slot_busy(client, 0):  # noqa: ASYNC110 - polls the server's /slots
+                await anyio.sleep(0.05)
+        await until(lambda: "stopped by @alice" in env.status_history(post.id)[-1], "stopped")
+        assert env.answers(post.id) == []

@@ -1,0 +1,278 @@
+"""The daemon against the fake Mattermost and the fake llama-server: intake, replies, status,
+stop, and the faults of the issue (drops, duplicates, restarts, 5xx, 429, odd posts)."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+
+from loopd.chat.threads import session_name
+from loopd.fakes.llama import FakeLlama, Pace, RunningFake, ScriptedReply
+from loopd.fakes.mattermost import FakeConfig, LoggedPost
+from loopd.sessionlog import EntryKind, SessionLog
+from tests.chat.chat_support import (
+    FAST_MM,
+    Env,
+    chat_settings_for,
+    daemon,
+    fake_mattermost,
+    settings_for,
+    until,
+)
+from tests.chat.conftest import FAKE_MODEL
+
+pytestmark = pytest.mark.anyio
+
+
+@asynccontextmanager
+async def environment(
+    tmp_path: Path,
+    sockets: Path | None,
+    llama: RunningFake,
+    mm_config: FakeConfig = FAST_MM,
+    max_tokens: int = 2048,
+    **chat: Any,
+) -> AsyncIterator[Env]:
+    async with fake_mattermost(sockets, mm_config) as mm:
+        yield Env(
+            mm,
+            settings_for(tmp_path / "state", llama.base_url, FAKE_MODEL, max_tokens=max_tokens),
+            chat_settings_for(mm, tmp_path, **chat),
+        )
+
+
+def user_messages(env: Env, root_id: str) -> list[str]:
+    with SessionLog.open(env.settings.db_path) as log:
+        return [
+            str(e.message) for e in log.entries(session_name(root_id)) if e.kind is EntryKind.USER
+        ]
+
+
+async def test_a_dm_is_answered_in_its_thread_with_a_status_post(
+    tmp_path: Path, sockets: Path, llama: RunningFake
+) -> None:
+    async with environment(tmp_path, sockets, llama) as env, daemon(env):
+        post = env.fake.post_as("alice", env.dm(), "hello there")
+        await until(lambda: len(env.answers(post.id)) == 1, "the answer")
+        assert env.answers(post.id)[0].message == "You said: @alice: hello there"
+        history = env.status_history(post.id)
+        await until(lambda: env.status_history(post.id)[-1].startswith("✅ done"), "done")
+        assert history[0].startswith("⏳")
+        assert '"content":"@alice: hello there"' in user_messages(env, post.id)[0]
+
+
+async def test_mention_starts_a_thread_and_later_replies_need_no_mention(
+    tmp_path: Path, sockets: Path, llama: RunningFake
+) -> None:
+    async with environment(tmp_path, sockets, llama) as env, daemon(env):
+        ignored = env.fake.post_as("bob", "dev", "talking among humans")
+        in_code = env.fake.post_as("bob", "dev", "see `@loopd` in the docs")
+        root = env.fake.post_as("alice", "dev", "@loopd: what is two plus two?")
+        await until(lambda: len(env.answers(root.id)) == 1, "the first answer")
+        env.fake.post_as("bob", "dev", "and three?", root_id=root.id)
+        await until(lambda: len(env.answers(root.id)) == 2, "the second answer")
+        assert env.bot_posts(ignored.id) == env.bot_posts(in_code.id) == []
+        assert [m.split('"content":')[1] for m in user_messages(env, root.id)] == [
+            '"@alice: @loopd: what is two plus two?"}',
+            '"@bob: and three?"}',
+        ]
+
+
+async def test_not_allowed_channel_and_user_get_a_refusal_once(
+    tmp_path: Path, sockets: Path, llama: RunningFake
+) -> None:
+    async with environment(tmp_path, sockets, llama, allowed_users=("alice",)) as env:
+        async with daemon(env):
+            channel = env.fake.post_as("alice", "town-square", "@loopd hello")
+            user = env.fake.post_as("bob", "dev", "@loopd hello")
+            await until(lambda: len(env.bot_posts(channel.id)) == 1, "the channel refusal")
+            await until(lambda: len(env.bot_posts(user.id)) == 1, "the user refusal")
+            assert "not enabled" in env.bot_posts(channel.id)[0].message
+        async with daemon(env) as again:  # catch-up sees both posts again
+            await again.adapter.catch_up()
+        assert len(env.bot_posts(channel.id)) == len(env.bot_posts(user.id)) == 1
+        assert env.answers(channel.id) == env.answers(user.id) == []
+
+
+async def test_an_edit_of_a_read_post_gets_one_notice(
+    tmp_path: Path, sockets: Path, llama: RunningFake
+) -> None:
+    async with environment(tmp_path, sockets, llama) as env, daemon(env) as running:
+        post = env.fake.post_as("alice", env.dm(), "first words")
+        await until(lambda: len(env.answers(post.id)) == 1, "the answer")
+        env.fake.edit_as("alice", post.id, "second words")
+
+        def notice() -> list[LoggedPost]:
+            return [p for p in env.bot_posts(post.id) if "Edits" in p.message]
+
+        await until(lambda: len(notice()) == 1, "the edit notice")
+        await running.adapter.catch_up()
+        assert len(notice()) == 1
+        assert len(env.answers(post.id)) == 1
+
+
+async def test_a_file_only_post_and_a_huge_post_are_told_what_was_read(
+    tmp_path: Path, sockets: Path, llama: RunningFake
+) -> None:
+    config = replace(FAST_MM, max_post_size=200_000)
+    async with (
+        environment(tmp_path, sockets, llama, config, max_message_chars=5000) as env,
+        daemon(env),
+    ):
+        alice = env.fake.user("alice")
+        stored = env.fake.world.store_file(alice, env.dm(), "notes.txt", "text/plain", b"hi")
+        files = env.fake.create_post(alice, env.dm(), "", file_ids=[stored.id]).post
+        huge = env.fake.post_as("alice", env.dm(), "word " * 20_000)
+        await until(lambda: len(env.answers(huge.id)) == 1, "the answer to the huge post")
+        await until(lambda: len(env.bot_posts(files.id)) == 1, "the attachment notice")
+        assert "attachments" in env.bot_posts(files.id)[0].message
+        assert any("100,000 characters" in p.message for p in env.bot_posts(huge.id))
+        (message,) = user_messages(env, huge.id)
+        assert len(message) < 5200
+        assert "[cut: the message had 100000 characters]" in message
+
+
+async def test_dropped_socket_with_posts_in_flight_loses_and_duplicates_none(
+    tmp_path: Path, sockets: Path, llama: RunningFake
+) -> None:
+    async with environment(tmp_path, sockets, llama) as env, daemon(env) as running:
+        first = env.fake.post_as("alice", env.dm(), "one")
+        await until(lambda: len(env.answers(first.id)) == 1, "the first answer")
+        connects = running.adapter.connects
+        env.fake.drop_sockets("loopd")
+        posts = [env.fake.post_as("alice", env.dm(), f"message {i}") for i in range(3)]
+        env.fake.restart()  # and the server forgot the connection: only REST can recover
+        posts.append(env.fake.post_as("alice", env.dm(), "after the restart"))
+        for post in posts:
+            root = post.id
+            await until(lambda: len(env.answers(root)) == 1, f"the answer to {root}")  # noqa: B023
+        assert running.adapter.connects > connects
+        assert all(len(env.answers(p.id)) == 1 for p in [first, *posts])
+
+
+async def test_repeated_and_skipped_seq(tmp_path: Path, sockets: Path, llama: RunningFake) -> None:
+    async with environment(tmp_path, sockets, llama) as env, daemon(env) as running:
+        env.fake.duplicate_seq("loopd")
+        repeated = env.fake.post_as("alice", env.dm(), "said twice on the wire")
+        await until(lambda: len(env.answers(repeated.id)) == 1, "the answer")
+        connects = running.adapter.connects
+        env.fake.skip_seq(2, "loopd")
+        gap = env.fake.post_as("alice", env.dm(), "after a gap")
+        await until(lambda: len(env.answers(gap.id)) == 1, "the answer after the gap")
+        assert running.adapter.connects > connects  # the gap made it reconnect and catch up
+        assert len(env.answers(repeated.id)) == 1
+        assert len(user_messages(env, repeated.id)) == 1
+
+
+async def test_restart_mid_turn_answers_the_pending_post_once(
+    tmp_path: Path, sockets: Path, fake_llama: FakeLlama, llama: RunningFake
+) -> None:
+    fake_llama.pace = Pace(tokens_per_second=40)
+    fake_llama.push(ScriptedReply(content="slow " * 200), model=FAKE_MODEL)
+    async with environment(tmp_path, sockets, llama) as env:
+        async with daemon(env):
+            post = env.fake.post_as("alice", env.dm(), "take your time")
+            await until(lambda: "answering" in "".join(env.status_history(post.id)), "answering")
+        assert env.answers(post.id) == []
+        fake_llama.pace = Pace()
+        async with daemon(env):
+            await until(lambda: len(env.answers(post.id)) == 1, "the answer after the restart")
+            await until(lambda: env.status_history(post.id)[-1].startswith("✅"), "done")
+        async with daemon(env):
+            pass
+        assert len(env.answers(post.id)) == 1
+        status_posts = {p.post_id for p in env.bot_posts(post.id) if "status" in str(p.props)}
+        assert len(status_posts) == 1  # the restarted turn found its status post again
+
+
+async def test_stop_cancels_the_turn_frees_the_slot_and_is_logged(
+    tmp_path: Path, sockets: Path, fake_llama: FakeLlama, llama: RunningFake
+) -> None:
+    fake_llama.pace = Pace(tokens_per_second=30)
+    fake_llama.push(ScriptedReply(content="long " * 500), model=FAKE_MODEL)
+    async with environment(tmp_path, sockets, llama) as env, daemon(env):
+        post = env.fake.post_as("alice", env.dm(), "write a lot")
+        await until(lambda: "answering" in "".join(env.status_history(post.id)), "answering")
+        env.fake.post_as("alice", env.dm(), "stop", root_id=post.id)
+        await until(lambda: "stopped" in env.status_history(post.id)[-1], "the stopped status")
+        slots = fake_llama.model(FAKE_MODEL).slots
+        await until(
+            lambda: not any(s.is_processing for s in slots.slots), "the slot to be free", 1.0
+        )
+        assert env.answers(post.id) == []
+        with SessionLog.open(env.settings.db_path) as log:
+            state = log.state(session_name(post.id))
+        assert state.broken_since[-1].fields.reason == "stopped by @alice"
+        env.fake.post_as("alice", env.dm(), "short one now", root_id=post.id)
+        await until(lambda: len(env.answers(post.id)) == 1, "the next answer")
+
+
+async def test_stop_by_reaction_on_the_status_post(
+    tmp_path: Path, sockets: Path, fake_llama: FakeLlama, llama: RunningFake
+) -> None:
+    fake_llama.pace = Pace(tokens_per_second=30)
+    fake_llama.push(ScriptedReply(content="long " * 500), model=FAKE_MODEL)
+    async with environment(tmp_path, sockets, llama) as env, daemon(env):
+        post = env.fake.post_as("alice", env.dm(), "write a lot")
+        await until(lambda: "answering" in "".join(env.status_history(post.id)), "answering")
+        status_post = next(p for p in env.bot_posts(post.id) if "status" in str(p.props))
+        env.fake.react_as("alice", status_post.post_id, "octagonal_sign")
+        await until(lambda: "stopped by @alice" in env.status_history(post.id)[-1], "stopped")
+        slots = fake_llama.model(FAKE_MODEL).slots
+        await until(
+            lambda: not any(s.is_processing for s in slots.slots), "the slot to be free", 1.0
+        )
+        assert env.answers(post.id) == []
+
+
+async def test_ambiguous_5xx_and_429_bursts_give_exactly_one_reply(
+    tmp_path: Path, sockets: Path, llama: RunningFake
+) -> None:
+    async with environment(tmp_path, sockets, llama) as env, daemon(env):
+        env.fake.fail_next_creates(3, status=502)
+        first = env.fake.post_as("alice", env.dm(), "through five hundreds")
+        await until(lambda: len(env.answers(first.id)) == 1, "the answer through 5xx")
+        env.fake.burst_429(4, retry_after_s=1)
+        second = env.fake.post_as("alice", env.dm(), "through rate limits")
+        await until(lambda: len(env.answers(second.id)) == 1, "the answer through 429")
+        assert len(env.answers(first.id)) == len(env.answers(second.id)) == 1
+
+
+async def test_a_long_answer_is_split_into_parts(
+    tmp_path: Path, sockets: Path, fake_llama: FakeLlama, llama: RunningFake
+) -> None:
+    paragraphs = "\n\n".join(f"Paragraph {i}. " + "text " * 40 for i in range(12))
+    fake_llama.push(ScriptedReply(content=paragraphs), model=FAKE_MODEL)
+    config = replace(FAST_MM, max_post_size=1000)
+    async with environment(tmp_path, sockets, llama, config) as env, daemon(env):
+        post = env.fake.post_as("alice", env.dm(), "long please")
+        await until(lambda: len(env.answers(post.id)) >= 3, "the parts")
+        await anyio.sleep(0.3)
+        parts = env.answers(post.id)
+        assert all(len(p.message) <= 1000 for p in parts)
+        assert "\n\n".join(p.message for p in parts) == paragraphs
+
+
+async def test_no_token_over_the_socket_is_a_clear_error(
+    tmp_path: Path, sockets: Path, llama: RunningFake
+) -> None:
+    from loopd.chat.rest import MattermostError
+    from loopd.serve import run_daemon
+
+    async with environment(tmp_path, sockets, llama) as env:
+        chat = env.chat.model_copy(update={"token_file": None})
+        with pytest.raises(MattermostError, match="401"):
+            await run_daemon(env.settings, chat)
+
+
+async def test_tcp_url_with_a_development_token(tmp_path: Path, llama: RunningFake) -> None:
+    async with environment(tmp_path, None, llama) as env, daemon(env):
+        assert env.chat.url.startswith("http://127.0.0.1:")
+        post = env.fake.post_as("alice", "secret", "@loopd over tcp")
+        await until(lambda: len(env.answers(post.id)) == 1, "the answer")
