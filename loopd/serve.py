@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import logging
 import signal
+import sys
 from collections.abc import Callable
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
@@ -29,7 +30,9 @@ from loopd.chat.split import MAX_POST_RUNES
 from loopd.chat.threads import Threads
 from loopd.config import Settings
 from loopd.errors import ConfigError
+from loopd.selftest.run import format_report, run_selftest
 from loopd.sessions import Runtime
+from loopd.tools.spec import load_tools_spec
 
 log = logging.getLogger("loopd.serve")
 
@@ -102,12 +105,35 @@ async def _cancel_on_signal(cancel: Callable[[], None]) -> None:
 
 
 def handler(args: argparse.Namespace, settings: Settings) -> int:
-    del args
-    return anyio.run(serve, settings, load_chat_settings())
+    chat = load_chat_settings()
+    if args.skip_selftest:
+        log.warning("the self-test was skipped (--skip-selftest): the server is not checked")
+    else:
+        status = anyio.run(startup_selftest, settings)
+        if status != 0:
+            return status
+    return anyio.run(serve, settings, chat)
+
+
+async def startup_selftest(settings: Settings) -> int:
+    """The self-test ``loopd serve`` runs first; a server that differs from the recorded one is
+    refused, with the report (one line per check) on stderr."""
+    report = await run_selftest(settings, tools_text=load_tools_spec(settings.tools_file).text)
+    if report.exit_status != 0:
+        print(format_report(report), file=sys.stderr)
+        print("loopd serve: refusing to start: the self-test failed", file=sys.stderr)
+    else:
+        log.info("self-test passed for %s at %s", report.model, report.url)
+    return report.exit_status
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = subparsers.add_parser(
         "serve", help="run the daemon: Mattermost threads drive sessions (LOOPD_MM_* settings)"
+    )
+    parser.add_argument(
+        "--skip-selftest",
+        action="store_true",
+        help="start without checking the server (development only)",
     )
     parser.set_defaults(handler=handler)

@@ -95,3 +95,18 @@ def test_stopped_server_mid_session_fails_the_turn_with_exit_2(tmp_path: Path) -
     assert result.returncode == 2
     assert server.url in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_serve_refuses_to_start_when_the_self_test_fails(tmp_path: Path) -> None:
+    result = run_loopd(
+        ["serve"],
+        {
+            "LOOPD_INFER_URL": "http://127.0.0.1:1",
+            "LOOPD_STATE_DIR": str(tmp_path),
+            "LOOPD_MM_URL": "http://127.0.0.1:2",
+        },
+    )
+    assert result.returncode == 2
+    assert "FAIL  server: expected healthy" in result.stderr
+    assert "refusing to start: the self-test failed" in result.stderr
+    assert "Traceback" not in result.stderr
