@@ -5,7 +5,9 @@ The file is named by ``BROKERD_CONFIG``; nested settings use ``__`` in variable 
 settings themselves: the settings name files, read once at startup by ``read_secrets``.
 """
 
+import difflib
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Final, Literal
@@ -21,7 +23,9 @@ from pydantic_settings import (
 from brokerd.proxy.upstream import parse_upstream
 from brokerd.tools.settings import BrokerSettings
 
-CONFIG_FILE_VARIABLE: Final = "BROKERD_CONFIG"
+ENV_PREFIX: Final = "BROKERD_"
+NESTED_DELIMITER: Final = "__"
+CONFIG_FILE_VARIABLE: Final = f"{ENV_PREFIX}CONFIG"
 DEFAULT_SOCKET_DIR: Final = Path("/run/brokerd")
 
 
@@ -31,7 +35,10 @@ class ConfigError(Exception):
 
 class BrokerdSettings(BaseSettings):
     model_config = SettingsConfigDict(
-        env_prefix="BROKERD_", env_nested_delimiter="__", extra="forbid", frozen=True
+        env_prefix=ENV_PREFIX,
+        env_nested_delimiter=NESTED_DELIMITER,
+        extra="forbid",
+        frozen=True,
     )
 
     socket_dir: Path = Field(
@@ -89,8 +96,38 @@ def describe_validation_error(exc: ValidationError) -> str:
     return "; ".join(problems)
 
 
+def known_variables() -> frozenset[str]:
+    """Every ``BROKERD_*`` name brokerd reads, nested broker settings included."""
+    names = {CONFIG_FILE_VARIABLE}
+    names.update(f"{ENV_PREFIX}{field.upper()}" for field in BrokerdSettings.model_fields)
+    names.update(
+        f"{ENV_PREFIX}BROKER{NESTED_DELIMITER}{field.upper()}"
+        for field in BrokerSettings.model_fields
+    )
+    return frozenset(names)
+
+
+def unknown_variable_error(environ: Mapping[str, str]) -> str | None:
+    """A ``BROKERD_*`` variable that names no setting, or None. Without this check a misspelt
+    name is silently ignored and its setting keeps the default (an upstream on port 8080)."""
+    known = known_variables()
+    unknown = sorted(
+        name
+        for name in environ
+        if name.upper().startswith(ENV_PREFIX) and name.upper() not in known
+    )
+    if not unknown:
+        return None
+    name = unknown[0]
+    close = difflib.get_close_matches(name.upper(), sorted(known), n=1)
+    hint = f"; did you mean {close[0]}?" if close else f"; known: {', '.join(sorted(known))}"
+    return f"{name}: not a brokerd setting{hint}"
+
+
 def load_settings() -> BrokerdSettings:
     """Settings from the environment and the ``BROKERD_CONFIG`` file; ``ConfigError`` if bad."""
+    if (problem := unknown_variable_error(os.environ)) is not None:
+        raise ConfigError(problem)
     config_file = os.environ.get(CONFIG_FILE_VARIABLE)
     if config_file and not Path(config_file).is_file():
         raise ConfigError(f"{CONFIG_FILE_VARIABLE}: no such file: {config_file}")

@@ -31,6 +31,7 @@ Service = Literal["infer", "chat", "broker"]
 SERVICES: Final[tuple[Service, ...]] = ("infer", "chat", "broker")
 SOCKET_DIR_MODE: Final = 0o750
 SOCKET_MODE: Final = 0o660
+LISTEN_BACKLOG: Final = 2048  # uvicorn's own default
 # Open streams (a long generation, a WebSocket) get this long to finish after a stop signal.
 GRACEFUL_SHUTDOWN_S: Final = 5
 
@@ -107,11 +108,14 @@ def remove_stale_socket(path: Path) -> None:
 
 
 def bind_unix_socket(path: Path) -> socket.socket:
+    """Bind and listen at once: whoever sees the socket file (a start script, a container
+    waiting for it) can connect from that moment; connections queue until serving begins."""
     remove_stale_socket(path)
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         sock.bind(os.fspath(path))
         path.chmod(SOCKET_MODE)
+        sock.listen(LISTEN_BACKLOG)
     except OSError as exc:
         sock.close()
         raise ServeError(f"cannot bind {path}: {exc}") from exc

@@ -44,13 +44,19 @@ class Forwarder:
     """ASGI app for HTTP requests: check, cap, rewrite, then relay to the upstream."""
 
     def __init__(
-        self, upstream: Upstream, rules: ForwardRules, *, body_cap: int, logger: logging.Logger
+        self,
+        upstream: Upstream,
+        rules: ForwardRules,
+        *,
+        body_cap: int,
+        logger: logging.Logger,
+        reuse_connections: bool = True,
     ) -> None:
         self.upstream = upstream
         self.rules = rules
         self.body_cap = body_cap
         self.logger = logger
-        self.client: httpx.AsyncClient = upstream.client()
+        self.client: httpx.AsyncClient = upstream.client(reuse_connections=reuse_connections)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         method: str = scope["method"]

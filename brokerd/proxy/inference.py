@@ -75,8 +75,21 @@ def inference_rules(api_key: str | None) -> ForwardRules:
 def create_inference_app(
     upstream: Upstream, *, api_key: str | None = None, body_cap: int = DEFAULT_BODY_CAP
 ) -> Starlette:
-    """The Starlette app served on ``infer.sock``."""
-    proxy = Forwarder(upstream, inference_rules(api_key), body_cap=body_cap, logger=logger)
+    """The Starlette app served on ``infer.sock``.
+
+    Every request gets a fresh upstream connection. llama-server's router can drop a kept-alive
+    connection without answering the next request sent on it (seen when that request came a few
+    milliseconds after another client hung up a stream); a reused connection would turn that into
+    a 502, which loopd must read as "server gone". A new connection to the host-local server
+    costs well under a millisecond, next to seconds of generation.
+    """
+    proxy = Forwarder(
+        upstream,
+        inference_rules(api_key),
+        body_cap=body_cap,
+        logger=logger,
+        reuse_connections=False,
+    )
     return Starlette(
         routes=[Route("/{path:path}", endpoint=proxy)], lifespan=closing_lifespan(proxy.aclose)
     )

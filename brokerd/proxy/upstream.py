@@ -15,6 +15,10 @@ UNIX_ORIGIN: Final = "http://localhost"
 # which closes the upstream request too. Connecting and writing are bounded.
 UPSTREAM_TIMEOUT: Final = httpx.Timeout(connect=10.0, read=None, write=60.0, pool=None)
 
+# httpx's own defaults, named here because the inference proxy turns idle connections off.
+MAX_CONNECTIONS: Final = 100
+MAX_IDLE_CONNECTIONS: Final = 20
+
 
 class BadUpstreamURL(ValueError):
     """An upstream URL that is not ``http://``, ``https://`` or ``unix:/absolute/path``."""
@@ -38,10 +42,20 @@ class Upstream:
         suffix = "?" + query.decode("latin-1") if query else ""
         return f"{ws_scheme}://{rest}{path}{suffix}"
 
-    def client(self, timeout: httpx.Timeout = UPSTREAM_TIMEOUT) -> httpx.AsyncClient:
-        """An httpx client bound to this upstream's transport (TCP/TLS or the Unix socket)."""
-        transport = httpx.AsyncHTTPTransport(uds=self.uds) if self.uds else None
+    def client(
+        self, timeout: httpx.Timeout = UPSTREAM_TIMEOUT, *, reuse_connections: bool = True
+    ) -> httpx.AsyncClient:
+        """An httpx client bound to this upstream's transport (TCP/TLS or the Unix socket).
+
+        ``reuse_connections=False`` closes each connection after its response, so every request
+        opens a fresh one (see ``create_inference_app`` for why the inference proxy wants that).
+        """
+        limits = httpx.Limits(
+            max_connections=MAX_CONNECTIONS,
+            max_keepalive_connections=MAX_IDLE_CONNECTIONS if reuse_connections else 0,
+        )
         # trust_env off: a proxy variable in brokerd's environment must not reroute the traffic.
+        transport = httpx.AsyncHTTPTransport(uds=self.uds, limits=limits, trust_env=False)
         return httpx.AsyncClient(transport=transport, timeout=timeout, trust_env=False)
 
 

@@ -61,6 +61,29 @@ def test_bad_config_is_one_line_naming_the_field(
     assert "pw" not in message
 
 
+def test_a_misspelt_variable_is_refused_with_the_likely_name(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("BROKERD_INFER_UPSTREAM", "unix:/run/llama.sock")
+    with pytest.raises(ConfigError) as error:
+        load_settings()
+    assert str(error.value) == (
+        "BROKERD_INFER_UPSTREAM: not a brokerd setting; did you mean BROKERD_INFERENCE_URL?"
+    )
+
+
+def test_every_setting_has_a_variable_that_is_accepted(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The check knows the nested broker names too, and the names are not case sensitive."""
+    monkeypatch.setenv("BROKERD_SOCKET_DIR", "/srv/socks")
+    monkeypatch.setenv("brokerd_log_level", "debug")
+    monkeypatch.setenv("BROKERD_BROKER__AUDIT_DB", "/var/lib/brokerd/audit.db")
+    monkeypatch.setenv("BROKERD_BROKER__FIND_TOOL_LIMIT", "5")
+    settings = load_settings()
+    assert settings.log_level == "debug"
+    assert settings.broker is not None
+    assert settings.broker.find_tool_limit == 5
+
+
 def test_a_missing_config_file_is_named(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setenv("BROKERD_CONFIG", str(tmp_path / "absent.toml"))
     with pytest.raises(ConfigError, match=r"^BROKERD_CONFIG: no such file: .*absent\.toml$"):

@@ -39,6 +39,15 @@ def test_a_stale_socket_is_replaced_and_anything_else_is_refused(sock_dir: Path)
     assert regular.read_text() == "not a socket"
 
 
+def test_a_bound_socket_takes_connections_before_serving_starts(sock_dir: Path) -> None:
+    """A start script that waits for the socket file may connect as soon as it appears."""
+    path = sock_dir / "infer.sock"
+    with bind_unix_socket(path) as listening, socket.socket(socket.AF_UNIX) as client:
+        client.connect(str(path))  # queued, not refused
+        accepted, _ = listening.accept()
+        accepted.close()
+
+
 @pytest.fixture
 def brokerd_environment(sock_dir: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     for name in list(os.environ):
