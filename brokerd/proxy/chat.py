@@ -31,6 +31,7 @@ from brokerd.proxy.relay import ErrorBody, error_message, json_error
 from brokerd.proxy.upstream import Upstream
 
 logger = logging.getLogger(__name__)
+UPSTREAM_WS_LOGGER: Final = logging.getLogger(f"{__name__}.upstream_websocket")
 
 WEBSOCKET_PATH: Final = "/api/v4/websocket"
 
@@ -39,6 +40,7 @@ CHAT_ROUTES: Final[tuple[tuple[str, str], ...]] = (
     ("GET", "/api/v4/users/{user_id}"),  # includes users/me
     ("POST", "/api/v4/users/ids"),
     ("GET", "/api/v4/users/{user_id}/channels"),
+    ("GET", "/api/v4/users/{user_id}/teams"),
     ("POST", "/api/v4/users/{user_id}/typing"),
     ("GET", "/api/v4/channels/{channel_id}"),
     ("GET", "/api/v4/channels/{channel_id}/posts"),
@@ -192,6 +194,8 @@ class ChatWebSocketProxy:
         uri = self.upstream.websocket_url(WEBSOCKET_PATH, query)
         headers = {"Authorization": self._authorization}
         timeout, max_size = self.settings.open_timeout_s, self.settings.max_frame_bytes
+        # The handshake (with the token) is logged at DEBUG under brokerd's own logger name, so
+        # it goes through brokerd's redacting handler and is never mistaken for the box's logs.
         if self.upstream.uds is not None:
             return await unix_connect(
                 self.upstream.uds,
@@ -199,10 +203,16 @@ class ChatWebSocketProxy:
                 additional_headers=headers,
                 open_timeout=timeout,
                 max_size=max_size,
+                logger=UPSTREAM_WS_LOGGER,
             )
         # proxy=None: a proxy variable in brokerd's environment must not reroute the connection.
         return await connect(
-            uri, additional_headers=headers, open_timeout=timeout, max_size=max_size, proxy=None
+            uri,
+            additional_headers=headers,
+            open_timeout=timeout,
+            max_size=max_size,
+            proxy=None,
+            logger=UPSTREAM_WS_LOGGER,
         )
 
     async def _deny(self, send: Send, status: int, body: bytes, content_type: str) -> None:

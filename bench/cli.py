@@ -1,0 +1,166 @@
+"""``python -m bench``: run every benchmark and write the report (what ``make bench`` does).
+
+Order: the micro-benchmarks first (they need no server and are the most sensitive to load), then
+the real llama-server is started once, on a Unix socket, with both presets, for the cache and
+switching benchmarks. The report goes to ``bench/results/<date>.md`` with its plot beside it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+import tempfile
+import time
+from dataclasses import replace
+from datetime import datetime
+from pathlib import Path
+
+import anyio
+
+from bench import cache_reuse, overhead, parsers, switching
+from bench.errors import BenchError
+from bench.machine import describe, load_average
+from bench.plot import prompt_n_plot
+from bench.report import Results, render
+from bench.sse_reference import REFERENCE_LIBRARY, library_parser, reference_parser
+from loopd import devserver
+
+log = logging.getLogger("bench")
+
+RESULTS = Path(__file__).resolve().parent / "results"
+# Twice the default context: the naive client's last prompts of the session run past 4k tokens.
+LAYOUT = devserver.ServerLayout(ctx_size=16384)
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
+    parser.add_argument("--out", type=Path, default=RESULTS, help="folder for the report")
+    parser.add_argument("--repeats", type=int, default=5, help="runs of each micro-benchmark")
+    parser.add_argument(
+        "--cache-dir",
+        type=Path,
+        default=Path(os.environ.get("LOOPD_CACHE_DIR", Path.home() / ".cache" / "loopd")),
+        help="where `make llama-server` put the server and the model",
+    )
+    parser.add_argument(
+        "--offline", action="store_true", help="only the benchmarks that need no server"
+    )
+    args = parser.parse_args(argv)
+    if args.repeats < 1:
+        parser.error("--repeats must be at least 1")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)
+    logging.getLogger("loopd").setLevel(logging.WARNING)
+    args = parse_args(argv)
+    try:
+        path = run(args)
+    except (BenchError, devserver.DevServerError) as exc:
+        sys.stderr.write(f"bench failed: {exc}\n")
+        return 2
+    log.info("report written to %s", path)
+    return 0
+
+
+def run(args: argparse.Namespace) -> Path:
+    started, clock = datetime.now(), time.monotonic()
+    load_before = load_average()
+    if library_parser() is None:
+        log.info("%s is not installed: comparing with a line-by-line parser", REFERENCE_LIBRARY)
+    reference = reference_parser()
+    log.info("stream parsers (%d runs)", args.repeats)
+    parser_rows = parsers.measure(reference, parsers.load_streams(), repeats=args.repeats)
+    log.info("session log (%d runs)", args.repeats)
+    log_cost = overhead.log_cost(args.repeats)
+    log.info("memory with idle sessions (%d runs)", args.repeats)
+    memory = overhead.memory(args.repeats)
+    results = Results(
+        date=started.strftime("%Y-%m-%d"),
+        started=started.strftime("%Y-%m-%d %H:%M:%S"),
+        duration_s=0.0,
+        machine=describe(),
+        load_before=load_before,
+        load_after="",
+        repeats=args.repeats,
+        reference_parser=reference.name,
+        parsers=parser_rows,
+        log=log_cost,
+        memory=memory,
+    )
+    out: Path = args.out
+    out.mkdir(parents=True, exist_ok=True)
+    if not args.offline:
+        results = _with_server(results, args)
+    results = _finished(results, clock)
+    path = out / f"{results.date}.md"
+    path.write_text(render(results), encoding="utf-8")
+    return path
+
+
+def _with_server(results: Results, args: argparse.Namespace) -> Results:
+    with tempfile.TemporaryDirectory(prefix="bench-") as tmp:
+        work = Path(tmp)
+        log.info("starting llama-server (build %d)", devserver.LLAMA_BUILD)
+        server = devserver.start(
+            work / "server",
+            args.cache_dir,
+            socket_path=work / "llama.sock",
+            load=(devserver.PLAIN_MODEL, devserver.THINKING_MODEL),
+            layout=LAYOUT,
+        )
+        try:
+            cache, samples = anyio.run(_server_benchmarks, server.url, work)
+        finally:
+            server.stop()
+    plot_file = f"{results.date}-prompt-n.png"
+    prompt_n_plot(cache.rows, args.out / plot_file)
+    cpu = [
+        overhead.cpu_share(
+            "plain preset, whole turns (switching benchmark)",
+            [s.cpu_s for s in samples],
+            [s.wall_s for s in samples],
+        ),
+        overhead.cpu_share(
+            "thinking preset, the model's answers (cache benchmark)",
+            [s.cpu_s for s in cache.loopd_model_steps],
+            [s.wall_s for s in cache.loopd_model_steps],
+        ),
+    ]
+    server_text = (
+        f"llama.cpp build {devserver.LLAMA_BUILD} `llama-server` in router mode on a Unix "
+        f"socket, {devserver.MODEL_FILE} on the CPU, presets `{devserver.PLAIN_MODEL}` and "
+        f"`{devserver.THINKING_MODEL}`, {LAYOUT.parallel} slots of "
+        f"{LAYOUT.ctx_size // LAYOUT.parallel:,} tokens each, host prompt cache "
+        f"{LAYOUT.cache_ram_mib} MiB, {LAYOUT.threads} threads"
+    )
+    return replace(
+        results,
+        server=server_text,
+        cache=cache,
+        switching=switching.summarize(samples),
+        cpu=cpu,
+        plot_file=plot_file,
+    )
+
+
+async def _server_benchmarks(
+    url: str, work: Path
+) -> tuple[cache_reuse.CacheResult, list[switching.TurnSample]]:
+    log.info("cache reuse: the scripted session through loopd, then the naive client")
+    cache = await cache_reuse.run(url, work / "cache")
+    log.info("thread switching")
+    samples = await switching.run(url, work / "switching")
+    return cache, samples
+
+
+def _finished(results: Results, clock: float) -> Results:
+    return replace(results, load_after=load_average(), duration_s=time.monotonic() - clock)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

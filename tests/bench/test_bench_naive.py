@@ -1,0 +1,117 @@
+"""The naive client renders the way common clients do, which is what loses the cache."""
+
+import json
+from datetime import datetime
+
+import httpx
+import pytest
+
+from bench.errors import BenchError
+from bench.naive import NaiveHarness, parse_assistant, render
+from bench.script import RECORDED_TOOL_CALL, TOOLS
+
+STREAMED = {
+    "role": "assistant",
+    "content": None,
+    "reasoning_content": "Read it first.",
+    "tool_calls": [
+        {
+            "id": "abc",
+            "type": "function",
+            "function": {"name": "read_file", "arguments": '{"path":"a.txt","n":{"x":1}}'},
+        }
+    ],
+}
+
+
+def harness(
+    http: httpx.AsyncClient, clock: datetime = datetime(2026, 3, 1, 9, 30, 5)
+) -> NaiveHarness:
+    return NaiveHarness(
+        http,
+        model="m",
+        system_text="Be brief.",
+        tools=TOOLS,
+        sampling={"temperature": 0.0},
+        clock=lambda: clock,
+    )
+
+
+def test_reasoning_is_dropped_and_arguments_are_re_dumped() -> None:
+    wire = render(parse_assistant(STREAMED))
+    assert "reasoning_content" not in wire
+    arguments = wire["tool_calls"][0]["function"]["arguments"]
+    assert arguments == '{"path": "a.txt", "n": {"x": 1}}'
+    assert arguments != STREAMED["tool_calls"][0]["function"]["arguments"]  # type: ignore[index]
+
+
+def test_arguments_that_are_not_json_are_kept_as_raw() -> None:
+    message = json.loads(RECORDED_TOOL_CALL)
+    message["tool_calls"][0]["function"]["arguments"] = '{"path": "a'
+    parsed = parse_assistant(message)
+    assert parsed.tool_calls[0].arguments == {"raw": '{"path": "a'}
+
+
+def test_the_system_line_carries_the_current_time() -> None:
+    naive = harness(httpx.AsyncClient())
+    naive.add_user("hi")
+    messages = naive.messages()
+    assert messages[0] == {
+        "role": "system",
+        "content": "Be brief.\nCurrent time: 2026-03-01 09:30:05",
+    }
+    assert messages[1] == {"role": "user", "content": "hi"}
+
+
+def test_every_request_rebuilds_the_whole_conversation() -> None:
+    naive = harness(httpx.AsyncClient())
+    naive.add_user("read a.txt")
+    naive.add_assistant(STREAMED)
+    naive.add_tool_result("abc", "hello")
+    body = naive.body(max_tokens=8)
+    assert [m["role"] for m in body["messages"]] == ["system", "user", "assistant", "tool"]
+    assert body["messages"][3] == {"role": "tool", "content": "hello", "tool_call_id": "abc"}
+    assert body["tools"] == TOOLS
+    assert body["max_tokens"] == 8
+    assert body["temperature"] == 0.0
+    assert "id_slot" not in body  # common clients let the server pick a slot
+
+
+@pytest.mark.anyio
+async def test_complete_posts_json_and_returns_the_reply_and_timings() -> None:
+    seen: list[dict[str, object]] = []
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        seen.append(json.loads(request.content))
+        return httpx.Response(
+            200,
+            json={
+                "choices": [
+                    {"message": {"role": "assistant", "content": "ok"}, "finish_reason": "stop"}
+                ],
+                "timings": {"cache_n": 3, "prompt_n": 40},
+            },
+        )
+
+    async with httpx.AsyncClient(
+        transport=httpx.MockTransport(answer), base_url="http://llama"
+    ) as http:
+        naive = harness(http)
+        naive.add_user("hi")
+        reply = await naive.complete(max_tokens=4)
+    assert reply.message == {"role": "assistant", "content": "ok"}
+    assert reply.timings == {"cache_n": 3, "prompt_n": 40}
+    assert reply.finish_reason == "stop"
+    assert seen[0]["model"] == "m"
+
+
+@pytest.mark.anyio
+async def test_a_refused_request_is_a_bench_error_with_the_status() -> None:
+    def refuse(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(400, text="bad request")
+
+    async with httpx.AsyncClient(
+        transport=httpx.MockTransport(refuse), base_url="http://llama"
+    ) as http:
+        with pytest.raises(BenchError, match="400"):
+            await harness(http).complete(max_tokens=4)
