@@ -108,6 +108,10 @@ class SessionLog:
         self._on_write = on_write
         self._lock = threading.RLock()
         self._sessions: dict[str, Session] = {}
+        # Replayed messages per epoch id, with the last seq read: entries are never changed, so
+        # a build reads only the rows appended since (one request costs its new rows, not the
+        # whole session).
+        self._replayed: dict[int, tuple[int, list[str]]] = {}
         self._savepoints = count()
 
     # -- opening and closing -------------------------------------------------------------------
@@ -632,12 +636,19 @@ class SessionLog:
         """The current epoch's messages, as stored: the system message first, then in log order."""
         with self._reading():
             epoch = self._require_epoch(self.get_session(session))
-            cursor = self._db.execute(
-                "SELECT message FROM entries WHERE epoch_id = ? AND message IS NOT NULL"
-                " ORDER BY seq",
-                (epoch.id,),
-            )
-            return [row[0] for row in cursor]
+            # Inside an open transaction rows may still be rolled back: read, but do not keep.
+            keep = not self._db.conn.in_transaction
+            last_seq, known = self._replayed.get(epoch.id, (-1, [])) if keep else (-1, [])
+            rows = self._db.execute(
+                "SELECT seq, message FROM entries WHERE epoch_id = ? AND message IS NOT NULL"
+                " AND seq > ? ORDER BY seq",
+                (epoch.id, last_seq),
+            ).fetchall()
+            if rows:
+                known = known + [row[1] for row in rows]
+                if keep:
+                    self._replayed[epoch.id] = (rows[-1][0], known)
+            return list(known)
 
     def entries(self, session: str) -> list[Entry]:
         with self._reading():
