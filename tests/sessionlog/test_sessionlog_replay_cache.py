@@ -31,11 +31,18 @@ def test_a_new_epoch_starts_from_its_own_rows(tmp_path: Path) -> None:
 def test_rows_of_a_rolled_back_transaction_are_never_kept(tmp_path: Path) -> None:
     with open_started(tmp_path / "log.db") as log:
         before = log.replay_messages("thread-1")
-        with pytest.raises(RuntimeError), log.transaction():
-            log.append_user("thread-1", "gone", external_key="k-gone")
-            assert log.replay_messages("thread-1")[-1].endswith('"gone"}')
-            raise RuntimeError("roll back")
+        seen: list[str] = []
+        with pytest.raises(RuntimeError, match="roll back"):
+            _append_then_fail(log, seen)
+        assert seen[-1].endswith('"gone"}')  # visible inside the transaction
         assert log.replay_messages("thread-1") == before
+
+
+def _append_then_fail(log: SessionLog, seen: list[str]) -> None:
+    with log.transaction():
+        log.append_user("thread-1", "gone", external_key="k-gone")
+        seen.extend(log.replay_messages("thread-1"))
+        raise RuntimeError("roll back")
 
 
 def test_another_connection_sees_what_this_one_appended(tmp_path: Path) -> None:
