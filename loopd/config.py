@@ -101,6 +101,21 @@ class Settings(BaseSettings):
     top_p: float = Field(0.95, ge=0, le=1, description="Sampling top_p sent in every request.")
     top_k: int = Field(20, ge=0, description="Sampling top_k sent in every request.")
     min_p: float = Field(0.0, ge=0, le=1, description="Sampling min_p sent in every request.")
+    compact_at: float = Field(
+        0.75,
+        gt=0,
+        lt=1,
+        description="Share of a slot's context past which the next turn first compacts the "
+        "conversation into a new epoch.",
+    )
+    summary_max_tokens: int = Field(
+        512, ge=32, description="`max_tokens` of the compaction request (summary)."
+    )
+    prewarm: bool = Field(
+        False,
+        description="After a compaction or a restart, read a session's prompt into its idle slot "
+        "(`max_tokens: 1`) so its next turn processes only its own tokens.",
+    )
     system_text: str = Field(
         "You are loopd, a helpful assistant working in a team's chat thread. Answer briefly.",
         description="The system text of a new epoch.",

@@ -14,12 +14,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from loopd.config import Settings
+from loopd.engine.budget import BudgetRules, LongSessionSettings, ServerBudget
 from loopd.engine.client import InferenceClient
+from loopd.engine.compaction import Compactor
+from loopd.engine.prewarm import Prewarmer, PrewarmResult
 from loopd.engine.request import RequestSettings, Sampling
 from loopd.engine.stream import Limits, StatusCallback
 from loopd.engine.turn import Turn, TurnOutcome
 from loopd.scheduler import PositionCallback, Scheduler
-from loopd.sessionlog.records import Session
+from loopd.sessionlog.records import Appended, Session
 from loopd.sessionlog.store import SessionLog
 from loopd.tools.broker_client import BrokerClient
 from loopd.tools.command import Sandbox, detect_sandbox
@@ -106,6 +109,15 @@ class Runtime:
     tools: SessionTools
     # One per process: every front end's turns share the slots through it.
     scheduler: Scheduler = field(default_factory=Scheduler)
+    longsession: LongSessionSettings = field(default_factory=LongSessionSettings)
+    budget: ServerBudget = field(init=False)
+    prewarmer: Prewarmer = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.budget = ServerBudget(self.client)
+        self.prewarmer = Prewarmer(
+            self.client, self.log, self.scheduler, enabled=self.longsession.prewarm
+        )
 
     @classmethod
     def open(cls, settings: Settings) -> Runtime:
@@ -120,7 +132,12 @@ class Runtime:
             contexts={},
             protected=(settings.state_dir, settings.tools_file.parent / "loopd.toml"),
         )
-        return cls(settings, session_log, client, spec, tools)
+        longsession = LongSessionSettings(
+            compact_at=settings.compact_at,
+            summary_max_tokens=settings.summary_max_tokens,
+            prewarm=settings.prewarm,
+        )
+        return cls(settings, session_log, client, spec, tools, longsession=longsession)
 
     async def aclose(self) -> None:
         await self.client.aclose()
@@ -171,7 +188,25 @@ class Runtime:
             ),
             tools=self.tools,
             report=report,
+            gate=Compactor(self.budget, self.budget_rules()),
         )
+
+    def budget_rules(self) -> BudgetRules:
+        return BudgetRules(
+            compact_at=self.longsession.compact_at,
+            max_tokens=self.settings.max_tokens,
+            summary_max_tokens=self.longsession.summary_max_tokens,
+        )
+
+    async def append_user(self, session: str, text: str, *, external_key: str) -> Appended:
+        """Append a user message, cut with a visible note if one message cannot hold it."""
+        fitted = await Compactor(self.budget, self.budget_rules()).fit_input(text, "this message")
+        return self.log.append_user(session, fitted, external_key=external_key)
+
+    async def prewarm(self, session: Session) -> PrewarmResult:
+        """Read the session's prompt into its idle slot (LOOPD_PREWARM); see engine.prewarm."""
+        settings = self.turn(session, lambda status: None).settings
+        return await self.prewarmer.prewarm(session, settings)
 
     async def run_turn(
         self,
@@ -180,6 +215,7 @@ class Runtime:
         on_position: PositionCallback = lambda ahead: None,
     ) -> TurnOutcome:
         """A turn, once the session's slot is free (FIFO behind other sessions on it)."""
+        self.prewarmer.preempt(session.slot)  # real work: a prewarm on the slot gives way
         async with self.scheduler.slot(session.name, session.slot, on_position):
             return await self.turn(session, report).run()
 

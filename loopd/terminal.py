@@ -81,7 +81,7 @@ async def _chat(settings: Settings, session_name: str) -> int:
             text = line.strip()
             if not text:
                 continue
-            runtime.log.append_user(session.name, text, external_key=fresh_external_key())
+            await runtime.append_user(session.name, text, external_key=fresh_external_key())
             outcome = await runtime.run_turn(session, status)
             if not _show(outcome, status) and not interactive:
                 return 2
@@ -92,6 +92,8 @@ async def _chat(settings: Settings, session_name: str) -> int:
 
 def _show(outcome: TurnOutcome, status: StatusLine) -> bool:
     status.clear()
+    for notice in outcome.notices:
+        print(f"[loopd] {notice}", flush=True)
     if outcome.failure is not None:
         print(f"loopd: {outcome.failure}", file=sys.stderr)
         return False

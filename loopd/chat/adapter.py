@@ -248,7 +248,7 @@ class ChatAdapter:
         name = session_name(root)
         self.state.remember_thread(root, channel.id)
         self.runtime.ensure_session(name)
-        appended = self.runtime.log.append_user(name, text.text, external_key=post.id)
+        appended = await self.runtime.append_user(name, text.text, external_key=post.id)
         self.state.mark_seen(post.id, "stored")
         if text.cut_from is not None:
             await self._notice(

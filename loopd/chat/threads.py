@@ -178,7 +178,8 @@ class Threads:
                 f"⚠️ I could not answer: {outcome.failure}\nReply to try again.",
             )
         else:
-            await running.status.finish(Finished("done"))
+            # A compaction's one-line notice ("the conversation was compacted") ends the status.
+            await running.status.finish(Finished("done", " ".join(outcome.notices)))
             await self.deliver(name)
 
     def _record_stop(self, name: str, who: str) -> None:

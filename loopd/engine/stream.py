@@ -22,6 +22,7 @@ here retries a stream; ``retry_safe`` tells the caller when another attempt cann
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from collections.abc import Callable
@@ -111,6 +112,7 @@ class Failure(StrEnum):
     TRUNCATED = "truncated"  # the connection broke mid-stream, or it ended without [DONE]
     THINK_RUNAWAY = "think_runaway"
     CANCELLED = "cancelled"
+    BAD_TOOL_CALL = "bad_tool_call"  # a tool call whose arguments are not JSON (cut at max_tokens)
 
 
 # Failures after which nothing the model made was lost, and another attempt may well succeed.
@@ -557,3 +559,24 @@ def _classify_end(client: InferenceClient, result: RequestResult) -> None:
         result.fail(Failure.MALFORMED, f"malformed stream from {client.url}: {asm.problems[0]}")
     elif not asm.done:
         result.fail(Failure.TRUNCATED, f"the stream from {client.url} ended without [DONE]")
+    elif (bad := unreplayable_call(asm)) is not None:
+        result.fail(Failure.BAD_TOOL_CALL, bad)
+
+
+def unreplayable_call(asm: StreamAssembler) -> str | None:
+    """Why the message cannot be replayed, or None.
+
+    A tool call whose arguments are not JSON (in practice: cut by ``max_tokens``) must never be
+    replayed: a template that takes object arguments re-parses them, and the server then answers
+    every later request of the session with a 500. So the message is recorded as broken.
+    """
+    for call in asm.tool_calls.values():
+        try:
+            json.loads(call.arguments)
+        except ValueError:
+            cut = " (cut at max_tokens)" if asm.finish_reason == "length" else ""
+            return (
+                f"the model's call of {call.name!r} has arguments that are not JSON{cut}; "
+                "it was not kept, as the server could not read it back"
+            )
+    return None

@@ -61,6 +61,17 @@ class TurnOutcome:
     failure: str | None = None  # the last failed request's message, for the thread
     cause: Failure | None = None  # what ended the turn without an answer, when a request did
     requests: list[RequestRecord] = field(default_factory=list)
+    notices: list[str] = field(default_factory=list)  # one line each, for the thread
+
+
+class ContextGate(Protocol):
+    """Keeps a session inside its slot's context (``loopd.engine.compaction``)."""
+
+    async def before_request(self, turn: Turn, kind: RequestKind, outcome: TurnOutcome) -> None:
+        """Compact the session first when the next request would not fit."""
+
+    async def fit_input(self, text: str, what: str) -> str:
+        """``text``, or its head with a visible note when one message cannot hold it."""
 
 
 @dataclass(frozen=True)
@@ -108,11 +119,14 @@ class Turn:
     max_rounds: int = 16
     template_drops_reasoning: bool = False
     report: StatusCallback = field(default=lambda status: None)
+    gate: ContextGate | None = None
 
     async def run(self) -> TurnOutcome:
         outcome = TurnOutcome(answer=None)
         kind = RequestKind.TURN
         for _ in range(self.max_rounds):
+            if self.gate is not None:
+                await self.gate.before_request(self, kind, outcome)
             attempt = await self.request(kind, outcome)
             result = attempt.result
             if not result.complete:
@@ -166,6 +180,8 @@ class Turn:
                 text = f"error: tool {call.name!r} is not available in this session"
             else:
                 text = await self.tools.run(self.session, call)
+                if self.gate is not None:
+                    text = await self.gate.fit_input(text, "this tool result")
             self.log.append_tool_result(self.session, tool_call_id=call.id, content=text)
 
     def _record(

@@ -1,0 +1,186 @@
+"""Prewarm: read a session's prompt into its idle slot before its next turn needs it.
+
+After a compaction or a restart a session's slot may not hold its prompt (another session on the
+same slot ran since, or the server lost its cache), and its next turn would begin with a full
+read. A prewarm sends the session's messages as they stand, ``max_tokens: 1`` and no stream, so
+the server reads them now; the next real request then extends that prompt and reads only its own
+tokens.
+
+The stored messages end with the model's last answer, which the server takes as a message to
+continue: it renders that answer without its end-of-turn marker, which is a prefix of how the
+next request renders it. Everything up to the answer's last token is reused.
+
+A prewarm only ever uses idle time:
+
+- it starts only when no session holds the slot in loopd's scheduler and the server does not show
+  the slot busy (another client's request), and never for a session with a turn pending;
+- it holds the slot through the scheduler, so a turn of any session on the slot waits for it, and
+  ``preempt`` cancels it at once: closing the connection frees the slot on the server (seed
+  finding (l)), so the turn waits only for that.
+
+It is recorded as a ``prewarm`` request (message count and digest of what it sent, the server's
+counts), never as an entry: its one generated token is not part of the conversation.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from dataclasses import dataclass, field, replace
+from enum import StrEnum
+from typing import Any
+
+import anyio
+
+from loopd.engine.client import InferenceClient
+from loopd.engine.request import RequestSettings, build_body
+from loopd.errors import InferenceError
+from loopd.scheduler import Scheduler
+from loopd.sessionlog.chain import messages_digest
+from loopd.sessionlog.records import Perf, RequestKind, RequestRecord, Session
+from loopd.sessionlog.store import SessionLog
+
+log = logging.getLogger("loopd.prewarm")
+
+
+class PrewarmOutcome(StrEnum):
+    DONE = "complete"
+    SKIPPED = "skipped"  # disabled, the slot in use, a turn pending: nothing was sent
+    CANCELLED = "cancelled"  # real work needed the slot
+    FAILED = "failed"
+
+
+@dataclass(frozen=True)
+class PrewarmResult:
+    outcome: PrewarmOutcome
+    detail: str = ""
+    record: RequestRecord | None = None
+
+
+def prewarm_settings(settings: RequestSettings) -> RequestSettings:
+    """The session's request settings, generating one token without a stream."""
+    return replace(settings, max_tokens=1, stream=False)
+
+
+def timings_perf(answer: Any, duration_ms: float) -> Perf:
+    """The perf record of a non-streamed answer, from its ``timings``."""
+    timings = answer.get("timings") if isinstance(answer, dict) else None
+    timings = timings if isinstance(timings, dict) else {}
+
+    def count(name: str) -> int | None:
+        value = timings.get(name)
+        return value if isinstance(value, int) else None
+
+    return Perf(
+        outcome="complete",
+        cache_n=count("cache_n"),
+        prompt_n=count("prompt_n"),
+        predicted_n=count("predicted_n"),
+        prompt_per_second=timings.get("prompt_per_second"),
+        extra={"duration_ms": round(duration_ms, 1), "prompt_ms": timings.get("prompt_ms")},
+    )
+
+
+@dataclass
+class Prewarmer:
+    """Runs prewarms on idle slots and cancels them when real work arrives."""
+
+    client: InferenceClient
+    log: SessionLog
+    scheduler: Scheduler
+    enabled: bool = False
+    timeout_s: float = 900.0
+    _running: dict[int, anyio.CancelScope] = field(default_factory=dict)
+
+    def preempt(self, slot: int) -> bool:
+        """Cancel the prewarm running on ``slot``, if any; True when there was one."""
+        scope = self._running.get(slot)
+        if scope is None:
+            return False
+        scope.cancel()
+        return True
+
+    def running(self, slot: int) -> bool:
+        return slot in self._running
+
+    async def prewarm(self, session: Session, settings: RequestSettings) -> PrewarmResult:
+        """Read ``session``'s prompt into its slot, if the slot is idle; see the module doc."""
+        why_not = await self._why_not(session)
+        if why_not:
+            return PrewarmResult(PrewarmOutcome.SKIPPED, why_not)
+        # No await between the check above (its last await is inside it) and taking the slot:
+        # the scheduler hands a free slot over at once.
+        if self.scheduler.holder(session.slot) is not None:
+            return PrewarmResult(PrewarmOutcome.SKIPPED, "the slot is in use")
+        async with self.scheduler.slot(f"prewarm:{session.name}", session.slot):
+            with anyio.CancelScope() as scope:
+                self._running[session.slot] = scope
+                try:
+                    return await self._send(session, settings)
+                finally:
+                    del self._running[session.slot]
+        return PrewarmResult(PrewarmOutcome.CANCELLED, "real work needed the slot")
+
+    async def _why_not(self, session: Session) -> str:
+        if not self.enabled:
+            return "prewarm is off"
+        if self.scheduler.holder(session.slot) is not None:
+            return "the slot is in use"
+        if not self.log.state(session.name).idle:
+            return "a turn is pending"
+        try:
+            slots = await self.client.slots()
+        except InferenceError as exc:
+            return f"/slots failed: {exc}"
+        if any(s.get("id") == session.slot and s.get("is_processing") for s in slots):
+            return "the server's slot is busy with another client"
+        return ""
+
+    async def _send(self, session: Session, settings: RequestSettings) -> PrewarmResult:
+        epoch = self.log.current_epoch(session.name)
+        messages = self.log.replay_messages(session.name)
+        body = build_body(prewarm_settings(settings), epoch.tools_text, messages)
+        record = RequestRecord(
+            kind=RequestKind.PREWARM,
+            slot=session.slot,
+            epoch=epoch.number,
+            message_count=len(messages),
+            messages_sha256=messages_digest(messages),
+        )
+        started = time.monotonic()
+        try:
+            answer = await self._post(body)
+        except anyio.get_cancelled_exc_class():
+            self._record(session, record, "cancelled", started, "real work needed the slot")
+            raise
+        except (InferenceError, ValueError) as exc:
+            self._record(session, record, "broken", started, str(exc))
+            return PrewarmResult(PrewarmOutcome.FAILED, str(exc))
+        if answer is None:
+            self._record(session, record, "broken", started, "timed out")
+            return PrewarmResult(PrewarmOutcome.FAILED, f"no answer in {self.timeout_s:g} s")
+        perf = timings_perf(answer, (time.monotonic() - started) * 1000)
+        done = replace(record, perf=perf)
+        self.log.record_request(session.name, done)
+        log.info(
+            "prewarmed %s on slot %d: cache_n %s, prompt_n %s",
+            session.name,
+            session.slot,
+            perf.cache_n,
+            perf.prompt_n,
+        )
+        return PrewarmResult(PrewarmOutcome.DONE, record=done)
+
+    async def _post(self, body: bytes) -> Any:
+        with anyio.move_on_after(self.timeout_s):
+            async with self.client.stream_chat(body) as response:
+                return json.loads(await response.aread())
+        return None
+
+    def _record(
+        self, session: Session, record: RequestRecord, outcome: str, started: float, detail: str
+    ) -> None:
+        duration_ms = round((time.monotonic() - started) * 1000, 1)
+        perf = Perf(outcome=outcome, extra={"duration_ms": duration_ms, "detail": detail})
+        self.log.record_request(session.name, replace(record, perf=perf))
