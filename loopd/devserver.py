@@ -280,6 +280,10 @@ def main(argv: list[str] | None = None) -> int:
         default=Path(os.environ.get("LOOPD_CACHE_DIR", Path.home() / ".cache" / "loopd")),
     )
     args = parser.parse_args(argv)
+    # SIGTERM (what `make run` sends on exit) must also stop the router: it runs in its own
+    # session, so without this it would outlive us. SystemExit unwinds through start()'s and
+    # main's cleanup.
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(0))
     try:
         server = start(
             args.workdir.resolve(),

@@ -1,0 +1,58 @@
+"""The embedded server as `make run` uses it: started as a process, stopped with SIGTERM."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from loopd import devserver
+
+pytestmark = pytest.mark.real_server
+
+
+def test_sigterm_stops_the_router_too(tmp_path: Path) -> None:
+    """The router runs in its own session; a SIGTERM to the devserver must not orphan it."""
+    socket = tmp_path / "llama.sock"
+    argv = [sys.executable, "-m", "loopd.devserver", "--socket", str(socket)]
+    argv += ["--workdir", str(tmp_path / "work")]
+    process = subprocess.Popen(argv, stderr=subprocess.PIPE, text=True)
+    assert process.stderr is not None
+    with process.stderr:
+        ready = process.stderr.readline()
+        assert "ready at" in ready, ready
+        assert _routers_for(socket), "the router is running"
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=30) == 0
+    deadline = time.monotonic() + 15
+    while _routers_for(socket) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert _routers_for(socket) == []
+
+
+def _routers_for(socket: Path) -> list[int]:
+    found = []
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if str(socket).encode() in cmdline and cmdline[0].endswith(b"llama-server"):
+            found.append(int(pid))
+    return found
+
+
+def test_preset_names_both_models() -> None:
+    prov = devserver.Provisioned(Path("/b/llama-server"), Path("/t"), Path("/m.gguf"))
+    ini = devserver.preset_ini(prov, devserver.ServerLayout())
+    assert "[smollm2]" in ini
+    assert "[smollm2-think]" in ini
+    assert "chat-template-file = /t/Qwen3.5-4B.jinja" in ini
+    assert "np = 2" in ini
