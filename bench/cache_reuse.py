@@ -29,7 +29,7 @@ from loopd.config import Settings, load_settings
 from loopd.devserver import THINKING_MODEL
 from loopd.engine.client import make_async_client
 from loopd.engine.request import Sampling, build_body
-from loopd.engine.stream import run_request
+from loopd.engine.stream import Failure, run_request
 from loopd.engine.turn import Turn
 from loopd.jsonbytes import dumps
 from loopd.sessionlog import Perf, RequestKind, RequestRecord, messages_digest
@@ -200,7 +200,10 @@ async def _step(
     wall, cpu = time.perf_counter(), time.process_time()
     result = await run_request(turn.client, body, slot=turn.slot, limits=turn.limits)
     timings = result.assembler.timings
-    if not result.complete or timings is None:
+    # A reply cut inside a tool call is a complete stream that loopd does not keep (the engine
+    # says BAD_TOOL_CALL); the benchmark records it as broken below and goes on.
+    cut = result.failure is Failure.BAD_TOOL_CALL and result.assembler.done
+    if not (result.complete or cut) or timings is None:
         raise BenchError(f"loopd's request in turn {number} broke: {result.detail}")
     kind = RequestKind.TURN if after == "user message" else RequestKind.TOOL_FOLLOWUP
     perf = Perf(

@@ -152,7 +152,7 @@ async def test_a_stream_passes_without_added_latency_per_event(
     tapped_brokerd: Brokerd, tap: TcpTap
 ) -> None:
     before = tap.mark()
-    request = http_request("POST", "/v1/chat/completions", _completion(12, "Count to fifty."))
+    request = http_request("POST", "/v1/chat/completions", _completion(64, "Count to fifty."))
     received = await _timed_exchange(tapped_brokerd.socket("infer"), request)
     at_client = sse_events(chunked_body(received))
     at_server = sse_events(chunked_body(tap.answered_since(before)))

@@ -24,6 +24,7 @@ from loopd.chat.model import Post, WireFormatError
 from loopd.chat.ws import _event, parse_frame
 from loopd.engine.turn import Turn
 from loopd.fakes.llama import ScriptedReply, ScriptedToolCall
+from loopd.jsonbytes import dumps
 from tests.brokerd.proxy.proxy_support import serving
 from tests.chat.chat_support import Env, chat_settings_for, daemon, fake_mattermost, settings_for
 from tests.reliability.conftest import Observe
@@ -56,21 +57,28 @@ def calls(*pairs: tuple[str, str]) -> ScriptedReply:
     "Bad input",
     "tool arguments that are not JSON",
     fault='the model writes write_file with \'{"path": "a.txt", content\' (cut JSON)',
-    expected="the result names the problem, nothing is written; the text is replayed untouched",
+    expected="the message is kept as broken and never replayed (a server re-parsing it would "
+    "refuse every later request); the terminal says why; nothing is written",
 )
 async def test_tool_arguments_not_json(observe: Observe) -> None:
     broken = '{"path": "a.txt", content'
     async with make_box() as env, runtime(env) as rt:
         env.fake.push(calls(("write_file", broken)))
-        shown, _ = await say(rt, "write a file")
+        shown, outcome = await say(rt, "write a file")
+        assert outcome.failure is not None
+        assert "not JSON" in shown
         checked = check_invariants(env.state_dir, env.audit_db, ["write a file"], shown)
-        assert "JSON" in tool_results(env.db_path)[0]
+        assert tool_results(env.db_path) == []
         assert not (env.workspace() / "a.txt").exists()
-        replayed = env.chat_requests()[-1].body["messages"]
-        assert any(
-            c["function"]["arguments"] == broken for m in replayed for c in m.get("tool_calls", [])
+        assert all(
+            broken not in dumps(message)
+            for request in env.chat_requests()
+            for message in request.body["messages"]
         )
-        observe(checked.summary())
+        # The session is not stuck: the next turn is answered.
+        again, after = await say(rt, "say hi")
+        assert after.failure is None, again
+        observe(checked.summary() + "; the next turn was answered")
 
 
 @scenario(
