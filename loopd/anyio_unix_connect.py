@@ -1,12 +1,13 @@
-"""A guarded fix for a race in anyio 4.16's ``connect_unix`` on asyncio.
+"""A guarded fix for a race in anyio 4.16's Unix-socket streams on asyncio.
 
-When a Unix-socket connect has to wait (the listener's backlog is full: llama-server's is small,
-and loopd opens one connection per request) and the waiting task is cancelled just as the socket
-becomes writable, anyio's writer callback calls ``set_result`` on the already-cancelled future.
-asyncio then reports ``InvalidStateError`` from a callback: harmless to the connection (it was
-abandoned and closed) but noise in the logs, and a failure under anyio's test runner. The fixed
-version below is anyio's own code with the callback made idempotent. It is applied only to the
-pinned anyio version it was written against; any other version is left untouched.
+anyio waits for a Unix socket to become readable or writable (a connect when the listener's
+backlog is full, a receive, a send) by registering ``future.set_result`` as the selector
+callback. When the waiting task is cancelled in the same loop iteration as the socket becomes
+ready, that callback runs on the already-cancelled future and asyncio reports
+``InvalidStateError`` from a callback: harmless to the connection (the wait was abandoned) but
+noise in the logs, and a failure under anyio's test runner (three tests in one full run). The
+versions below are anyio's own code with the callback made idempotent. They are applied only to
+the pinned anyio version they were written against; any other version is left untouched.
 """
 
 from __future__ import annotations
@@ -46,10 +47,41 @@ async def _connect_unix(cls: Any, path: str | bytes, kind: socket.SocketKind) ->
             return anyio_asyncio.UNIXSocketStream(raw_socket)
 
 
+def _wait_until_readable(self: Any, loop: asyncio.AbstractEventLoop) -> asyncio.Future[None]:
+    raw_socket = self._raw_socket
+
+    def callback(f: object) -> None:
+        del self._receive_future
+        loop.remove_reader(raw_socket)
+
+    future: asyncio.Future[None] = asyncio.Future()
+    self._receive_future = future
+    loop.add_reader(raw_socket, _resolve, future)
+    future.add_done_callback(callback)
+    return future
+
+
+def _wait_until_writable(self: Any, loop: asyncio.AbstractEventLoop) -> asyncio.Future[None]:
+    raw_socket = self._raw_socket
+
+    def callback(f: object) -> None:
+        del self._send_future
+        loop.remove_writer(raw_socket)
+
+    future: asyncio.Future[None] = asyncio.Future()
+    self._send_future = future
+    loop.add_writer(raw_socket, _resolve, future)
+    future.add_done_callback(callback)
+    return future
+
+
 def apply() -> bool:
     """Install the fix when running the anyio version it was written for; True if installed."""
     if version("anyio") != FIXED_VERSION:
         return False
     backend: Any = anyio_asyncio.AsyncIOBackend
     backend.connect_unix = classmethod(_connect_unix)
+    mixin: Any = anyio_asyncio._RawSocketMixin
+    mixin._wait_until_readable = _wait_until_readable
+    mixin._wait_until_writable = _wait_until_writable
     return True

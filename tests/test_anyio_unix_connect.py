@@ -14,6 +14,9 @@ def test_the_fix_is_installed_for_the_pinned_anyio() -> None:
     assert anyio_unix_connect.apply()
     connect = anyio_asyncio.AsyncIOBackend.connect_unix
     assert connect.__func__ is anyio_unix_connect._connect_unix  # type: ignore[attr-defined]
+    mixin = anyio_asyncio._RawSocketMixin
+    assert mixin._wait_until_readable is anyio_unix_connect._wait_until_readable
+    assert mixin._wait_until_writable is anyio_unix_connect._wait_until_writable
 
 
 def test_a_writer_callback_after_cancellation_is_harmless() -> None:
@@ -27,8 +30,15 @@ def test_a_writer_callback_after_cancellation_is_harmless() -> None:
 
 
 @pytest.mark.anyio
-async def test_connecting_still_works(tmp_path: Path) -> None:
+async def test_connecting_sending_and_receiving_still_work(tmp_path: Path) -> None:
     path = tmp_path / "s.sock"
     listener = await anyio.create_unix_listener(path)
-    async with listener, await anyio.connect_unix(path) as stream:
-        await stream.send(b"x")
+    async with (
+        listener,
+        await anyio.connect_unix(path) as stream,
+        await listener.accept() as server_side,
+    ):
+        await stream.send(b"ping")
+        assert await server_side.receive() == b"ping"
+        await server_side.send(b"pong")
+        assert await stream.receive() == b"pong"
