@@ -98,7 +98,14 @@ def test_a_turn_completes_through_brokerd_from_inside_the_namespace(
     requests = [entry for entry in logged if entry.get("msg") == "model request"]
     assert [entry["outcome"] for entry in requests] == ["complete"], result.stderr
     # The turn went through brokerd's inference proxy (there is no other way out of the box).
-    assert '"POST /v1/chat/completions -> 200 complete' in brokerd.child.log()
+    # loopd closes its connection once it has read [DONE], which can be before brokerd relays
+    # the chunked body's last (empty) chunk: brokerd then logs client_gone for a stream that
+    # was delivered whole.
+    relayed = brokerd.child.log()
+    assert (
+        '"POST /v1/chat/completions -> 200 complete' in relayed
+        or '"POST /v1/chat/completions -> 200 client_gone' in relayed
+    ), relayed
 
 
 def test_the_namespace_has_no_network_but_the_sockets_work(
