@@ -28,6 +28,7 @@ class _Waiter:
 
 @dataclass
 class _Line:
+    slot: int
     holder: str | None = None
     waiting: deque[_Waiter] = field(default_factory=deque)
 
@@ -37,13 +38,18 @@ class Scheduler:
 
     def __init__(self) -> None:
         self._lines: dict[int, _Line] = {}
+        self._idle_listeners: list[Callable[[int], None]] = []
+
+    def on_idle(self, listener: Callable[[int], None]) -> None:
+        """Call ``listener(slot)`` whenever a slot is released with nobody waiting for it."""
+        self._idle_listeners.append(listener)
 
     @asynccontextmanager
     async def slot(
         self, session: str, slot: int, on_position: PositionCallback = lambda ahead: None
     ) -> AsyncIterator[None]:
         """Hold ``slot`` for ``session`` for the block; waits behind earlier sessions."""
-        line = self._lines.setdefault(slot, _Line())
+        line = self._lines.setdefault(slot, _Line(slot))
         if line.holder is None and not line.waiting:
             line.holder = session
         else:
@@ -88,6 +94,9 @@ class Scheduler:
             line.holder = waiter.session
             waiter.granted.set()
             self._announce(line)
+        else:
+            for listener in self._idle_listeners:
+                listener(line.slot)
 
     @staticmethod
     def _announce(line: _Line) -> None:

@@ -1,7 +1,8 @@
 """``loopd serve``: the daemon. Mattermost threads drive sessions until SIGINT or SIGTERM.
 
 Startup: open the runtime and the chat state, ask Mattermost who the bot is, deliver answers a
-crash left unposted and resume pending turns (derived from the log), then connect and listen.
+crash left unposted and resume pending turns (derived from the log), start prewarming idle slots
+(LOOPD_PREWARM), then connect and listen.
 Shutdown cancels one task group; a turn cut short is recorded by the engine and resumed on the
 next start.
 """
@@ -85,6 +86,7 @@ async def run_daemon(
             threads = Threads(runtime, outbox, state, chat, tg)
             adapter = ChatAdapter(client, state, runtime, threads, outbox, chat, bot)
             await threads.resume_all()
+            tg.start_soon(runtime.keep_warm, threads.session_names())
             tg.start_soon(adapter.run)
             task_status.started(Daemon(runtime, state, client, threads, adapter))
 

@@ -9,15 +9,18 @@ from __future__ import annotations
 import json
 import logging
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+
+import anyio
 
 from loopd.config import Settings
 from loopd.engine.budget import BudgetRules, LongSessionSettings, ServerBudget
 from loopd.engine.client import InferenceClient
 from loopd.engine.compaction import Compactor
-from loopd.engine.prewarm import Prewarmer, PrewarmResult
+from loopd.engine.prewarm import Prewarmer, PrewarmOutcome, PrewarmResult
+from loopd.engine.prewarm_plan import PrewarmPlan, restart_wants
 from loopd.engine.request import RequestSettings, Sampling
 from loopd.engine.stream import Limits, StatusCallback
 from loopd.engine.turn import Turn, TurnOutcome
@@ -112,12 +115,16 @@ class Runtime:
     longsession: LongSessionSettings = field(default_factory=LongSessionSettings)
     budget: ServerBudget = field(init=False)
     prewarmer: Prewarmer = field(init=False)
+    prewarm_plan: PrewarmPlan = field(default_factory=PrewarmPlan)
+    _idle_slots: set[int] = field(default_factory=set)
+    _idle_wake: anyio.Event | None = None
 
     def __post_init__(self) -> None:
         self.budget = ServerBudget(self.client)
         self.prewarmer = Prewarmer(
             self.client, self.log, self.scheduler, enabled=self.longsession.prewarm
         )
+        self.scheduler.on_idle(self._slot_idle)
 
     @classmethod
     def open(cls, settings: Settings) -> Runtime:
@@ -216,8 +223,67 @@ class Runtime:
     ) -> TurnOutcome:
         """A turn, once the session's slot is free (FIFO behind other sessions on it)."""
         self.prewarmer.preempt(session.slot)  # real work: a prewarm on the slot gives way
+        self.prewarm_plan.drop(session.name)
         async with self.scheduler.slot(session.name, session.slot, on_position):
-            return await self.turn(session, report).run()
+            # The plan learns what the slot holds before the slot is released (and seen idle).
+            try:
+                outcome = await self.turn(session, report).run()
+            finally:
+                self.prewarm_plan.used(session.name, session.slot)
+            if outcome.compacted:
+                self.prewarm_plan.want(session.name, session.slot)
+            return outcome
+
+    # -- prewarm on idle slots -------------------------------------------------------------------
+
+    async def keep_warm(self, restarted: Collection[str] = ()) -> None:
+        """Prewarm wanted sessions whenever their slot falls idle, until cancelled; returns at
+        once when LOOPD_PREWARM is off. ``restarted``: the front end's sessions, of which each
+        slot's most recently active one is read back first (see engine.prewarm_plan)."""
+        if not self.prewarmer.enabled:
+            return
+        self._want_after_restart(restarted)
+        self._idle_slots.update(self.settings.slots)
+        while True:
+            self._idle_wake = anyio.Event()
+            while self._idle_slots:
+                slot = min(self._idle_slots)
+                self._idle_slots.discard(slot)
+                await self._prewarm_slot(slot)
+            await self._idle_wake.wait()
+
+    def _slot_idle(self, slot: int) -> None:
+        if self._idle_wake is not None:
+            self._idle_slots.add(slot)
+            self._idle_wake.set()
+
+    def _want_after_restart(self, names: Collection[str]) -> None:
+        if not names:
+            return
+        slots = {s.name: s.slot for s in self.log.sessions() if s.name in names}
+        busy = [
+            name
+            for name in slots
+            if (state := self.log.state(name)).pending_turn or state.interrupted_calls
+        ]
+        for name, slot in restart_wants(slots, self.log.last_answered(), busy):
+            self.prewarm_plan.want(name, slot)
+
+    async def _prewarm_slot(self, slot: int) -> None:
+        name = self.prewarm_plan.next_for(slot)
+        if name is None or self.scheduler.holder(slot) is not None:
+            return
+        result = await self.prewarm(self.log.get_session(name))
+        if result.outcome is PrewarmOutcome.DONE:
+            self.prewarm_plan.warmed(name, slot)
+        elif result.outcome is PrewarmOutcome.FAILED:
+            # Not retried: the prewarm's own release would wake this loop straight into it again.
+            self.prewarm_plan.drop(name)
+            log.warning(
+                "prewarm of %s failed (%s); its next turn reads its prompt", name, result.detail
+            )
+        # Cancelled: real work took the slot; its release brings the slot back here.
+        # Skipped: the slot or the session is busy; a later release brings it back.
 
     async def resume(self, session: Session, report: StatusCallback) -> TurnOutcome | None:
         """Finish what a crash left: interrupted tool calls get a result (brokerd's are asked

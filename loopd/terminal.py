@@ -16,7 +16,7 @@ from loopd.config import Settings
 from loopd.engine.stream import Phase, Status
 from loopd.engine.turn import TurnOutcome
 from loopd.errors import ServerRejected
-from loopd.sessionlog.records import fresh_external_key
+from loopd.sessionlog.records import Session, fresh_external_key
 from loopd.sessions import Runtime
 
 
@@ -72,22 +72,32 @@ async def _chat(settings: Settings, session_name: str) -> int:
         if not await runtime.client.health():
             raise ServerRejected(settings.infer_url, 503, "/health is not ok")
         session = runtime.ensure_session(session_name)
-        status = StatusLine(sys.stderr)
-        interactive = sys.stdin.isatty()
-        pending = await runtime.resume(session, status)
-        if pending is not None and not _show(pending, status) and not interactive:
-            return 2
-        while (line := await _read_line(interactive)) is not None:
-            text = line.strip()
-            if not text:
-                continue
-            await runtime.append_user(session.name, text, external_key=fresh_external_key())
-            outcome = await runtime.run_turn(session, status)
-            if not _show(outcome, status) and not interactive:
-                return 2
-        return 0
+        async with anyio.create_task_group() as tg:
+            # While the user types, the session's prompt is read back into its slot after a
+            # restart or a compaction (LOOPD_PREWARM); a turn cancels a prewarm at once.
+            tg.start_soon(runtime.keep_warm, [session.name])
+            status = await _converse(runtime, session)
+            tg.cancel_scope.cancel()
+        return status
     finally:
         await runtime.aclose()
+
+
+async def _converse(runtime: Runtime, session: Session) -> int:
+    status = StatusLine(sys.stderr)
+    interactive = sys.stdin.isatty()
+    pending = await runtime.resume(session, status)
+    if pending is not None and not _show(pending, status) and not interactive:
+        return 2
+    while (line := await _read_line(interactive)) is not None:
+        text = line.strip()
+        if not text:
+            continue
+        await runtime.append_user(session.name, text, external_key=fresh_external_key())
+        outcome = await runtime.run_turn(session, status)
+        if not _show(outcome, status) and not interactive:
+            return 2
+    return 0
 
 
 def _show(outcome: TurnOutcome, status: StatusLine) -> bool:

@@ -89,3 +89,25 @@ async def _wait_in_line(scheduler: Scheduler, session: str, scope: anyio.CancelS
 async def _record(scheduler: Scheduler, session: str, seen: list[int]) -> None:
     async with scheduler.slot(session, 0, seen.append):
         pass
+
+
+async def test_a_slot_released_with_nobody_waiting_is_announced_idle() -> None:
+    scheduler = Scheduler()
+    idle: list[int] = []
+    scheduler.on_idle(idle.append)
+    release = anyio.Event()
+
+    async def turn(session: str, slot: int, hold: bool = False) -> None:
+        async with scheduler.slot(session, slot):
+            if hold:
+                await release.wait()
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(turn, "a", 0, True)
+        await anyio.wait_all_tasks_blocked()
+        tg.start_soon(turn, "b", 0)  # waits behind a: a's release hands the slot over
+        await anyio.wait_all_tasks_blocked()
+        release.set()
+    assert idle == [0]  # once, after b: not when a passed the slot on
+    await turn("c", 1)
+    assert idle == [0, 1]

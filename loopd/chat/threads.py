@@ -75,6 +75,10 @@ class Threads:
     def running(self, session: str) -> bool:
         return session in self._running
 
+    def session_names(self) -> list[str]:
+        """The sessions of Mattermost threads in the log."""
+        return [s.name for s in self.runtime.log.sessions() if s.name.startswith(PREFIX)]
+
     # -- startup ---------------------------------------------------------------------------------
 
     async def resume_all(self) -> None:

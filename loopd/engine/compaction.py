@@ -321,6 +321,7 @@ class Compactor:
                 turn.log.append_user(turn.session, text, external_key=key)
             turn.log.append_note(turn.session, f"compacted epoch {epoch.number}: {why}")
         outcome.notices.append(notice(epoch.number, new.number))
+        outcome.compacted = True
         log.info("session %s compacted into epoch %d (%s)", turn.session, new.number, why)
         return new
 

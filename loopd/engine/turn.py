@@ -62,6 +62,7 @@ class TurnOutcome:
     cause: Failure | None = None  # what ended the turn without an answer, when a request did
     requests: list[RequestRecord] = field(default_factory=list)
     notices: list[str] = field(default_factory=list)  # one line each, for the thread
+    compacted: bool = False  # the turn started a new epoch (its session is worth a prewarm)
 
 
 class ContextGate(Protocol):

@@ -666,6 +666,16 @@ class SessionLog:
             tail = [] if epoch is None else self._epoch_tail(epoch)
         return derive_state(session, tail)
 
+    def last_answered(self) -> dict[str, int]:
+        """Each session with an answer, and the id of its latest assistant entry (entry ids grow
+        with time, so the highest id is the most recently active session)."""
+        with self._reading():
+            rows = self._db.execute(
+                "SELECT s.name, max(e.id) FROM sessions s JOIN entries e ON e.session_id = s.id"
+                " WHERE e.kind = 'assistant' GROUP BY s.id"
+            ).fetchall()
+        return {name: last_id for name, last_id in rows}
+
     def pending_states(self) -> list[SessionState]:
         """The state of every session, for a restart."""
         with self._reading():

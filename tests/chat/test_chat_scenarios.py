@@ -16,6 +16,7 @@ from loopd.chat.threads import session_name
 from loopd.fakes.llama import FakeLlama, Pace, RunningFake, ScriptedReply
 from loopd.fakes.mattermost import FakeConfig, LoggedPost
 from loopd.sessionlog import EntryKind, SessionLog
+from loopd.sessionlog.records import RequestKind
 from tests.chat.chat_support import (
     FAST_MM,
     Env,
@@ -276,3 +277,24 @@ async def test_tcp_url_with_a_development_token(tmp_path: Path, llama: RunningFa
         assert env.chat.url.startswith("http://127.0.0.1:")
         post = env.fake.post_as("alice", "secret", "@loopd over tcp")
         await until(lambda: len(env.answers(post.id)) == 1, "the answer")
+
+
+async def test_with_prewarm_on_a_restarted_daemon_reads_the_latest_thread_back(
+    tmp_path: Path, sockets: Path, llama: RunningFake
+) -> None:
+    async with environment(tmp_path, sockets, llama) as env:
+        env.settings = env.settings.model_copy(update={"prewarm": True})
+        async with daemon(env):
+            post = env.fake.post_as("alice", env.dm(), "hello there")
+            await until(lambda: len(env.answers(post.id)) == 1, "the answer")
+        with SessionLog.open(env.settings.db_path) as log:
+            before = [r.record.kind for r in log.requests(session_name(post.id))]
+
+        def prewarmed() -> bool:
+            with SessionLog.open(env.settings.db_path) as log:
+                requests = log.requests(session_name(post.id))
+            return len(requests) > len(before) and requests[-1].record.kind is RequestKind.PREWARM
+
+        async with daemon(env):
+            await until(prewarmed, "a prewarm of the thread")
+    assert before == [RequestKind.TURN]

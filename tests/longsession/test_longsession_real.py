@@ -6,15 +6,16 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import anyio
 import pytest
 
 from loopd import devserver
 from loopd.config import load_settings
 from loopd.engine.budget import LongSessionSettings
-from loopd.engine.prewarm import PrewarmOutcome
 from loopd.sessionlog.records import Request, RequestKind, fresh_external_key
 from loopd.sessionlog.verify import verify
 from loopd.sessions import Runtime
+from tests.engine.engine_support import eventually
 
 pytestmark = pytest.mark.real_server
 
@@ -127,32 +128,43 @@ async def test_a_ten_thousand_token_message_is_cut_with_a_note(
 async def test_after_a_compaction_a_prewarmed_turn_reads_only_its_new_tokens(
     real_server: devserver.RunningServer, tmp_path: Path
 ) -> None:
-    runtime = _runtime(real_server, tmp_path)
-    runtime.prewarmer.enabled = True
     # A low threshold, so that the first compaction comes after a few turns.
-    runtime.longsession = LongSessionSettings(compact_at=0.3, summary_max_tokens=64, prewarm=True)
+    runtime = _runtime(real_server, tmp_path, compact_at=0.3, summary_max_tokens=64, prewarm=True)
     try:
         first = runtime.ensure_session("first")
-        number = 0
-        while len(runtime.log.epochs("first")) == 1:
-            await runtime.append_user("first", _message(number), external_key=fresh_external_key())
+        async with anyio.create_task_group() as tg:
+            # What both front ends run beside their turns.
+            tg.start_soon(runtime.keep_warm, [])
+            number = 0
+            while len(runtime.log.epochs("first")) == 1:
+                await runtime.append_user(
+                    "first", _message(number), external_key=fresh_external_key()
+                )
+                await runtime.run_turn(first, lambda status: None)
+                number += 1
+            # Another session on the same slot takes it meanwhile; once it is done the slot
+            # is idle and the compacted session is read back.
+            other = runtime.ensure_session("other")
+            assert other.slot == first.slot
+            await runtime.append_user(
+                "other", "Name three colours.", external_key=fresh_external_key()
+            )
+            await runtime.run_turn(other, lambda status: None)
+            await eventually(
+                lambda: runtime.log.requests("first")[-1].record.kind is RequestKind.PREWARM, 300
+            )
+            await runtime.append_user("first", "Say goodbye.", external_key=fresh_external_key())
             await runtime.run_turn(first, lambda status: None)
-            number += 1
-        # Another session on the same slot takes it meanwhile.
-        other = runtime.ensure_session("other")
-        assert other.slot == first.slot
-        await runtime.append_user("other", "Name three colours.", external_key=fresh_external_key())
-        await runtime.run_turn(other, lambda status: None)
-        result = await runtime.prewarm(first)
-        await runtime.append_user("first", "Say goodbye.", external_key=fresh_external_key())
-        await runtime.run_turn(first, lambda status: None)
+            tg.cancel_scope.cancel()
         requests = runtime.log.requests("first")
         problems = verify(runtime.log)
     finally:
         await runtime.aclose()
-    assert result.outcome is PrewarmOutcome.DONE, result.detail
     prewarm, turn = (r.record for r in requests[-2:])
     assert prewarm.kind is RequestKind.PREWARM
+    assert prewarm.perf.outcome == "complete", prewarm.perf
+    # (How much the prewarm read depends on the server's host prompt cache, which may have
+    # kept the session's state when the other one took the slot.)
     assert turn.perf.cache_loss == 0, turn.perf
     assert turn.perf.prompt_n is not None
     assert turn.perf.prompt_n < 30, turn.perf

@@ -1,0 +1,147 @@
+"""``Runtime.keep_warm`` on the fake llama-server: what the front ends run beside their turns.
+
+It prewarms a compacted session once another session has used its slot, and after a restart the
+most recently active session of each slot; a real turn then reads only its own tokens.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+
+from loopd.config import load_settings
+from loopd.fakes.llama import FakeLlama, ModelSpec
+from loopd.sessionlog.records import Request, RequestKind, fresh_external_key
+from loopd.sessionlog.verify import verify
+from loopd.sessions import Runtime
+from tests.engine.engine_support import MODEL, SLOT, Served, eventually, served, user_body
+from tests.longsession.longsession_support import words
+
+pytestmark = pytest.mark.anyio
+
+
+def _fake() -> FakeLlama:
+    # No host prompt cache: another session's prompt on the slot really evicts a session's.
+    return FakeLlama([ModelSpec(MODEL, n_slots=2, n_ctx=4096, host_cache_tokens=0)])
+
+
+def _runtime(server: Served, state: Path, **overrides: Any) -> Runtime:
+    values: dict[str, Any] = {
+        "infer_url": server.url,
+        "model": MODEL,
+        "state_dir": state,
+        "slots": (SLOT,),
+        "max_tokens": 16,
+        "prewarm": True,
+        "compact_at": 0.5,
+        "summary_max_tokens": 64,
+    }
+    values.update(overrides)
+    return Runtime.open(load_settings(**values))
+
+
+@asynccontextmanager
+async def _keeping_warm(runtime: Runtime, restarted: list[str]) -> AsyncIterator[None]:
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(runtime.keep_warm, restarted)
+        yield
+        tg.cancel_scope.cancel()
+
+
+async def _say(runtime: Runtime, name: str, text: str) -> None:
+    session = runtime.ensure_session(name)
+    await runtime.append_user(name, text, external_key=fresh_external_key())
+    outcome = await runtime.run_turn(session, lambda status: None)
+    assert outcome.failure is None, outcome.failure
+
+
+def _kinds(requests: list[Request]) -> list[RequestKind]:
+    return [r.record.kind for r in requests]
+
+
+def _prewarmed(runtime: Runtime, name: str) -> bool:
+    requests = runtime.log.requests(name)
+    return bool(requests) and requests[-1].record.kind is RequestKind.PREWARM
+
+
+async def test_a_compacted_session_is_read_back_after_another_used_its_slot(
+    tmp_path: Path,
+) -> None:
+    async with served(_fake()) as server:
+        runtime = _runtime(server, tmp_path)
+        try:
+            async with _keeping_warm(runtime, []):
+                runtime.ensure_session("first")
+                number = 0
+                while len(runtime.log.epochs("first")) < 2:
+                    await _say(runtime, "first", f"turn {number}: " + words(80, f"n{number}x"))
+                    number += 1
+                # The compacted session still holds the slot: nothing to read back yet.
+                await anyio.wait_all_tasks_blocked()
+                assert not _prewarmed(runtime, "first")
+                await _say(runtime, "other", "an unrelated question from another thread")
+                await eventually(lambda: _prewarmed(runtime, "first"))
+                await _say(runtime, "first", "and one more thing")
+            first = runtime.log.requests("first")
+            other = runtime.log.requests("other")
+            problems = verify(runtime.log)
+        finally:
+            await runtime.aclose()
+    assert RequestKind.COMPACTION in _kinds(first)
+    assert RequestKind.PREWARM not in _kinds(other)
+    prewarm, turn = (r.record for r in first[-2:])
+    assert prewarm.kind is RequestKind.PREWARM
+    assert prewarm.perf.outcome == "complete"
+    assert (prewarm.perf.prompt_n or 0) > 100  # it re-read the new epoch
+    assert turn.perf.cache_loss == 0, turn.perf
+    assert turn.perf.prompt_n is not None
+    assert turn.perf.prompt_n < 20, turn.perf  # the turn read only its own message
+    assert problems == []
+
+
+async def test_after_a_restart_the_latest_session_of_the_slot_is_read_back(
+    tmp_path: Path,
+) -> None:
+    async with served(_fake()) as server:
+        before = _runtime(server, tmp_path)
+        try:
+            await _say(before, "older", "the first thread's question")
+            await _say(before, "latest", "the second thread's question")
+            await _say(before, "older", "the first thread again, most recently")
+        finally:
+            await before.aclose()
+        # Meanwhile another client took the slot (as a server restart would lose it).
+        async with server.client.stream_chat(user_body("someone else's prompt")) as response:
+            await response.aread()
+        after = _runtime(server, tmp_path)
+        try:
+            async with _keeping_warm(after, ["older", "latest"]):
+                await eventually(lambda: _prewarmed(after, "older"))
+                await anyio.wait_all_tasks_blocked()
+                await _say(after, "older", "and one more thing")
+            older = after.log.requests("older")
+            latest = after.log.requests("latest")
+        finally:
+            await after.aclose()
+    assert RequestKind.PREWARM not in _kinds(latest)
+    turn = older[-1].record
+    assert turn.perf.cache_loss == 0, turn.perf
+    assert (turn.perf.prompt_n or 0) < 20, turn.perf
+
+
+async def test_with_prewarm_off_nothing_is_sent(tmp_path: Path) -> None:
+    async with served(_fake()) as server:
+        runtime = _runtime(server, tmp_path, prewarm=False)
+        try:
+            await _say(runtime, "older", "a question")
+            with anyio.fail_after(1):
+                await runtime.keep_warm(["older"])  # returns at once
+            requests = runtime.log.requests("older")
+        finally:
+            await runtime.aclose()
+    assert _kinds(requests) == [RequestKind.TURN]
