@@ -114,6 +114,11 @@ class CacheResult:
         return sum(row.ideal for row in self.rows)
 
     @property
+    def rewritten_total(self) -> int:
+        """The ideal's tokens on requests after the template rewrote earlier turns."""
+        return sum(row.ideal for row in self.rows if row.label is Label.TEMPLATE_REWRITE)
+
+    @property
     def naive_over_loopd(self) -> float:
         return self.naive_total / max(self.loopd_total, 1)
 

@@ -31,7 +31,9 @@ log = logging.getLogger("bench")
 
 RESULTS = Path(__file__).resolve().parent / "results"
 # Twice the default context: the naive client's last prompts of the session run past 4k tokens.
-LAYOUT = devserver.ServerLayout(ctx_size=16384)
+# Three presets at once: the plain one (thread switching) and the two thinking templates (cache).
+LAYOUT = devserver.ServerLayout(ctx_size=16384, models_max=3)
+CACHE_PRESETS = (devserver.THINKING_MODEL, devserver.EVERY_TURN_MODEL)
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -110,15 +112,18 @@ def _with_server(results: Results, args: argparse.Namespace) -> Results:
             work / "server",
             args.cache_dir,
             socket_path=work / "llama.sock",
-            load=(devserver.PLAIN_MODEL, devserver.THINKING_MODEL),
+            load=(devserver.PLAIN_MODEL, *CACHE_PRESETS),
             layout=LAYOUT,
         )
         try:
-            cache, samples = anyio.run(_server_benchmarks, server.url, work)
+            caches, samples = anyio.run(_server_benchmarks, server.url, work)
         finally:
             server.stop()
-    plot_file = f"{results.date}-prompt-n.png"
-    prompt_n_plot(cache.rows, args.out / plot_file)
+    plot_files = []
+    for cache in caches:
+        plot_file = f"{results.date}-prompt-n-{cache.settings.model}.png"
+        prompt_n_plot(cache.rows, args.out / plot_file, cache.settings.model)
+        plot_files.append(plot_file)
     cpu = [
         overhead.cpu_share(
             "plain preset, whole turns (switching benchmark)",
@@ -126,36 +131,39 @@ def _with_server(results: Results, args: argparse.Namespace) -> Results:
             [s.wall_s for s in samples],
         ),
         overhead.cpu_share(
-            "thinking preset, the model's answers (cache benchmark)",
-            [s.cpu_s for s in cache.loopd_model_steps],
-            [s.wall_s for s in cache.loopd_model_steps],
+            "thinking presets, the model's answers (cache benchmark)",
+            [s.cpu_s for cache in caches for s in cache.loopd_model_steps],
+            [s.wall_s for cache in caches for s in cache.loopd_model_steps],
         ),
     ]
     server_text = (
         f"llama.cpp build {devserver.LLAMA_BUILD} `llama-server` in router mode on a Unix "
         f"socket, {devserver.MODEL_FILE} on the CPU, presets `{devserver.PLAIN_MODEL}` and "
-        f"`{devserver.THINKING_MODEL}`, {LAYOUT.parallel} slots of "
+        f"`{devserver.THINKING_MODEL}`, `{devserver.EVERY_TURN_MODEL}`, {LAYOUT.parallel} slots of "
         f"{LAYOUT.ctx_size // LAYOUT.parallel:,} tokens each, host prompt cache "
         f"{LAYOUT.cache_ram_mib} MiB, {LAYOUT.threads} threads"
     )
     return replace(
         results,
         server=server_text,
-        cache=cache,
+        caches=caches,
         switching=switching.summarize(samples),
         cpu=cpu,
-        plot_file=plot_file,
+        plot_files=plot_files,
     )
 
 
 async def _server_benchmarks(
     url: str, work: Path
-) -> tuple[cache_reuse.CacheResult, list[switching.TurnSample]]:
-    log.info("cache reuse: the scripted session through loopd, then the naive client")
-    cache = await cache_reuse.run(url, work / "cache")
+) -> tuple[list[cache_reuse.CacheResult], list[switching.TurnSample]]:
+    caches = []
+    for model in CACHE_PRESETS:
+        log.info("cache reuse on %s: the scripted session through loopd, then naive", model)
+        settings = cache_reuse.SessionSettings(model=model)
+        caches.append(await cache_reuse.run(url, work / f"cache-{model}", settings))
     log.info("thread switching")
     samples = await switching.run(url, work / "switching")
-    return cache, samples
+    return caches, samples
 
 
 def _finished(results: Results, clock: float) -> Results:

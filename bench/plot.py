@@ -11,7 +11,7 @@ from bench.cache_reuse import CacheRow
 from bench.ideal import Label
 
 
-def prompt_n_plot(rows: Sequence[CacheRow], path: Path) -> None:
+def prompt_n_plot(rows: Sequence[CacheRow], path: Path, model: str) -> None:
     """Write a PNG: prompt_n per request (log scale), with the ideal and the labelled requests."""
     index = [row.index for row in rows]
     # A bare Figure, not pyplot: no global state, no display, nothing to close.
@@ -32,7 +32,7 @@ def prompt_n_plot(rows: Sequence[CacheRow], path: Path) -> None:
     axes.set_yscale("log")
     axes.set_xlabel("request")
     axes.set_ylabel("prompt_n (tokens processed, log scale)")
-    axes.set_title(f"Prompt tokens processed per request, one {len(rows)}-request session")
+    axes.set_title(f"Prompt tokens processed per request, one {len(rows)}-request session, {model}")
     axes.set_xticks(index)
     axes.grid(True, which="both", alpha=0.3)
     axes.legend()

@@ -7,6 +7,10 @@ router serves two presets of the same GGUF, as the production deployment is a ro
 - ``smollm2``: SmolLM2-135M-Instruct with its own chat template (no thinking, no tool support);
 - ``smollm2-think``: the same weights with llama.cpp's ``Qwen3.5-4B.jinja`` template, which opens
   ``<think>`` in the generation prompt, so the model thinks and the reasoning control call works.
+  It drops earlier turns' reasoning once a new user message follows;
+- ``smollm2-think-all``: the same template changed in one condition to render the reasoning of
+  every assistant turn, as the production template does (seed finding (e)); the benchmarks
+  measure cache reuse on both.
 
 Each child runs ``-np 2`` with an explicit slot count, so KV is not unified and a pinned slot keeps
 its cache (protocol reference, section 7, "Pinning vs unified KV").
@@ -35,6 +39,10 @@ MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 PLAIN_MODEL = "smollm2"
 THINKING_MODEL = "smollm2-think"
 THINKING_TEMPLATE = "Qwen3.5-4B.jinja"
+EVERY_TURN_MODEL = "smollm2-think-all"
+EVERY_TURN_TEMPLATE = "Qwen3.5-4B-every-turn-reasoning.jinja"
+# The one condition that limits rendered reasoning to the turns after the last user message.
+_LATEST_TURNS_ONLY = "{%- if loop.index0 > ns.last_query_index %}"
 
 
 class DevServerError(RuntimeError):
@@ -75,7 +83,18 @@ class ServerLayout:
     threads: int = 2
 
 
-def preset_ini(prov: Provisioned, layout: ServerLayout) -> str:
+def every_turn_reasoning(template: str) -> str:
+    """The Qwen3.5 template rendering every assistant turn's reasoning, not only the latest
+    turns'; refused if the template is not the one this change was written for."""
+    if template.count(_LATEST_TURNS_ONLY) != 1:
+        raise DevServerError(
+            f"{THINKING_TEMPLATE} does not hold the expected reasoning condition once; "
+            "was the template changed?"
+        )
+    return template.replace(_LATEST_TURNS_ONLY, "{%- if true %}")
+
+
+def preset_ini(prov: Provisioned, layout: ServerLayout, every_turn_template: Path) -> str:
     """The ``--models-preset`` file: global flags in ``[*]``, one section per model id."""
     return "\n".join(
         [
@@ -93,6 +112,10 @@ def preset_ini(prov: Provisioned, layout: ServerLayout) -> str:
             f"[{THINKING_MODEL}]",
             f"model = {prov.model}",
             f"chat-template-file = {prov.templates / THINKING_TEMPLATE}",
+            "",
+            f"[{EVERY_TURN_MODEL}]",
+            f"model = {prov.model}",
+            f"chat-template-file = {every_turn_template}",
             "",
         ]
     )
@@ -153,8 +176,13 @@ def start(
     prov.check()
     layout = layout or ServerLayout()
     workdir.mkdir(parents=True, exist_ok=True)
+    every_turn = workdir / EVERY_TURN_TEMPLATE
+    every_turn.write_text(
+        every_turn_reasoning((prov.templates / THINKING_TEMPLATE).read_text(encoding="utf-8")),
+        encoding="utf-8",
+    )
     preset = workdir / "models.ini"
-    preset.write_text(preset_ini(prov, layout))
+    preset.write_text(preset_ini(prov, layout, every_turn))
     if socket_path is not None:
         # llama-server does not remove a stale socket file; bind would fail.
         with contextlib.suppress(FileNotFoundError):

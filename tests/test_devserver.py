@@ -13,6 +13,8 @@ import pytest
 
 from loopd import devserver
 
+CACHE_DIR = Path(os.environ.get("LOOPD_CACHE_DIR", Path.home() / ".cache" / "loopd"))
+
 pytestmark = pytest.mark.real_server
 
 
@@ -49,10 +51,51 @@ def _routers_for(socket: Path) -> list[int]:
     return found
 
 
-def test_preset_names_both_models() -> None:
+def test_preset_names_every_model() -> None:
     prov = devserver.Provisioned(Path("/b/llama-server"), Path("/t"), Path("/m.gguf"))
-    ini = devserver.preset_ini(prov, devserver.ServerLayout())
+    ini = devserver.preset_ini(prov, devserver.ServerLayout(), Path("/w/every.jinja"))
     assert "[smollm2]" in ini
     assert "[smollm2-think]" in ini
     assert "chat-template-file = /t/Qwen3.5-4B.jinja" in ini
+    assert "[smollm2-think-all]" in ini
+    assert "chat-template-file = /w/every.jinja" in ini
     assert "np = 2" in ini
+
+
+def test_the_every_turn_template_changes_one_condition_of_the_provisioned_one() -> None:
+    prov = devserver.Provisioned.in_cache(CACHE_DIR)
+    original = (prov.templates / devserver.THINKING_TEMPLATE).read_text(encoding="utf-8")
+    changed = devserver.every_turn_reasoning(original)
+    removed = [line for line in original.splitlines() if line not in changed.splitlines()]
+    assert [line.strip() for line in removed] == ["{%- if loop.index0 > ns.last_query_index %}"]
+    assert len(changed.splitlines()) == len(original.splitlines())
+    with pytest.raises(devserver.DevServerError, match="expected reasoning condition"):
+        devserver.every_turn_reasoning(changed)
+
+
+@pytest.mark.real_server
+def test_only_the_every_turn_preset_renders_earlier_reasoning(tmp_path: Path) -> None:
+    conversation = [
+        {"role": "user", "content": "first question"},
+        {"role": "assistant", "content": "first answer", "reasoning_content": "EARLIER-THOUGHT"},
+        {"role": "user", "content": "second question"},
+    ]
+    server = devserver.start(
+        tmp_path,
+        CACHE_DIR,
+        socket_path=tmp_path / "llama.sock",
+        load=(devserver.THINKING_MODEL, devserver.EVERY_TURN_MODEL),
+    )
+    try:
+        with server.client() as client:
+            prompts = {
+                model: client.post(
+                    "/apply-template", json={"model": model, "messages": conversation}
+                ).json()["prompt"]
+                for model in (devserver.THINKING_MODEL, devserver.EVERY_TURN_MODEL)
+            }
+    finally:
+        server.stop()
+    assert "EARLIER-THOUGHT" not in prompts[devserver.THINKING_MODEL]
+    assert "<think>\nEARLIER-THOUGHT\n</think>" in prompts[devserver.EVERY_TURN_MODEL]
+    assert "first answer" in prompts[devserver.THINKING_MODEL]

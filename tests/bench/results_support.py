@@ -13,6 +13,7 @@ from bench.parsers import ParserRow
 from bench.report import Results
 from bench.stats import Spread
 from bench.switching import SwitchRow
+from loopd.devserver import EVERY_TURN_MODEL, THINKING_MODEL
 
 
 def spread(value: float) -> Spread:
@@ -36,14 +37,19 @@ def row(index: int, ideal: int, loopd: int, naive: int, label: Label = Label.NON
     )
 
 
-def cache(rows: list[CacheRow] | None = None) -> CacheResult:
+def cache(rows: list[CacheRow] | None = None, model: str = THINKING_MODEL) -> CacheResult:
     rows = rows or [
         row(1, 400, 400, 400, Label.FIRST),
         row(2, 50, 51, 1500),
         row(3, 60, 120, 2000, Label.TEMPLATE_REWRITE),
         row(4, 40, 41, 2600),
     ]
-    return CacheResult(rows, SessionSettings(), [])
+    return CacheResult(rows, SessionSettings(model=model), [])
+
+
+def every_turn_cache() -> CacheResult:
+    rows = [row(1, 400, 400, 400, Label.FIRST), row(2, 50, 50, 1500), row(3, 45, 45, 2100)]
+    return cache(rows, EVERY_TURN_MODEL)
 
 
 def results(**changes: object) -> Results:
@@ -66,8 +72,8 @@ def results(**changes: object) -> Results:
         memory=[MemorySample(100, 63.0, 64.2)] * 5,
         cpu=[CpuShare("whole turns", spread(0.004))],
         server="llama.cpp build 11434 (test)",
-        cache=cache(),
+        caches=[cache(), every_turn_cache()],
         switching=[SwitchRow(2, 4, 4, spread(3), spread(20), spread(0.4))],
-        plot_file="2026-11-29-prompt-n.png",
+        plot_files=["2026-11-29-prompt-n-a.png", "2026-11-29-prompt-n-b.png"],
     )
     return replace(base, **changes)  # type: ignore[arg-type]
