@@ -22,12 +22,11 @@ from loopd import devserver
 from loopd.fakes.llama import FakeLlama, ModelSpec, Pace, TemplateOptions, serve_fake_llama
 from tests.contract.contract_kit import Endpoint, Target
 
-KEEP_TEMPLATE = Path(__file__).parent / "templates" / "keep-reasoning.jinja"
 RESULTS_ENV = "LOOPD_CONTRACT_RESULTS"
 FAKE_FAULTS_ENV = "LOOPD_CONTRACT_FAKE_FAULTS"
 # A small batch, so a prefill the tiny model gets through quickly still spans several batches
 # (progress is reported once per batch; the default batch is 2048 tokens).
-KEEP_SERVER_ARGS = ("--chat-template-file", str(KEEP_TEMPLATE), "-b", "128", "-ub", "128")
+SMALL_BATCH_ARGS = ("-b", "128", "-ub", "128")
 FAKE_PLAIN, FAKE_KEEP, FAKE_DROP = "smollm2", "smollm2-keep", "smollm2-think"
 
 Record = Callable[..., None]
@@ -37,17 +36,26 @@ def cache_dir() -> Path:
     return Path(os.environ.get("LOOPD_CACHE_DIR", Path.home() / ".cache" / "loopd"))
 
 
-def start_own_server(
-    workdir: Path, *, extra_args: tuple[str, ...] = KEEP_SERVER_ARGS, models_max: int = 2
-) -> devserver.RunningServer:
+def keep_template(workdir: Path) -> Path:
+    """The devserver's every-turn-reasoning template (Qwen3.5's with one condition changed, as
+    the seed's production template renders every turn's reasoning), written into ``workdir``."""
+    prov = devserver.Provisioned.in_cache(cache_dir())
+    original = (prov.templates / devserver.THINKING_TEMPLATE).read_text(encoding="utf-8")
+    path = workdir / "keep-reasoning.jinja"
+    path.write_text(devserver.every_turn_reasoning(original), encoding="utf-8")
+    return path
+
+
+def start_own_server(workdir: Path, *, models_max: int = 2) -> devserver.RunningServer:
     """A router of the contract suite's own, with the keep-reasoning template on every model."""
     try:
+        template = keep_template(workdir)
         return devserver.start(
             workdir,
             cache_dir(),
             socket_path=workdir / "llama.sock",
             layout=devserver.ServerLayout(models_max=models_max),
-            extra_args=extra_args,
+            extra_args=("--chat-template-file", str(template), *SMALL_BATCH_ARGS),
             load=(devserver.PLAIN_MODEL,),
         )
     except devserver.DevServerError as exc:

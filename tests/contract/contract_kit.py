@@ -5,7 +5,8 @@ real server and on the fake:
 
 - ``plain``: no thinking (the real one: SmolLM2's own template, which renders no tools);
 - ``keep``: thinks and renders every assistant turn's reasoning, and renders tools at the top
-  (the real one: ``templates/keep-reasoning.jinja``, written after the seed's model's template);
+  (the real one: ``devserver.every_turn_reasoning`` of Qwen3.5's template, as the seed's model's
+  template does);
 - ``drop``: thinks and drops the reasoning of turns before the last user message (the real one:
   llama.cpp's Qwen3.5 template).
 
