@@ -2,9 +2,13 @@
 
 After a compaction or a restart a session's slot may not hold its prompt (another session on the
 same slot ran since, or the server lost its cache), and its next turn would begin with a full
-read. A prewarm sends the session's messages as they stand, ``max_tokens: 1`` and no stream, so
-the server reads them now; the next real request then extends that prompt and reads only its own
-tokens.
+read. A prewarm sends the session's messages as they stand, ``max_tokens: 1``, so the server
+reads them now; the next real request then extends that prompt and reads only its own tokens.
+
+It is sent as a stream, although only its final ``timings`` are read: through the router, closing
+a non-streamed request did not stop it (measured on build 11434: a turn queued behind a cancelled
+non-streamed prewarm waited for the whole prompt to be read, 5.7 s for 1,062 tokens), while
+closing a stream stops the server after its current batch.
 
 The stored messages end with the model's last answer, which the server takes as a message to
 continue: it renders that answer without its end-of-turn marker, which is a prefix of how the
@@ -40,6 +44,7 @@ from loopd.scheduler import Scheduler
 from loopd.sessionlog.chain import messages_digest
 from loopd.sessionlog.records import Perf, RequestKind, RequestRecord, Session
 from loopd.sessionlog.store import SessionLog
+from loopd.wire.sse import SSEData, SSEDecoder
 
 log = logging.getLogger("loopd.prewarm")
 
@@ -59,12 +64,29 @@ class PrewarmResult:
 
 
 def prewarm_settings(settings: RequestSettings) -> RequestSettings:
-    """The session's request settings, generating one token without a stream."""
-    return replace(settings, max_tokens=1, stream=False)
+    """The session's request settings, generating one token (streamed: see the module doc)."""
+    return replace(settings, max_tokens=1, stream=True)
+
+
+def final_timings(stream: bytes) -> dict[str, Any] | None:
+    """The last event of a streamed answer that carries ``timings`` (the server adds them to
+    its final chunk), or None when no event does."""
+    decoder = SSEDecoder()
+    found: dict[str, Any] | None = None
+    for item in [*decoder.feed(stream), *decoder.flush()]:
+        if not isinstance(item, SSEData) or item.payload == "[DONE]":
+            continue
+        try:
+            event = json.loads(item.payload)
+        except ValueError:
+            continue
+        if isinstance(event, dict) and isinstance(event.get("timings"), dict):
+            found = event
+    return found
 
 
 def timings_perf(answer: Any, duration_ms: float) -> Perf:
-    """The perf record of a non-streamed answer, from its ``timings``."""
+    """The perf record of an answer (the final event of a stream), from its ``timings``."""
     timings = answer.get("timings") if isinstance(answer, dict) else None
     timings = timings if isinstance(timings, dict) else {}
 
@@ -175,7 +197,10 @@ class Prewarmer:
     async def _post(self, body: bytes) -> Any:
         with anyio.move_on_after(self.timeout_s):
             async with self.client.stream_chat(body) as response:
-                return json.loads(await response.aread())
+                answer = final_timings(await response.aread())
+                if answer is None:
+                    raise ValueError("the prewarm's stream ended without timings")
+                return answer
         return None
 
     def _record(

@@ -4,6 +4,8 @@ session's next turn reads only its own tokens."""
 
 from __future__ import annotations
 
+import os
+import tempfile
 from pathlib import Path
 
 import anyio
@@ -12,6 +14,7 @@ import pytest
 from loopd import devserver
 from loopd.config import load_settings
 from loopd.engine.budget import LongSessionSettings
+from loopd.engine.prewarm import PrewarmOutcome, PrewarmResult
 from loopd.sessionlog.records import Request, RequestKind, fresh_external_key
 from loopd.sessionlog.verify import verify
 from loopd.sessions import Runtime
@@ -19,6 +22,7 @@ from tests.engine.engine_support import eventually
 
 pytestmark = pytest.mark.real_server
 
+CACHE_DIR = Path(os.environ.get("LOOPD_CACHE_DIR", Path.home() / ".cache" / "loopd"))
 N_CTX = 4096  # the devserver's default layout: ctx 8192 over 2 slots
 TOPICS = [
     "the garden",
@@ -169,3 +173,83 @@ async def test_after_a_compaction_a_prewarmed_turn_reads_only_its_new_tokens(
     assert turn.perf.prompt_n is not None
     assert turn.perf.prompt_n < 30, turn.perf
     assert problems == []
+
+
+# Without the host prompt cache (so the other session really evicts the first one's prompt and
+# the prewarm has a long read to do), and with a small batch (so the server can stop between
+# batches soon after the prewarm's connection closes).
+NO_HOST_CACHE = devserver.ServerLayout(cache_ram_mib=0)
+SMALL_BATCH = ("-b", "128", "-ub", "128")
+# The server sees a closed connection on its next poll (about a second) and stops after the
+# batch it is in; allowed generously, on a loaded two-core machine.
+CANCELLATION_ALLOWANCE_MS = 4000
+
+
+@pytest.mark.timeout(900)
+@pytest.mark.anyio
+async def test_a_turn_arriving_during_a_prewarm_waits_only_for_its_cancellation() -> None:
+    with tempfile.TemporaryDirectory(prefix="lp") as tmp:
+        work = Path(tmp)
+        server = devserver.start(
+            work / "server",
+            CACHE_DIR,
+            socket_path=work / "llama.sock",
+            layout=NO_HOST_CACHE,
+            extra_args=SMALL_BATCH,
+        )
+        try:
+            runtime = Runtime.open(
+                load_settings(
+                    infer_url=server.url,
+                    state_dir=work / "state",
+                    slots=(0,),
+                    temperature=0.0,
+                    max_tokens=16,
+                    prewarm=True,
+                )
+            )
+            try:
+                first = runtime.ensure_session("first")
+                for number in range(6):
+                    await _turn(runtime, "first", _message(number))
+                await _turn(runtime, "other", "Name three colours.")  # evicts first's prompt
+                results: list[PrewarmResult] = []
+                async with anyio.create_task_group() as tg:
+
+                    async def prewarm() -> None:
+                        results.append(await runtime.prewarm(first))
+
+                    tg.start_soon(prewarm)
+                    await eventually(lambda: _slot_busy(runtime, 0), 60)
+                    await runtime.append_user(
+                        "first", "Say goodbye.", external_key=fresh_external_key()
+                    )
+                    outcome = await runtime.run_turn(first, lambda status: None)
+                requests = runtime.log.requests("first")
+                problems = verify(runtime.log)
+            finally:
+                await runtime.aclose()
+        finally:
+            server.stop()
+    assert results == [PrewarmResult(PrewarmOutcome.CANCELLED, "real work needed the slot")]
+    assert outcome.failure is None, outcome.failure
+    prewarm_record, turn = (r.record for r in requests[-2:])
+    assert prewarm_record.kind is RequestKind.PREWARM
+    assert prewarm_record.perf.outcome == "cancelled"
+    assert turn.kind is RequestKind.TURN
+    # The turn waited in the server's queue only while the prewarm was being stopped.
+    assert turn.perf.queue_wait_ms is not None
+    assert turn.perf.queue_wait_ms <= CANCELLATION_ALLOWANCE_MS, turn.perf
+    assert problems == []
+
+
+async def _turn(runtime: Runtime, name: str, text: str) -> None:
+    session = runtime.ensure_session(name)
+    await runtime.append_user(name, text, external_key=fresh_external_key())
+    outcome = await runtime.run_turn(session, lambda status: None)
+    assert outcome.failure is None, outcome.failure
+
+
+async def _slot_busy(runtime: Runtime, slot: int) -> bool:
+    slots = await runtime.client.slots()
+    return any(s.get("id") == slot and s.get("is_processing") for s in slots)

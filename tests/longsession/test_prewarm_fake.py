@@ -8,7 +8,7 @@ from pathlib import Path
 import anyio
 import pytest
 
-from loopd.engine.prewarm import Prewarmer, PrewarmOutcome, PrewarmResult
+from loopd.engine.prewarm import Prewarmer, PrewarmOutcome, PrewarmResult, final_timings
 from loopd.fakes.llama import FakeLlama, ModelSpec, Pace
 from loopd.scheduler import Scheduler
 from loopd.sessionlog.records import RequestKind
@@ -138,3 +138,18 @@ async def test_a_real_turn_waits_only_for_the_prewarm_to_be_cancelled(tmp_path: 
     chats = [r for r in served_log if r.path == "/v1/chat/completions"]
     assert chats[-2].outcome == "disconnected"  # the server stopped reading the prewarm
     assert verify(log) == []
+
+
+def test_the_final_timings_are_read_from_the_prewarms_stream() -> None:
+    stream = (
+        b'data: {"choices":[],"prompt_progress":{"total":9,"processed":9}}\n\n'
+        b'data: {"choices":[{"delta":{"content":"x"}}],"timings":{"prompt_n":5}}\n\n'
+        b"data: not json\n\n"
+        b'data: {"choices":[{"finish_reason":"length"}],"timings":{"cache_n":4,"prompt_n":9}}\n\n'
+        b"data: [DONE]\n\n"
+    )
+    assert final_timings(stream) == {
+        "choices": [{"finish_reason": "length"}],
+        "timings": {"cache_n": 4, "prompt_n": 9},
+    }
+    assert final_timings(b'data: {"choices":[]}\n\ndata: [DONE]\n\n') is None
