@@ -7,6 +7,7 @@ Sources, highest priority first: ``LOOPD_*`` environment variables, then the TOM
 
 from __future__ import annotations
 
+import logging
 import os
 from pathlib import Path
 from typing import Annotated, Any
@@ -113,8 +114,9 @@ class Settings(BaseSettings):
     )
     prewarm: bool = Field(
         False,
-        description="After a compaction or a restart, read a session's prompt into its idle slot "
-        "(`max_tokens: 1`) so its next turn processes only its own tokens.",
+        description="Read a session's prompt back into its idle slot (`max_tokens: 1`) so its "
+        "next turn processes only its own tokens: after a compaction, once another session has "
+        "used the slot, and after a restart, for each slot's most recent session.",
     )
     system_text: str = Field(
         "You are loopd, a helpful assistant working in a team's chat thread. Answer briefly.",
@@ -155,6 +157,14 @@ class Settings(BaseSettings):
         if value.startswith(("http://", "https://")):
             return value.rstrip("/")
         raise ValueError("must start with http://, https:// or unix:")
+
+    @field_validator("log_level")
+    @classmethod
+    def _check_log_level(cls, value: str) -> str:
+        name = value.strip().upper()
+        if name not in logging.getLevelNamesMapping():
+            raise ValueError("must be a logging level: DEBUG, INFO, WARNING, ERROR or CRITICAL")
+        return name
 
     @field_validator("log_format")
     @classmethod

@@ -39,6 +39,7 @@ def test_toml_file_is_read_and_environment_wins(
         ("LOOPD_SLOTS", "1,1", "LOOPD_SLOTS"),
         ("LOOPD_SILENCE_S", "-1", "LOOPD_SILENCE_S"),
         ("LOOPD_LOG_FORMAT", "xml", "LOOPD_LOG_FORMAT"),
+        ("LOOPD_LOG_LEVEL", "BOGUS", "LOOPD_LOG_LEVEL"),
         ("LOOPD_NO_SUCH_KNOB", "1", None),
     ],
 )
@@ -76,3 +77,8 @@ def test_readme_tables_match_the_models() -> None:
     readme = (Path(__file__).parent.parent / "README.md").read_text()
     assert settings_table() in readme, "regenerate with: loopd config --table"
     assert settings_table(ChatSettings) in readme, "regenerate with: loopd config --table"
+
+
+def test_a_log_level_is_taken_in_any_case(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("LOOPD_LOG_LEVEL", "debug")
+    assert load_settings().log_level == "DEBUG"

@@ -122,9 +122,15 @@ class StatusPost:
     async def open(self) -> str:
         """Create (or, after a restart, find) the status post."""
         key = self.key if self._generation == 0 else f"{self.key}.{self._generation}"
+        reused = self.outbox.delivered(key)
         ids = await self.outbox.post_once(key, self.channel_id, self.root_id, self._text)
         self.post_id = ids[0]
-        self._sent, self._sent_at = self._text, self.clock()
+        if reused:
+            # A restart resumes the turn in its old status post, which still shows the phase
+            # the previous run last reached: show the turn starting again.
+            await self._edit(self._text)
+        else:
+            self._sent, self._sent_at = self._text, self.clock()
         return self.post_id
 
     async def follow(self) -> None:

@@ -8,8 +8,9 @@ from pathlib import Path
 import pytest
 
 from loopd.chat.cursor import ChatState
-from loopd.chat.outbox import PART_PROP, TURN_PROP, Outbox
+from loopd.chat.outbox import PART_PROP, TURN_PROP, Outbox, StatusPost
 from loopd.chat.rest import MattermostClient, api_client
+from loopd.chat.status import Finished
 from tests.chat.chat_support import FAST_MM, fake_mattermost
 
 pytestmark = pytest.mark.anyio
@@ -39,3 +40,26 @@ async def test_a_half_posted_reply_is_completed_without_duplicates(tmp_path: Pat
         created = fake.log.created(user_id=fake.bot.id, root_id=root.id)
         assert [p.props[PART_PROP] for p in created] == [0, 1, 2]
         assert outbox.delivered(key)
+
+
+async def test_a_reopened_status_post_shows_the_turn_starting_again(tmp_path: Path) -> None:
+    async with fake_mattermost(None) as mm:
+        fake = mm.fake
+        root = fake.post_as("alice", "dev", "@loopd a question")
+        client = MattermostClient(api_client(mm.base_url, fake.config.bot_token), retry_for_s=5)
+        state = ChatState.open(tmp_path / "chat.db")
+        outbox = Outbox(client, state, fake.bot.id, 16383)
+        channel = fake.channel("dev").id
+
+        def status() -> StatusPost:
+            return StatusPost(outbox, "mm:x#3:status", channel, root.id, interval_s=0)
+
+        first = status()
+        post_id = await first.open()
+        await first.finish(Finished("interrupted"))  # what the previous run last showed
+        second = status()  # the same turn, after a restart
+        assert await second.open() == post_id
+        await client.aclose()
+        texts = [e.message for e in fake.log.entries if e.post_id == post_id]
+        assert texts[-1].startswith("⏳")
+        assert [e.action for e in fake.log.entries if e.post_id == post_id].count("created") == 1

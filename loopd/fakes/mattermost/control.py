@@ -29,6 +29,7 @@ FAULTS = frozenset(
         "restart",
         "overflow_send_queue",
         "fail_next_creates",
+        "hang_next_creates",
         "burst_429",
         "set_rate_limit",
         "set_edit_time_limit",

@@ -314,6 +314,11 @@ class FakeMattermost:
         self.faults.failing_creates = count
         self.faults.failing_create_status = status
 
+    def hang_next_creates(self, count: int = 1) -> None:
+        """The next ``count`` creates commit (and broadcast), then their answer never comes: a
+        server that dies between its commit and its reply. ``0`` turns the switch off."""
+        self.faults.hanging_creates = count
+
     def burst_429(self, count: int, retry_after_s: int = 1) -> None:
         """The next ``count`` REST requests get 429 ``limit exceeded`` with Retry-After."""
         self.faults.forced_429 = count

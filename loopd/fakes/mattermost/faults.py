@@ -89,6 +89,7 @@ class Faults:
     forced_429_retry_after_s: int = 1
     failing_creates: int = 0  # next POST /posts commit, then answer this status
     failing_create_status: int = 500
+    hanging_creates: int = 0  # next POST /posts commit, then their answer never comes
 
     @property
     def stalled(self) -> bool:
@@ -107,3 +108,10 @@ class Faults:
             return None
         self.failing_creates -= 1
         return self.failing_create_status
+
+    def take_hanging_create(self) -> bool:
+        """Whether this create, already committed, must never be answered."""
+        if self.hanging_creates <= 0:
+            return False
+        self.hanging_creates -= 1
+        return True

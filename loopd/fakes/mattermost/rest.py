@@ -183,11 +183,23 @@ async def create_post(request: Request) -> Response:
         file_ids=file_ids,
         pending_post_id=_str_field(body, "pending_post_id"),
     )
+    if result.created and fake.faults.take_hanging_create():
+        # The post is committed and broadcast; the answer never comes. Waiting for the client
+        # to hang up (rather than forever) leaves nothing running once it has given up.
+        await _until_disconnected(request)
+        return Response(status_code=499)  # nobody reads it: the client is gone
     failure = fake.faults.take_failing_create() if result.created else None
     if failure is not None:
         # The post is committed and broadcast; only the answer is lost (an ambiguous write).
         raise AppError("fake.post.create.after_commit", "Injected failure after commit.", failure)
     return JSONResponse(fake.world.post_json(result.post), status_code=201)
+
+
+async def _until_disconnected(request: Request) -> None:
+    """Until the client closes the connection (the body is already read, so the next
+    message the server can receive is the disconnect)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
 
 
 async def get_post(request: Request) -> Response:

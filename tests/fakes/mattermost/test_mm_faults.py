@@ -123,6 +123,34 @@ async def test_5xx_after_commit_then_retry_gives_exactly_one_post() -> None:
         assert len(running.fake.log.created(user_id=running.fake.bot.id)) == 1
 
 
+async def test_hanging_create_commits_and_never_answers() -> None:
+    async with (
+        running_fake() as running,
+        rest(running) as client,
+        httpx.AsyncClient(base_url=running.base_url) as control,
+        open_ws(running) as ws,
+    ):
+        await recv(ws)
+        switched = await control.post("/_fake/faults/hang_next_creates", json={"count": 1})
+        assert switched.status_code == 200
+        body = {
+            "channel_id": running.fake.channel("dev").id,
+            "message": "once",
+            "pending_post_id": "b:1",
+        }
+        with pytest.raises(httpx.ReadTimeout):
+            await client.post("/posts", json=body, timeout=0.5)
+        posted = json.loads((await recv(ws))["data"]["post"])  # committed and broadcast
+        assert posted["message"] == "once"
+        retried = await client.post("/posts", json=body)  # only the next create hung
+        assert retried.status_code == 201
+        assert retried.json()["id"] == posted["id"]
+        other = await client.post("/posts", json={**body, "pending_post_id": "b:2"})
+        assert other.status_code == 201
+        created = running.fake.log.created(user_id=running.fake.bot.id)
+        assert [p.post_id for p in created] == [posted["id"], other.json()["id"]]
+
+
 async def test_429_burst_with_retry_after() -> None:
     async with running_fake() as running, rest(running) as client:
         running.fake.burst_429(2, retry_after_s=3)
