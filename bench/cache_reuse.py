@@ -22,7 +22,16 @@ from datetime import datetime
 from pathlib import Path
 
 from bench.errors import BenchError
-from bench.ideal import TOLERANCE, Label, Prompt, PromptTokens, ideal, label, reply_rendered
+from bench.ideal import (
+    TOLERANCE,
+    Label,
+    Prompt,
+    PromptTokens,
+    ideal,
+    label,
+    reply_rendered,
+    reply_tokenized_anew,
+)
 from bench.naive import NaiveHarness
 from bench.script import SCRIPT, SYSTEM_TEXT, TOOLS, ScriptedCall, UserTurn
 from loopd.config import Settings, load_settings
@@ -346,6 +355,9 @@ async def rows(
             rendered = before is None or reply_rendered(prompt.text, before.reasoning)
             found = ideal(prompt.tokens, previous.tokens if previous else None, carried, rendered)
             capped = before is not None and before.capped
+            retokenized = previous is not None and reply_tokenized_anew(
+                len(previous.tokens), carried, ours.cache_n
+            )
             table.append(
                 CacheRow(
                     index=index + 1,
@@ -358,7 +370,7 @@ async def rows(
                     loopd_prompt_n=ours.prompt_n,
                     naive_cache_n=theirs.cache_n,
                     naive_prompt_n=theirs.prompt_n,
-                    label=label(index, found, capped),
+                    label=label(index, found, capped, retokenized),
                     counted_matches_server=len(prompt.tokens) == ours.cache_n + ours.prompt_n,
                 )
             )

@@ -134,6 +134,7 @@ def _with_server(results: Results, args: argparse.Namespace) -> Results:
             "thinking presets, the model's answers (cache benchmark)",
             [s.cpu_s for cache in caches for s in cache.loopd_model_steps],
             [s.wall_s for cache in caches for s in cache.loopd_model_steps],
+            [s.predicted_n for cache in caches for s in cache.loopd_model_steps],
         ),
     ]
     server_text = (

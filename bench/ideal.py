@@ -34,6 +34,7 @@ class Label(StrEnum):
     FIRST = "first of the epoch"
     TEMPLATE_REWRITE = "template drops reasoning"
     CAPPED = "after a capped reply"
+    RETOKENIZED = "reply tokenized anew"
 
 
 def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
@@ -72,13 +73,27 @@ def ideal(
     return Ideal(len(current) - shared, shared, rewritten)
 
 
-def label(index: int, found: Ideal, previous_capped: bool) -> Label:
+def reply_tokenized_anew(previous_tokens: int, carried_reply: int, server_cache_n: int) -> bool:
+    """The server kept the previous prompt but not all of the reply generated after it.
+
+    A reply replayed byte for byte renders as the same text, but its tokens as generated can
+    differ from that text tokenized again (whitespace generated as two tokens tokenizes as one):
+    the server then re-reads the reply from there, which no client that sends text avoids. Seen
+    from the server's ``cache_n`` landing inside the reply; a client that changed its prompt
+    diverges before the reply, which this does not cover.
+    """
+    return carried_reply > 0 and previous_tokens <= server_cache_n < previous_tokens + carried_reply
+
+
+def label(index: int, found: Ideal, previous_capped: bool, retokenized: bool = False) -> Label:
     if index == 0:
         return Label.FIRST
     if previous_capped:
         return Label.CAPPED
     if found.rewritten:
         return Label.TEMPLATE_REWRITE
+    if retokenized:
+        return Label.RETOKENIZED
     return Label.NONE
 
 

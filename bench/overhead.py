@@ -31,6 +31,7 @@ class LogCost:
 class CpuShare:
     what: str
     share: Spread  # loopd's CPU seconds / the turn's wall seconds
+    per_token_ms: Spread | None = None  # loopd's CPU milliseconds per generated token
 
 
 def log_cost(repeats: int, sizes: Sequence[int] = BUILD_SIZES, appends: int = APPENDS) -> LogCost:
@@ -68,6 +69,17 @@ def memory(repeats: int, sessions: int = 100) -> list[MemorySample]:
     return samples
 
 
-def cpu_share(what: str, cpu_s: Sequence[float], wall_s: Sequence[float]) -> CpuShare:
+def cpu_share(
+    what: str,
+    cpu_s: Sequence[float],
+    wall_s: Sequence[float],
+    tokens: Sequence[int] | None = None,
+) -> CpuShare:
+    """CPU over wall time per turn; with ``tokens`` (generated per turn), CPU per token too."""
     shares = [cpu / wall for cpu, wall in zip(cpu_s, wall_s, strict=True) if wall > 0]
-    return CpuShare(what, Spread.of(shares))
+    per_token = None
+    if tokens is not None:
+        per_token = Spread.of(
+            [cpu * 1000 / n for cpu, n in zip(cpu_s, tokens, strict=True) if n > 0]
+        )
+    return CpuShare(what, Spread.of(shares), per_token)

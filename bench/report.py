@@ -23,6 +23,8 @@ COMMAND = "make bench"
 NAIVE_RATIO_TARGET = 10.0
 CPU_SHARE_TARGET = 0.01
 BUILD_10K_TARGET_MS = 20.0
+# The production model's generation speed, tokens per second (seed 000, benchmark table).
+PRODUCTION_TOKENS_PER_S = (28, 69)
 
 
 @dataclass(frozen=True)
@@ -188,6 +190,16 @@ def _cpu_check(cpu: Sequence[CpuShare]) -> Check:
             "(building the request, the HTTP exchange, parsing each token's event, the log's "
             "fsynced appends) weigh far more than against a production model's seconds-long turn."
         )
+        per_token = [c.per_token_ms.median for c in cpu if c.per_token_ms is not None]
+        if per_token:
+            ms = max(per_token)
+            slow, fast = PRODUCTION_TOKENS_PER_S
+            why += (
+                f" Per generated token loopd spends a median {ms:.2f} ms of CPU (most of it "
+                "reading the stream's chunks through httpx, httpcore and anyio); against the "
+                f"production model's {slow} to {fast} tokens/s (seed 000) that is "
+                f"{ms * slow / 10:.1f}% to {ms * fast / 10:.1f}% of its generation time."
+            )
     return Check(target, measured, worst < CPU_SHARE_TARGET, why)
 
 
@@ -281,7 +293,10 @@ def _cache_section(cache: CacheResult, plot_file: str | None, *, first: bool) ->
             "- **Labels**: *first of the epoch*; *template drops reasoning* (the template "
             "renders reasoning only after the last user message, so each new user turn re-reads "
             "the previous turn); *after a capped reply* (loopd's thinking cap ended the "
-            "reasoning).",
+            "reasoning); *reply tokenized anew* (the server kept the previous prompt but only part "
+            "of the model's reply: replayed byte for byte, the reply's text tokenizes differently "
+            "from the tokens the model generated, for example whitespace generated as two tokens "
+            "that tokenizes as one; no client that sends text avoids it).",
         ]
     else:
         lines += ["- The same script, scripted replies, ideal and labels as above."]
@@ -409,8 +424,17 @@ def _cost_section(r: Results) -> list[str]:
         "",
     ]
     lines += table(
-        ["Turns", "Count", "CPU / wall (min / median / max)"],
-        [(c.what, c.share.count, spread(c.share, 2, 100, " %")) for c in r.cpu] or [("-", 0, "")],
+        ["Turns", "Count", "CPU / wall (min / median / max)", "CPU per generated token (ms)"],
+        [
+            (
+                c.what,
+                c.share.count,
+                spread(c.share, 2, 100, " %"),
+                spread(c.per_token_ms, 2) if c.per_token_ms is not None else "-",
+            )
+            for c in r.cpu
+        ]
+        or [("-", 0, "", "")],
     )
     lines += ["", "### Memory with idle sessions", ""]
     if r.memory:

@@ -2,7 +2,16 @@
 
 import pytest
 
-from bench.ideal import Ideal, Label, PromptTokens, common_prefix, ideal, label, reply_rendered
+from bench.ideal import (
+    Ideal,
+    Label,
+    PromptTokens,
+    common_prefix,
+    ideal,
+    label,
+    reply_rendered,
+    reply_tokenized_anew,
+)
 from loopd.devserver import PLAIN_MODEL
 from loopd.engine.client import InferenceClient, make_async_client
 from loopd.engine.request import RequestSettings, Sampling, build_body
@@ -55,6 +64,15 @@ def test_reply_rendered_looks_for_the_trimmed_reasoning() -> None:
 )
 def test_labels(index: int, found: Ideal, capped: bool, expected: Label) -> None:
     assert label(index, found, capped) is expected
+
+
+def test_a_reply_the_server_reread_from_inside_is_labelled() -> None:
+    # The previous prompt had 503 tokens and the model generated 31 after it.
+    assert reply_tokenized_anew(503, 31, server_cache_n=508)
+    assert not reply_tokenized_anew(503, 31, server_cache_n=534)  # all of it reused
+    assert not reply_tokenized_anew(503, 31, server_cache_n=400)  # the prompt itself differed
+    assert not reply_tokenized_anew(503, 0, server_cache_n=503)  # a scripted reply: nothing kept
+    assert label(3, Ideal(5, 9, False), False, retokenized=True) is Label.RETOKENIZED
 
 
 @pytest.mark.anyio

@@ -4,8 +4,9 @@ from dataclasses import replace
 
 from bench.cache_reuse import CUT_REPLY
 from bench.ideal import Label
+from bench.overhead import CpuShare
 from bench.report import parser_ratios, render, targets
-from tests.bench.results_support import cache, results, row
+from tests.bench.results_support import cache, results, row, spread
 
 
 def test_the_report_names_the_command_the_machine_and_the_date() -> None:
@@ -95,3 +96,11 @@ def test_replies_that_were_not_replayed_are_explained() -> None:
     cut = replace(row(2, 50, 51, 1500), reply=CUT_REPLY)
     text = render(results(caches=[cache([row(1, 400, 400, 400, Label.FIRST), cut])]))
     assert "The model's answers to requests #2 imitated the scripted calls" in text
+
+
+def test_a_cpu_shortfall_is_projected_onto_the_production_models_speed() -> None:
+    busy = CpuShare("model answers", spread(0.05), per_token_ms=spread(0.5))
+    text = render(results(cpu=[busy]))
+    assert "| model answers | 5 | 4.50 / 5.00 / 5.50 % | 0.45 / 0.50 / 0.55 |" in text
+    assert "a median 0.50 ms of CPU" in text
+    assert "28 to 69 tokens/s (seed 000) that is 1.4% to 3.5% of its generation time" in text
