@@ -195,9 +195,11 @@ def _cpu_check(cpu: Sequence[CpuShare]) -> Check:
             ms = max(per_token)
             slow, fast = PRODUCTION_TOKENS_PER_S
             why += (
-                f" Per generated token loopd spends a median {ms:.2f} ms of CPU (most of it "
-                "reading the stream's chunks through httpx, httpcore and anyio); against the "
-                f"production model's {slow} to {fast} tokens/s (seed 000) that is "
+                f" Per generated token loopd spends a median {ms:.2f} ms of CPU (a request's CPU "
+                "over the few tokens the tiny model generates per request, its fixed costs "
+                "included, so an upper bound for longer answers; most of it is reading the "
+                "stream's chunks through httpx, httpcore and anyio); against the production "
+                f"model's {slow} to {fast} tokens/s (seed 000) that is at most "
                 f"{ms * slow / 10:.1f}% to {ms * fast / 10:.1f}% of its generation time."
             )
     return Check(target, measured, worst < CPU_SHARE_TARGET, why)
