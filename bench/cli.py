@@ -1,8 +1,9 @@
 """``python -m bench``: run every benchmark and write the report (what ``make bench`` does).
 
 Order: the micro-benchmarks first (they need no server and are the most sensitive to load), then
-the real llama-server is started once, on a Unix socket, with both presets, for the cache and
-switching benchmarks. The report goes to ``bench/results/<date>.md`` with its plot beside it.
+the real llama-server is started once, on a Unix socket, with its three presets, for the cache
+(both thinking templates) and switching benchmarks. The report goes to
+``bench/results/<date>.md`` with a plot per template beside it.
 """
 
 from __future__ import annotations
@@ -139,10 +140,10 @@ def _with_server(results: Results, args: argparse.Namespace) -> Results:
     ]
     server_text = (
         f"llama.cpp build {devserver.LLAMA_BUILD} `llama-server` in router mode on a Unix "
-        f"socket, {devserver.MODEL_FILE} on the CPU, presets `{devserver.PLAIN_MODEL}` and "
-        f"`{devserver.THINKING_MODEL}`, `{devserver.EVERY_TURN_MODEL}`, {LAYOUT.parallel} slots of "
-        f"{LAYOUT.ctx_size // LAYOUT.parallel:,} tokens each, host prompt cache "
-        f"{LAYOUT.cache_ram_mib} MiB, {LAYOUT.threads} threads"
+        f"socket, {devserver.MODEL_FILE} on the CPU, presets `{devserver.PLAIN_MODEL}`, "
+        f"`{devserver.THINKING_MODEL}` and `{devserver.EVERY_TURN_MODEL}`, "
+        f"{LAYOUT.parallel} slots of {LAYOUT.ctx_size // LAYOUT.parallel:,} tokens each, "
+        f"host prompt cache {LAYOUT.cache_ram_mib} MiB, {LAYOUT.threads} threads"
     )
     return replace(
         results,
