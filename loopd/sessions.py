@@ -24,6 +24,7 @@ from loopd.engine.prewarm_plan import PrewarmPlan, restart_wants
 from loopd.engine.request import RequestSettings, Sampling
 from loopd.engine.stream import Limits, StatusCallback
 from loopd.engine.turn import Turn, TurnOutcome
+from loopd.errors import LoopdError
 from loopd.scheduler import PositionCallback, Scheduler
 from loopd.sessionlog.records import Appended, Session
 from loopd.sessionlog.store import SessionLog
@@ -249,7 +250,11 @@ class Runtime:
             while self._idle_slots:
                 slot = min(self._idle_slots)
                 self._idle_slots.discard(slot)
-                await self._prewarm_slot(slot)
+                try:
+                    await self._prewarm_slot(slot)
+                except LoopdError:
+                    # Optional work: a log or server error here must not end the front end.
+                    log.exception("prewarm on slot %d failed; prewarm goes on", slot)
             await self._idle_wake.wait()
 
     def _slot_idle(self, slot: int) -> None:
@@ -273,17 +278,20 @@ class Runtime:
         name = self.prewarm_plan.next_for(slot)
         if name is None or self.scheduler.holder(slot) is not None:
             return
+        # Dropped while it runs, so that a prewarm that raises is not tried again and again
+        # (its own release of the slot would bring this loop straight back to it).
+        self.prewarm_plan.drop(name)
         result = await self.prewarm(self.log.get_session(name))
         if result.outcome is PrewarmOutcome.DONE:
             self.prewarm_plan.warmed(name, slot)
         elif result.outcome is PrewarmOutcome.FAILED:
-            # Not retried: the prewarm's own release would wake this loop straight into it again.
-            self.prewarm_plan.drop(name)
             log.warning(
                 "prewarm of %s failed (%s); its next turn reads its prompt", name, result.detail
             )
-        # Cancelled: real work took the slot; its release brings the slot back here.
-        # Skipped: the slot or the session is busy; a later release brings it back.
+        elif self.log.state(name).idle:
+            # Cancelled by another session's work, or skipped while the slot was busy: the next
+            # idle moment tries again. (A session whose own turn is coming needs no prewarm.)
+            self.prewarm_plan.want(name, slot)
 
     async def resume(self, session: Session, report: StatusCallback) -> TurnOutcome | None:
         """Finish what a crash left: interrupted tool calls get a result (brokerd's are asked

@@ -15,7 +15,7 @@ import anyio
 from loopd.config import Settings
 from loopd.engine.stream import Phase, Status
 from loopd.engine.turn import TurnOutcome
-from loopd.errors import ServerRejected
+from loopd.errors import LoopdError, ServerRejected
 from loopd.sessionlog.records import Session, fresh_external_key
 from loopd.sessions import Runtime
 
@@ -72,12 +72,20 @@ async def _chat(settings: Settings, session_name: str) -> int:
         if not await runtime.client.health():
             raise ServerRejected(settings.infer_url, 503, "/health is not ok")
         session = runtime.ensure_session(session_name)
+        failure: LoopdError | None = None
         async with anyio.create_task_group() as tg:
             # While the user types, the session's prompt is read back into its slot after a
             # restart or a compaction (LOOPD_PREWARM); a turn cancels a prewarm at once.
             tg.start_soon(runtime.keep_warm, [session.name])
-            status = await _converse(runtime, session)
+            try:
+                status = await _converse(runtime, session)
+            except LoopdError as exc:
+                # Raised outside the task group, so the CLI sees the error itself (one line,
+                # exit 2), not an exception group.
+                failure = exc
             tg.cancel_scope.cancel()
+        if failure is not None:
+            raise failure
         return status
     finally:
         await runtime.aclose()

@@ -117,13 +117,18 @@ async def decoded(client: InferenceClient, slot: int) -> int:
     return 0
 
 
-async def token_time_s(client: InferenceClient, slot: int, window_s: float = 1.0) -> float:
-    """The server's time per generated token right now, from ``n_decoded`` over a short window
-    (this machine's load changes it tenfold)."""
+async def token_time_s(
+    client: InferenceClient, slot: int, least: int = 3, most_s: float = 3.0
+) -> float:
+    """The server's time per generated token right now (this machine's load changes it
+    tenfold), from ``n_decoded`` over the time the slot takes for ``least`` more tokens: short,
+    so that the turn is still generating when the test goes on."""
     before, started = await decoded(client, slot), time.monotonic()
-    await anyio.sleep(window_s)
-    after, elapsed = await decoded(client, slot), time.monotonic() - started
-    return elapsed / max(after - before, 1)
+    while True:
+        await anyio.sleep(0.02)
+        after, elapsed = await decoded(client, slot), time.monotonic() - started
+        if after - before >= least or elapsed >= most_s:
+            return elapsed / max(after - before, 1)
 
 
 async def test_stop_frees_the_slot_within_a_second(

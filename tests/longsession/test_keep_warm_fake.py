@@ -15,8 +15,10 @@ import anyio
 import pytest
 
 from loopd.config import load_settings
+from loopd.engine.prewarm import PrewarmResult
+from loopd.errors import LoopdError
 from loopd.fakes.llama import FakeLlama, ModelSpec
-from loopd.sessionlog.records import Request, RequestKind, fresh_external_key
+from loopd.sessionlog.records import Request, RequestKind, Session, fresh_external_key
 from loopd.sessionlog.verify import verify
 from loopd.sessions import Runtime
 from tests.engine.engine_support import MODEL, SLOT, Served, eventually, served, user_body
@@ -145,3 +147,32 @@ async def test_with_prewarm_off_nothing_is_sent(tmp_path: Path) -> None:
         finally:
             await runtime.aclose()
     assert _kinds(requests) == [RequestKind.TURN]
+
+
+async def test_a_prewarm_that_raises_is_logged_once_and_the_front_end_goes_on(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    calls: list[str] = []
+
+    async def broken(session: Session) -> PrewarmResult:
+        calls.append(session.name)
+        raise LoopdError("the log could not be read")
+
+    async with served(_fake()) as server:
+        before = _runtime(server, tmp_path)
+        try:
+            await _say(before, "older", "a question")
+        finally:
+            await before.aclose()
+        runtime = _runtime(server, tmp_path)  # restarted: "older" is to be read back
+        try:
+            runtime.prewarm = broken  # type: ignore[method-assign]
+            async with _keeping_warm(runtime, ["older"]):
+                await eventually(lambda: calls == ["older"])
+                # The slot falls idle again after another session's turn: no second attempt.
+                await _say(runtime, "other", "another thread's question")
+                await anyio.wait_all_tasks_blocked()
+        finally:
+            await runtime.aclose()
+    assert calls == ["older"]
+    assert "prewarm on slot 0 failed; prewarm goes on" in caplog.text
