@@ -27,6 +27,7 @@ class LossCause(StrEnum):
     TEMPLATE_DROPS_REASONING = "template drops reasoning"
     COLD = "cold server or eviction"
     OTHER_SLOT = "slot changed"
+    SHARED_SLOT = "another session used the slot"
     UNEXPLAINED = "unexplained"
 
 
@@ -42,6 +43,7 @@ class PrevRequest:
     complete: bool
     capped: bool
     had_reasoning: bool
+    request_id: int = 0  # its row in the log, to ask what else ran on the slot since
 
 
 @dataclass(frozen=True)
@@ -58,12 +60,15 @@ def cache_loss(
     slot: int,
     cache_n: int,
     template_drops_reasoning: bool = False,
+    slot_shared: bool = False,
 ) -> Loss:
     """Expected reuse minus the real ``cache_n``, with the most likely cause.
 
     The expectation is the same whatever happened in between: the previous request's prompt and
     what it generated, as the server last held them. The cause is what best explains a
-    shortfall, the most certain first.
+    shortfall, the most certain first. ``slot_shared``: another session's request (loopd's
+    own, as its log shows) ran on the slot since the previous request, so the slot held another
+    prompt and only the host prompt cache could have kept this one.
     """
     if prev is None:
         return Loss(0, 0, LossCause.FIRST)
@@ -72,16 +77,24 @@ def cache_loss(
     lost = max(expected - cache_n, 0)
     if lost <= LOSS_TOLERANCE:
         return Loss(expected, lost, LossCause.NONE)
-    return Loss(expected, lost, _cause(prev, epoch_id, slot, cache_n, template_drops_reasoning))
+    cause = _cause(prev, epoch_id, slot, cache_n, template_drops_reasoning, slot_shared)
+    return Loss(expected, lost, cause)
 
 
 def _cause(
-    prev: PrevRequest, epoch_id: int, slot: int, cache_n: int, template_drops_reasoning: bool
+    prev: PrevRequest,
+    epoch_id: int,
+    slot: int,
+    cache_n: int,
+    template_drops_reasoning: bool,
+    slot_shared: bool,
 ) -> LossCause:
     if prev.epoch_id != epoch_id:
         return LossCause.NEW_EPOCH
     if prev.slot != slot:
         return LossCause.OTHER_SLOT
+    if slot_shared:
+        return LossCause.SHARED_SLOT
     # Nothing reused at all: the server lost the slot's cache (a model unload, a restart, an
     # eviction). A broken or capped turn costs only what follows the previous prompt.
     if cache_n <= LOSS_TOLERANCE:

@@ -102,6 +102,7 @@ def previous_request(requests: Sequence[Request]) -> PrevRequest | None:
             complete=perf.outcome == "complete",
             capped=perf.capped,
             had_reasoning=bool(perf.extra.get("had_reasoning")),
+            request_id=request.id,
         )
     return None
 
@@ -211,12 +212,17 @@ class Turn:
         timings = result.assembler.timings
         if timings is None:
             return Loss(0, 0, LossCause.NONE)  # it broke before the server said anything
+        prev = previous_request(self.log.requests(self.session))
+        shared = prev is not None and self.log.slot_used_since(
+            self.slot, prev.request_id, besides=self.session
+        )
         return cache_loss(
-            previous_request(self.log.requests(self.session)),
+            prev,
             epoch_id=epoch,
             slot=self.slot,
             cache_n=timings.cache_n,
             template_drops_reasoning=self.template_drops_reasoning,
+            slot_shared=shared,
         )
 
 

@@ -586,6 +586,17 @@ class SessionLog:
             ).fetchall()
         return [_request_from_row(row) for row in rows]
 
+    def slot_used_since(self, slot: int, request_id: int, *, besides: str) -> bool:
+        """Whether a request of a session other than ``besides`` ran on ``slot`` after the
+        request ``request_id`` (the slot then held another prompt for a while)."""
+        with self._reading():
+            target = self.get_session(besides)
+            row = self._db.execute(
+                "SELECT 1 FROM requests WHERE slot = ? AND id > ? AND session_id != ? LIMIT 1",
+                (slot, request_id, target.id),
+            ).fetchone()
+        return row is not None
+
     def _insert_request(self, session: Session, request: RequestRecord) -> int:
         epoch = self._db.execute(
             "SELECT id FROM epochs WHERE session_id = ? AND number = ?",

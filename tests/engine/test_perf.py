@@ -52,3 +52,18 @@ def test_broken_previous_request_expects_only_its_prompt() -> None:
 
 def test_small_boundary_losses_are_noise() -> None:
     assert cache_loss(prev(), epoch_id=1, slot=0, cache_n=243).cause is LossCause.NONE
+
+
+def test_another_session_on_the_slot_explains_a_loss_before_a_cold_server() -> None:
+    shared = cache_loss(prev(), epoch_id=1, slot=0, cache_n=0, slot_shared=True)
+    assert (shared.lost, shared.cause) == (245, LossCause.SHARED_SLOT)
+    partly = cache_loss(prev(), epoch_id=1, slot=0, cache_n=150, slot_shared=True)
+    assert partly.cause is LossCause.SHARED_SLOT
+    # No loss, no cause: the host prompt cache gave the slot its prompt back.
+    assert cache_loss(prev(), epoch_id=1, slot=0, cache_n=245, slot_shared=True).cause is (
+        LossCause.NONE
+    )
+    # A new epoch or another slot is the more certain cause.
+    assert cache_loss(prev(), epoch_id=2, slot=0, cache_n=0, slot_shared=True).cause is (
+        LossCause.NEW_EPOCH
+    )

@@ -176,3 +176,24 @@ async def test_a_prewarm_that_raises_is_logged_once_and_the_front_end_goes_on(
             await runtime.aclose()
     assert calls == ["older"]
     assert "prewarm on slot 0 failed; prewarm goes on" in caplog.text
+
+
+async def test_without_prewarm_a_session_evicted_by_another_names_the_cause(
+    tmp_path: Path,
+) -> None:
+    async with served(_fake()) as server:
+        runtime = _runtime(server, tmp_path, prewarm=False)
+        try:
+            await _say(runtime, "first", "the first thread's question")
+            await _say(runtime, "other", "another thread's question")
+            await _say(runtime, "first", "the first thread again")
+            await _say(runtime, "first", "and once more")
+            first = runtime.log.requests("first")
+        finally:
+            await runtime.aclose()
+    evicted, after = first[-2].record.perf, first[-1].record.perf
+    assert evicted.cache_loss is not None
+    assert evicted.cache_loss > 0
+    assert evicted.cache_loss_cause == "another session used the slot"
+    assert after.cache_loss == 0  # the slot holds the first session again
+    assert after.cache_loss_cause is None

@@ -217,3 +217,17 @@ def test_reopening_keeps_everything(db_path: Path, log: SessionLog) -> None:
     log.close()
     with SessionLog.open(db_path) as reopened:
         assert reopened.replay_messages(S) == replay
+
+
+def test_what_else_ran_on_a_slot_since_a_request(log: SessionLog) -> None:
+    for name, slot in (("thread-2", 0), ("thread-3", 1)):
+        log.ensure_session(name, slot)
+        log.start_epoch(name, reason="start", tools_text=TOOLS, system_text=SYSTEM)
+    mine = log.record_request(S, request_for(log, S))
+    assert not log.slot_used_since(0, mine.id, besides=S)
+    log.record_request("thread-3", request_for(log, "thread-3"))  # another slot
+    log.record_request(S, request_for(log, S))  # the same session
+    assert not log.slot_used_since(0, mine.id, besides=S)
+    other = log.record_request("thread-2", request_for(log, "thread-2"))
+    assert log.slot_used_since(0, mine.id, besides=S)
+    assert not log.slot_used_since(0, other.id, besides="thread-2")  # nothing after it
