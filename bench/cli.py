@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
 import sys
 import tempfile
 import time
@@ -44,7 +43,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--cache-dir",
         type=Path,
-        default=Path(os.environ.get("LOOPD_CACHE_DIR", Path.home() / ".cache" / "loopd")),
+        default=devserver.default_cache_dir(),
         help="where `make llama-server` put the server and the model",
     )
     parser.add_argument(

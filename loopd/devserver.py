@@ -45,6 +45,12 @@ EVERY_TURN_TEMPLATE = "Qwen3.5-4B-every-turn-reasoning.jinja"
 _LATEST_TURNS_ONLY = "{%- if loop.index0 > ns.last_query_index %}"
 
 
+def default_cache_dir() -> Path:
+    """Where ``scripts/provision.sh`` puts the server and the model: ``$LOOPD_CACHE_DIR``, else
+    ``~/.cache/loopd`` (the Makefile's default too)."""
+    return Path(os.environ.get("LOOPD_CACHE_DIR", Path.home() / ".cache" / "loopd"))
+
+
 class DevServerError(RuntimeError):
     """The embedded server is missing or did not come up; the message says what to do."""
 
@@ -305,7 +311,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--cache-dir",
         type=Path,
-        default=Path(os.environ.get("LOOPD_CACHE_DIR", Path.home() / ".cache" / "loopd")),
+        default=default_cache_dir(),
     )
     args = parser.parse_args(argv)
     # SIGTERM (what `make run` sends on exit) must also stop the router: it runs in its own

@@ -8,9 +8,7 @@
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
@@ -22,10 +20,6 @@ def anyio_backend() -> str:
     return "asyncio"
 
 
-def _cache_dir() -> Path:
-    return Path(os.environ.get("LOOPD_CACHE_DIR", Path.home() / ".cache" / "loopd"))
-
-
 @pytest.fixture(scope="session")
 def real_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[devserver.RunningServer]:
     """The real router with both presets loaded, on a Unix socket; shared by the whole session."""
@@ -33,7 +27,7 @@ def real_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[devserver.
     try:
         server = devserver.start(
             workdir,
-            _cache_dir(),
+            devserver.default_cache_dir(),
             socket_path=workdir / "llama.sock",
             load=(devserver.PLAIN_MODEL, devserver.THINKING_MODEL),
         )

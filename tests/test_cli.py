@@ -83,7 +83,7 @@ def test_stopped_server_mid_session_fails_the_turn_with_exit_2(tmp_path: Path) -
     workdir = tmp_path / "server"
     server = devserver.start(
         workdir,
-        Path(os.environ.get("LOOPD_CACHE_DIR", Path.home() / ".cache" / "loopd")),
+        devserver.default_cache_dir(),
         socket_path=workdir / "llama.sock",
     )
     server.stop()

@@ -13,8 +13,6 @@ import pytest
 
 from loopd import devserver
 
-CACHE_DIR = Path(os.environ.get("LOOPD_CACHE_DIR", Path.home() / ".cache" / "loopd"))
-
 pytestmark = pytest.mark.real_server
 
 
@@ -63,7 +61,7 @@ def test_preset_names_every_model() -> None:
 
 
 def test_the_every_turn_template_changes_one_condition_of_the_provisioned_one() -> None:
-    prov = devserver.Provisioned.in_cache(CACHE_DIR)
+    prov = devserver.Provisioned.in_cache(devserver.default_cache_dir())
     original = (prov.templates / devserver.THINKING_TEMPLATE).read_text(encoding="utf-8")
     changed = devserver.every_turn_reasoning(original)
     removed = [line for line in original.splitlines() if line not in changed.splitlines()]
@@ -82,7 +80,7 @@ def test_only_the_every_turn_preset_renders_earlier_reasoning(tmp_path: Path) ->
     ]
     server = devserver.start(
         tmp_path,
-        CACHE_DIR,
+        devserver.default_cache_dir(),
         socket_path=tmp_path / "llama.sock",
         load=(devserver.THINKING_MODEL, devserver.EVERY_TURN_MODEL),
     )

@@ -84,14 +84,12 @@ class Threads:
     async def resume_all(self) -> None:
         """After a start: deliver answers a crash left unposted, and run pending turns (not
         those a user stopped)."""
-        for session in self.runtime.log.sessions():
-            if not session.name.startswith(PREFIX):
-                continue
-            await self.deliver(session.name)
-            state = self.runtime.log.state(session.name)
+        for name in self.session_names():
+            await self.deliver(name)
+            state = self.runtime.log.state(name)
             if (state.pending_turn or state.interrupted_calls) and not was_stopped(state):
-                log.info("resuming the pending turn of %s", session.name)
-                self.wake(session.name)
+                log.info("resuming the pending turn of %s", name)
+                self.wake(name)
 
     # -- turns -----------------------------------------------------------------------------------
 

@@ -105,6 +105,11 @@ class InferenceClient:
             raise ServerRejected(self.url, 200, "/slots answered something other than a list")
         return [s for s in data if isinstance(s, dict)]
 
+    async def slot_busy(self, slot: int, wait_s: float | None = None) -> bool:
+        """Whether ``/slots`` shows ``slot`` processing a request (anyone's)."""
+        slots = await self.slots(wait_s)
+        return any(s.get("id") == slot and s.get("is_processing") for s in slots)
+
     async def props(self, wait_s: float | None = None) -> dict[str, Any]:
         data = await self._get_json("/props", {"model": self.model}, wait_s or self.connect_s)
         if not isinstance(data, dict):

@@ -152,10 +152,10 @@ class Prewarmer:
         if not self.log.state(session.name).idle:
             return "a turn is pending"
         try:
-            slots = await self.client.slots()
+            busy = await self.client.slot_busy(session.slot)
         except InferenceError as exc:
             return f"/slots failed: {exc}"
-        if any(s.get("id") == session.slot and s.get("is_processing") for s in slots):
+        if busy:
             return "the server's slot is busy with another client"
         return ""
 

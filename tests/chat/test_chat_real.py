@@ -43,10 +43,6 @@ def phase_ranks(history: list[str]) -> list[int]:
     return [next(i for i, icon in enumerate(PHASES) if text.startswith(icon)) for text in history]
 
 
-async def slot_busy(client: InferenceClient, slot: int) -> bool:
-    return any(s.get("id") == slot and s.get("is_processing") for s in await client.slots())
-
-
 async def test_two_threads_on_one_slot_interleave_and_both_are_answered(
     tmp_path: Path, sockets: Path, real_server: devserver.RunningServer
 ) -> None:
@@ -141,12 +137,12 @@ async def test_stop_frees_the_slot_within_a_second(
     ):
         post = env.fake.post_as("alice", env.dm(), "Count from 1 to 1000, one number a line.")
         await until(lambda: any("✍️" in t for t in env.status_history(post.id)), "answering", 120)
-        assert await slot_busy(client, 0)
+        assert await client.slot_busy(0)
         token_s = await token_time_s(client, 0)
         env.fake.post_as("alice", env.dm(), "stop", root_id=post.id)
         started = time.monotonic()
         with anyio.fail_after(30):
-            while await slot_busy(client, 0):  # noqa: ASYNC110 - polls the server's /slots
+            while await client.slot_busy(0):  # noqa: ASYNC110 - polls the server's /slots
                 await anyio.sleep(0.05)
         freed_s = time.monotonic() - started
         # Within a second; the server itself notices a closed connection only at its next

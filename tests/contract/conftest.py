@@ -32,14 +32,10 @@ FAKE_PLAIN, FAKE_KEEP, FAKE_DROP = "smollm2", "smollm2-keep", "smollm2-think"
 Record = Callable[..., None]
 
 
-def cache_dir() -> Path:
-    return Path(os.environ.get("LOOPD_CACHE_DIR", Path.home() / ".cache" / "loopd"))
-
-
 def keep_template(workdir: Path) -> Path:
     """The devserver's every-turn-reasoning template (Qwen3.5's with one condition changed, as
     the seed's production template renders every turn's reasoning), written into ``workdir``."""
-    prov = devserver.Provisioned.in_cache(cache_dir())
+    prov = devserver.Provisioned.in_cache(devserver.default_cache_dir())
     original = (prov.templates / devserver.THINKING_TEMPLATE).read_text(encoding="utf-8")
     path = workdir / "keep-reasoning.jinja"
     path.write_text(devserver.every_turn_reasoning(original), encoding="utf-8")
@@ -52,7 +48,7 @@ def start_own_server(workdir: Path, *, models_max: int = 2) -> devserver.Running
         template = keep_template(workdir)
         return devserver.start(
             workdir,
-            cache_dir(),
+            devserver.default_cache_dir(),
             socket_path=workdir / "llama.sock",
             layout=devserver.ServerLayout(models_max=models_max),
             extra_args=("--chat-template-file", str(template), *SMALL_BATCH_ARGS),

@@ -196,7 +196,7 @@ def carried_forward(previous: Streamed) -> int:
 
 async def is_processing(endpoint: Endpoint, slot: int) -> bool:
     async with endpoint.client() as client:
-        return any(s.get("id") == slot and s.get("is_processing") for s in await client.slots())
+        return await client.slot_busy(slot)
 
 
 def tool(name: str, description: str, properties: dict[str, Any], required: list[str]) -> Any:

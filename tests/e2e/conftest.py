@@ -11,7 +11,6 @@ Socket paths must stay under about 100 bytes, so everything lives in a short fol
 
 from __future__ import annotations
 
-import os
 import secrets
 import shutil
 import sys
@@ -37,7 +36,7 @@ def e2e_dir() -> Iterator[Path]:
 @pytest.fixture(scope="session")
 def llama_tcp(e2e_dir: Path) -> Iterator[devserver.RunningServer]:
     """The real router on 127.0.0.1:<free port>, with ``smollm2`` loaded."""
-    cache_dir = Path(os.environ.get("LOOPD_CACHE_DIR", Path.home() / ".cache" / "loopd"))
+    cache_dir = devserver.default_cache_dir()
     try:
         server = devserver.start(
             e2e_dir / "llama", cache_dir, port=devserver.free_port(), load=(devserver.PLAIN_MODEL,)

@@ -48,7 +48,7 @@ async def test_request_behind_a_long_generation_is_queued_then_completes(
             tg.start_soon(run_blocker)
             # Wait until the blocker holds the slot, then queue behind it.
             with anyio.fail_after(30):
-                while not await _processing(client, slot):  # noqa: ASYNC110 - polls the server
+                while not await client.slot_busy(slot):  # noqa: ASYNC110 - polls the server
                     await anyio.sleep(0.05)
             queued = await run_request(
                 client,
@@ -63,10 +63,6 @@ async def test_request_behind_a_long_generation_is_queued_then_completes(
     assert queued.queue_wait_s > 0.2
     assert queued.first_byte_s is not None
     assert queued.first_byte_s >= queued.queue_wait_s - 0.2
-
-
-async def _processing(client: InferenceClient, slot: int) -> bool:
-    return any(s["id"] == slot and s["is_processing"] for s in await client.slots())
 
 
 async def test_low_thinking_cap_ends_reasoning_with_the_control_call(
@@ -91,11 +87,9 @@ async def test_low_thinking_cap_ends_reasoning_with_the_control_call(
 
 
 def _start(workdir: Path, socket: Path) -> devserver.RunningServer:
-    return devserver.start(workdir, _cache(), socket_path=socket, load=(devserver.PLAIN_MODEL,))
-
-
-def _cache() -> Path:
-    return Path(os.environ.get("LOOPD_CACHE_DIR", Path.home() / ".cache" / "loopd"))
+    return devserver.start(
+        workdir, devserver.default_cache_dir(), socket_path=socket, load=(devserver.PLAIN_MODEL,)
+    )
 
 
 async def test_stopped_server_fails_within_the_silence_limit_then_recovers(

@@ -4,7 +4,6 @@ session's next turn reads only its own tokens."""
 
 from __future__ import annotations
 
-import os
 import tempfile
 from pathlib import Path
 
@@ -22,7 +21,6 @@ from tests.engine.engine_support import eventually
 
 pytestmark = pytest.mark.real_server
 
-CACHE_DIR = Path(os.environ.get("LOOPD_CACHE_DIR", Path.home() / ".cache" / "loopd"))
 N_CTX = 4096  # the devserver's default layout: ctx 8192 over 2 slots
 TOPICS = [
     "the garden",
@@ -192,7 +190,7 @@ async def test_a_turn_arriving_during_a_prewarm_waits_only_for_its_cancellation(
         work = Path(tmp)
         server = devserver.start(
             work / "server",
-            CACHE_DIR,
+            devserver.default_cache_dir(),
             socket_path=work / "llama.sock",
             layout=NO_HOST_CACHE,
             extra_args=SMALL_BATCH,
@@ -220,7 +218,7 @@ async def test_a_turn_arriving_during_a_prewarm_waits_only_for_its_cancellation(
                         results.append(await runtime.prewarm(first))
 
                     tg.start_soon(prewarm)
-                    await eventually(lambda: _slot_busy(runtime, 0), 60)
+                    await eventually(lambda: runtime.client.slot_busy(0), 60)
                     await runtime.append_user(
                         "first", "Say goodbye.", external_key=fresh_external_key()
                     )
@@ -248,8 +246,3 @@ async def _turn(runtime: Runtime, name: str, text: str) -> None:
     await runtime.append_user(name, text, external_key=fresh_external_key())
     outcome = await runtime.run_turn(session, lambda status: None)
     assert outcome.failure is None, outcome.failure
-
-
-async def _slot_busy(runtime: Runtime, slot: int) -> bool:
-    slots = await runtime.client.slots()
-    return any(s.get("id") == slot and s.get("is_processing") for s in slots)

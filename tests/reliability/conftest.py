@@ -72,10 +72,6 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     DOCUMENT.write_text(render(list(_ROWS.values()), command=command))
 
 
-def _cache_dir() -> Path:
-    return Path(os.environ.get("LOOPD_CACHE_DIR", Path.home() / ".cache" / "loopd"))
-
-
 @pytest.fixture(scope="module")
 def own_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[devserver.RunningServer]:
     """A real router of this module's own, with room for one model (``--models-max 1``), so a
@@ -94,7 +90,7 @@ def start_real(workdir: Path) -> devserver.RunningServer:
     try:
         return devserver.start(
             workdir,
-            _cache_dir(),
+            devserver.default_cache_dir(),
             socket_path=workdir / "llama.sock",
             layout=devserver.ServerLayout(models_max=1),
             load=(devserver.PLAIN_MODEL,),

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import io
 import json
-import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -30,10 +29,6 @@ OTHER_TEMPLATE = (
     "{%- endfor -%}"
     "{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\\n' -}}{%- endif -%}"
 )
-
-
-def cache_dir() -> Path:
-    return Path(os.environ.get("LOOPD_CACHE_DIR", Path.home() / ".cache" / "loopd"))
 
 
 def settings_for(server: devserver.RunningServer, model: str) -> Settings:
@@ -110,7 +105,7 @@ def other_server(
     extra = tuple(arg.replace("{template}", str(template)) for arg in extra_args)
     with devserver.running(
         tmp_path / "server",
-        cache_dir(),
+        devserver.default_cache_dir(),
         socket_path=tmp_path / "server" / "llama.sock",
         layout=layout,
         extra_args=extra,
