@@ -24,6 +24,9 @@ from pydantic_settings import (
 
 from loopd.errors import ConfigError
 
+# The core tools array ships inside the package, so an installed wheel finds it wherever it lives.
+CORE_TOOLS_FILE = Path(__file__).resolve().parent / "data" / "tools.schema.json"
+
 
 def _default_cache_dir() -> Path:
     return Path.home() / ".cache" / "loopd"
@@ -63,9 +66,9 @@ class Settings(BaseSettings):
         "`<state_dir>/workspaces`.",
     )
     tools_file: Path = Field(
-        default_factory=lambda: Path(__file__).resolve().parent.parent / "tools.schema.json",
+        default_factory=lambda: CORE_TOOLS_FILE,
         description="The core tools array sent in every request of an epoch. Default: "
-        "`tools.schema.json` beside the `loopd` package.",
+        "`loopd/data/tools.schema.json`, shipped in the package.",
     )
     broker_url: str = Field(
         "unix:/run/loopd/broker.sock",

@@ -14,13 +14,11 @@ from typing import TextIO
 
 import anyio
 
-from loopd.config import Settings
+from loopd.config import CORE_TOOLS_FILE, Settings
 from loopd.selftest.expected import DEFAULT_DIR
 from loopd.selftest.run import EXIT_UNREACHABLE, format_report, run_selftest
 from loopd.tools.errors import ToolsSpecError
 from loopd.tools.spec import load_tools_spec
-
-DEFAULT_TOOLS_FILE = Path("tools.schema.json")
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -98,8 +96,4 @@ def selftest(
 
 
 def _tools_text(path: Path | None) -> str:
-    if path is None:
-        if not DEFAULT_TOOLS_FILE.is_file():
-            return ""
-        path = DEFAULT_TOOLS_FILE
-    return load_tools_spec(path).text
+    return load_tools_spec(path or CORE_TOOLS_FILE).text

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from loopd import devserver
-from loopd.config import Settings, load_settings
+from loopd.config import CORE_TOOLS_FILE, Settings, load_settings
 from loopd.engine.client import InferenceClient
 from loopd.selftest import TemplateAnswer, run_selftest, template_keeps_reasoning
 from loopd.selftest.commands import selftest
@@ -21,7 +21,7 @@ from loopd.tools.spec import load_tools_spec
 
 pytestmark = pytest.mark.real_server
 
-TOOLS_FILE = Path(__file__).resolve().parents[2] / "tools.schema.json"
+
 # A chat template of our own: valid for the server, but not the one recorded for smollm2.
 OTHER_TEMPLATE = (
     "{%- for message in messages -%}"
@@ -45,7 +45,7 @@ async def test_the_real_server_passes_with_the_recorded_values(
     real_server: devserver.RunningServer, model: str
 ) -> None:
     report = await run_selftest(
-        settings_for(real_server, model), tools_text=load_tools_spec(TOOLS_FILE).text
+        settings_for(real_server, model), tools_text=load_tools_spec(CORE_TOOLS_FILE).text
     )
     assert failing_lines(report) == []
     assert report.exit_status == 0

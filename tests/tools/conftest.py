@@ -1,4 +1,4 @@
-"""Fixtures for the tools tests: the repository's tools file, a workspace and its surroundings."""
+"""Fixtures for the tools tests: the shipped tools file, a workspace and its surroundings."""
 
 from collections.abc import Callable
 from pathlib import Path
@@ -7,6 +7,7 @@ from typing import Any
 import anyio
 import pytest
 
+from loopd.config import CORE_TOOLS_FILE
 from loopd.tools import (
     Sandbox,
     ToolContext,
@@ -18,18 +19,17 @@ from loopd.tools import (
     plain_sandbox,
 )
 
-TOOLS_FILE = Path(__file__).resolve().parents[2] / "tools.schema.json"
 SECRET = "the-secret-outside-the-workspace"
 
 
 @pytest.fixture(scope="session")
 def tools_file() -> Path:
-    return TOOLS_FILE
+    return CORE_TOOLS_FILE
 
 
 @pytest.fixture(scope="session")
 def spec() -> ToolsSpec:
-    return load_tools_spec(TOOLS_FILE)
+    return load_tools_spec(CORE_TOOLS_FILE)
 
 
 @pytest.fixture(scope="session")
