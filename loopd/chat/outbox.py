@@ -85,7 +85,13 @@ class Outbox:
 
 
 class StatusPost:
-    """One post per turn showing its phase, edited at most every ``interval_s``."""
+    """One post per turn showing its phase, edited at most every ``interval_s``.
+
+    Best effort: the status post only shows progress, so when it cannot be created or edited
+    (a permission scheme without ``edit_post``, the post deleted by a moderator, Mattermost
+    failing past the retries) loopd gives it up for the rest of the turn, with one log line,
+    and the turn and its answer go on.
+    """
 
     def __init__(
         self,
@@ -119,11 +125,15 @@ class StatusPost:
             self._text = text
             self._changed.set()
 
-    async def open(self) -> str:
-        """Create (or, after a restart, find) the status post."""
+    async def open(self) -> str | None:
+        """Create (or, after a restart, find) the status post; None when it cannot be."""
         key = self.key if self._generation == 0 else f"{self.key}.{self._generation}"
         reused = self.outbox.delivered(key)
-        ids = await self.outbox.post_once(key, self.channel_id, self.root_id, self._text)
+        try:
+            ids = await self.outbox.post_once(key, self.channel_id, self.root_id, self._text)
+        except MattermostError as exc:
+            self._give_up("could not be posted", exc)
+            return None
         self.post_id = ids[0]
         if reused:
             # A restart resumes the turn in its old status post, which still shows the phase
@@ -161,10 +171,15 @@ class StatusPost:
             await self.outbox.client.patch_message(self.post_id, text)
         except MattermostError as exc:
             if exc.status != 400:
-                raise
+                self._give_up(f"{self.post_id} could not be edited", exc)
+                return
             # Past the server's edit time limit: carry on in a new status post.
             log.info("status post %s can no longer be edited (%s)", self.post_id, exc.detail)
             self._generation += 1
             await self.open()
             return
         self._sent, self._sent_at = text, self.clock()
+
+    def _give_up(self, what: str, exc: MattermostError) -> None:
+        log.warning("status post of %s %s (%s); the turn goes on without it", self.key, what, exc)
+        self.post_id = None

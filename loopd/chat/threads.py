@@ -109,9 +109,10 @@ class Threads:
                 if state.pending_turn or state.interrupted_calls:
                     try:
                         await self._turn(session)
-                    except LoopdError:
+                    except* LoopdError:
                         # One thread's failure (Mattermost down past the retries, a log error)
                         # must not end the daemon; the next message wakes the session again.
+                        # except*: the turn runs in a task group, which wraps what it raises.
                         log.exception("the turn of %s failed", session)
         finally:
             self._workers.discard(session)

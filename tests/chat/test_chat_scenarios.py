@@ -232,6 +232,39 @@ async def test_stop_by_reaction_on_the_status_post(
         assert env.answers(post.id) == []
 
 
+@pytest.mark.parametrize("refusal", [403, 503])
+async def test_a_refused_status_edit_costs_only_the_status_post(
+    tmp_path: Path, sockets: Path, llama: RunningFake, refusal: int
+) -> None:
+    # 403: a permission scheme without edit_post. 503: an outage of edits only, longer than the
+    # REST retry window. Either used to end the daemon from inside the turn's task group.
+    async with environment(tmp_path, sockets, llama, retry_for_s=0.3) as env, daemon(env):
+        env.fake.refuse_patches(refusal)
+        first = env.fake.post_as("alice", env.dm(), "answer me anyway")
+        await until(lambda: len(env.answers(first.id)) == 1, "the answer despite the edits")
+        root = env.fake.post_as("bob", "dev", "@loopd: and another thread?")
+        await until(lambda: len(env.answers(root.id)) == 1, "another thread's answer")
+        env.fake.refuse_patches(None)
+        env.fake.post_as("alice", env.dm(), "edits work again", root_id=first.id)
+        await until(lambda: len(env.answers(first.id)) == 2, "the next answer")
+        assert env.status_history(first.id)[-1].startswith("✅")
+
+
+async def test_a_status_post_deleted_mid_turn_costs_only_the_status_post(
+    tmp_path: Path, sockets: Path, fake_llama: FakeLlama, llama: RunningFake
+) -> None:
+    fake_llama.pace = Pace(tokens_per_second=60)
+    fake_llama.push(ScriptedReply(content="word " * 60), model=FAKE_MODEL)
+    async with environment(tmp_path, sockets, llama) as env, daemon(env):
+        post = env.fake.post_as("alice", env.dm(), "go on without your status")
+        await until(lambda: "answering" in "".join(env.status_history(post.id)), "answering")
+        status_post = next(p for p in env.bot_posts(post.id) if "status" in str(p.props))
+        # A moderator deletes it; real Mattermost answers the next patch with 403.
+        env.fake.delete_post(env.fake.bot, status_post.post_id)
+        await until(lambda: len(env.answers(post.id)) == 1, "the answer")
+        assert env.answers(post.id)[0].message == "word " * 60
+
+
 async def test_ambiguous_5xx_and_429_bursts_give_exactly_one_reply(
     tmp_path: Path, sockets: Path, llama: RunningFake
 ) -> None:

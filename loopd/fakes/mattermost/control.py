@@ -30,6 +30,7 @@ FAULTS = frozenset(
         "overflow_send_queue",
         "fail_next_creates",
         "hang_next_creates",
+        "refuse_patches",
         "burst_429",
         "set_rate_limit",
         "set_edit_time_limit",

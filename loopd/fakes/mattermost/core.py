@@ -319,6 +319,11 @@ class FakeMattermost:
         server that dies between its commit and its reply. ``0`` turns the switch off."""
         self.faults.hanging_creates = count
 
+    def refuse_patches(self, status: int | None = 403) -> None:
+        """Every post patch answers ``status`` until called with ``None``: 403 is a permission
+        scheme without ``edit_post``, 5xx an outage that hits edits only."""
+        self.faults.refused_patches = status
+
     def burst_429(self, count: int, retry_after_s: int = 1) -> None:
         """The next ``count`` REST requests get 429 ``limit exceeded`` with Retry-After."""
         self.faults.forced_429 = count

@@ -90,6 +90,7 @@ class Faults:
     failing_creates: int = 0  # next POST /posts commit, then answer this status
     failing_create_status: int = 500
     hanging_creates: int = 0  # next POST /posts commit, then their answer never comes
+    refused_patches: int | None = None  # while set, every post patch answers this status
 
     @property
     def stalled(self) -> bool:

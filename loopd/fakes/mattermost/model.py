@@ -482,6 +482,11 @@ class World:
         return claimed
 
     def patch_post(self, actor: User, post_id: str, patch: Patch) -> Post:
+        existing = self.posts.get(post_id)
+        if existing is not None and existing.delete_at and existing.original_id == "":
+            # Real Mattermost checks the permission on the post's channel first, and a deleted
+            # post has none: a deleted post answers 403, not 404.
+            raise forbidden()
         post = self.live_post(post_id)
         self.member_channel(post.channel_id, actor)
         if post.user_id != actor.id:

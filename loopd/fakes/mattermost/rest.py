@@ -218,6 +218,13 @@ async def patch_post(request: Request) -> Response:
         is_pinned=_typed(body, "is_pinned", bool),
         has_reactions=_typed(body, "has_reactions", bool),
     )
+    refused = fake.faults.refused_patches
+    if refused is not None:
+        raise AppError(
+            "api.context.permissions.app_error",
+            "You do not have the appropriate permissions.",
+            refused,
+        )
     post = fake.patch_post(me, request.path_params["post_id"], patch)
     return JSONResponse(fake.world.post_json(post))
 

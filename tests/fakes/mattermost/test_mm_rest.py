@@ -105,6 +105,21 @@ async def test_patch_history_and_edit_limit_over_http() -> None:
         assert foreign.status_code == 403
 
 
+async def test_a_deleted_post_and_refused_edits_answer_403() -> None:
+    async with running_fake() as running, rest(running) as client:
+        dev = running.fake.channel("dev")
+        created = await client.post("/posts", json={"channel_id": dev.id, "message": "v1"})
+        post_id = created.json()["id"]
+        running.fake.refuse_patches(503)
+        outage = await client.put(f"/posts/{post_id}/patch", json={"message": "v2"})
+        assert outage.status_code == 503
+        running.fake.refuse_patches(None)
+        assert (await client.put(f"/posts/{post_id}/patch", json={"message": "v2"})).is_success
+        await client.delete(f"/posts/{post_id}")
+        deleted = await client.put(f"/posts/{post_id}/patch", json={"message": "v3"})
+        assert deleted.status_code == 403
+
+
 async def test_channel_posts_since_and_paging() -> None:
     async with running_fake() as running, rest(running) as client:
         clock = manual_clock(running)
