@@ -8,10 +8,11 @@ export LOOPD_CACHE_DIR ?= $(HOME)/.cache/loopd
 
 .PHONY: run test lint types unit llama-server venv system-deps bench verify-device reliability clean
 
-$(VENV)/.installed: pyproject.toml
+# loopd itself and its development kit (dev/: the fakes, the dev server), both editable.
+$(VENV)/.installed: pyproject.toml dev/pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[dev,bench]'
+	$(BIN)/pip install --quiet -e '.[dev,bench]' -e ./dev
 	touch $@
 
 venv: $(VENV)/.installed

@@ -35,7 +35,6 @@ from bench.ideal import (
 from bench.naive import NaiveHarness
 from bench.script import SCRIPT, SYSTEM_TEXT, TOOLS, ScriptedCall, UserTurn
 from loopd.config import Settings, load_settings
-from loopd.devserver import THINKING_MODEL
 from loopd.engine.client import make_async_client
 from loopd.engine.request import Sampling, build_body
 from loopd.engine.stream import Failure, run_request
@@ -44,6 +43,7 @@ from loopd.jsonbytes import dumps
 from loopd.sessionlog import Perf, RequestKind, RequestRecord, messages_digest
 from loopd.sessions import Runtime
 from loopd.wire import AssistantMessage
+from loopd_dev.devserver import THINKING_MODEL
 
 log = logging.getLogger("bench.cache")
 

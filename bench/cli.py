@@ -25,7 +25,7 @@ from bench.machine import describe, load_average
 from bench.plot import prompt_n_plot
 from bench.report import Results, render
 from bench.sse_reference import REFERENCE_LIBRARY, library_parser, reference_parser
-from loopd import devserver
+from loopd_dev import devserver
 
 log = logging.getLogger("bench")
 

@@ -13,7 +13,7 @@ from pathlib import Path
 from bench.errors import BenchError
 from bench.memory import MemorySample
 from bench.stats import Spread
-from loopd.sessionlog.bench import measure as measure_log
+from loopd_dev.sessionlog_bench import measure as measure_log
 
 BUILD_SIZES = (100, 1_000, 10_000)
 APPENDS = 200
@@ -35,7 +35,7 @@ class CpuShare:
 
 
 def log_cost(repeats: int, sizes: Sequence[int] = BUILD_SIZES, appends: int = APPENDS) -> LogCost:
-    """``loopd.sessionlog.bench.measure`` in a fresh log per run."""
+    """``loopd_dev.sessionlog_bench.measure`` in a fresh log per run."""
     runs = []
     for _ in range(repeats):
         with tempfile.TemporaryDirectory(prefix="bench-log-") as tmp:

@@ -17,7 +17,7 @@ from bench.overhead import CpuShare, LogCost
 from bench.parsers import ParserRow
 from bench.stats import Spread
 from bench.switching import SwitchRow
-from loopd.devserver import EVERY_TURN_MODEL, THINKING_MODEL
+from loopd_dev.devserver import EVERY_TURN_MODEL, THINKING_MODEL
 
 COMMAND = "make bench"
 NAIVE_RATIO_TARGET = 10.0
@@ -408,7 +408,7 @@ def _cost_section(r: Results) -> list[str]:
     log = r.log
     lines += ["", "### Session log", ""]
     lines += [
-        f"`loopd.sessionlog.bench.measure`, a fresh log per run: {log.appends} single appends "
+        f"`loopd_dev.sessionlog_bench.measure`, a fresh log per run: {log.appends} single appends "
         "(each its own fsynced transaction), and the time to build a request's messages "
         "(replay and join) for sessions of each size.",
         "",

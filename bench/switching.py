@@ -22,9 +22,9 @@ from pathlib import Path
 from bench.errors import BenchError
 from bench.stats import Spread
 from loopd.config import load_settings
-from loopd.devserver import PLAIN_MODEL
 from loopd.jsonbytes import dumps
 from loopd.sessions import Runtime
+from loopd_dev.devserver import PLAIN_MODEL
 
 log = logging.getLogger("bench.switching")
 

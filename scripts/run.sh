@@ -23,7 +23,7 @@ wait_for_socket() {  # path, what, pid
 }
 
 echo "run: starting llama-server (router, SmolLM2-135M) ..." >&2
-$bin/python -m loopd.devserver --socket "$run/llama.sock" --workdir "$run/devserver" \
+$bin/python -m loopd_dev.devserver --socket "$run/llama.sock" --workdir "$run/devserver" \
     >"$run/llama-server.log" 2>&1 &
 pids+=($!)
 # The devserver prints "ready" once both models are loaded.

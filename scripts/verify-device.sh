@@ -10,7 +10,7 @@ if [ -n "${LOOPD_INFER_URL:-}" ]; then
 fi
 run=state/verify-device
 mkdir -p "$run"
-$bin/python -m loopd.devserver --socket "$run/llama.sock" --workdir "$run/devserver" \
+$bin/python -m loopd_dev.devserver --socket "$run/llama.sock" --workdir "$run/devserver" \
     >"$run/llama-server.log" 2>&1 &
 server=$!
 trap 'kill $server 2>/dev/null || true; wait $server 2>/dev/null || true' EXIT

@@ -12,7 +12,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from loopd import devserver
+from loopd_dev import devserver
 
 
 @pytest.fixture

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from loopd import devserver
+from loopd_dev import devserver
 
 LOOPD = [sys.executable, "-m", "loopd"]
 

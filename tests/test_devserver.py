@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from loopd import devserver
+from loopd_dev import devserver
 
 pytestmark = pytest.mark.real_server
 
@@ -19,7 +19,7 @@ pytestmark = pytest.mark.real_server
 def test_sigterm_stops_the_router_too(tmp_path: Path) -> None:
     """The router runs in its own session; a SIGTERM to the devserver must not orphan it."""
     socket = tmp_path / "llama.sock"
-    argv = [sys.executable, "-m", "loopd.devserver", "--socket", str(socket)]
+    argv = [sys.executable, "-m", "loopd_dev.devserver", "--socket", str(socket)]
     argv += ["--workdir", str(tmp_path / "work")]
     process = subprocess.Popen(argv, stderr=subprocess.PIPE, text=True)
     assert process.stderr is not None

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from loopd import devserver
 from loopd.sessionlog.records import RequestKind
 from loopd.sessionlog.store import SessionLog
+from loopd_dev import devserver
 from tests.test_cli import run_loopd
 
 pytestmark = pytest.mark.real_server

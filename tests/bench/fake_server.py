@@ -7,8 +7,8 @@ from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
 
-from loopd.devserver import PLAIN_MODEL, THINKING_MODEL
-from loopd.fakes.llama import (
+from loopd_dev.devserver import PLAIN_MODEL, THINKING_MODEL
+from loopd_dev.fakes.llama import (
     FakeLlama,
     ModelSpec,
     ScriptedReply,

@@ -13,7 +13,7 @@ from bench.parsers import ParserRow
 from bench.report import Results
 from bench.stats import Spread
 from bench.switching import SwitchRow
-from loopd.devserver import EVERY_TURN_MODEL, THINKING_MODEL
+from loopd_dev.devserver import EVERY_TURN_MODEL, THINKING_MODEL
 
 
 def spread(value: float) -> Spread:

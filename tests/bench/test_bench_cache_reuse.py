@@ -13,8 +13,8 @@ import pytest
 from bench.cache_reuse import CUT_REPLY, SESSION, CacheResult, SessionSettings, run
 from bench.ideal import Label
 from bench.script import SCRIPT
-from loopd.fakes.llama import ScriptedReply, ScriptedToolCall
 from loopd.sessionlog import EntryKind, SessionLog
+from loopd_dev.fakes.llama import ScriptedReply, ScriptedToolCall
 from tests.bench.fake_server import fake_server
 
 pytestmark = pytest.mark.anyio

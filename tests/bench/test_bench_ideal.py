@@ -12,11 +12,11 @@ from bench.ideal import (
     reply_rendered,
     reply_tokenized_anew,
 )
-from loopd.devserver import PLAIN_MODEL
 from loopd.engine.client import InferenceClient, make_async_client
 from loopd.engine.request import RequestSettings, Sampling, build_body
 from loopd.engine.stream import Limits, run_request
 from loopd.jsonbytes import dumps
+from loopd_dev.devserver import PLAIN_MODEL
 from tests.bench.fake_server import fake_server
 
 

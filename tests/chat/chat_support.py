@@ -14,14 +14,14 @@ import anyio
 
 from loopd.chat.config import ChatSettings
 from loopd.config import Settings
-from loopd.fakes.mattermost import (
+from loopd.serve import Daemon, run_daemon
+from loopd_dev.fakes.mattermost import (
     FakeConfig,
     FakeMattermost,
     LoggedPost,
     RunningFake,
     serve_fake_mattermost,
 )
-from loopd.serve import Daemon, run_daemon
 
 WAIT_S = 20.0
 FAST_MM = FakeConfig(auth_timeout_s=0.5, ping_interval_s=0.5, pong_wait_s=2.0)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from loopd.fakes.llama import FakeLlama, ModelSpec, RunningFake, serve_fake_llama
+from loopd_dev.fakes.llama import FakeLlama, ModelSpec, RunningFake, serve_fake_llama
 
 FAKE_MODEL = "fake-model"
 

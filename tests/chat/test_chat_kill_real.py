@@ -16,13 +16,13 @@ from typing import Any
 
 import pytest
 
-from loopd import devserver
 from loopd.chat.outbox import PART_PROP, TURN_PROP
 from loopd.chat.split import split_message
 from loopd.chat.threads import session_name
-from loopd.fakes.mattermost import FakeConfig, LoggedPost
 from loopd.sessionlog.records import EntryKind
 from loopd.sessionlog.store import SessionLog
+from loopd_dev import devserver
+from loopd_dev.fakes.mattermost import FakeConfig, LoggedPost
 from tests.chat.chat_support import FAST_MM, Env, chat_settings_for, fake_mattermost, settings_for
 from tests.chat.serve_process import loopd_serve, verify_session_log
 

@@ -11,8 +11,8 @@ from typing import Any
 import anyio
 import pytest
 
-from loopd import devserver
 from loopd.engine.client import InferenceClient
+from loopd_dev import devserver
 from tests.chat.chat_support import (
     Env,
     chat_settings_for,

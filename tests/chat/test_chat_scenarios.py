@@ -13,10 +13,10 @@ import anyio
 import pytest
 
 from loopd.chat.threads import session_name
-from loopd.fakes.llama import FakeLlama, Pace, RunningFake, ScriptedReply
-from loopd.fakes.mattermost import FakeConfig, LoggedPost
 from loopd.sessionlog import EntryKind, SessionLog
 from loopd.sessionlog.records import RequestKind
+from loopd_dev.fakes.llama import FakeLlama, Pace, RunningFake, ScriptedReply
+from loopd_dev.fakes.mattermost import FakeConfig, LoggedPost
 from tests.chat.chat_support import (
     FAST_MM,
     Env,

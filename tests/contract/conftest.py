@@ -18,8 +18,8 @@ from typing import Any
 
 import pytest
 
-from loopd import devserver
-from loopd.fakes.llama import FakeLlama, ModelSpec, Pace, TemplateOptions, serve_fake_llama
+from loopd_dev import devserver
+from loopd_dev.fakes.llama import FakeLlama, ModelSpec, Pace, TemplateOptions, serve_fake_llama
 from tests.contract.contract_kit import Endpoint, Target
 
 RESULTS_ENV = "LOOPD_CONTRACT_RESULTS"

@@ -23,7 +23,6 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from loopd.engine.client import InferenceClient
-from loopd.fakes.llama import FakeLlama, ScriptedReply, ScriptedToolCall
 from loopd.jsonbytes import dumps
 from loopd.wire import (
     ChunkMeta,
@@ -34,6 +33,7 @@ from loopd.wire import (
     Timings,
     ToolCallDelta,
 )
+from loopd_dev.fakes.llama import FakeLlama, ScriptedReply, ScriptedToolCall
 
 Kind = Literal["real", "fake"]
 Message = dict[str, Any]

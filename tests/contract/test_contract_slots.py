@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from loopd import devserver
-from loopd.fakes.llama import serve_fake_llama
+from loopd_dev import devserver
+from loopd_dev.fakes.llama import serve_fake_llama
 from tests.contract.conftest import FAKE_DROP, FAKE_PLAIN, Record, fake_llama, start_own_server
 from tests.contract.contract_kit import Endpoint, Message, Target, carried_forward, complete, cost
 

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from loopd import devserver
+from loopd_dev import devserver
 from tests.e2e.e2e_support import REPO_ROOT, Brokerd, Child, ChildFailed, TcpTap, minimal_env
 
 STARTUP_TIMEOUT_S = 30.0
@@ -58,7 +58,7 @@ def bot_token() -> str:
 def mattermost(e2e_dir: Path, bot_token: str) -> Iterator[Path]:
     """The fake Mattermost on a Unix socket; its socket path."""
     uds = e2e_dir / "mm.sock"
-    argv = [sys.executable, "-m", "loopd.fakes.mattermost", "--uds", str(uds)]
+    argv = [sys.executable, "-m", "loopd_dev.fakes.mattermost", "--uds", str(uds)]
     argv += ["--bot-token", bot_token]
     child = Child.start("fake mattermost", argv, e2e_dir / "mattermost.log", _env(e2e_dir))
     try:

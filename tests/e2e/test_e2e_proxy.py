@@ -21,7 +21,7 @@ import anyio
 import httpx
 import pytest
 
-from loopd import devserver
+from loopd_dev import devserver
 from tests.brokerd.proxy.proxy_support import raw_request
 from tests.e2e.e2e_support import (
     Brokerd,

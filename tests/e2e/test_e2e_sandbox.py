@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from loopd import devserver
+from loopd_dev import devserver
 from tests.e2e.e2e_support import REPO_ROOT, Brokerd, files_containing, minimal_env
 
 pytestmark = pytest.mark.real_server

@@ -17,11 +17,11 @@ from loopd.engine.client import InferenceClient
 from loopd.engine.request import RequestSettings, Sampling, build_body
 from loopd.engine.stream import Limits, Status
 from loopd.engine.turn import Turn
-from loopd.fakes.llama import FakeLlama, RunningFake, serve_fake_llama
 from loopd.jsonbytes import dumps
 from loopd.sessionlog.records import EntryKind, Request, fresh_external_key
 from loopd.sessionlog.store import SessionLog
 from loopd.wire.assemble import ToolCall
+from loopd_dev.fakes.llama import FakeLlama, RunningFake, serve_fake_llama
 
 MODEL = "fake-model"
 SESSION = "thread-1"

@@ -23,8 +23,8 @@ from loopd.engine.stream import (
     run_request,
     stream_into,
 )
-from loopd.fakes.llama import FakeLlama, ModelSpec, Pace, ScriptedReply, Trigger
 from loopd.wire.assemble import StreamAssembler
+from loopd_dev.fakes.llama import FakeLlama, ModelSpec, Pace, ScriptedReply, Trigger
 from tests.engine.engine_support import FAST, MODEL, SLOT, Served, eventually, served, user_body
 
 pytestmark = pytest.mark.anyio

@@ -15,7 +15,10 @@ import pytest
 from loopd.engine.client import InferenceClient
 from loopd.engine.perf import LossCause
 from loopd.engine.stream import Failure, Phase, Status
-from loopd.fakes.llama import (
+from loopd.sessionlog.chain import messages_digest
+from loopd.sessionlog.records import EntryKind, RequestKind
+from loopd.sessionlog.store import SessionLog
+from loopd_dev.fakes.llama import (
     FakeLlama,
     ModelSpec,
     Pace,
@@ -25,9 +28,6 @@ from loopd.fakes.llama import (
     Trigger,
     serve_fake_llama,
 )
-from loopd.sessionlog.chain import messages_digest
-from loopd.sessionlog.records import EntryKind, RequestKind
-from loopd.sessionlog.store import SessionLog
 from tests.engine.engine_support import (
     FAST,
     MODEL,

@@ -8,8 +8,8 @@ from typing import Any
 from loopd.engine.budget import BudgetRules, ServerBudget
 from loopd.engine.compaction import Compactor
 from loopd.engine.turn import Turn
-from loopd.fakes.llama import FakeLlama, ModelSpec
 from loopd.sessionlog.store import SessionLog
+from loopd_dev.fakes.llama import FakeLlama, ModelSpec
 from tests.engine.engine_support import MODEL, Served, make_turn, settings
 
 MAX_TOKENS = 32

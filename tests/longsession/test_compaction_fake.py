@@ -15,10 +15,10 @@ from loopd.engine.compaction import (
     instruction_key,
 )
 from loopd.engine.turn import TurnOutcome
-from loopd.fakes.llama import ScriptedReply, ScriptedToolCall
 from loopd.sessionlog.records import EntryKind, RequestKind
 from loopd.sessionlog.store import SessionLog
 from loopd.sessionlog.verify import verify
+from loopd_dev.fakes.llama import ScriptedReply, ScriptedToolCall
 from tests.engine.engine_support import SESSION, FakeTools, open_log, records, say, served
 from tests.longsession.longsession_support import gated_turn, small_fake, words
 

@@ -17,10 +17,10 @@ import pytest
 from loopd.config import load_settings
 from loopd.engine.prewarm import PrewarmResult
 from loopd.errors import LoopdError
-from loopd.fakes.llama import FakeLlama, ModelSpec
 from loopd.sessionlog.records import Request, RequestKind, Session, fresh_external_key
 from loopd.sessionlog.verify import verify
 from loopd.sessions import Runtime
+from loopd_dev.fakes.llama import FakeLlama, ModelSpec
 from tests.engine.engine_support import MODEL, SLOT, Served, eventually, served, user_body
 from tests.longsession.longsession_support import words
 

@@ -10,13 +10,13 @@ from pathlib import Path
 import anyio
 import pytest
 
-from loopd import devserver
 from loopd.config import load_settings
 from loopd.engine.budget import LongSessionSettings
 from loopd.engine.prewarm import PrewarmOutcome, PrewarmResult
 from loopd.sessionlog.records import Request, RequestKind, fresh_external_key
 from loopd.sessionlog.verify import verify
 from loopd.sessions import Runtime
+from loopd_dev import devserver
 from tests.engine.engine_support import eventually
 
 pytestmark = pytest.mark.real_server

@@ -9,11 +9,11 @@ import anyio
 import pytest
 
 from loopd.engine.prewarm import Prewarmer, PrewarmOutcome, PrewarmResult, final_timings
-from loopd.fakes.llama import FakeLlama, ModelSpec, Pace
 from loopd.scheduler import Scheduler
 from loopd.sessionlog.records import RequestKind
 from loopd.sessionlog.store import SessionLog
 from loopd.sessionlog.verify import verify
+from loopd_dev.fakes.llama import FakeLlama, ModelSpec, Pace
 from tests.engine.engine_support import (
     MODEL,
     SESSION,

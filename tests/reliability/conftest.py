@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from loopd import devserver
+from loopd_dev import devserver
 from tests.reliability.write_table import (
     DOCUMENT,
     WRITE_ENV,

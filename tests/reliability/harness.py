@@ -37,12 +37,12 @@ from brokerd.tools.settings import BrokerSettings
 from loopd.config import Settings
 from loopd.engine.stream import Limits, Status
 from loopd.engine.turn import TurnOutcome
-from loopd.fakes.llama import FakeLlama, ModelSpec, RunningFake, serve_fake_llama
 from loopd.jsonbytes import dumps
 from loopd.sessionlog.commands import verify_log
 from loopd.sessionlog.records import EntryKind, fresh_external_key
 from loopd.sessionlog.store import SessionLog
 from loopd.sessions import Runtime
+from loopd_dev.fakes.llama import FakeLlama, ModelSpec, RunningFake, serve_fake_llama
 from tests.brokerd.proxy.proxy_support import serving
 
 MODEL = "fake-model"

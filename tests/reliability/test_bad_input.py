@@ -23,8 +23,8 @@ from brokerd.proxy.upstream import parse_upstream
 from loopd.chat.model import Post, WireFormatError
 from loopd.chat.ws import _event, parse_frame
 from loopd.engine.turn import Turn
-from loopd.fakes.llama import ScriptedReply, ScriptedToolCall
 from loopd.jsonbytes import dumps
+from loopd_dev.fakes.llama import ScriptedReply, ScriptedToolCall
 from tests.brokerd.proxy.proxy_support import serving
 from tests.chat.chat_support import Env, chat_settings_for, daemon, fake_mattermost, settings_for
 from tests.reliability.conftest import Observe

@@ -8,10 +8,10 @@ import sqlite3
 import anyio
 import pytest
 
-from loopd.fakes.llama import ScriptedReply, ScriptedToolCall
 from loopd.sessionlog.records import EntryKind
 from loopd.sessionlog.store import SessionLog
 from loopd.tools.broker_client import BrokerClient
+from loopd_dev.fakes.llama import ScriptedReply, ScriptedToolCall
 from tests.reliability.conftest import Observe
 from tests.reliability.harness import (
     MARK_TOOL,

@@ -8,11 +8,11 @@ import json
 import anyio
 import pytest
 
-from loopd.fakes.llama import Pace, ScriptedReply, ScriptedToolCall
 from loopd.sessionlog.records import EntryKind
 from loopd.sessionlog.store import SessionLog
 from loopd.sessions import INTERRUPTED
 from loopd.wire.assemble import ToolCall
+from loopd_dev.fakes.llama import Pace, ScriptedReply, ScriptedToolCall
 from tests.reliability.conftest import Observe
 from tests.reliability.harness import (
     MARK_TOOL,

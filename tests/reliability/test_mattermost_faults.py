@@ -12,10 +12,10 @@ import anyio
 import pytest
 
 from loopd.chat.threads import session_name
-from loopd.fakes.llama import FakeLlama, Pace, ScriptedReply, serve_fake_llama
-from loopd.fakes.mattermost.events import Broadcast, WsEvent
 from loopd.sessionlog.records import EntryKind
 from loopd.sessionlog.store import SessionLog
+from loopd_dev.fakes.llama import FakeLlama, Pace, ScriptedReply, serve_fake_llama
+from loopd_dev.fakes.mattermost.events import Broadcast, WsEvent
 from tests.chat.chat_support import Env, chat_settings_for, daemon, fake_mattermost, settings_for
 from tests.reliability.conftest import Observe
 from tests.reliability.harness import MODEL, check_invariants, fake_llama, until

@@ -6,7 +6,7 @@ from __future__ import annotations
 import anyio
 import pytest
 
-from loopd.fakes.llama import ScriptedReply, Trigger
+from loopd_dev.fakes.llama import ScriptedReply, Trigger
 from tests.reliability.conftest import Observe
 from tests.reliability.harness import box, check_invariants, fake_llama, limits, runtime, say
 from tests.reliability.write_table import scenario

@@ -12,10 +12,10 @@ from pathlib import Path
 import httpx
 import pytest
 
-from loopd import devserver
 from loopd.engine.stream import Phase, Status
 from loopd.sessionlog.records import fresh_external_key
 from loopd.sessions import Runtime
+from loopd_dev import devserver
 from tests.reliability.conftest import Observe, start_real
 from tests.reliability.harness import FAST, SESSION, check_invariants, runtime, terminal_text
 from tests.reliability.harness import box as make_box

@@ -8,7 +8,7 @@ import anyio
 import pytest
 
 from loopd.errors import LoopdError
-from loopd.fakes.llama import ScriptedReply
+from loopd_dev.fakes.llama import ScriptedReply
 from tests.reliability.conftest import Observe
 from tests.reliability.harness import (
     FAST,

@@ -2,7 +2,7 @@
 
 from pathlib import Path
 
-from loopd.sessionlog.bench import measure
+from loopd_dev.sessionlog_bench import measure
 
 
 def test_measure_reports_latency_and_build_times(tmp_path: Path) -> None:

@@ -20,21 +20,21 @@ import pytest
 
 from brokerd.tools.app import create_broker_app
 from brokerd.tools.settings import BrokerSettings
-from loopd import devserver
 from loopd.config import load_settings
 from loopd.engine.client import InferenceClient
-from loopd.fakes.llama import (
+from loopd.jsonbytes import dumps
+from loopd.sessionlog.chain import messages_digest
+from loopd.sessionlog.records import Perf, RequestKind, RequestRecord, fresh_external_key
+from loopd.sessionlog.store import SessionLog
+from loopd.sessions import Runtime
+from loopd_dev import devserver
+from loopd_dev.fakes.llama import (
     FakeLlama,
     ModelSpec,
     ScriptedReply,
     ScriptedToolCall,
     serve_fake_llama,
 )
-from loopd.jsonbytes import dumps
-from loopd.sessionlog.chain import messages_digest
-from loopd.sessionlog.records import Perf, RequestKind, RequestRecord, fresh_external_key
-from loopd.sessionlog.store import SessionLog
-from loopd.sessions import Runtime
 from tests.brokerd.tools.brokertools_support import serving, write_tool
 
 pytestmark = pytest.mark.anyio

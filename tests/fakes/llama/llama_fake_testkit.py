@@ -10,7 +10,7 @@ from typing import Any
 import anyio
 import httpx
 
-from loopd.fakes.llama import FakeLlama, RunningFake, serve_fake_llama
+from loopd_dev.fakes.llama import FakeLlama, RunningFake, serve_fake_llama
 
 MODEL = "fake-model"
 

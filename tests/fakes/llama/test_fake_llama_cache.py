@@ -7,17 +7,17 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from loopd.fakes.llama import (
+from loopd_dev.fakes.llama import (
     FakeLlama,
     ModelSpec,
     ScriptedReply,
     ScriptedToolCall,
     TemplateOptions,
 )
-from loopd.fakes.llama.messages import Message
-from loopd.fakes.llama.render import render_prompt
-from loopd.fakes.llama.slots import reusable_prefix
-from loopd.fakes.llama.tokenize import tokenize
+from loopd_dev.fakes.llama.messages import Message
+from loopd_dev.fakes.llama.render import render_prompt
+from loopd_dev.fakes.llama.slots import reusable_prefix
+from loopd_dev.fakes.llama.tokenize import tokenize
 from tests.fakes.llama.llama_fake_testkit import (
     assistant_from_events,
     chat_body,

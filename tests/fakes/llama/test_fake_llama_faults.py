@@ -6,7 +6,7 @@ import anyio
 import httpx
 import pytest
 
-from loopd.fakes.llama import FakeLlama, ScriptedReply, Trigger
+from loopd_dev.fakes.llama import FakeLlama, ScriptedReply, Trigger
 from tests.fakes.llama.llama_fake_testkit import (
     MODEL,
     chat_body,

@@ -1,4 +1,5 @@
-"""The fake as a process: ``python -m loopd.fakes.llama --uds PATH``, driven over ``/_fake/*``."""
+"""The fake as a process (``python -m loopd_dev.fakes.llama --uds PATH``), driven over
+``/_fake/*``."""
 
 import sys
 import tempfile
@@ -17,7 +18,15 @@ pytestmark = pytest.mark.anyio
 async def test_process_serves_on_a_socket_and_dies_on_request() -> None:
     with tempfile.TemporaryDirectory(prefix="lf") as tmp:
         uds = Path(tmp) / "fake.sock"
-        command = [sys.executable, "-m", "loopd.fakes.llama", "--uds", str(uds), "--model", MODEL]
+        command = [
+            sys.executable,
+            "-m",
+            "loopd_dev.fakes.llama",
+            "--uds",
+            str(uds),
+            "--model",
+            MODEL,
+        ]
         async with await anyio.open_process(command) as process:
             assert process.stdout is not None
             with anyio.fail_after(20):

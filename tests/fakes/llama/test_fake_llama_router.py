@@ -5,7 +5,7 @@ from typing import Any
 import httpx
 import pytest
 
-from loopd.fakes.llama import FakeLlama, ModelSpec
+from loopd_dev.fakes.llama import FakeLlama, ModelSpec
 from tests.fakes.llama.llama_fake_testkit import MODEL, chat_body, serving, user
 
 pytestmark = pytest.mark.anyio
@@ -68,7 +68,7 @@ async def test_props_router_stub_and_model_props() -> None:
 
 
 async def test_template_hash_changes_with_the_reasoning_switch() -> None:
-    from loopd.fakes.llama import TemplateOptions
+    from loopd_dev.fakes.llama import TemplateOptions
 
     templates = []
     for drop in (False, True):

@@ -8,7 +8,7 @@ import anyio
 import httpx
 import pytest
 
-from loopd.fakes.llama import FakeLlama, ModelSpec, Pace, RunningFake, ScriptedReply, Trigger
+from loopd_dev.fakes.llama import FakeLlama, ModelSpec, Pace, RunningFake, ScriptedReply, Trigger
 from tests.fakes.llama.llama_fake_testkit import (
     MODEL,
     chat_body,

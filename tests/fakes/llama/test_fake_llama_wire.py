@@ -5,7 +5,7 @@ import re
 import anyio
 import pytest
 
-from loopd.fakes.llama import FakeLlama, ModelSpec, Pace, ScriptedReply, ScriptedToolCall
+from loopd_dev.fakes.llama import FakeLlama, ModelSpec, Pace, ScriptedReply, ScriptedToolCall
 from tests.fakes.llama.llama_fake_testkit import chat_body, parse_events, serving, stream_raw, user
 
 pytestmark = pytest.mark.anyio

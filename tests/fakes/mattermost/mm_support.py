@@ -10,7 +10,7 @@ import httpx
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed
 
-from loopd.fakes.mattermost import FakeConfig, ManualClock, RunningFake, serve_fake_mattermost
+from loopd_dev.fakes.mattermost import FakeConfig, ManualClock, RunningFake, serve_fake_mattermost
 
 FAST = FakeConfig(auth_timeout_s=0.3, ping_interval_s=0.2, pong_wait_s=1.0)
 WAIT_S = 3.0

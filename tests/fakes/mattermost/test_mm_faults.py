@@ -207,7 +207,7 @@ async def test_control_api_over_http() -> None:
 
 
 async def test_runs_as_a_subprocess() -> None:
-    command = [sys.executable, "-m", "loopd.fakes.mattermost", "--manual-clock"]
+    command = [sys.executable, "-m", "loopd_dev.fakes.mattermost", "--manual-clock"]
     async with await anyio.open_process(command) as process:
         assert process.stdout is not None
         try:

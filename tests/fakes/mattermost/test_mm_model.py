@@ -2,9 +2,9 @@
 
 import pytest
 
-from loopd.fakes.mattermost.clock import ManualClock
-from loopd.fakes.mattermost.errors import AppError
-from loopd.fakes.mattermost.model import SINCE_CAP, Patch, World, is_valid_id, seeded_world
+from loopd_dev.fakes.mattermost.clock import ManualClock
+from loopd_dev.fakes.mattermost.errors import AppError
+from loopd_dev.fakes.mattermost.model import SINCE_CAP, Patch, World, is_valid_id, seeded_world
 
 
 @pytest.fixture

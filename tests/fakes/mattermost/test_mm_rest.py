@@ -6,7 +6,7 @@ import anyio
 import httpx
 import pytest
 
-from loopd.fakes.mattermost import serve_fake_mattermost
+from loopd_dev.fakes.mattermost import serve_fake_mattermost
 from tests.fakes.mattermost.mm_support import manual_clock, rest, running_fake
 
 pytestmark = pytest.mark.anyio

@@ -5,7 +5,7 @@ import json
 import pytest
 from websockets.exceptions import ConnectionClosed
 
-from loopd.fakes.mattermost.model import is_valid_id, new_id
+from loopd_dev.fakes.mattermost.model import is_valid_id, new_id
 from tests.fakes.mattermost.mm_support import (
     manual_clock,
     nothing_within,

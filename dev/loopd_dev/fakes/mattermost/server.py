@@ -15,18 +15,18 @@ from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.routing import WebSocketRoute
 
-from loopd.fakes.mattermost.clock import Clock
-from loopd.fakes.mattermost.control import control_routes
-from loopd.fakes.mattermost.core import FakeConfig, FakeMattermost
-from loopd.fakes.mattermost.errors import AppError
-from loopd.fakes.mattermost.rest import (
+from loopd_dev.fakes.mattermost.clock import Clock
+from loopd_dev.fakes.mattermost.control import control_routes
+from loopd_dev.fakes.mattermost.core import FakeConfig, FakeMattermost
+from loopd_dev.fakes.mattermost.errors import AppError
+from loopd_dev.fakes.mattermost.rest import (
     RateLimitMiddleware,
     api_routes,
     app_error_response,
     http_error_response,
 )
-from loopd.fakes.mattermost.wire import FaultableWebSocketProtocol
-from loopd.fakes.mattermost.ws import websocket_endpoint
+from loopd_dev.fakes.mattermost.wire import FaultableWebSocketProtocol
+from loopd_dev.fakes.mattermost.ws import websocket_endpoint
 
 _STARTUP_TIMEOUT_S = 10.0
 

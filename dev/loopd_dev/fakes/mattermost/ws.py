@@ -12,12 +12,12 @@ import anyio
 from starlette.responses import PlainTextResponse
 from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
 
-from loopd.fakes.mattermost.core import FakeMattermost
-from loopd.fakes.mattermost.errors import AppError
-from loopd.fakes.mattermost.events import WsReply
-from loopd.fakes.mattermost.hub import Connection, Hub, Outcome
-from loopd.fakes.mattermost.model import User
-from loopd.fakes.mattermost.wire import WIRE_EXTENSION, WireControl
+from loopd_dev.fakes.mattermost.core import FakeMattermost
+from loopd_dev.fakes.mattermost.errors import AppError
+from loopd_dev.fakes.mattermost.events import WsReply
+from loopd_dev.fakes.mattermost.hub import Connection, Hub, Outcome
+from loopd_dev.fakes.mattermost.model import User
+from loopd_dev.fakes.mattermost.wire import WIRE_EXTENSION, WireControl
 
 _CLOSE_WAIT_S = 1.0
 

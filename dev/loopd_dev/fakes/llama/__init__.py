@@ -7,7 +7,7 @@ Use it in-process::
     async with serve_fake_llama(fake, uds=path) as running:
         async with running.client() as client: ...
 
-or as a process: ``python -m loopd.fakes.llama --uds PATH`` (driven over ``/_fake/*``).
+or as a process: ``python -m loopd_dev.fakes.llama --uds PATH`` (driven over ``/_fake/*``).
 """
 
 from .engine import Pace

@@ -1,4 +1,4 @@
-"""``python -m loopd.fakes.mattermost``: run the fake until interrupted.
+"""``python -m loopd_dev.fakes.mattermost``: run the fake until interrupted.
 
 Prints one JSON line on stdout once it listens: ``{"base_url", "uds", "bot_token", "users",
 "channels"}``, so a parent process can read where it is and whom to act as.
@@ -12,13 +12,13 @@ from pathlib import Path
 
 import anyio
 
-from loopd.fakes.mattermost.clock import ManualClock, SystemClock
-from loopd.fakes.mattermost.core import FakeConfig
-from loopd.fakes.mattermost.server import serve_fake_mattermost
+from loopd_dev.fakes.mattermost.clock import ManualClock, SystemClock
+from loopd_dev.fakes.mattermost.core import FakeConfig
+from loopd_dev.fakes.mattermost.server import serve_fake_mattermost
 
 
 def _parse(argv: list[str]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m loopd.fakes.mattermost")
+    parser = argparse.ArgumentParser(prog="python -m loopd_dev.fakes.mattermost")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--uds", type=Path, help="listen on this Unix socket instead of TCP")
     parser.add_argument("--bot-username", default="loopd")

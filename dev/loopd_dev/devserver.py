@@ -15,7 +15,7 @@ router serves two presets of the same GGUF, as the production deployment is a ro
 Each child runs ``-np 2`` with an explicit slot count, so KV is not unified and a pinned slot keeps
 its cache (protocol reference, section 7, "Pinning vs unified KV").
 
-Run by hand: ``python -m loopd.devserver --port 8080`` (or ``--socket PATH``); Ctrl-C stops it.
+Run by hand: ``python -m loopd_dev.devserver --port 8080`` (or ``--socket PATH``); Ctrl-C stops it.
 """
 
 from __future__ import annotations
@@ -303,7 +303,7 @@ def running(workdir: Path, cache_dir: Path, **kwargs: object) -> Iterator[Runnin
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m loopd.devserver", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m loopd_dev.devserver", description=__doc__)
     where = parser.add_mutually_exclusive_group()
     where.add_argument("--port", type=int, help="serve on 127.0.0.1:PORT")
     where.add_argument("--socket", type=Path, help="serve on a Unix socket")

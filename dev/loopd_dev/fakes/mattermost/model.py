@@ -12,9 +12,9 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
-from loopd.fakes.mattermost.clock import Clock
-from loopd.fakes.mattermost.errors import AppError, forbidden, invalid_param, not_found
 from loopd.jsonbytes import dumps
+from loopd_dev.fakes.mattermost.clock import Clock
+from loopd_dev.fakes.mattermost.errors import AppError, forbidden, invalid_param, not_found
 
 # Mattermost's id alphabet (model.NewId: base32 with this encoding, padding stripped).
 _ID_ALPHABET = "ybndrfg8ejkmcpqxot1uwisza345h769"

@@ -11,10 +11,10 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from loopd.fakes.mattermost.clock import ManualClock
-from loopd.fakes.mattermost.core import FakeMattermost
-from loopd.fakes.mattermost.errors import AppError
-from loopd.fakes.mattermost.model import Post, Reaction
+from loopd_dev.fakes.mattermost.clock import ManualClock
+from loopd_dev.fakes.mattermost.core import FakeMattermost
+from loopd_dev.fakes.mattermost.errors import AppError
+from loopd_dev.fakes.mattermost.model import Post, Reaction
 
 ACTIONS = frozenset(
     {"post_as", "edit_as", "delete_as", "react_as", "unreact_as", "typing_as", "emit_noise"}

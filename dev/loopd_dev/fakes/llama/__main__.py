@@ -1,4 +1,4 @@
-"""``python -m loopd.fakes.llama --uds PATH | --port N``: the fake as a process.
+"""``python -m loopd_dev.fakes.llama --uds PATH | --port N``: the fake as a process.
 
 It writes one line, ``listening on <url or path>``, once it accepts connections, and runs until
 it is signalled or told to die over ``POST /_fake/die``.
@@ -17,7 +17,7 @@ from .state import FakeLlama, ModelSpec
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m loopd.fakes.llama", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m loopd_dev.fakes.llama", description=__doc__)
     where = parser.add_mutually_exclusive_group(required=True)
     where.add_argument("--uds", help="listen on this Unix socket path")
     where.add_argument("--port", type=int, help="listen on this loopback TCP port (0: any)")

@@ -20,8 +20,8 @@ from typing import Protocol
 import anyio
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
-from loopd.fakes.mattermost.events import WsEvent, WsReply, hello
-from loopd.fakes.mattermost.model import is_valid_id, new_id
+from loopd_dev.fakes.mattermost.events import WsEvent, WsReply, hello
+from loopd_dev.fakes.mattermost.model import is_valid_id, new_id
 
 Outgoing = WsEvent | WsReply
 

@@ -5,7 +5,7 @@ from dataclasses import dataclass, field
 
 import anyio
 
-from loopd.fakes.mattermost.clock import Clock
+from loopd_dev.fakes.mattermost.clock import Clock
 
 
 @dataclass(frozen=True)

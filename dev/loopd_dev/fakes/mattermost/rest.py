@@ -16,11 +16,11 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from loopd.fakes.mattermost.core import FakeMattermost
-from loopd.fakes.mattermost.errors import AppError, invalid_param, unauthorized
-from loopd.fakes.mattermost.model import Patch, User
-from loopd.fakes.mattermost.multipart import MultipartError, parse_form_data
-from loopd.fakes.mattermost.ws import client_key, token_from_headers
+from loopd_dev.fakes.mattermost.core import FakeMattermost
+from loopd_dev.fakes.mattermost.errors import AppError, invalid_param, unauthorized
+from loopd_dev.fakes.mattermost.model import Patch, User
+from loopd_dev.fakes.mattermost.multipart import MultipartError, parse_form_data
+from loopd_dev.fakes.mattermost.ws import client_key, token_from_headers
 
 T = TypeVar("T")
 

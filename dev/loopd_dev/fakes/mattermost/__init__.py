@@ -7,15 +7,15 @@ In process::
         async with serve_fake_mattermost(tg, clock=ManualClock()) as running:
             running.fake.post_as("alice", "dev", "@loopd hello")
 
-Out of process: ``python -m loopd.fakes.mattermost --port 0`` prints its address and state as
+Out of process: ``python -m loopd_dev.fakes.mattermost --port 0`` prints its address and state as
 one JSON line, and is driven over HTTP under ``/_fake``.
 """
 
-from loopd.fakes.mattermost.clock import Clock, ManualClock, SystemClock
-from loopd.fakes.mattermost.core import EventLog, FakeConfig, FakeMattermost, LoggedPost
-from loopd.fakes.mattermost.errors import AppError
-from loopd.fakes.mattermost.hub import Outcome
-from loopd.fakes.mattermost.server import RunningFake, build_app, serve_fake_mattermost
+from loopd_dev.fakes.mattermost.clock import Clock, ManualClock, SystemClock
+from loopd_dev.fakes.mattermost.core import EventLog, FakeConfig, FakeMattermost, LoggedPost
+from loopd_dev.fakes.mattermost.errors import AppError
+from loopd_dev.fakes.mattermost.hub import Outcome
+from loopd_dev.fakes.mattermost.server import RunningFake, build_app, serve_fake_mattermost
 
 __all__ = [
     "AppError",

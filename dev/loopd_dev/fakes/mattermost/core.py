@@ -9,13 +9,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from loopd.fakes.mattermost import events
-from loopd.fakes.mattermost.clock import Clock, SystemClock
-from loopd.fakes.mattermost.errors import AppError, forbidden
-from loopd.fakes.mattermost.events import WsEvent
-from loopd.fakes.mattermost.faults import Faults, RateDecision, RateLimiter
-from loopd.fakes.mattermost.hub import Connection, Hub, SocketControl
-from loopd.fakes.mattermost.model import (
+from loopd_dev.fakes.mattermost import events
+from loopd_dev.fakes.mattermost.clock import Clock, SystemClock
+from loopd_dev.fakes.mattermost.errors import AppError, forbidden
+from loopd_dev.fakes.mattermost.events import WsEvent
+from loopd_dev.fakes.mattermost.faults import Faults, RateDecision, RateLimiter
+from loopd_dev.fakes.mattermost.hub import Connection, Hub, SocketControl
+from loopd_dev.fakes.mattermost.model import (
     Channel,
     CreateResult,
     Patch,

@@ -10,8 +10,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from loopd.fakes.mattermost.model import Channel, Post, Reaction, Team, User, World
 from loopd.jsonbytes import dumps
+from loopd_dev.fakes.mattermost.model import Channel, Post, Reaction, Team, User, World
 
 _MENTION = re.compile(r"@([A-Za-z0-9.\-_]+)")
 _CHANNEL_WIDE = frozenset({"channel", "all", "here"})
