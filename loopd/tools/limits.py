@@ -21,6 +21,8 @@ class ToolLimits:
     search_max_files: int = 5_000
     search_line_chars: int = 240
     """A matching line longer than this is shown cut."""
+    search_max_seconds: float = 20.0
+    """A search still running after this long stops and says so (with what it found)."""
     command_timeout_s: float = 120.0
     """The timeout of run_command when the model gives none."""
     command_timeout_max_s: float = 600.0
