@@ -30,7 +30,13 @@ from loopd.sessionlog.records import Appended, Session
 from loopd.sessionlog.store import SessionLog
 from loopd.tools.broker_client import BrokerClient
 from loopd.tools.command import Sandbox, detect_sandbox
-from loopd.tools.core import ToolContext, is_broker_tool, make_tool_context, run_core_tool
+from loopd.tools.core import (
+    ToolContext,
+    ToolResult,
+    is_broker_tool,
+    make_tool_context,
+    run_core_tool,
+)
 from loopd.tools.spec import ToolsSpec, load_tools_spec
 from loopd.wire.assemble import ToolCall
 
@@ -76,8 +82,11 @@ class SessionTools:
     async def run(self, session: str, call: ToolCall) -> str:
         if is_broker_tool(call.name):
             return await self._broker(session, call)
-        result = await run_core_tool(call.name, call.arguments, await self.context(session))
-        return result.text
+        return (await self.run_core(session, call.name, call.arguments)).text
+
+    async def run_core(self, session: str, name: str, arguments: str) -> ToolResult:
+        """A core tool call in the session's workspace (``loopd tools call`` runs this too)."""
+        return await run_core_tool(name, arguments, await self.context(session))
 
     async def _broker(self, session: str, call: ToolCall) -> str:
         try:

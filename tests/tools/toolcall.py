@@ -1,0 +1,83 @@
+"""Driving ``loopd tools call`` as an operator does: a state directory, sessions, a subprocess."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from loopd.sessionlog.store import SessionLog
+
+LOOPD = [sys.executable, "-m", "loopd"]
+
+
+@dataclass(frozen=True)
+class Called:
+    """One ``loopd tools call`` run: its exit status, output and how long it took."""
+
+    returncode: int
+    stdout: str
+    stderr: str
+    seconds: float
+
+
+@dataclass
+class LoopdBox:
+    """A loopd state directory with sessions, and the environment its commands run with."""
+
+    root: Path
+    env: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def state_dir(self) -> Path:
+        return self.root / "state"
+
+    @property
+    def workspaces(self) -> Path:
+        return self.state_dir / "workspaces"
+
+    def add_sessions(self, *names: str) -> None:
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        with SessionLog.open(self.state_dir / "loopd.db") as log:
+            for name in names:
+                log.ensure_session(name, 0)
+
+    def entry_count(self, session: str) -> int:
+        with SessionLog.open(self.state_dir / "loopd.db", create=False) as log:
+            return len(log.entries(session))
+
+    def call(
+        self,
+        name: str,
+        session: str,
+        arguments: dict[str, Any] | str,
+        *,
+        timeout: float = 120,
+        env: dict[str, str] | None = None,
+    ) -> Called:
+        text = arguments if isinstance(arguments, str) else json.dumps(arguments)
+        return self.run(["tools", "call", name, "--session", session, text], timeout, env)
+
+    def run(
+        self, args: list[str], timeout: float = 120, env: dict[str, str] | None = None
+    ) -> Called:
+        """``loopd ARGS...`` with this box's state directory; nothing of the caller's LOOPD_*."""
+        full_env = {k: v for k, v in os.environ.items() if not k.startswith("LOOPD_")}
+        full_env.update(LOOPD_STATE_DIR=str(self.state_dir), LOOPD_LOG_FORMAT="json")
+        full_env.update(self.env)
+        full_env.update(env or {})
+        started = time.monotonic()
+        done = subprocess.run(
+            [*LOOPD, *args],
+            capture_output=True,
+            text=True,
+            env=full_env,
+            timeout=timeout,
+            check=False,
+        )
+        return Called(done.returncode, done.stdout, done.stderr, time.monotonic() - started)
