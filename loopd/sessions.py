@@ -37,7 +37,9 @@ from loopd.tools.core import (
     make_tool_context,
     run_core_tool,
 )
+from loopd.tools.errors import ToolFailure
 from loopd.tools.spec import ToolsSpec, load_tools_spec
+from loopd.tools.workspace import migrate_legacy_workspaces, session_workspace
 from loopd.wire.assemble import ToolCall
 
 log = logging.getLogger("loopd.sessions")
@@ -69,8 +71,7 @@ class SessionTools:
     async def context(self, session: str) -> ToolContext:
         ctx = self.contexts.get(session)
         if ctx is None:
-            workspace = self.workspaces / _safe_name(session)
-            workspace.mkdir(parents=True, exist_ok=True)
+            workspace = session_workspace(self.workspaces, session)
             if self.sandbox is None:
                 self.sandbox = await detect_sandbox()
                 if self.sandbox.warning:
@@ -86,7 +87,11 @@ class SessionTools:
 
     async def run_core(self, session: str, name: str, arguments: str) -> ToolResult:
         """A core tool call in the session's workspace (``loopd tools call`` runs this too)."""
-        return await run_core_tool(name, arguments, await self.context(session))
+        try:
+            ctx = await self.context(session)
+        except ToolFailure as exc:  # a session name that cannot have a workspace
+            return ToolResult(str(exc), ok=False)
+        return await run_core_tool(name, arguments, ctx)
 
     async def _broker(self, session: str, call: ToolCall) -> str:
         try:
@@ -107,10 +112,6 @@ class SessionTools:
         inner = args.get("arguments", {})
         inner_text = inner if isinstance(inner, str) else json.dumps(inner, ensure_ascii=False)
         return await self.broker.call_tool(session, call.id, name, inner_text)
-
-
-def _safe_name(session: str) -> str:
-    return "".join(c if c.isalnum() or c in "-_." else "_" for c in session)[:120] or "_"
 
 
 @dataclass
@@ -141,6 +142,7 @@ class Runtime:
         settings.state_dir.mkdir(parents=True, exist_ok=True)
         spec = load_tools_spec(settings.tools_file)
         session_log = SessionLog.open(settings.db_path)
+        migrate_legacy_workspaces(settings.workspaces, [s.name for s in session_log.sessions()])
         client = InferenceClient(settings.infer_url, settings.model, connect_s=settings.connect_s)
         tools = SessionTools(
             workspaces=settings.workspaces,

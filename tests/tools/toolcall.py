@@ -81,3 +81,12 @@ class LoopdBox:
             check=False,
         )
         return Called(done.returncode, done.stdout, done.stderr, time.monotonic() - started)
+
+
+def record_attack(record: Any, *, attack: str, input: str, expected: str, observed: str) -> None:
+    """One row of the security table (docs/security.md): written to the test's report
+    properties (``--junitxml``), so the table is generated from what a run observed."""
+    record("attack", attack)
+    record("input", input)
+    record("expected", expected)
+    record("observed", observed)
