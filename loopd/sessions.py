@@ -67,13 +67,14 @@ class SessionTools:
     contexts: dict[str, ToolContext]
     protected: tuple[Path, ...]
     sandbox: Sandbox | None = None  # probed once, on the first core tool call
+    unsandboxed_commands: bool = False  # LOOPD_UNSANDBOXED_COMMANDS
 
     async def context(self, session: str) -> ToolContext:
         ctx = self.contexts.get(session)
         if ctx is None:
             workspace = session_workspace(self.workspaces, session)
             if self.sandbox is None:
-                self.sandbox = await detect_sandbox()
+                self.sandbox = await detect_sandbox(allow_unsandboxed=self.unsandboxed_commands)
                 if self.sandbox.warning:
                     log.warning(self.sandbox.warning)
             ctx = make_tool_context(workspace, self.spec, self.sandbox, protected=self.protected)
@@ -150,6 +151,7 @@ class Runtime:
             broker=BrokerClient(settings.broker_url),
             contexts={},
             protected=(settings.state_dir, settings.tools_file.parent / "loopd.toml"),
+            unsandboxed_commands=settings.unsandboxed_commands,
         )
         longsession = LongSessionSettings(
             compact_at=settings.compact_at,

@@ -1,12 +1,16 @@
-"""Driving ``loopd tools call`` as an operator does: a state directory, sessions, a subprocess."""
+"""Driving ``loopd tools call`` as an operator does (a state directory, sessions, a subprocess),
+and the attack programs the tools and security tests share."""
 
 from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
+import uuid
+from contextlib import suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -14,6 +18,45 @@ from typing import Any
 from loopd.sessionlog.store import SessionLog
 
 LOOPD = [sys.executable, "-m", "loopd"]
+
+FORK_BOMB = """
+import os, time
+made = 0
+try:
+    while made < 300:
+        if os.fork() == 0:
+            time.sleep(120)
+            os._exit(0)
+        made += 1
+except OSError as exc:
+    print("fork refused:", exc.strerror)
+print("made", made)
+"""
+"""Forks children that wait, until a fork fails or 300 run; prints how many it made."""
+
+
+def processes_with(marker: str) -> list[int]:
+    """Live processes whose command line holds ``marker`` (a zombie's is empty)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if marker.encode() in (entry / "cmdline").read_bytes():
+                    found.append(int(entry.name))
+            except OSError:
+                continue
+    return found
+
+
+def unique_sleep() -> str:
+    """A sleep length no other process uses, so the processes sleeping it can be found."""
+    return f"{1000 + uuid.uuid4().int % 1000}.{uuid.uuid4().int % 10**6:06}"
+
+
+def kill_all(marker: str) -> None:
+    for pid in processes_with(marker):
+        with suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
 
 
 @dataclass(frozen=True)
@@ -81,6 +124,13 @@ class LoopdBox:
             check=False,
         )
         return Called(done.returncode, done.stdout, done.stderr, time.monotonic() - started)
+
+
+def without_bwrap(tmp_path: Path) -> str:
+    """A PATH on which loopd finds no bubblewrap (its own Python is found by absolute path)."""
+    empty = tmp_path / "empty-path"
+    empty.mkdir(exist_ok=True)
+    return str(empty)
 
 
 def record_attack(record: Any, *, attack: str, input: str, expected: str, observed: str) -> None:
