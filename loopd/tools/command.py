@@ -94,8 +94,10 @@ def launcher_argv(limits: CommandLimits, command: Sequence[str]) -> list[str]:
     """``command`` behind the launcher, which sets ``limits`` and kills the whole tree at the end.
 
     ``-I -S``: none of loopd's environment or site packages; the launcher needs only the stdlib.
+    loopd's pid lets it end the command when loopd dies.
     """
-    return [sys.executable, "-I", "-S", str(LAUNCHER), limits.to_json(), "--", *command]
+    launcher = [sys.executable, "-I", "-S", str(LAUNCHER), limits.to_json(), str(os.getpid())]
+    return [*launcher, "--", *command]
 
 
 def command_limits(limits: ToolLimits, pids_cgroup: Path | None = None) -> CommandLimits:

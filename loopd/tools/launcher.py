@@ -1,15 +1,16 @@
 """The small program between loopd and a command: limits, and a whole-tree kill.
 
-loopd runs ``python -I -S launcher.py LIMITS -- ARGV...`` (``LIMITS`` is ``CommandLimits.to_json``;
-``ARGV`` is bubblewrap or the shell). It imports only the standard library, so it starts in a few
-milliseconds and needs nothing of loopd's environment. It
+loopd runs ``python -I -S launcher.py LIMITS LOOPD_PID -- ARGV...`` (``LIMITS`` is
+``CommandLimits.to_json``; ``ARGV`` is bubblewrap or the shell). It imports only the standard
+library, so it starts in a few milliseconds and needs nothing of loopd's environment. It
 
 - makes itself a child subreaper, so every process the command leaves behind (a ``setsid``
   daemon, a double fork) is re-parented to it instead of escaping to init;
 - forks the command and, in the child only, sets the resource limits (memory, file size, CPU
   time, processes, no core files) and joins the pids cgroup when loopd made one, then execs;
-- when the command ends, or when loopd sends SIGTERM (the timeout, a cancelled turn), kills every
-  descendant it still has and exits the way the command did (the same exit code or signal).
+- when the command ends, or when loopd sends SIGTERM (the timeout, a cancelled turn) or dies
+  (``PR_SET_PDEATHSIG``), kills every descendant it still has and exits the way the command did
+  (the same exit code or signal).
 
 ``RLIMIT_NPROC`` counts every process and thread of the user, not of one command, so the limit is
 set to what the user runs now plus the command's allowance. The kernel ignores it for root; there
@@ -27,6 +28,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import suppress
 from dataclasses import asdict, dataclass
 
+_PR_SET_PDEATHSIG = 1
 _PR_SET_DUMPABLE = 4
 _PR_SET_CHILD_SUBREAPER = 36
 _CANNOT_START = 127
@@ -97,10 +99,11 @@ def descendants(parents: dict[int, int], root: int) -> set[int]:
     return found
 
 
-def split_argv(argv: Sequence[str]) -> tuple[CommandLimits, list[str]]:
-    if len(argv) < 3 or argv[1] != "--":
-        raise SystemExit("usage: launcher.py LIMITS -- ARGV...")
-    return CommandLimits.from_json(argv[0]), list(argv[2:])
+def split_argv(argv: Sequence[str]) -> tuple[CommandLimits, int, list[str]]:
+    """The limits, loopd's pid and the command, from ``LIMITS LOOPD_PID -- ARGV...``."""
+    if len(argv) < 4 or argv[2] != "--" or not argv[1].isdigit():
+        raise SystemExit("usage: launcher.py LIMITS LOOPD_PID -- ARGV...")
+    return CommandLimits.from_json(argv[0]), int(argv[1]), list(argv[3:])
 
 
 # --- reading /proc -----------------------------------------------------------------------------
@@ -229,11 +232,15 @@ def _exit_as(status: int) -> None:
 
 
 def main(argv: Sequence[str]) -> None:
-    limits, command = split_argv(argv)
+    limits, loopd_pid, command = split_argv(argv)
     _prctl(_PR_SET_CHILD_SUBREAPER, 1)
     signal.pthread_sigmask(signal.SIG_BLOCK, set(_STOP_SIGNALS))
     for signum in _STOP_SIGNALS:
         signal.signal(signum, _stop)
+    # A command does not outlive loopd (SIGKILLed, say); checked after, since loopd may be gone.
+    _prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+    if os.getppid() != loopd_pid:
+        os._exit(128 + signal.SIGTERM)
     try:
         pid = _start(command, limits)
         signal.pthread_sigmask(signal.SIG_UNBLOCK, set(_STOP_SIGNALS))

@@ -17,6 +17,7 @@ from tests.tools.toolcall import (
     processes_with,
     record_attack,
     unique_sleep,
+    wait_until,
     without_bwrap,
 )
 
@@ -173,3 +174,27 @@ def test_a_memory_hog_is_refused_by_the_default_cap(
     assert called.returncode == 1
     assert called.stdout.rstrip().endswith("OSError: [Errno 12] Cannot allocate memory")
     assert "got it" not in called.stdout
+
+
+@pytest.mark.parametrize("confined", [True, False], ids=["bwrap", "plain"])
+def test_a_command_does_not_outlive_a_killed_loopd(
+    box: LoopdBox, tmp_path: Path, marker: str, confined: bool, record_property: Record
+) -> None:
+    arguments = json.dumps({"command": f"sleep {marker}", "timeout_s": 600})
+    loopd = box.start(
+        ["tools", "call", "run_command", "--session", SESSION, arguments],
+        env=plain_env(confined, tmp_path),
+    )
+    try:
+        wait_until(lambda: processes_with(marker) != [], "the command to start")
+    finally:
+        loopd.kill()
+        loopd.wait()
+    wait_until(lambda: processes_with(marker) == [], "the command to end with loopd", 10)
+    record_attack(
+        record_property,
+        attack=f"a command outlives loopd, killed while it runs ({path_kind(confined)})",
+        input="SIGKILL to the loopd running run_command sleep (timeout_s 600)",
+        expected="the command ends with loopd",
+        observed="no process of the command left",
+    )

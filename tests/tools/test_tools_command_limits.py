@@ -152,7 +152,7 @@ def test_the_process_cap_counts_on_top_of_what_the_user_runs() -> None:
 def test_the_launcher_runs_isolated_from_loopds_environment() -> None:
     argv = launcher_argv(command_limits(TIGHT), ["/bin/sh", "-c", "true"])
     assert argv[:4] == [sys.executable, "-I", "-S", str(LAUNCHER)]
-    assert argv[5:] == ["--", "/bin/sh", "-c", "true"]
+    assert argv[5:] == [str(os.getpid()), "--", "/bin/sh", "-c", "true"]
 
 
 def test_pids_cgroup_candidates() -> None:
@@ -206,10 +206,14 @@ def test_rlimit_nproc_caps_a_fork_bomb_of_an_ordinary_user(
     if confined:
         command = detected_sandbox.argv(open_place, "python3 bomb.py")
     limits = CommandLimits(memory_bytes=1024**3, file_bytes=1024**2, processes=40, cpu_s=30)
-    argv = ["/usr/bin/python3", "-I", "-S", str(launcher), limits.to_json(), "--", *command]
-    place = open_place
+    argv = ["/usr/bin/python3", "-I", "-S", str(launcher), limits.to_json(), str(os.getpid())]
     done = subprocess.run(
-        _as_unprivileged(argv), cwd=place, capture_output=True, text=True, timeout=120, check=False
+        _as_unprivileged([*argv, "--", *command]),
+        cwd=open_place,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
     )
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()

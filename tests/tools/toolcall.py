@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Callable
 from contextlib import suppress
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,12 +37,14 @@ print("made", made)
 
 
 def processes_with(marker: str) -> list[int]:
-    """Live processes whose command line holds ``marker`` (a zombie's is empty)."""
+    """Live ``sleep MARKER`` processes (not those that only name it in a longer argument, such as
+    loopd's or the shell's; a zombie has no command line)."""
+    wanted = f"sleep\0{marker}\0".encode()
     found = []
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
             try:
-                if marker.encode() in (entry / "cmdline").read_bytes():
+                if (entry / "cmdline").read_bytes() == wanted:
                     found.append(int(entry.name))
             except OSError:
                 continue
@@ -51,6 +54,15 @@ def processes_with(marker: str) -> list[int]:
 def unique_sleep() -> str:
     """A sleep length no other process uses, so the processes sleeping it can be found."""
     return f"{1000 + uuid.uuid4().int % 1000}.{uuid.uuid4().int % 10**6:06}"
+
+
+def wait_until(condition: Callable[[], bool], what: str, timeout_s: float = 30) -> None:
+    """Poll ``condition`` until it holds (an event in another process), failing after a while."""
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"still waiting for {what} after {timeout_s:g} s")
+        time.sleep(0.05)
 
 
 def kill_all(marker: str) -> None:
@@ -110,20 +122,33 @@ class LoopdBox:
         self, args: list[str], timeout: float = 120, env: dict[str, str] | None = None
     ) -> Called:
         """``loopd ARGS...`` with this box's state directory; nothing of the caller's LOOPD_*."""
-        full_env = {k: v for k, v in os.environ.items() if not k.startswith("LOOPD_")}
-        full_env.update(LOOPD_STATE_DIR=str(self.state_dir), LOOPD_LOG_FORMAT="json")
-        full_env.update(self.env)
-        full_env.update(env or {})
         started = time.monotonic()
         done = subprocess.run(
             [*LOOPD, *args],
             capture_output=True,
             text=True,
-            env=full_env,
+            env=self.full_env(env),
             timeout=timeout,
             check=False,
         )
         return Called(done.returncode, done.stdout, done.stderr, time.monotonic() - started)
+
+    def start(self, args: list[str], env: dict[str, str] | None = None) -> subprocess.Popen[str]:
+        """``loopd ARGS...`` started, not waited for (its output is discarded)."""
+        return subprocess.Popen(
+            [*LOOPD, *args],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            text=True,
+            env=self.full_env(env),
+        )
+
+    def full_env(self, env: dict[str, str] | None) -> dict[str, str]:
+        full = {k: v for k, v in os.environ.items() if not k.startswith("LOOPD_")}
+        full.update(LOOPD_STATE_DIR=str(self.state_dir), LOOPD_LOG_FORMAT="json")
+        full.update(self.env)
+        full.update(env or {})
+        return full
 
 
 def without_bwrap(tmp_path: Path) -> str:
