@@ -1,8 +1,9 @@
 """Attacks through the core tools as a model's call makes them, driven by ``loopd tools call``:
 a regex that backtracks forever, commands without a sandbox, a daemon escaping the timeout.
 
-Each test records one row of the security table (attack, input, expected, observed) as report
-properties: ``pytest --junitxml`` carries them to the generator of docs/security.md.
+Each attack test is one row of docs/security.md's table (one per sandbox kind): its docstring
+gives the attack (first line), the input and what is expected; ``record_property("observed",
+...)`` says what the run saw.
 """
 
 import json
@@ -15,7 +16,6 @@ from tests.tools.toolcall import (
     LoopdBox,
     kill_all,
     processes_with,
-    record_attack,
     unique_sleep,
     wait_until,
     without_bwrap,
@@ -44,10 +44,6 @@ def marker() -> Iterator[str]:
     kill_all(value)
 
 
-def path_kind(confined: bool) -> str:
-    return "bubblewrap" if confined else "allowed unsandboxed"
-
-
 def plain_env(confined: bool, tmp_path: Path) -> dict[str, str]:
     """No bubblewrap to be found, and the operator's permission to run without it."""
     if confined:
@@ -60,19 +56,16 @@ def log_lines(stderr: str) -> list[str]:
 
 
 def test_a_catastrophic_regex_answers_at_once(box: LoopdBox, record_property: Record) -> None:
-    """A backtracking engine spends minutes on ``^(a+)+$`` against 29 a's and a '!', on loopd's
-    event loop; RE2 answers in linear time."""
-    assert (
-        box.call("write_file", SESSION, {"path": "t.txt", "content": "a" * 29 + "!"}).returncode
-        == 0
-    )
+    """ReDoS: a backtracking regex holds loopd's event loop for tens of seconds.
+
+    Input: search_files ^(a+)+$ with regex true over a 30-byte file (29 a's and !)
+    Expected: an answer at once (RE2 is linear); no stall of the event loop
+    """
+    wrote = box.call("write_file", SESSION, {"path": "t.txt", "content": "a" * 29 + "!"})
+    assert wrote.stdout == "created t.txt (30 bytes)\n"
     called = box.call("search_files", SESSION, {"pattern": "^(a+)+$", "regex": True}, timeout=60)
-    record_attack(
-        record_property,
-        attack="ReDoS: a regex that backtracks exponentially freezes loopd",
-        input='search_files {"pattern": "^(a+)+$", "regex": true}, a 30-byte file: 29 a\'s, !',
-        expected="an answer within the command's start-up time (RE2 is linear)",
-        observed=f"exit {called.returncode} in {called.seconds:.1f} s: {called.stdout.strip()}",
+    record_property(
+        "observed", f"exit {called.returncode} in {called.seconds:.1f} s: {called.stdout.strip()}"
     )
     assert (called.returncode, called.stdout) == (0, "no matches for '^(a+)+$' under .\n")
     # Mostly the start of a Python process; a backtracking engine takes tens of seconds here.
@@ -80,14 +73,13 @@ def test_a_catastrophic_regex_answers_at_once(box: LoopdBox, record_property: Re
 
 
 def test_a_regex_re2_cannot_run_is_one_clear_error(box: LoopdBox, record_property: Record) -> None:
+    """A regex feature only a backtracking engine has (a backreference).
+
+    Input: search_files (a+)\\1 with regex true
+    Expected: one tool error naming why (backreferences are not supported)
+    """
     called = box.call("search_files", SESSION, {"pattern": r"(a+)\1", "regex": True})
-    record_attack(
-        record_property,
-        attack="a regex feature only a backtracking engine has (backreference)",
-        input=r'search_files {"pattern": "(a+)\\1", "regex": true}',
-        expected="one tool error naming why",
-        observed=f"exit {called.returncode}: {called.stdout.strip()}",
-    )
+    record_property("observed", f"exit {called.returncode}: {called.stdout.strip()}")
     assert called.returncode == 1
     assert called.stdout.startswith(
         "search_files: the regex '(a+)\\\\1' cannot be used: invalid escape sequence: \\1 "
@@ -98,21 +90,18 @@ def test_a_regex_re2_cannot_run_is_one_clear_error(box: LoopdBox, record_propert
 def test_without_bubblewrap_commands_are_refused(
     box: LoopdBox, tmp_path: Path, record_property: Record
 ) -> None:
-    """Unsandboxed, a command reads loopd's state and reaches all three brokerd sockets (it
-    could post as the bot anywhere): refused unless the operator opts in."""
+    """run_command without bubblewrap runs beside loopd's state and brokerd's sockets.
+
+    Input: run_command echo ran > ran.txt on a host without bwrap, no opt-in
+    Expected: refused: one tool error; one log line says why and names LOOPD_UNSANDBOXED_COMMANDS
+    """
     called = box.call(
         "run_command",
         SESSION,
         {"command": "echo ran > ran.txt"},
         env={"PATH": without_bwrap(tmp_path)},
     )
-    record_attack(
-        record_property,
-        attack="run_command without bubblewrap runs unconfined next to brokerd's sockets",
-        input='run_command {"command": "echo ran > ran.txt"} on a host without bwrap',
-        expected="refused with one tool error; one log line says why and how to opt in",
-        observed=f"exit {called.returncode}: {called.stdout.strip()}",
-    )
+    record_property("observed", f"exit {called.returncode}: {called.stdout.strip()}")
     assert (called.returncode, called.stdout) == (1, REFUSAL)
     assert not (box.workspaces / "mm%3Aattacker" / "ran.txt").exists()
     warnings = [line for line in log_lines(called.stderr) if "run_command" in line]
@@ -123,13 +112,21 @@ def test_without_bubblewrap_commands_are_refused(
     ]
 
 
-def test_an_operator_may_allow_unsandboxed_commands(box: LoopdBox, tmp_path: Path) -> None:
+def test_an_operator_may_allow_unsandboxed_commands(
+    box: LoopdBox, tmp_path: Path, record_property: Record
+) -> None:
+    """An operator opts in to commands without a sandbox on a host without bubblewrap.
+
+    Input: run_command echo ran, no bwrap, LOOPD_UNSANDBOXED_COMMANDS=true
+    Expected: the command runs; one log line says it is NOT sandboxed
+    """
     called = box.call(
         "run_command",
         SESSION,
         {"command": "echo ran"},
         env=plain_env(confined=False, tmp_path=tmp_path),
     )
+    record_property("observed", f"exit {called.returncode}: {' / '.join(called.stdout.split())}")
     assert (called.returncode, called.stdout) == (0, "exit code 0\nran\n\n")
     assert any("run_command is NOT sandboxed" in line for line in log_lines(called.stderr))
 
@@ -138,16 +135,17 @@ def test_an_operator_may_allow_unsandboxed_commands(box: LoopdBox, tmp_path: Pat
 def test_a_setsid_child_does_not_survive_the_timeout(
     box: LoopdBox, tmp_path: Path, marker: str, confined: bool, record_property: Record
 ) -> None:
+    """A setsid child outlives run_command's timeout (bubblewrap, allowed unsandboxed).
+
+    Input: loopd tools call run_command: setsid sleep N & sleep N, timeout_s 2
+    Expected: every process of the command is gone when the call returns
+    """
     arguments = {"command": f"setsid sleep {marker} & sleep {marker}", "timeout_s": 2}
     called = box.call("run_command", SESSION, arguments, env=plain_env(confined, tmp_path))
     survivors = processes_with(marker)
-    record_attack(
-        record_property,
-        attack=f"a setsid child outlives the timeout ({path_kind(confined)})",
-        input="run_command setsid sleep & sleep, timeout_s 2, through loopd tools call",
-        expected="every process of the command is gone when the call returns",
-        observed=f"exit {called.returncode}: {called.stdout.splitlines()[0]}; "
-        f"{len(survivors)} left",
+    record_property(
+        "observed",
+        f"exit {called.returncode}: {called.stdout.splitlines()[0]}; {len(survivors)} left",
     )
     assert called.stdout.startswith("timed out after 2 s; the command and its children were")
     assert survivors == []
@@ -157,6 +155,11 @@ def test_a_setsid_child_does_not_survive_the_timeout(
 def test_a_memory_hog_is_refused_by_the_default_cap(
     box: LoopdBox, tmp_path: Path, confined: bool, record_property: Record
 ) -> None:
+    """A memory hog under the default caps (bubblewrap, allowed unsandboxed).
+
+    Input: run_command: python3 mapping 8 GiB of private memory; default memory cap 4 GiB
+    Expected: the mapping is refused (ENOMEM); the host keeps its memory
+    """
     # A private writable mapping counts against the cap as soon as it is made: refused at once
     # under the cap, and never touched without it (the test must not take 8 GiB of the host).
     hog = (
@@ -164,12 +167,8 @@ def test_a_memory_hog_is_refused_by_the_default_cap(
         'flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS); print("got it")\''
     )
     called = box.call("run_command", SESSION, {"command": hog}, env=plain_env(confined, tmp_path))
-    record_attack(
-        record_property,
-        attack=f"memory hog under the default cap ({path_kind(confined)})",
-        input="run_command python3 mapping 8 GiB of private memory; default memory cap 4 GiB",
-        expected="the mapping is refused; the machine keeps its memory",
-        observed=f"exit {called.returncode}: {called.stdout.strip().splitlines()[-1]}",
+    record_property(
+        "observed", f"exit {called.returncode}: {called.stdout.strip().splitlines()[-1]}"
     )
     assert called.returncode == 1
     assert called.stdout.rstrip().endswith("OSError: [Errno 12] Cannot allocate memory")
@@ -180,6 +179,11 @@ def test_a_memory_hog_is_refused_by_the_default_cap(
 def test_a_command_does_not_outlive_a_killed_loopd(
     box: LoopdBox, tmp_path: Path, marker: str, confined: bool, record_property: Record
 ) -> None:
+    """A command outlives loopd, killed while it runs (bubblewrap, allowed unsandboxed).
+
+    Input: SIGKILL to the loopd running run_command sleep N (timeout_s 600)
+    Expected: the command ends with loopd
+    """
     arguments = json.dumps({"command": f"sleep {marker}", "timeout_s": 600})
     loopd = box.start(
         ["tools", "call", "run_command", "--session", SESSION, arguments],
@@ -191,10 +195,4 @@ def test_a_command_does_not_outlive_a_killed_loopd(
         loopd.kill()
         loopd.wait()
     wait_until(lambda: processes_with(marker) == [], "the command to end with loopd", 10)
-    record_attack(
-        record_property,
-        attack=f"a command outlives loopd, killed while it runs ({path_kind(confined)})",
-        input="SIGKILL to the loopd running run_command sleep (timeout_s 600)",
-        expected="the command ends with loopd",
-        observed="no process of the command left",
-    )
+    record_property("observed", "no process of the command left")

@@ -3,8 +3,9 @@ spinner, a daemon that outlives its command. Each runs in bubblewrap and on the 
 operator may allow (``LOOPD_UNSANDBOXED_COMMANDS``), through ``run_core_tool`` as the engine
 calls it, with small limits so that each shows quickly.
 
-Each test records one row of the security table (attack, input, expected, observed) as report
-properties: ``pytest --junitxml`` carries them to the generator of docs/security.md.
+Each test is one row of docs/security.md's table (one per sandbox kind): its docstring gives the
+attack (first line), the input and what is expected; ``record_property("observed", ...)`` says
+what the run saw.
 """
 
 import json
@@ -26,7 +27,7 @@ from loopd.tools import (
     plain_sandbox,
     run_core_tool,
 )
-from tests.tools.toolcall import FORK_BOMB, kill_all, processes_with, record_attack, unique_sleep
+from tests.tools.toolcall import FORK_BOMB, kill_all, processes_with, unique_sleep
 
 Record = Callable[[str, object], None]
 TIGHT = ToolLimits(
@@ -73,10 +74,6 @@ def marker() -> Iterator[str]:
     kill_all(value)  # whatever a failed test left running
 
 
-def where(sandbox: Sandbox) -> str:
-    return "in bubblewrap" if sandbox.isolated else "unsandboxed (allowed)"
-
-
 async def command(ctx: ToolContext, text: str, timeout_s: int = 60) -> tuple[bool, str]:
     arguments = json.dumps({"command": text, "timeout_s": timeout_s})
     result = await run_core_tool("run_command", arguments, ctx)
@@ -86,15 +83,14 @@ async def command(ctx: ToolContext, text: str, timeout_s: int = 60) -> tuple[boo
 async def test_a_fork_bomb_is_capped(
     ctx: ToolContext, workspace: Path, sandbox: Sandbox, record_property: Record
 ) -> None:
+    """A fork bomb through run_command, in bubblewrap and unsandboxed (allowed).
+
+    Input: python3 forking children that wait, up to 300; processes cap 40
+    Expected: a fork is refused before 40 processes
+    """
     (workspace / "bomb.py").write_text(FORK_BOMB)
     ok, text = await command(ctx, "python3 bomb.py")
-    record_attack(
-        record_property,
-        attack=f"fork bomb {where(sandbox)}",
-        input="python3 forking children that wait, up to 300; processes cap 40",
-        expected="a fork is refused before 40 processes",
-        observed=" / ".join(text.splitlines()),
-    )
+    record_property("observed", " / ".join(text.splitlines()))
     lines = text.splitlines()
     assert lines[:2] == ["exit code 0", "fork refused: Resource temporarily unavailable"]
     assert 0 < int(lines[2].removeprefix("made ")) < TIGHT.command_max_processes
@@ -104,15 +100,14 @@ async def test_a_fork_bomb_is_capped(
 async def test_a_huge_file_write_is_refused(
     ctx: ToolContext, workspace: Path, sandbox: Sandbox, record_property: Record
 ) -> None:
+    """A huge file written through run_command, in bubblewrap and unsandboxed.
+
+    Input: head -c 5000000 /dev/zero > big; file size cap 1 MiB
+    Expected: the write fails at 1 MiB (File too large); the shell goes on
+    """
     ok, text = await command(ctx, "head -c 5000000 /dev/zero > big; echo status $?")
     size = (workspace / "big").stat().st_size
-    record_attack(
-        record_property,
-        attack=f"huge file write {where(sandbox)}",
-        input="head -c 5000000 /dev/zero > big; file size cap 1 MiB",
-        expected="the write fails at 1 MiB",
-        observed=f"{' / '.join(text.splitlines())}; big is {size} bytes",
-    )
+    record_property("observed", f"{' / '.join(text.splitlines())}; big is {size} bytes")
     assert "File too large" in text
     assert text.endswith("status 1\n")
     assert size == TIGHT.command_max_file_bytes
@@ -122,14 +117,13 @@ async def test_a_huge_file_write_is_refused(
 async def test_a_memory_hog_fails(
     ctx: ToolContext, sandbox: Sandbox, record_property: Record
 ) -> None:
+    """A memory hog through run_command, in bubblewrap and unsandboxed.
+
+    Input: python3 filling 512 MiB; memory cap 256 MiB
+    Expected: the allocation fails (MemoryError)
+    """
     ok, text = await command(ctx, "python3 -c 'hog = bytearray(512 * 1024**2); print(\"got it\")'")
-    record_attack(
-        record_property,
-        attack=f"memory hog {where(sandbox)}",
-        input="python3 filling 512 MiB; memory cap 256 MiB",
-        expected="the allocation fails",
-        observed=" / ".join(text.splitlines()[-2:]),
-    )
+    record_property("observed", " / ".join(text.splitlines()[-2:]))
     assert not ok
     assert text.startswith("exit code 1\n")
     assert text.rstrip().endswith("MemoryError")
@@ -139,14 +133,13 @@ async def test_a_memory_hog_fails(
 async def test_a_cpu_spinner_is_killed(
     ctx: ToolContext, sandbox: Sandbox, record_property: Record
 ) -> None:
+    """A CPU spinner through run_command, in bubblewrap and unsandboxed.
+
+    Input: while :; do :; done; CPU cap 1 s, timeout 120 s
+    Expected: killed by SIGXCPU after 1 s of CPU, long before the timeout
+    """
     ok, text = await command(ctx, "while :; do :; done", timeout_s=120)
-    record_attack(
-        record_property,
-        attack=f"CPU spinner {where(sandbox)}",
-        input="while :; do :; done; CPU cap 1 s, timeout 120 s",
-        expected="killed by SIGXCPU after 1 s of CPU, long before the timeout",
-        observed=text.splitlines()[0],
-    )
+    record_property("observed", text.splitlines()[0])
     assert not ok
     assert text.splitlines()[0] in (
         f"killed by signal {int(signal.SIGXCPU)} (the CPU time limit)",
@@ -158,15 +151,14 @@ async def test_a_cpu_spinner_is_killed(
 async def test_a_setsid_child_does_not_survive_the_timeout(
     ctx: ToolContext, sandbox: Sandbox, marker: str, record_property: Record
 ) -> None:
+    """A setsid child outlives its command's timeout, in bubblewrap and unsandboxed.
+
+    Input: setsid sleep N & sleep N; timeout 2 s
+    Expected: both sleeps are killed at the timeout
+    """
     ok, text = await command(ctx, f"setsid sleep {marker} & echo started; sleep {marker}", 2)
     survivors = processes_with(marker)
-    record_attack(
-        record_property,
-        attack=f"a setsid child outlives its command's timeout {where(sandbox)}",
-        input=f"setsid sleep {marker} & sleep {marker}; timeout 2 s",
-        expected="both sleeps are killed at the timeout",
-        observed=f"{text.splitlines()[0]}; {len(survivors)} left running",
-    )
+    record_property("observed", f"{text.splitlines()[0]}; {len(survivors)} left running")
     assert not ok
     assert text == "timed out after 2 s; the command and its children were killed\nstarted\n"
     assert survivors == []
@@ -175,14 +167,13 @@ async def test_a_setsid_child_does_not_survive_the_timeout(
 async def test_a_daemon_does_not_outlive_its_command(
     ctx: ToolContext, sandbox: Sandbox, marker: str, record_property: Record
 ) -> None:
+    """A double-forked daemon outlives its command, in bubblewrap and unsandboxed.
+
+    Input: (setsid sh -c 'sleep N' > /dev/null 2>&1 &); echo left
+    Expected: the daemon is killed when the command ends
+    """
     ok, text = await command(ctx, f"(setsid sh -c 'sleep {marker}' > /dev/null 2>&1 &); echo left")
     survivors = processes_with(marker)
-    record_attack(
-        record_property,
-        attack=f"a double-forked daemon outlives its command {where(sandbox)}",
-        input=f"(setsid sh -c 'sleep {marker}' > /dev/null 2>&1 &); echo left",
-        expected="the daemon is killed when the command ends",
-        observed=f"{' / '.join(text.splitlines())}; {len(survivors)} left running",
-    )
+    record_property("observed", f"{' / '.join(text.splitlines())}; {len(survivors)} left running")
     assert (ok, text) == (True, "exit code 0\nleft\n")
     assert survivors == []

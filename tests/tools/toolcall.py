@@ -156,12 +156,3 @@ def without_bwrap(tmp_path: Path) -> str:
     empty = tmp_path / "empty-path"
     empty.mkdir(exist_ok=True)
     return str(empty)
-
-
-def record_attack(record: Any, *, attack: str, input: str, expected: str, observed: str) -> None:
-    """One row of the security table (docs/security.md): written to the test's report
-    properties (``--junitxml``), so the table is generated from what a run observed."""
-    record("attack", attack)
-    record("input", input)
-    record("expected", expected)
-    record("observed", observed)
