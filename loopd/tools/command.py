@@ -447,7 +447,8 @@ def render_outcome(outcome: CommandOutcome, timeout_s: float) -> str:
         limit = _LIMIT_SIGNALS.get(-code)
         head = f"killed by signal {-code}" + (f" ({limit})" if limit else "")
     elif code is not None and (limit := _LIMIT_SIGNALS.get(code - _SHELL_SIGNAL_BASE)):
-        head = f"exit code {code} (a process was killed by signal {code - 128}: {limit})"
+        signum = code - _SHELL_SIGNAL_BASE
+        head = f"exit code {code} (a process was killed by signal {signum}: {limit})"
     else:
         head = f"exit code {code}"
     if not outcome.output:
