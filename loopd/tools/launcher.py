@@ -10,11 +10,11 @@ library, so it starts in a few milliseconds and needs nothing of loopd's environ
   time, processes, no core files) and joins the pids cgroup when loopd made one, then execs;
 - when the command ends, or when loopd sends SIGTERM (the timeout, a cancelled turn) or dies
   (``PR_SET_PDEATHSIG``), kills every descendant it still has and exits the way the command did
-  (the same exit code or signal).
+  (the same exit code or signal), and removes the pids cgroup loopd made for it, if any.
 
 ``RLIMIT_NPROC`` counts every process and thread of the user, not of one command, so the limit is
 set to what the user runs now plus the command's allowance. The kernel ignores it for root; there
-loopd passes a pids cgroup instead, where it can make one (see ``command.pids_cgroup_parent``).
+loopd passes a pids cgroup instead, where it can make one (see ``pidscgroup``).
 """
 
 import ctypes
@@ -32,6 +32,7 @@ _PR_SET_PDEATHSIG = 1
 _PR_SET_DUMPABLE = 4
 _PR_SET_CHILD_SUBREAPER = 36
 _CANNOT_START = 127
+_RMDIR_TRIES = 50
 _STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
 
@@ -240,18 +241,33 @@ def main(argv: Sequence[str]) -> None:
     # A command does not outlive loopd (SIGKILLed, say); checked after, since loopd may be gone.
     _prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
     if os.getppid() != loopd_pid:
+        _end(limits)
         os._exit(128 + signal.SIGTERM)
     try:
         pid = _start(command, limits)
         signal.pthread_sigmask(signal.SIG_UNBLOCK, set(_STOP_SIGNALS))
         status = _wait_for(pid)
     except _Stop:
-        signal.pthread_sigmask(signal.SIG_BLOCK, set(_STOP_SIGNALS))
-        kill_tree()
+        _end(limits)
         os._exit(128 + signal.SIGTERM)
+    _end(limits)
+    _exit_as(status)
+
+
+def _end(limits: CommandLimits) -> None:
+    """Kill what is left, and remove the command's cgroup: loopd may be gone and cannot."""
     signal.pthread_sigmask(signal.SIG_BLOCK, set(_STOP_SIGNALS))
     kill_tree()
-    _exit_as(status)
+    if limits.pids_cgroup is not None:
+        for _ in range(_RMDIR_TRIES):  # a task just reaped may hold it for a moment
+            try:
+                os.rmdir(limits.pids_cgroup)
+            except FileNotFoundError:
+                return
+            except OSError:
+                time.sleep(0.01)
+            else:
+                return
 
 
 if __name__ == "__main__":

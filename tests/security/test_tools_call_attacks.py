@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from loopd.tools.launcher import CommandLimits
 from tests.tools.toolcall import (
     LoopdBox,
     kill_all,
@@ -49,6 +50,19 @@ def plain_env(confined: bool, tmp_path: Path) -> dict[str, str]:
     if confined:
         return {}
     return {"PATH": without_bwrap(tmp_path), "LOOPD_UNSANDBOXED_COMMANDS": "true"}
+
+
+def command_cgroup(marker: str) -> Path | None:
+    """The pids cgroup of the launcher running ``sleep MARKER`` (None when it has none)."""
+    for entry in Path("/proc").iterdir():
+        try:
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if len(argv) > 4 and argv[3].endswith(b"launcher.py") and marker.encode() in argv[-2]:
+            path = CommandLimits.from_json(argv[4].decode()).pids_cgroup
+            return None if path is None else Path(path)
+    raise AssertionError(f"no launcher runs sleep {marker}")
 
 
 def log_lines(stderr: str) -> list[str]:
@@ -191,8 +205,11 @@ def test_a_command_does_not_outlive_a_killed_loopd(
     )
     try:
         wait_until(lambda: processes_with(marker) != [], "the command to start")
+        cgroup = command_cgroup(marker)
     finally:
         loopd.kill()
         loopd.wait()
     wait_until(lambda: processes_with(marker) == [], "the command to end with loopd", 10)
+    if cgroup is not None:  # loopd runs as root here: the launcher removes the command's cgroup
+        wait_until(lambda: not cgroup.exists(), "the command's pids cgroup to go", 10)
     record_property("observed", "no process of the command left")
