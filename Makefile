@@ -17,14 +17,15 @@ $(VENV)/.installed: pyproject.toml dev/pyproject.toml
 
 venv: $(VENV)/.installed
 
-# bubblewrap sandboxes run_command; loopd runs without it (with a warning), the tests want it.
+# bubblewrap sandboxes run_command; without it run_command is refused (unless
+# LOOPD_UNSANDBOXED_COMMANDS=true), and the tests want it.
 system-deps:
 	@command -v bwrap >/dev/null 2>&1 || { \
 		if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
 			(apt-get install -y -qq bubblewrap >/dev/null 2>&1 || \
 			 (apt-get update -qq && apt-get install -y -qq bubblewrap >/dev/null)) && \
 			echo "installed bubblewrap"; \
-		else echo "note: bwrap not found and cannot be installed here; run_command is unsandboxed"; fi; }
+		else echo "note: bwrap not found and cannot be installed here; run_command is refused"; fi; }
 
 # The real llama-server (llama.cpp build 11434) and the tiny model, cached in $(LOOPD_CACHE_DIR).
 llama-server: venv

@@ -57,11 +57,13 @@ def _register_optional(sub: argparse._SubParsersAction[argparse.ArgumentParser])
     from loopd.selftest.commands import register as register_selftest
     from loopd.serve import register as register_serve
     from loopd.sessionlog.commands import register as register_log
+    from loopd.tools.commands import register as register_tools
 
     register_serve(sub)
     register_log(sub)
     register_perf(sub)
     register_selftest(sub)
+    register_tools(sub)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

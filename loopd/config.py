@@ -65,6 +65,11 @@ class Settings(BaseSettings):
         description="Root of the session workspaces (one folder per session). Default "
         "`<state_dir>/workspaces`.",
     )
+    unsandboxed_commands: bool = Field(
+        False,
+        description="Let run_command run commands without a sandbox where bubblewrap cannot "
+        "work (they then read all loopd can and reach brokerd's sockets). Off: they are refused.",
+    )
     tools_file: Path = Field(
         default_factory=lambda: CORE_TOOLS_FILE,
         description="The core tools array sent in every request of an epoch. Default: "

@@ -30,8 +30,16 @@ from loopd.sessionlog.records import Appended, Session
 from loopd.sessionlog.store import SessionLog
 from loopd.tools.broker_client import BrokerClient
 from loopd.tools.command import Sandbox, detect_sandbox
-from loopd.tools.core import ToolContext, is_broker_tool, make_tool_context, run_core_tool
+from loopd.tools.core import (
+    ToolContext,
+    ToolResult,
+    is_broker_tool,
+    make_tool_context,
+    run_core_tool,
+)
+from loopd.tools.errors import ToolFailure
 from loopd.tools.spec import ToolsSpec, load_tools_spec
+from loopd.tools.workspace import migrate_legacy_workspaces, session_workspace
 from loopd.wire.assemble import ToolCall
 
 log = logging.getLogger("loopd.sessions")
@@ -59,14 +67,14 @@ class SessionTools:
     contexts: dict[str, ToolContext]
     protected: tuple[Path, ...]
     sandbox: Sandbox | None = None  # probed once, on the first core tool call
+    unsandboxed_commands: bool = False  # LOOPD_UNSANDBOXED_COMMANDS
 
     async def context(self, session: str) -> ToolContext:
         ctx = self.contexts.get(session)
         if ctx is None:
-            workspace = self.workspaces / _safe_name(session)
-            workspace.mkdir(parents=True, exist_ok=True)
+            workspace = session_workspace(self.workspaces, session)
             if self.sandbox is None:
-                self.sandbox = await detect_sandbox()
+                self.sandbox = await detect_sandbox(allow_unsandboxed=self.unsandboxed_commands)
                 if self.sandbox.warning:
                     log.warning(self.sandbox.warning)
             ctx = make_tool_context(workspace, self.spec, self.sandbox, protected=self.protected)
@@ -76,8 +84,15 @@ class SessionTools:
     async def run(self, session: str, call: ToolCall) -> str:
         if is_broker_tool(call.name):
             return await self._broker(session, call)
-        result = await run_core_tool(call.name, call.arguments, await self.context(session))
-        return result.text
+        return (await self.run_core(session, call.name, call.arguments)).text
+
+    async def run_core(self, session: str, name: str, arguments: str) -> ToolResult:
+        """A core tool call in the session's workspace (``loopd tools call`` runs this too)."""
+        try:
+            ctx = await self.context(session)
+        except ToolFailure as exc:  # a session name that cannot have a workspace
+            return ToolResult(str(exc), ok=False)
+        return await run_core_tool(name, arguments, ctx)
 
     async def _broker(self, session: str, call: ToolCall) -> str:
         try:
@@ -98,10 +113,6 @@ class SessionTools:
         inner = args.get("arguments", {})
         inner_text = inner if isinstance(inner, str) else json.dumps(inner, ensure_ascii=False)
         return await self.broker.call_tool(session, call.id, name, inner_text)
-
-
-def _safe_name(session: str) -> str:
-    return "".join(c if c.isalnum() or c in "-_." else "_" for c in session)[:120] or "_"
 
 
 @dataclass
@@ -132,6 +143,7 @@ class Runtime:
         settings.state_dir.mkdir(parents=True, exist_ok=True)
         spec = load_tools_spec(settings.tools_file)
         session_log = SessionLog.open(settings.db_path)
+        migrate_legacy_workspaces(settings.workspaces, [s.name for s in session_log.sessions()])
         client = InferenceClient(settings.infer_url, settings.model, connect_s=settings.connect_s)
         tools = SessionTools(
             workspaces=settings.workspaces,
@@ -139,6 +151,7 @@ class Runtime:
             broker=BrokerClient(settings.broker_url),
             contexts={},
             protected=(settings.state_dir, settings.tools_file.parent / "loopd.toml"),
+            unsandboxed_commands=settings.unsandboxed_commands,
         )
         longsession = LongSessionSettings(
             compact_at=settings.compact_at,

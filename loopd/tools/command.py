@@ -1,28 +1,37 @@
 """run_command: a shell command in the workspace, inside bubblewrap when it works here.
 
 The command runs with the workspace as its working directory and home, a clean environment
-(``PATH``, ``HOME``, ``LANG`` and nothing of loopd's), stdin closed, a timeout that kills its whole
-process group, and an output cap that keeps the head and the tail and never holds more.
+(``PATH``, ``HOME``, ``LANG`` and nothing of loopd's), stdin closed, resource limits (memory, file
+size, processes, CPU time), a timeout that kills every process it started (``launcher``: a child
+subreaper, so a ``setsid`` daemon goes too), and an output cap that keeps the head and the tail
+and never holds more.
 
 Inside bubblewrap it also sees only the system directories (read-only), a few files of ``/etc``,
 a private ``/tmp`` and the workspace; no network, no other process, and never loopd's state
 directory or config. Where bubblewrap is missing or cannot make namespaces, ``detect_sandbox``
-says so and commands run as plain subprocesses: loopd should print ``Sandbox.warning`` at startup.
+says so, and run_command is refused (a tool error the model reads) unless the operator allowed
+unsandboxed commands (``LOOPD_UNSANDBOXED_COMMANDS``): a plain subprocess sees all loopd sees,
+brokerd's sockets included. loopd logs ``Sandbox.warning`` once, when it first probes.
 """
 
 import os
 import shutil
 import signal
 import subprocess
+import sys
 import tempfile
 from collections.abc import Iterable, Sequence
+from contextlib import suppress
 from dataclasses import dataclass
 from pathlib import Path
 
 import anyio
 from anyio.abc import ByteReceiveStream, Process
 
+from loopd.tools import pidscgroup
 from loopd.tools.errors import ToolFailure, ToolSetupError
+from loopd.tools.launcher import CommandLimits
+from loopd.tools.limits import ToolLimits
 
 COMMAND_PATH = "/usr/local/bin:/usr/bin:/bin"
 COMMAND_LANG = "C.UTF-8"
@@ -41,6 +50,11 @@ _ETC_ENTRIES = (
 )
 # After the command exits, how long its output may keep arriving from what it left behind.
 _DRAIN_GRACE_S = 1.0
+# After SIGTERM, how long the launcher may take to kill the command's tree before its group is
+# killed outright.
+_END_GRACE_S = 5.0
+LAUNCHER = Path(__file__).with_name("launcher.py")
+UNSANDBOXED_SETTING = "LOOPD_UNSANDBOXED_COMMANDS"
 
 
 # --- pure decisions ----------------------------------------------------------------------------
@@ -76,6 +90,26 @@ def bwrap_argv(
     return [*argv, "--", *command]
 
 
+def launcher_argv(limits: CommandLimits, command: Sequence[str]) -> list[str]:
+    """``command`` behind the launcher, which sets ``limits`` and kills the whole tree at the end.
+
+    ``-I -S``: none of loopd's environment or site packages; the launcher needs only the stdlib.
+    loopd's pid lets it end the command when loopd dies.
+    """
+    launcher = [sys.executable, "-I", "-S", str(LAUNCHER), limits.to_json(), str(os.getpid())]
+    return [*launcher, "--", *command]
+
+
+def command_limits(limits: ToolLimits, pids_cgroup: Path | None = None) -> CommandLimits:
+    return CommandLimits(
+        memory_bytes=limits.command_max_memory_bytes,
+        file_bytes=limits.command_max_file_bytes,
+        processes=limits.command_max_processes,
+        cpu_s=limits.command_max_cpu_s,
+        pids_cgroup=None if pids_cgroup is None else str(pids_cgroup),
+    )
+
+
 def check_protected_paths(
     workspace: Path, protected: Iterable[Path], visible: Iterable[Path]
 ) -> None:
@@ -96,12 +130,20 @@ def check_protected_paths(
 
 @dataclass(frozen=True)
 class Sandbox:
-    """How commands run: inside bubblewrap (``bwrap`` set) or as plain subprocesses."""
+    """How commands run: inside bubblewrap (``bwrap`` set), as plain subprocesses (the operator
+    allowed it), or not at all (``refused``: no sandbox here, and no permission to go without).
+
+    ``pids_cgroup_parent`` is where a per-command pids cgroup is made (root only, see
+    ``pidscgroup``); ``runs_as_root`` tells whether the process cap needs it.
+    """
 
     bwrap: str | None
     mounts: tuple[Mount, ...]
     shell: str
     reason: str
+    refused: bool = False
+    pids_cgroup_parent: Path | None = None
+    runs_as_root: bool = False
 
     @property
     def isolated(self) -> bool:
@@ -109,12 +151,33 @@ class Sandbox:
 
     @property
     def warning(self) -> str | None:
-        """The line loopd prints at startup when commands run unconfined."""
-        if self.isolated:
-            return None
+        """The one line loopd logs when it probes, if commands are refused or less confined."""
+        if self.refused:
+            return (
+                f"run_command is refused: commands cannot be sandboxed here ({self.reason}); "
+                f"set {UNSANDBOXED_SETTING}=true to run them without a sandbox, where they can "
+                "read all loopd can and reach brokerd's sockets"
+            )
+        lines = []
+        if not self.isolated:
+            lines.append(
+                f"run_command is NOT sandboxed ({self.reason}, allowed by "
+                f"{UNSANDBOXED_SETTING}): commands can read any file loopd can, including its "
+                "state directory and config, and can reach the network and brokerd's sockets"
+            )
+        if self.runs_as_root and self.pids_cgroup_parent is None:
+            lines.append(
+                "run_command's process cap does not hold: loopd runs as root, for whom the "
+                "kernel ignores RLIMIT_NPROC, and no pids cgroup can be made here"
+            )
+        return "; ".join(lines) or None
+
+    def refusal(self) -> str:
+        """What the model reads when it calls run_command on a refused sandbox."""
         return (
-            f"run_command is NOT sandboxed ({self.reason}): commands can read any file loopd "
-            "can, including its state directory and config, and can reach the network"
+            f"run_command is not available: commands cannot be sandboxed on this host "
+            f"({self.reason}), and the operator has not allowed unsandboxed commands "
+            f"({UNSANDBOXED_SETTING}). The file tools still work."
         )
 
     def visible_paths(self) -> list[Path]:
@@ -132,8 +195,24 @@ def default_shell() -> str:
 
 
 def plain_sandbox(reason: str) -> Sandbox:
-    """No confinement: commands run as plain subprocesses."""
-    return Sandbox(bwrap=None, mounts=(), shell=default_shell(), reason=reason)
+    """No confinement: commands run as plain subprocesses (the operator allowed it)."""
+    return Sandbox(
+        bwrap=None,
+        mounts=(),
+        shell=default_shell(),
+        reason=reason,
+        pids_cgroup_parent=pidscgroup.pids_cgroup_parent(),
+        runs_as_root=os.geteuid() == 0,
+    )
+
+
+def refused_sandbox(reason: str) -> Sandbox:
+    """No confinement is possible and none was allowed: run_command answers with an error."""
+    return Sandbox(bwrap=None, mounts=(), shell=default_shell(), reason=reason, refused=True)
+
+
+def no_sandbox(reason: str, *, allow_unsandboxed: bool) -> Sandbox:
+    return plain_sandbox(reason) if allow_unsandboxed else refused_sandbox(reason)
 
 
 def system_mounts() -> tuple[Mount, ...]:
@@ -148,24 +227,42 @@ def system_mounts() -> tuple[Mount, ...]:
     return tuple(mounts)
 
 
-async def detect_sandbox(*, probe_timeout_s: float = 10.0) -> Sandbox:
-    """Use bubblewrap if it is installed and can start a sandbox here; else say why not."""
+async def detect_sandbox(
+    *, allow_unsandboxed: bool = False, probe_timeout_s: float = 10.0
+) -> Sandbox:
+    """Use bubblewrap if it is installed and can start a sandbox here; else say why not, and
+    refuse commands unless ``allow_unsandboxed`` (the operator's ``LOOPD_UNSANDBOXED_COMMANDS``).
+    """
     bwrap = shutil.which("bwrap")
     if bwrap is None:
-        return plain_sandbox("bwrap is not installed (Debian package bubblewrap)")
-    sandbox = Sandbox(bwrap=bwrap, mounts=system_mounts(), shell=default_shell(), reason="")
+        return no_sandbox(
+            "bwrap is not installed (Debian package bubblewrap)",
+            allow_unsandboxed=allow_unsandboxed,
+        )
+    sandbox = Sandbox(
+        bwrap=bwrap,
+        mounts=system_mounts(),
+        shell=default_shell(),
+        reason=f"bubblewrap ({bwrap})",
+        pids_cgroup_parent=await anyio.to_thread.run_sync(pidscgroup.pids_cgroup_parent),
+        runs_as_root=os.geteuid() == 0,
+    )
     with tempfile.TemporaryDirectory(prefix="loopd-sandbox-probe-") as probe_dir:
         argv = sandbox.argv(Path(await anyio.Path(probe_dir).resolve()), "exit 0")
         try:
             with anyio.fail_after(probe_timeout_s):
                 probe = await anyio.run_process(argv, check=False, stdin=subprocess.DEVNULL)
         except (OSError, TimeoutError) as exc:
-            return plain_sandbox(f"bwrap failed to start: {exc!r}")
+            return no_sandbox(
+                f"bwrap failed to start: {exc!r}", allow_unsandboxed=allow_unsandboxed
+            )
     if probe.returncode != 0:
         lines = probe.stderr.decode("utf-8", errors="replace").strip().splitlines()
         detail = lines[0] if lines else f"exit code {probe.returncode}"
-        return plain_sandbox(f"bwrap cannot create a sandbox here: {detail}")
-    return Sandbox(bwrap, sandbox.mounts, sandbox.shell, reason=f"bubblewrap ({bwrap})")
+        return no_sandbox(
+            f"bwrap cannot create a sandbox here: {detail}", allow_unsandboxed=allow_unsandboxed
+        )
+    return sandbox
 
 
 # --- running -----------------------------------------------------------------------------------
@@ -228,19 +325,50 @@ class CommandOutcome:
 
 
 async def run_command(
-    command: str, *, workspace: Path, sandbox: Sandbox, timeout_s: float, output_max_bytes: int
+    command: str,
+    *,
+    workspace: Path,
+    sandbox: Sandbox,
+    timeout_s: float,
+    output_max_bytes: int,
+    limits: ToolLimits | None = None,
 ) -> CommandOutcome:
-    """Run ``command`` through the shell in ``workspace``; stdout and stderr are interleaved."""
+    """Run ``command`` through the shell in ``workspace``; stdout and stderr are interleaved.
+
+    ``limits`` gives the ``command_max_*`` caps (default: ``ToolLimits()``'s).
+    """
+    if sandbox.refused:
+        raise ToolFailure(sandbox.refusal())
+    limits = limits or ToolLimits()
+    cgroup = None
+    if sandbox.pids_cgroup_parent is not None:
+        cgroup = pidscgroup.make(sandbox.pids_cgroup_parent, limits.command_max_processes)
+    try:
+        return await _run_launched(
+            launcher_argv(command_limits(limits, cgroup), sandbox.argv(workspace, command)),
+            workspace=workspace,
+            timeout_s=timeout_s,
+            output_max_bytes=output_max_bytes,
+        )
+    finally:
+        if cgroup is not None:
+            with anyio.CancelScope(shield=True):
+                await anyio.to_thread.run_sync(pidscgroup.remove, cgroup)
+
+
+async def _run_launched(
+    argv: list[str], *, workspace: Path, timeout_s: float, output_max_bytes: int
+) -> CommandOutcome:
     output = CappedOutput(output_max_bytes)
     try:
         process = await anyio.open_process(
-            sandbox.argv(workspace, command),
+            argv,
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             cwd=workspace,
             env=command_env(workspace),
-            start_new_session=True,  # its own process group, so a kill reaches every child
+            start_new_session=True,  # its own process group: the last resort reaches it all
         )
     except OSError as exc:
         raise ToolFailure(f"run_command: the command could not be started: {exc}") from exc
@@ -251,8 +379,8 @@ async def run_command(
             await _collect(process, process.stdout, output)
         timed_out = process.returncode is None
     finally:
-        _kill_group(process.pid)
         with anyio.CancelScope(shield=True):
+            await _end(process)
             await process.aclose()
     return CommandOutcome(
         exit_code=None if timed_out else process.returncode,
@@ -260,6 +388,16 @@ async def run_command(
         output=output.render(),
         cut=output.cut,
     )
+
+
+async def _end(process: Process) -> None:
+    """Have the launcher kill the command's whole tree; kill its group if it does not in time."""
+    if process.returncode is None:
+        with suppress(ProcessLookupError):
+            process.send_signal(signal.SIGTERM)
+        with anyio.move_on_after(_END_GRACE_S):
+            await process.wait()
+    _kill_group(process.pid)
 
 
 async def _collect(process: Process, stdout: ByteReceiveStream, output: CappedOutput) -> None:
@@ -276,8 +414,8 @@ async def _collect(process: Process, stdout: ByteReceiveStream, output: CappedOu
 
     async with anyio.create_task_group() as tg:
         tg.start_soon(drain)
+        # The launcher exits only once the command and everything it left behind are dead.
         await process.wait()
-        # Background children it left still hold the pipe open; they go with the command.
         _kill_group(process.pid)
         with anyio.move_on_after(_DRAIN_GRACE_S):
             await drained.wait()
@@ -293,14 +431,26 @@ def _kill_group(pid: int) -> None:
         pass  # the group id was reused by a process that is not ours; nothing of ours is left
 
 
+_LIMIT_SIGNALS = {
+    int(signal.SIGXCPU): "the CPU time limit",
+    int(signal.SIGXFSZ): "the file size limit",
+}
+_SHELL_SIGNAL_BASE = 128  # a shell (and bubblewrap) reports death by signal N as exit 128+N
+
+
 def render_outcome(outcome: CommandOutcome, timeout_s: float) -> str:
-    """The text the model reads."""
+    """The text the model reads; a limit that ended the command is named."""
+    code = outcome.exit_code
     if outcome.timed_out:
         head = f"timed out after {timeout_s:g} s; the command and its children were killed"
-    elif outcome.exit_code is not None and outcome.exit_code < 0:
-        head = f"killed by signal {-outcome.exit_code}"
+    elif code is not None and code < 0:
+        limit = _LIMIT_SIGNALS.get(-code)
+        head = f"killed by signal {-code}" + (f" ({limit})" if limit else "")
+    elif code is not None and (limit := _LIMIT_SIGNALS.get(code - _SHELL_SIGNAL_BASE)):
+        signum = code - _SHELL_SIGNAL_BASE
+        head = f"exit code {code} (a process was killed by signal {signum}: {limit})"
     else:
-        head = f"exit code {outcome.exit_code}"
+        head = f"exit code {code}"
     if not outcome.output:
         return f"{head}\n(no output)"
     return f"{head}\n{outcome.output}"

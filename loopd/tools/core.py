@@ -176,6 +176,7 @@ async def _run_command(args: dict[str, Any], ctx: ToolContext) -> ToolResult:
         sandbox=ctx.sandbox,
         timeout_s=timeout_s,
         output_max_bytes=limits.command_output_max_bytes,
+        limits=limits,
     )
     text = render_outcome(outcome, timeout_s)
     if "timeout_s" in args and asked > timeout_s:

@@ -38,3 +38,7 @@ class PathRefused(ToolFailure):
 
 class LimitExceeded(ToolFailure):
     """Content is larger than the tool's cap allows."""
+
+
+class WorkspaceRefused(ToolFailure):
+    """A session whose name cannot have a workspace (``""``, ``.``, ``..``)."""

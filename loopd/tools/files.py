@@ -4,10 +4,18 @@ Each one is a blocking function over the confined I/O of ``workspace``; the runn
 worker thread. What a tool decides (an edit, a listing, a match) is a pure function of its input,
 kept apart so it can be tested without a disk. Failures the model can act on are raised as
 ``ToolFailure`` with the message it will read.
+
+search_files matches regexes with RE2 (google-re2), whose time is linear in the text: a pattern
+such as ``^(a+)+$``, which makes a backtracking engine (Python's ``re``) run for minutes on a
+short line, costs RE2 no more than any other. A whole search is also bounded in time
+(``ToolLimits.search_max_seconds``).
 """
 
-import re
+import time
 from collections.abc import Callable
+from typing import Any
+
+import re2
 
 from loopd.tools.errors import ToolFailure
 from loopd.tools.limits import ToolLimits
@@ -83,13 +91,45 @@ def _entry_line(entry: DirEntry) -> str:
     return f"{entry.name} (special file)"
 
 
+_REGEX_MAX_MEMORY = 8 << 20
+"""RE2's memory budget for one compiled pattern; a pattern needing more is refused."""
+
+_UNSUPPORTED = {
+    "invalid perl operator: (?=": "lookahead is not supported",
+    "invalid perl operator: (?!": "lookahead is not supported",
+    "invalid perl operator: (?<": "lookbehind is not supported",
+}
+
+
+def compile_regex(pattern: str) -> Any:
+    """The pattern compiled by RE2, or a ``ToolFailure`` naming why it cannot be."""
+    options = re2.Options()
+    options.max_mem = _REGEX_MAX_MEMORY
+    options.log_errors = False  # the model reads the reason; nothing goes to loopd's stderr
+    try:
+        return re2.compile(pattern, options)
+    except re2.error as exc:
+        raise ToolFailure(describe_regex_error(pattern, exc.args[0] if exc.args else "")) from None
+
+
+def describe_regex_error(pattern: str, reason: object) -> str:
+    why = reason.decode("utf-8", "replace") if isinstance(reason, bytes) else str(reason)
+    why = why or "it does not compile"
+    feature = next((name for key, name in _UNSUPPORTED.items() if why.startswith(key)), None)
+    if feature is None and why.startswith("invalid escape sequence: \\") and why[-1:].isdigit():
+        feature = "backreferences are not supported"
+    unsupported = f" ({feature})" if feature else ""
+    return (
+        f"search_files: the regex {pattern!r} cannot be used: {why}{unsupported}. search_files "
+        "uses RE2 syntax, which has no backreferences or lookaround so that every search runs in "
+        "linear time; use a simpler pattern, or regex=false for a plain substring"
+    )
+
+
 def line_matcher(pattern: str, regex: bool) -> Callable[[str], bool]:
     if not regex:
         return lambda line: pattern in line
-    try:
-        compiled = re.compile(pattern)
-    except re.error as exc:
-        raise ToolFailure(f"invalid regex {pattern!r}: {exc}") from exc
+    compiled = compile_regex(pattern)
     return lambda line: compiled.search(line) is not None
 
 
@@ -131,9 +171,15 @@ def list_dir(workspace: Workspace, path: str, limits: ToolLimits) -> str:
 
 
 def search_files(
-    workspace: Workspace, pattern: str, path: str, regex: bool, limits: ToolLimits
+    workspace: Workspace,
+    pattern: str,
+    path: str,
+    regex: bool,
+    limits: ToolLimits,
+    clock: Callable[[], float] = time.monotonic,
 ) -> str:
     matches = line_matcher(pattern, regex)
+    deadline = clock() + limits.search_max_seconds
     report = WalkReport()
     found: list[str] = []
     files = walk_text_files(
@@ -143,9 +189,12 @@ def search_files(
         max_files=limits.search_max_files,
         report=report,
     )
-    for file in files:
+    for searched, file in enumerate(files, start=1):
         text = file.data.decode("utf-8", errors="replace")
         for number, line in enumerate(text.splitlines(), start=1):
+            if clock() > deadline:
+                files.close()
+                raise ToolFailure(_out_of_time(found, searched, file.path, limits))
             if matches(line):
                 found.append(f"{file.path}:{number}: {shorten(line, limits.search_line_chars)}")
                 if len(found) >= limits.search_max_matches:
@@ -154,6 +203,16 @@ def search_files(
     if not found:
         return _search_summary([f"no matches for {pattern!r} under {path}"], report, limits)
     return _search_summary(found, report, limits)
+
+
+def _out_of_time(found: list[str], searched: int, at: str, limits: ToolLimits) -> str:
+    head = (
+        f"search_files: stopped after {limits.search_max_seconds:g} s, in {at} "
+        f"({_count(searched, 'file')} reached); narrow the path or the pattern"
+    )
+    if not found:
+        return f"{head}. No match so far."
+    return "\n".join([f"{head}. The matches so far:", *found])
 
 
 def _search_summary(

@@ -2,7 +2,7 @@
 
 Each cap bounds memory in loopd and tokens in the next prompt: whatever a tool returns is replayed
 in every later request of the session, so a result is cut (with a note saying so) rather than sent
-whole.
+whole. The ``command_max_*`` caps bound what one run_command may take of the machine.
 """
 
 from dataclasses import dataclass
@@ -21,10 +21,20 @@ class ToolLimits:
     search_max_files: int = 5_000
     search_line_chars: int = 240
     """A matching line longer than this is shown cut."""
+    search_max_seconds: float = 20.0
+    """A search still running after this long stops and says so (with what it found)."""
     command_timeout_s: float = 120.0
     """The timeout of run_command when the model gives none."""
     command_timeout_max_s: float = 600.0
     """The most the model may ask for with timeout_s."""
     command_output_max_bytes: int = 32_000
+    command_max_memory_bytes: int = 4 * 1024**3
+    """Writable memory of each process of a command (``RLIMIT_DATA``): past it, allocation fails."""
+    command_max_file_bytes: int = 1024**3
+    """The largest file a command may write (``RLIMIT_FSIZE``); past it the write fails."""
+    command_max_processes: int = 256
+    """Processes and threads a command may add (``RLIMIT_NPROC``, or a pids cgroup for root)."""
+    command_max_cpu_s: int = 600
+    """CPU seconds of each process of a command (``RLIMIT_CPU``); past it, it is killed."""
     result_max_chars: int = 80_000
     """The last cap, on any result text."""

@@ -9,19 +9,35 @@ symlink. So the I/O here never opens a checked path by name from the root of the
 walks the resolved path one part at a time from a descriptor of the workspace, opening every part
 with ``O_NOFOLLOW``. A symlink that appears after the check makes that open fail (``ELOOP``)
 instead of being followed out of the workspace.
+
+Each session's workspace is one folder under the workspaces root, named by
+``workspace_folder_name``: a different folder for every session name, and never the root itself
+or anything above it. ``migrate_legacy_workspaces`` moves the folders an earlier naming made.
 """
 
 import codecs
 import errno
+import hashlib
+import logging
 import os
+import shutil
 import stat
-from collections.abc import Generator, Iterator
+import string
+from collections.abc import Collection, Generator, Iterable, Iterator
 from contextlib import ExitStack, contextmanager, suppress
 from dataclasses import dataclass
 from io import BufferedReader
 from pathlib import Path, PurePosixPath
 
-from loopd.tools.errors import LimitExceeded, PathRefused, ToolFailure, ToolSetupError
+from loopd.tools.errors import (
+    LimitExceeded,
+    PathRefused,
+    ToolFailure,
+    ToolSetupError,
+    WorkspaceRefused,
+)
+
+log = logging.getLogger("loopd.tools")
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 # O_NONBLOCK: opening a FIFO for reading would otherwise wait for a writer forever.
@@ -62,6 +78,138 @@ def confine(root: PurePosixPath, resolved: PurePosixPath, raw: str) -> PurePosix
 
 def describe_size(size: int) -> str:
     return f"{size:,} bytes"
+
+
+# --- session workspaces: one folder per session name ------------------------------------------
+
+_FOLDER_SAFE = frozenset(string.ascii_letters + string.digits + "-_.")
+_FOLDER_MAX_BYTES = 200  # NAME_MAX is 255; room to spare for a temporary suffix
+_HASHED_MARK = "%~"  # never in a plain encoding, where every "%" starts "%XX"
+_REFUSED_NAMES = ("", ".", "..")
+
+
+def workspace_folder_name(session: str) -> str:
+    """The folder of a session's workspace: one path component, a different one for every name.
+
+    ASCII letters, digits, ``-``, ``_`` and ``.`` stand for themselves; every other byte of the
+    name (UTF-8) is written ``%XX``, so ``mm:abc`` is ``mm%3Aabc`` and ``mm_abc`` stays
+    ``mm_abc``. A folder that would be longer than 200 bytes keeps its start and ends with
+    ``%~`` and the sha256 of the name. ``""``, ``.`` and ``..`` are refused: they would name
+    the workspaces root or what is above it.
+    """
+    if session in _REFUSED_NAMES:
+        raise WorkspaceRefused(
+            f"session {session!r} cannot have a workspace: the names '', '.' and '..' are "
+            "refused (they would name the workspaces root or its parent); use another name"
+        )
+    # surrogatepass: a name from the command line may hold lone surrogates; still one folder each.
+    encoded = "".join(
+        chr(byte) if chr(byte) in _FOLDER_SAFE else f"%{byte:02X}"
+        for byte in session.encode("utf-8", "surrogatepass")
+    )
+    if len(encoded) <= _FOLDER_MAX_BYTES:
+        return encoded
+    digest = hashlib.sha256(session.encode("utf-8", "surrogatepass")).hexdigest()
+    head = encoded[: _FOLDER_MAX_BYTES - len(_HASHED_MARK) - len(digest)]
+    head = head[: head.rfind("%")] if "%" in head[-2:] else head  # no "%X" cut in half
+    return f"{head}{_HASHED_MARK}{digest}"
+
+
+def legacy_folder_name(session: str) -> str:
+    """The folder earlier versions gave a session (it let names collide, and ``.`` be the root)."""
+    return "".join(c if c.isalnum() or c in "-_." else "_" for c in session)[:120] or "_"
+
+
+def session_workspace(root: Path, session: str) -> Path:
+    """The session's workspace folder under ``root``, made when missing."""
+    folder = root / workspace_folder_name(session)
+    if folder.is_symlink():
+        raise WorkspaceRefused(f"the workspace of session {session!r} is a symlink; refused")
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
+
+
+@dataclass(frozen=True)
+class WorkspaceMove:
+    """One legacy folder to bring under a session's new folder name."""
+
+    session: str
+    source: str
+    target: str
+    copy: bool
+    """True when the source stays: another session owns it too (they shared it before)."""
+
+
+def plan_workspace_moves(names: Iterable[str], existing: Collection[str]) -> list[WorkspaceMove]:
+    """What to move or copy so that every session finds the files its legacy folder held.
+
+    A legacy folder claimed by one session alone is renamed. One that several sessions shared
+    (the legacy naming collided), or that is also a session's folder under the new naming, is
+    copied to each claimant (and renamed for the last one when nobody keeps it): no session
+    loses a file it could see before.
+    """
+    claims: dict[str, list[tuple[str, str]]] = {}
+    kept: set[str] = set()
+    for name in names:
+        try:
+            target = workspace_folder_name(name)
+        except WorkspaceRefused:
+            continue
+        kept.add(target)
+        source = legacy_folder_name(name)
+        if source in (target, ".", "..") or source not in existing or target in existing:
+            continue
+        claims.setdefault(source, []).append((target, name))
+    moves = []
+    for source, claimants in sorted(claims.items()):
+        ordered = sorted(set(claimants))
+        for index, (target, name) in enumerate(ordered):
+            last = index == len(ordered) - 1
+            moves.append(WorkspaceMove(name, source, target, copy=source in kept or not last))
+    return moves
+
+
+NAMING_MARK = "%%workspace-names-v2"
+"""The file in the workspaces root that says its folders are named by ``workspace_folder_name``.
+
+"%%" is in no session's folder name. Once it is there, no folder is taken for a legacy one: a
+folder the new naming made (``mm_abc``) must never be copied to another session (``mm:abc``).
+"""
+
+
+def migrate_legacy_workspaces(root: Path, names: Iterable[str]) -> list[WorkspaceMove]:
+    """Once per workspaces root: legacy folders to their new names (``plan_workspace_moves``).
+
+    ``names`` are every session of the log. A move that fails is logged and left: its files stay
+    where they were.
+    """
+    mark = root / NAMING_MARK
+    if mark.exists():
+        return []
+    root.mkdir(parents=True, exist_ok=True)
+    with os.scandir(root) as scan:
+        existing = {entry.name for entry in scan if entry.is_dir(follow_symlinks=False)}
+    moves = plan_workspace_moves(names, existing)
+    for move in moves:
+        try:
+            _apply(root, move)
+        except OSError as exc:
+            log.warning("workspace of session %r not migrated: %s", move.session, exc)
+    mark.write_text("The folders here are named by loopd.tools.workspace.workspace_folder_name.\n")
+    return moves
+
+
+def _apply(root: Path, move: WorkspaceMove) -> None:
+    source, target = root / move.source, root / move.target
+    if move.copy:
+        # Copied under a temporary name first, so a crash never leaves a half copy in place.
+        partial = root / f"{move.target[:100]}%%partial-{os.urandom(4).hex()}"
+        shutil.copytree(source, partial, symlinks=True)
+        os.rename(partial, target)
+    else:
+        os.rename(source, target)
+    verb = "copied" if move.copy else "moved"
+    log.info("workspace of session %r %s from %s to %s", move.session, verb, source, target)
 
 
 # --- the workspace and confined opening --------------------------------------------------------

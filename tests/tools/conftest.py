@@ -18,6 +18,7 @@ from loopd.tools import (
     make_tool_context,
     plain_sandbox,
 )
+from tests.tools.toolcall import LoopdBox
 
 SECRET = "the-secret-outside-the-workspace"
 
@@ -76,3 +77,9 @@ def make_ctx(workspace: Path, spec: ToolsSpec) -> MakeContext:
 @pytest.fixture
 def ctx(make_ctx: MakeContext) -> ToolContext:
     return make_ctx()
+
+
+@pytest.fixture
+def box(tmp_path: Path) -> LoopdBox:
+    """A loopd state directory for ``loopd tools call`` run as a subprocess."""
+    return LoopdBox(tmp_path)

@@ -15,7 +15,6 @@ from hypothesis import strategies as st
 from loopd.tools import (
     Sandbox,
     ToolContext,
-    ToolFailure,
     ToolResult,
     ToolSetupError,
     ToolsSpec,
@@ -225,8 +224,14 @@ async def test_a_flood_of_output_is_capped_without_holding_it(
 @pytest.mark.anyio
 async def test_a_command_that_cannot_start_is_a_failure_not_a_crash(workspace: Path) -> None:
     broken = Sandbox(bwrap=None, mounts=(), shell="/nonexistent/sh", reason="tests")
-    with pytest.raises(ToolFailure, match="the command could not be started"):
-        await run("true", workspace, broken)
+    outcome = await run("true", workspace, broken)
+    assert outcome == CommandOutcome(
+        127,
+        False,
+        "run_command: the command could not be started: /nonexistent/sh: No such file or "
+        "directory\n",
+        False,
+    )
 
 
 @pytest.mark.anyio
@@ -321,7 +326,13 @@ async def test_detect_sandbox_without_bwrap_says_why(
     assert not sandbox.isolated
     assert sandbox.reason == "bwrap is not installed (Debian package bubblewrap)"
     assert sandbox.warning is not None
-    assert sandbox.warning.startswith("run_command is NOT sandboxed (bwrap is not installed")
+    assert sandbox.warning.startswith(
+        "run_command is refused: commands cannot be sandboxed here (bwrap is not installed"
+    )
+    allowed = await detect_sandbox(allow_unsandboxed=True)
+    assert not allowed.refused
+    assert allowed.warning is not None
+    assert allowed.warning.startswith("run_command is NOT sandboxed (bwrap is not installed")
 
 
 @pytest.mark.anyio

@@ -1,0 +1,120 @@
+"""``loopd tools call NAME --session SESSION 'JSON-ARGUMENTS'``: a core tool, run by hand.
+
+It runs the tool in the session's workspace through the path the engine takes for a model's call
+(``SessionTools.run_core``: the same workspace folder, sandbox, limits and caps), prints what the
+model would read, and appends nothing to the session log. Exit status: 0 the tool ran, 1 the tool
+reported an error (the model would read it as a failed call; for run_command, a non-zero exit),
+2 bad usage (unknown tool or session, arguments that are not one JSON object): one line on
+stderr. It is how an operator reproduces a tool problem, and how tests drive the tools from outside.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import TYPE_CHECKING, TextIO
+
+import anyio
+
+from loopd.tools.core import CORE_TOOL_NAMES, is_broker_tool
+
+if TYPE_CHECKING:
+    from loopd.config import Settings
+
+_PROG = "loopd tools call"
+
+
+class UsageError(Exception):
+    """The command line names no runnable call; ``str(exc)`` is the one line to print."""
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    tools = subparsers.add_parser("tools", help="run a core tool by hand")
+    actions = tools.add_subparsers(dest="tools_command", required=True, metavar="ACTION")
+    call = actions.add_parser(
+        "call",
+        help="run a core tool in a session's workspace, as a model's call would",
+        description="Run a core tool in a session's workspace exactly as a model's call would, "
+        "and print what the model would read. Exit 0: the tool ran; 1: the tool reported an "
+        "error; 2: bad usage.",
+    )
+    call.add_argument("name", metavar="NAME", help=f"a core tool: {', '.join(_core_names())}")
+    call.add_argument("--session", required=True, help="the session whose workspace to use")
+    call.add_argument(
+        "arguments", metavar="JSON-ARGUMENTS", help="the tool's arguments, one JSON object"
+    )
+    call.set_defaults(handler=_cmd_call)
+
+
+def _core_names() -> list[str]:
+    return sorted(CORE_TOOL_NAMES)
+
+
+def _cmd_call(args: argparse.Namespace, settings: Settings) -> int:
+    return anyio.run(
+        call_tool, settings, args.name, args.session, args.arguments, sys.stdout, sys.stderr
+    )
+
+
+# --- pure checks -------------------------------------------------------------------------------
+
+
+def check_call(name: str, arguments: str) -> None:
+    """Refuse a tool loopd does not run here, or arguments that are not one JSON object."""
+    if is_broker_tool(name):
+        raise UsageError(
+            f"{name} is run by brokerd, not by loopd; this command runs the core tools: "
+            f"{', '.join(_core_names())}"
+        )
+    if name not in CORE_TOOL_NAMES:
+        raise UsageError(f"unknown tool {name!r}; the core tools are {', '.join(_core_names())}")
+    try:
+        value = json.loads(arguments)
+    except json.JSONDecodeError as exc:
+        raise UsageError(
+            f"the arguments are not valid JSON ({exc.msg} at column {exc.colno}); give one object"
+        ) from None
+    except RecursionError:
+        raise UsageError("the arguments are nested too deeply") from None
+    if not isinstance(value, dict):
+        raise UsageError(f"the arguments must be one JSON object, not {type(value).__name__}")
+
+
+# --- the command -------------------------------------------------------------------------------
+
+
+async def call_tool(
+    settings: Settings, name: str, session: str, arguments: str, out: TextIO, err: TextIO
+) -> int:
+    """Run the call and print its result; the exit status (see the module's doc)."""
+    from loopd.sessions import Runtime  # the engine's module; imported only when used
+
+    try:
+        check_call(name, arguments)
+    except UsageError as exc:
+        return _bad_usage(err, str(exc))
+    if not settings.db_path.exists():
+        return _bad_usage(err, f"unknown session {session!r}: no session log at {settings.db_path}")
+    runtime = Runtime.open(settings)
+    try:
+        known = [s.name for s in runtime.log.sessions()]
+        if session not in known:
+            return _bad_usage(err, f"unknown session {session!r}; {_listing(known)}")
+        result = await runtime.tools.run_core(session, name, arguments)
+    finally:
+        await runtime.aclose()
+    out.write(f"{result.text}\n")
+    return 0 if result.ok else 1
+
+
+def _bad_usage(err: TextIO, line: str) -> int:
+    err.write(f"{_PROG}: {line}\n")
+    return 2
+
+
+def _listing(names: list[str], most: int = 10) -> str:
+    if not names:
+        return "there are no sessions"
+    shown = ", ".join(repr(name) for name in names[:most])
+    return f"the sessions are: {shown}{', ...' if len(names) > most else ''}"

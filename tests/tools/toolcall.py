@@ -1,0 +1,158 @@
+"""Driving ``loopd tools call`` as an operator does (a state directory, sessions, a subprocess),
+and the attack programs the tools and security tests share."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable
+from contextlib import suppress
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from loopd.sessionlog.store import SessionLog
+
+LOOPD = [sys.executable, "-m", "loopd"]
+
+FORK_BOMB = """
+import os, time
+made = 0
+try:
+    while made < 300:
+        if os.fork() == 0:
+            time.sleep(120)
+            os._exit(0)
+        made += 1
+except OSError as exc:
+    print("fork refused:", exc.strerror)
+print("made", made)
+"""
+"""Forks children that wait, until a fork fails or 300 run; prints how many it made."""
+
+
+def processes_with(marker: str) -> list[int]:
+    """Live ``sleep MARKER`` processes (not those that only name it in a longer argument, such as
+    loopd's or the shell's; a zombie has no command line)."""
+    wanted = f"sleep\0{marker}\0".encode()
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if (entry / "cmdline").read_bytes() == wanted:
+                    found.append(int(entry.name))
+            except OSError:
+                continue
+    return found
+
+
+def unique_sleep() -> str:
+    """A sleep length no other process uses, so the processes sleeping it can be found."""
+    return f"{1000 + uuid.uuid4().int % 1000}.{uuid.uuid4().int % 10**6:06}"
+
+
+def wait_until(condition: Callable[[], bool], what: str, timeout_s: float = 30) -> None:
+    """Poll ``condition`` until it holds (an event in another process), failing after a while."""
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"still waiting for {what} after {timeout_s:g} s")
+        time.sleep(0.05)
+
+
+def kill_all(marker: str) -> None:
+    for pid in processes_with(marker):
+        with suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+
+
+@dataclass(frozen=True)
+class Called:
+    """One ``loopd tools call`` run: its exit status, output and how long it took."""
+
+    returncode: int
+    stdout: str
+    stderr: str
+    seconds: float
+
+
+@dataclass
+class LoopdBox:
+    """A loopd state directory with sessions, and the environment its commands run with."""
+
+    root: Path
+    env: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def state_dir(self) -> Path:
+        return self.root / "state"
+
+    @property
+    def workspaces(self) -> Path:
+        return self.state_dir / "workspaces"
+
+    def add_sessions(self, *names: str) -> None:
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        with SessionLog.open(self.state_dir / "loopd.db") as log:
+            for name in names:
+                log.ensure_session(name, 0)
+
+    def entry_count(self, session: str) -> int:
+        with SessionLog.open(self.state_dir / "loopd.db", create=False) as log:
+            return len(log.entries(session))
+
+    def call(
+        self,
+        name: str,
+        session: str,
+        arguments: dict[str, Any] | str,
+        *,
+        timeout: float = 120,
+        env: dict[str, str] | None = None,
+    ) -> Called:
+        text = arguments if isinstance(arguments, str) else json.dumps(arguments)
+        return self.run(["tools", "call", name, "--session", session, text], timeout, env)
+
+    def run(
+        self, args: list[str], timeout: float = 120, env: dict[str, str] | None = None
+    ) -> Called:
+        """``loopd ARGS...`` with this box's state directory; nothing of the caller's LOOPD_*."""
+        started = time.monotonic()
+        done = subprocess.run(
+            [*LOOPD, *args],
+            capture_output=True,
+            text=True,
+            env=self.full_env(env),
+            timeout=timeout,
+            check=False,
+        )
+        return Called(done.returncode, done.stdout, done.stderr, time.monotonic() - started)
+
+    def start(self, args: list[str], env: dict[str, str] | None = None) -> subprocess.Popen[str]:
+        """``loopd ARGS...`` started, not waited for (its output is discarded)."""
+        return subprocess.Popen(
+            [*LOOPD, *args],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            text=True,
+            env=self.full_env(env),
+        )
+
+    def full_env(self, env: dict[str, str] | None) -> dict[str, str]:
+        full = {k: v for k, v in os.environ.items() if not k.startswith("LOOPD_")}
+        full.update(LOOPD_STATE_DIR=str(self.state_dir), LOOPD_LOG_FORMAT="json")
+        full.update(self.env)
+        full.update(env or {})
+        return full
+
+
+def without_bwrap(tmp_path: Path) -> str:
+    """A PATH on which loopd finds no bubblewrap (its own Python is found by absolute path)."""
+    empty = tmp_path / "empty-path"
+    empty.mkdir(exist_ok=True)
+    return str(empty)
