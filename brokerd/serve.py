@@ -20,7 +20,7 @@ import uvicorn
 from anyio.abc import TaskStatus
 from starlette.types import ASGIApp
 
-from brokerd.config import BrokerdSettings, ConfigError, Secrets
+from brokerd.config import CONFIG_FILE_VARIABLE, BrokerdSettings, ConfigError, Secrets
 from brokerd.proxy.chat import create_chat_app
 from brokerd.proxy.inference import create_inference_app
 from brokerd.proxy.upstream import parse_upstream
@@ -82,13 +82,26 @@ def _build_app(settings: BrokerdSettings, secrets: Secrets, service: Service) ->
     if settings.broker is None:
         raise ConfigError("broker.audit_db: required to serve broker.sock")
     # Imported here so that `serve --only infer|chat` does not load the tool broker at all.
+    from brokerd.confine import ConfinementError
     from brokerd.tools.app import create_broker_app
     from brokerd.tools.errors import CatalogueError
 
     try:
-        return create_broker_app(settings.broker)
+        return create_broker_app(settings.broker, hidden=own_paths(settings))
     except CatalogueError as exc:
         raise ConfigError(f"broker.catalogue_dir: {exc}") from None
+    except ConfinementError as exc:
+        raise ConfigError(f"broker: command tools cannot run confined: {exc}") from None
+
+
+def own_paths(settings: BrokerdSettings) -> list[Path]:
+    """brokerd's state and secrets, which no tool may see: its sockets, key and token files,
+    and its config file (the audit log is added by the broker itself)."""
+    paths = [settings.socket_dir]
+    paths += [p for p in (settings.inference_key_file, settings.mattermost_token_file) if p]
+    if config_file := os.environ.get(CONFIG_FILE_VARIABLE):
+        paths.append(Path(config_file))
+    return paths
 
 
 def prepare_socket_dir(path: Path) -> None:

@@ -11,8 +11,9 @@ failed) is a normal 200 answer whose ``result`` says so: the turn goes on.
 """
 
 import json
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import Any, TypeVar
 
 import httpx
@@ -64,11 +65,16 @@ def parse_body(model: type[Body], raw: bytes) -> Body:
 
 
 def create_broker_app(
-    settings: BrokerSettings, *, transport: httpx.AsyncBaseTransport | None = None
+    settings: BrokerSettings,
+    *,
+    transport: httpx.AsyncBaseTransport | None = None,
+    hidden: Sequence[Path] = (),
 ) -> Starlette:
     """The broker as an ASGI app. The catalogue is loaded here, so a bad catalogue fails at
-    startup with ``CatalogueError``; ``transport`` replaces web_fetch's network (tests only)."""
-    broker = ToolBroker.open(settings, transport=transport)
+    startup with ``CatalogueError`` (``ConfinementError`` when its command tools cannot run
+    confined); ``hidden`` are brokerd's own paths that no tool may see; ``transport`` replaces
+    web_fetch's network (tests only)."""
+    broker = ToolBroker.open(settings, transport=transport, hidden=hidden)
 
     async def find_tool(request: Request) -> Response:
         body = parse_body(FindToolBody, await request.body())

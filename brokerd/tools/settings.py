@@ -34,3 +34,11 @@ class BrokerSettings(BaseModel):
         ),
     )
     web_fetch_max_redirects: int = Field(default=5, ge=0, le=20)
+    host_path_roots: tuple[Path, ...] = Field(
+        default=(),
+        description=(
+            "Host folders that tools taking a host path (git_log's repo) may read, e.g. the "
+            "box's workspaces; a call sees only the folder holding its path, read-only. Empty "
+            "means such tools refuse every path."
+        ),
+    )

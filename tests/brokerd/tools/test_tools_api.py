@@ -74,6 +74,7 @@ def catalogue_dir(tmp_path: Path) -> Path:
         "counter",
         "import sys; open(sys.argv[1], 'a').write('x'); print('counted')",
         str(count_file),
+        writable=tmp_path,
     )
     echo_run = {"kind": "command", "argv": ["echo", "said", "{word}"]}
     write_tool(directory, "echo_word", parameters=WORD_SCHEMA, run=echo_run)
