@@ -146,10 +146,11 @@ def decide(recorded: RecordedCall | None, request: CallRequest, running_here: bo
     if recorded is None:
         return Run()
     if (recorded.tool, recorded.arguments) != (request.name, request.arguments):
+        # Only that the id was used: quoting the earlier call would show its tool and arguments
+        # to anyone who guesses a session's call id.
         return Conflict(
             f"call id {request.call_id!r} of session {request.session!r} was already used for "
-            f"tool {recorded.tool!r} with arguments {recorded.arguments!r}; a retry must repeat "
-            "the same call, and a new call needs a new call id"
+            "another call; a retry must repeat the same call, and a new call needs a new call id"
         )
     if recorded.status is not None and recorded.result is not None:
         return Replay(recorded.result, recorded.status)
