@@ -58,7 +58,29 @@ class BrokerdSettings(BaseSettings):
         default=None, description="File holding the bot's access token (needed for chat.sock)."
     )
     body_cap_bytes: int = Field(
-        default=64 * 1024 * 1024, gt=0, description="Largest request body the proxies accept."
+        default=64 * 1024 * 1024,
+        gt=0,
+        description="Largest request body the inference proxy accepts (a whole conversation).",
+    )
+    chat_body_cap_bytes: int = Field(
+        default=1024 * 1024, gt=0, description="Largest request body the chat proxy accepts."
+    )
+    max_connections_per_socket: int = Field(
+        default=100,
+        ge=1,
+        le=10000,
+        description="Connections each socket holds open at once; more wait in the backlog.",
+    )
+    header_timeout_s: float = Field(
+        default=10.0, gt=0, description="Time a connection has to send each request head."
+    )
+    body_timeout_s: float = Field(
+        default=60.0, gt=0, description="Time a request has to send its whole body."
+    )
+    body_memory_bytes: int = Field(
+        default=128 * 1024 * 1024,
+        gt=0,
+        description="Request-body bytes held in memory at once, all sockets together.",
     )
     broker: BrokerSettings | None = Field(
         default=None, description="Tool broker settings (needed to serve broker.sock)."

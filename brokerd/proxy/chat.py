@@ -24,6 +24,7 @@ from starlette.types import Message, Receive, Scope, Send
 from websockets.asyncio.client import ClientConnection, connect, unix_connect
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidStatus
 
+from brokerd.bodies import BodyRules
 from brokerd.proxy.forward import Forwarder, ForwardRules
 from brokerd.proxy.headers import REQUEST_FRAMING, drop_query_params
 from brokerd.proxy.lifespan import closing_lifespan
@@ -78,7 +79,8 @@ DROPPED_REQUEST_HEADERS: Final = REQUEST_FRAMING | CREDENTIAL_HEADERS | {b"origi
 DROPPED_RESPONSE_HEADERS: Final = frozenset({b"set-cookie", b"token"})
 DROPPED_QUERY_PARAMS: Final = frozenset({"access_token"})
 
-DEFAULT_BODY_CAP: Final = 64 * 1024 * 1024
+# A post is at most 16,383 characters, a JSON body a few times that at worst.
+DEFAULT_BODY_CAP: Final = 1024 * 1024
 
 
 def route_allowed(method: str, path: str, routes: Sequence[tuple[str, re.Pattern[str]]]) -> bool:
@@ -260,10 +262,15 @@ class ChatWebSocketProxy:
 
 
 def create_chat_app(
-    upstream: Upstream, *, bot_token: str, body_cap: int = DEFAULT_BODY_CAP
+    upstream: Upstream,
+    *,
+    bot_token: str,
+    body_cap: int = DEFAULT_BODY_CAP,
+    bodies: BodyRules | None = None,
 ) -> Starlette:
     """The Starlette app served on ``chat.sock``."""
-    rest = Forwarder(upstream, chat_rules(bot_token), body_cap=body_cap, logger=logger)
+    rules = chat_rules(bot_token)
+    rest = Forwarder(upstream, rules, body_cap=body_cap, bodies=bodies, logger=logger)
     websocket = ChatWebSocketProxy(upstream, bot_token)
     return Starlette(
         routes=[

@@ -12,7 +12,8 @@ from typing import Final
 from starlette.applications import Starlette
 from starlette.routing import Route
 
-from brokerd.proxy.forward import Forwarder, ForwardRules
+from brokerd.bodies import BodyRules
+from brokerd.proxy.forward import BodyCap, Forwarder, ForwardRules
 from brokerd.proxy.headers import REQUEST_FRAMING, query_keys
 from brokerd.proxy.lifespan import closing_lifespan
 from brokerd.proxy.relay import json_error
@@ -43,6 +44,26 @@ DROPPED_REQUEST_HEADERS: Final = REQUEST_FRAMING | frozenset(
 )
 
 DEFAULT_BODY_CAP: Final = 64 * 1024 * 1024
+# The routes whose body is a whole conversation (or a prompt) get the configured cap; the others
+# carry a few small fields.
+LARGE_BODY_ROUTES: Final = frozenset(
+    {
+        ("POST", "/v1/chat/completions"),
+        ("POST", "/chat/completions"),
+        ("POST", "/apply-template"),
+        ("POST", "/tokenize"),
+    }
+)
+SMALL_BODY_CAP: Final = 64 * 1024
+
+
+def body_cap_for(large_cap: int) -> BodyCap:
+    """Each route's body cap: ``large_cap`` for a conversation, 64 KiB for the rest."""
+
+    def cap(method: str, path: str) -> int:
+        return large_cap if (method, path) in LARGE_BODY_ROUTES else SMALL_BODY_CAP
+
+    return cap
 
 
 def refusal(method: str, path: str, query: bytes) -> str | None:
@@ -56,7 +77,14 @@ def refusal(method: str, path: str, query: bytes) -> str | None:
 
 def llama_error(status: int, message: str) -> dict[str, dict[str, object]]:
     """llama-server's error envelope, so loopd reads the proxy's refusals like the server's."""
-    kinds = {403: "permission_error", 413: "invalid_request_error", 502: "unavailable_error"}
+    kinds = {
+        400: "invalid_request_error",
+        403: "permission_error",
+        408: "invalid_request_error",
+        413: "invalid_request_error",
+        502: "unavailable_error",
+        503: "unavailable_error",
+    }
     kind = kinds.get(status, "server_error")
     return {"error": {"code": status, "message": message, "type": kind}}
 
@@ -73,7 +101,11 @@ def inference_rules(api_key: str | None) -> ForwardRules:
 
 
 def create_inference_app(
-    upstream: Upstream, *, api_key: str | None = None, body_cap: int = DEFAULT_BODY_CAP
+    upstream: Upstream,
+    *,
+    api_key: str | None = None,
+    body_cap: int = DEFAULT_BODY_CAP,
+    bodies: BodyRules | None = None,
 ) -> Starlette:
     """The Starlette app served on ``infer.sock``.
 
@@ -86,7 +118,8 @@ def create_inference_app(
     proxy = Forwarder(
         upstream,
         inference_rules(api_key),
-        body_cap=body_cap,
+        body_cap=body_cap_for(body_cap),
+        bodies=bodies,
         logger=logger,
         reuse_connections=False,
     )

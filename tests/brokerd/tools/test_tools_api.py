@@ -1,5 +1,6 @@
 """The broker's HTTP API end to end (in process): gating, validation, limits, audit, replay."""
 
+import json
 import sqlite3
 import time
 import tracemalloc
@@ -386,3 +387,34 @@ async def test_git_log_refuses_every_path_when_no_folder_is_allowed(tmp_path: Pa
     finally:
         await api.client.aclose()
         app.state.broker.close()
+
+
+async def test_a_body_over_the_brokers_cap_is_413_and_not_audited(tmp_path: Path) -> None:
+    settings = BrokerSettings(audit_db=tmp_path / "audit.db", body_cap_bytes=200)
+    api, app = await open_api(settings)
+    try:
+        await api.find("clock")
+        big = {"session": "s1", "call_id": "c1", "name": "clock_now", "arguments": "x" * 300}
+        response = await api.client.post("/v1/call_tool", json=big)
+        assert response.status_code == 413
+        assert response.json() == {"error": "request body over the 200-byte limit"}
+        assert api.audit_rows() == []
+    finally:
+        await api.client.aclose()
+        app.state.broker.close()
+
+
+async def test_over_deep_arguments_are_refused_in_either_form(api: Api) -> None:
+    await api.find("echo word")
+    deep = "[" * 5000 + "]" * 5000
+    body = {"session": "s1", "call_id": "c1", "name": "echo_word", "arguments": None}
+    response = await api.client.post(
+        "/v1/call_tool",
+        content=json.dumps(body).replace("null", deep),
+        headers={"content-type": "application/json"},
+    )
+    assert response.status_code == 400
+    assert response.json() == {"error": "the request body nests deeper than 64 levels"}
+    as_text = await api.call("echo_word", '{"word": ' + deep + "}", call_id="c2")
+    assert as_text["status"] == "invalid"
+    assert "nest deeper than 32 levels" in as_text["result"]
