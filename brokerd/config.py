@@ -20,6 +20,7 @@ from pydantic_settings import (
     TomlConfigSettingsSource,
 )
 
+from brokerd.proxy.chatpolicy import valid_entry
 from brokerd.proxy.upstream import parse_upstream
 from brokerd.tools.settings import BrokerSettings
 
@@ -57,6 +58,21 @@ class BrokerdSettings(BaseSettings):
     mattermost_token_file: Path | None = Field(
         default=None, description="File holding the bot's access token (needed for chat.sock)."
     )
+    chat_allowed_teams: tuple[str, ...] = Field(
+        default=(),
+        description="Team ids in whose channels the box may post (`*`: every team).",
+    )
+    chat_allowed_channels: tuple[str, ...] = Field(
+        default=(),
+        description="Channel ids the box may post in, besides the allowed teams' (`*`: all).",
+    )
+    chat_allowed_users: tuple[str, ...] = Field(
+        default=(),
+        description=(
+            "User ids whose direct and group messages with the bot the box may post in "
+            "(`*`: everyone)."
+        ),
+    )
     body_cap_bytes: int = Field(
         default=64 * 1024 * 1024,
         gt=0,
@@ -86,6 +102,16 @@ class BrokerdSettings(BaseSettings):
         default=None, description="Tool broker settings (needed to serve broker.sock)."
     )
     log_level: Literal["debug", "info", "warning", "error"] = "info"
+
+    @field_validator("chat_allowed_teams", "chat_allowed_channels", "chat_allowed_users")
+    @classmethod
+    def _mattermost_ids(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        for entry in value:
+            if not valid_entry(entry):
+                raise ValueError(
+                    f"{entry!r} is not a Mattermost id (26 lower-case letters and digits) or *"
+                )
+        return value
 
     @field_validator("inference_url", "mattermost_url")
     @classmethod

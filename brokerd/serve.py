@@ -33,6 +33,7 @@ from brokerd.listen import (
     head_deadline_protocol,
 )
 from brokerd.proxy.chat import create_chat_app
+from brokerd.proxy.chatpolicy import ChatPolicy
 from brokerd.proxy.inference import create_inference_app
 from brokerd.proxy.upstream import parse_upstream
 
@@ -106,6 +107,11 @@ def _build_app(
         return create_chat_app(
             parse_upstream(settings.mattermost_url),
             bot_token=secrets.bot_token,
+            policy=ChatPolicy.of(
+                settings.chat_allowed_teams,
+                settings.chat_allowed_channels,
+                settings.chat_allowed_users,
+            ),
             body_cap=settings.chat_body_cap_bytes,
             bodies=bodies,
         )

@@ -14,7 +14,7 @@ from starlette.routing import Route
 
 from brokerd.bodies import BodyRules
 from brokerd.proxy.forward import BodyCap, Forwarder, ForwardRules
-from brokerd.proxy.headers import REQUEST_FRAMING, query_keys
+from brokerd.proxy.headers import FORWARDING_HEADERS, REQUEST_FRAMING, query_keys
 from brokerd.proxy.lifespan import closing_lifespan
 from brokerd.proxy.relay import json_error
 from brokerd.proxy.upstream import Upstream
@@ -39,8 +39,10 @@ ALLOWED_ROUTES: Final[frozenset[tuple[str, str]]] = frozenset(
 
 # Credentials the box might send (it has none to send; anything here is stray or hostile), and the
 # header that would turn on llama-server's resumable streams, which outlive a client hang-up.
-DROPPED_REQUEST_HEADERS: Final = REQUEST_FRAMING | frozenset(
-    {b"authorization", b"x-api-key", b"cookie", b"x-conversation-id"}
+DROPPED_REQUEST_HEADERS: Final = (
+    REQUEST_FRAMING
+    | FORWARDING_HEADERS
+    | frozenset({b"authorization", b"x-api-key", b"cookie", b"x-conversation-id"})
 )
 
 DEFAULT_BODY_CAP: Final = 64 * 1024 * 1024
