@@ -10,7 +10,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Final, Literal
+from typing import Annotated, Final, Literal
 
 from pydantic import Field, ValidationError, field_validator
 from pydantic_settings import (
@@ -48,6 +48,16 @@ class BrokerdSettings(BaseSettings):
     inference_url: str = Field(
         default="http://127.0.0.1:8080",
         description="llama-server: http://host:port, https://..., or unix:/path/to.sock.",
+    )
+    inference_slots: tuple[Annotated[int, Field(ge=0)], ...] = Field(
+        default=(),
+        description=(
+            "Slot ids the box may name as id_slot (empty: any, and -1). When set, a request "
+            "naming another slot, -1 or none gets 403."
+        ),
+    )
+    inference_models: tuple[str, ...] = Field(
+        default=(), description="Model ids the box may name (empty: any)."
     )
     inference_key_file: Path | None = Field(
         default=None, description="File holding llama-server's API key, if it has one."

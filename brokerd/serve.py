@@ -34,7 +34,7 @@ from brokerd.listen import (
 )
 from brokerd.proxy.chat import create_chat_app
 from brokerd.proxy.chatpolicy import ChatPolicy
-from brokerd.proxy.inference import create_inference_app
+from brokerd.proxy.inference import InferencePolicy, create_inference_app
 from brokerd.proxy.upstream import parse_upstream
 
 logger = logging.getLogger(__name__)
@@ -96,6 +96,9 @@ def _build_app(
         return create_inference_app(
             upstream,
             api_key=secrets.inference_key,
+            policy=InferencePolicy(
+                frozenset(settings.inference_slots), frozenset(settings.inference_models)
+            ),
             body_cap=settings.body_cap_bytes,
             bodies=bodies,
         )

@@ -4,20 +4,30 @@ The allowlist is one table of (method, path). Paths match exactly, after the ASG
 percent-decoding, so no spelling (``//slots``, ``/v1/../slots/0``, ``/slots%2F0``) reaches a route
 the table does not name; the path forwarded is the very string that was checked. Query strings
 pass through untouched, except that ``GET /slots`` refuses an ``action`` parameter.
+
+The server is shared, so brokerd's config also bounds what the box may use of it
+(``InferencePolicy``): a chat request must name one of ``inference_slots`` as its ``id_slot``, and
+every request that names a model (body ``model``, or a ``model`` query parameter) one of
+``inference_models``; empty lists allow any. ``id_slot`` -1 or absent is refused while slots are
+set: llama-server then picks any idle slot, which may be another client's.
 """
 
+import json
 import logging
+from dataclasses import dataclass
 from typing import Final
+from urllib.parse import unquote_plus
 
 from starlette.applications import Starlette
 from starlette.routing import Route
 
 from brokerd.bodies import BodyRules
-from brokerd.proxy.forward import BodyCap, Forwarder, ForwardRules
+from brokerd.proxy.forward import BodyCap, Forwarder, ForwardRules, Refused
 from brokerd.proxy.headers import FORWARDING_HEADERS, REQUEST_FRAMING, query_keys
 from brokerd.proxy.lifespan import closing_lifespan
 from brokerd.proxy.relay import json_error
 from brokerd.proxy.upstream import Upstream
+from brokerd.tools.arguments import nests_deeper
 
 logger = logging.getLogger(__name__)
 
@@ -77,6 +87,59 @@ def refusal(method: str, path: str, query: bytes) -> str | None:
     return None
 
 
+# Chat requests use a slot; the other POST routes carry a model but run on no slot.
+SLOT_ROUTES: Final = frozenset({("POST", "/v1/chat/completions"), ("POST", "/chat/completions")})
+JSON_ROUTES: Final = frozenset({*LARGE_BODY_ROUTES, ("POST", "/v1/chat/completions/control")})
+# Deeper bodies are refused before they reach llama-server's parser.
+MAX_BODY_DEPTH: Final = 256
+
+
+@dataclass(frozen=True)
+class InferencePolicy:
+    """The slots and models the box may use on the shared server; empty means any."""
+
+    slots: frozenset[int] = frozenset()
+    models: frozenset[str] = frozenset()
+
+
+def body_refusal(policy: InferencePolicy, method: str, path: str, body: bytes) -> Refused | None:
+    """Why a request with this body may not reach the server, or None (pure)."""
+    if (method, path) not in JSON_ROUTES:
+        return None
+    try:
+        value = json.loads(body)
+    except (ValueError, RecursionError):
+        value = None
+    if not isinstance(value, dict):
+        return Refused(400, f"brokerd refuses {method} {path}: the body is not a JSON object")
+    if nests_deeper(value, MAX_BODY_DEPTH):
+        return Refused(400, f"brokerd refuses {method} {path}: the body nests too deeply")
+    if policy.models and value.get("model") not in policy.models:
+        allowed = ", ".join(sorted(policy.models))
+        return Refused(403, f"brokerd refuses model {value.get('model')!r}: allowed {allowed}")
+    if policy.slots and (method, path) in SLOT_ROUTES:
+        slot = value.get("id_slot")
+        if not (isinstance(slot, int) and not isinstance(slot, bool) and slot in policy.slots):
+            allowed = ", ".join(str(s) for s in sorted(policy.slots))
+            return Refused(403, f"brokerd refuses id_slot {slot!r}: a request must name {allowed}")
+    return None
+
+
+def query_refusal(policy: InferencePolicy, query: bytes) -> str | None:
+    """A ``model`` query parameter (router mode routes GET requests by it) must be allowed."""
+    if not policy.models:
+        return None
+    for part in query.split(b"&"):
+        name, _, value = part.partition(b"=")
+        if unquote_plus(name.decode("latin-1")) == "model":
+            model = unquote_plus(value.decode("latin-1"))
+            if model not in policy.models:
+                return (
+                    f"brokerd refuses model {model!r}: allowed {', '.join(sorted(policy.models))}"
+                )
+    return None
+
+
 def llama_error(status: int, message: str) -> dict[str, dict[str, object]]:
     """llama-server's error envelope, so loopd reads the proxy's refusals like the server's."""
     kinds = {
@@ -91,14 +154,23 @@ def llama_error(status: int, message: str) -> dict[str, dict[str, object]]:
     return {"error": {"code": status, "message": message, "type": kind}}
 
 
-def inference_rules(api_key: str | None) -> ForwardRules:
+def inference_rules(api_key: str | None, policy: InferencePolicy | None = None) -> ForwardRules:
     """The inference proxy's rules; ``api_key`` (host config) is sent as a bearer token."""
     inject = {b"authorization": b"Bearer " + api_key.encode()} if api_key else {}
+    bounds = policy or InferencePolicy()
+
+    def refusal_with_policy(method: str, path: str, query: bytes) -> str | None:
+        return refusal(method, path, query) or query_refusal(bounds, query)
+
+    async def check_body(method: str, path: str, _query: bytes, body: bytes) -> Refused | None:
+        return body_refusal(bounds, method, path, body)
+
     return ForwardRules(
-        refusal=refusal,
+        refusal=refusal_with_policy,
         error_body=json_error(llama_error),
         drop_request_headers=DROPPED_REQUEST_HEADERS,
         inject_request_headers=inject,
+        check_body=check_body,
     )
 
 
@@ -106,6 +178,7 @@ def create_inference_app(
     upstream: Upstream,
     *,
     api_key: str | None = None,
+    policy: InferencePolicy | None = None,
     body_cap: int = DEFAULT_BODY_CAP,
     bodies: BodyRules | None = None,
 ) -> Starlette:
@@ -119,7 +192,7 @@ def create_inference_app(
     """
     proxy = Forwarder(
         upstream,
-        inference_rules(api_key),
+        inference_rules(api_key, policy),
         body_cap=body_cap_for(body_cap),
         bodies=bodies,
         logger=logger,

@@ -10,13 +10,13 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import uvicorn
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route, WebSocketRoute
+from starlette.types import ASGIApp
 from starlette.websockets import WebSocket
 
 
@@ -107,8 +107,9 @@ class FakeMattermost:
 
 
 @contextmanager
-def served(fake: FakeMattermost, uds: Path) -> Iterator[Path]:
-    config = uvicorn.Config(fake.app(), uds=str(uds), log_level="warning", lifespan="off")
+def served(app: ASGIApp, uds: Path) -> Iterator[Path]:
+    """Serve ``app`` on ``uds`` from a thread until the block ends."""
+    config = uvicorn.Config(app, uds=str(uds), log_level="warning", lifespan="off")
     server = uvicorn.Server(config)
     thread = threading.Thread(target=lambda: asyncio.run(server.serve()), daemon=True)
     thread.start()
@@ -122,7 +123,3 @@ def served(fake: FakeMattermost, uds: Path) -> Iterator[Path]:
     finally:
         server.should_exit = True
         thread.join(timeout=10)
-
-
-def as_json(value: Any) -> str:
-    return json.dumps(value)

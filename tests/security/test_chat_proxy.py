@@ -40,7 +40,7 @@ TOKEN = "bot-" + secrets.token_hex(12)
 def mattermost(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[FakeMattermost, Path]]:
     folder = Path(tmp_path_factory.mktemp("chat"))
     fake = FakeMattermost()
-    with served(fake, folder / "mm.sock"):
+    with served(fake.app(), folder / "mm.sock"):
         yield fake, folder
 
 
