@@ -60,6 +60,10 @@ class Paths:
         self.socket_dir = folder / "run"
         self.running: RunningBrokerd | None = None
 
+    def shown(self, text: str) -> str:
+        """Tool output for the table: one line, the test's folder shortened."""
+        return " / ".join(text.replace(str(self.folder), "<folder>").strip().splitlines())
+
     def client(self) -> BrokerClient:
         assert self.running is not None
         return BrokerClient(self.running.socket("broker"))
@@ -114,10 +118,10 @@ def broker(confined: Paths) -> Iterator[BrokerClient]:
     expected="the token file does not exist in the tool's view",
 )
 def test_a_tool_cannot_read_the_token_file(
-    broker: BrokerClient, observed: Callable[[str], None]
+    broker: BrokerClient, confined: Paths, observed: Callable[[str], None]
 ) -> None:
     answer = broker.call("read_token")
-    observed(f"status {answer['status']}: {answer['result'].strip()[:80]}")
+    observed(f"status {answer['status']}: {confined.shown(answer['result'])}")
     assert TOKEN not in answer["result"]
     assert answer["status"] == "error"
 
@@ -128,10 +132,10 @@ def test_a_tool_cannot_read_the_token_file(
     expected="neither exists in the tool's view",
 )
 def test_a_tool_cannot_see_brokerds_state(
-    broker: BrokerClient, observed: Callable[[str], None]
+    broker: BrokerClient, confined: Paths, observed: Callable[[str], None]
 ) -> None:
     answer = broker.call("read_state")
-    observed(answer["result"].strip().replace("\n", " / ")[:120])
+    observed(f"status {answer['status']}: {confined.shown(answer['result'])}")
     assert "broker.sock" not in answer["result"]
     assert "SQLite format" not in answer["result"]
 
@@ -275,7 +279,7 @@ def test_brokerds_files_stay_hidden_inside_a_declared_folder(
             answer = client.call("read_shared")
         finally:
             client.close()
-    observed(answer["result"].strip().replace("\n", " / ")[:160])
+    observed(" / ".join(answer["result"].replace(str(shared), "<shared>").strip().splitlines()))
     assert "public notes" in answer["result"]
     assert TOKEN not in answer["result"]
     assert "SQLite format" not in answer["result"]
