@@ -10,7 +10,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Final, Literal
+from typing import Annotated, Final, Literal
 
 from pydantic import Field, ValidationError, field_validator
 from pydantic_settings import (
@@ -20,6 +20,7 @@ from pydantic_settings import (
     TomlConfigSettingsSource,
 )
 
+from brokerd.proxy.chatpolicy import valid_entry
 from brokerd.proxy.upstream import parse_upstream
 from brokerd.tools.settings import BrokerSettings
 
@@ -48,6 +49,16 @@ class BrokerdSettings(BaseSettings):
         default="http://127.0.0.1:8080",
         description="llama-server: http://host:port, https://..., or unix:/path/to.sock.",
     )
+    inference_slots: tuple[Annotated[int, Field(ge=0)], ...] = Field(
+        default=(),
+        description=(
+            "Slot ids the box may name as id_slot (empty: any, and -1). When set, a request "
+            "naming another slot, -1 or none gets 403."
+        ),
+    )
+    inference_models: tuple[str, ...] = Field(
+        default=(), description="Model ids the box may name (empty: any)."
+    )
     inference_key_file: Path | None = Field(
         default=None, description="File holding llama-server's API key, if it has one."
     )
@@ -57,13 +68,60 @@ class BrokerdSettings(BaseSettings):
     mattermost_token_file: Path | None = Field(
         default=None, description="File holding the bot's access token (needed for chat.sock)."
     )
+    chat_allowed_teams: tuple[str, ...] = Field(
+        default=(),
+        description="Team ids in whose channels the box may post (`*`: every team).",
+    )
+    chat_allowed_channels: tuple[str, ...] = Field(
+        default=(),
+        description="Channel ids the box may post in, besides the allowed teams' (`*`: all).",
+    )
+    chat_allowed_users: tuple[str, ...] = Field(
+        default=(),
+        description=(
+            "User ids whose direct and group messages with the bot the box may post in "
+            "(`*`: everyone)."
+        ),
+    )
     body_cap_bytes: int = Field(
-        default=64 * 1024 * 1024, gt=0, description="Largest request body the proxies accept."
+        default=64 * 1024 * 1024,
+        gt=0,
+        description="Largest request body the inference proxy accepts (a whole conversation).",
+    )
+    chat_body_cap_bytes: int = Field(
+        default=1024 * 1024, gt=0, description="Largest request body the chat proxy accepts."
+    )
+    max_connections_per_socket: int = Field(
+        default=100,
+        ge=1,
+        le=10000,
+        description="Connections each socket holds open at once; more wait in the backlog.",
+    )
+    header_timeout_s: float = Field(
+        default=10.0, gt=0, description="Time a connection has to send each request head."
+    )
+    body_timeout_s: float = Field(
+        default=60.0, gt=0, description="Time a request has to send its whole body."
+    )
+    body_memory_bytes: int = Field(
+        default=128 * 1024 * 1024,
+        gt=0,
+        description="Request-body bytes held in memory at once, all sockets together.",
     )
     broker: BrokerSettings | None = Field(
         default=None, description="Tool broker settings (needed to serve broker.sock)."
     )
     log_level: Literal["debug", "info", "warning", "error"] = "info"
+
+    @field_validator("chat_allowed_teams", "chat_allowed_channels", "chat_allowed_users")
+    @classmethod
+    def _mattermost_ids(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        for entry in value:
+            if not valid_entry(entry):
+                raise ValueError(
+                    f"{entry!r} is not a Mattermost id (26 lower-case letters and digits) or *"
+                )
+        return value
 
     @field_validator("inference_url", "mattermost_url")
     @classmethod

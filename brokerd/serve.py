@@ -1,17 +1,21 @@
 """Serving: one uvicorn server per Unix socket, all in one anyio task group in one process.
 
 The sockets are bound here, not by uvicorn, so their modes are brokerd's (0660 in a 0750 folder;
-uvicorn would make them 0666) and a stale socket left by a crash is removed first.
+uvicorn would make them 0666) and a stale socket left by a crash is removed first. They are
+accepted from here too (``brokerd.listen``): each socket holds a bounded number of connections,
+each of which must send its request head in time, so one socket cannot starve the others.
 """
 
+import asyncio
 import contextlib
 import logging
 import os
+import resource
 import signal
 import socket
 import stat
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final, Literal
 
@@ -20,9 +24,17 @@ import uvicorn
 from anyio.abc import TaskStatus
 from starlette.types import ASGIApp
 
-from brokerd.config import BrokerdSettings, ConfigError, Secrets
+from brokerd.bodies import BodyBudget, BodyRules
+from brokerd.config import CONFIG_FILE_VARIABLE, BrokerdSettings, ConfigError, Secrets
+from brokerd.listen import (
+    ConnectionLimits,
+    GuardedListener,
+    WatchedConnections,
+    head_deadline_protocol,
+)
 from brokerd.proxy.chat import create_chat_app
-from brokerd.proxy.inference import create_inference_app
+from brokerd.proxy.chatpolicy import ChatPolicy
+from brokerd.proxy.inference import InferencePolicy, create_inference_app
 from brokerd.proxy.upstream import parse_upstream
 
 logger = logging.getLogger(__name__)
@@ -34,6 +46,10 @@ SOCKET_MODE: Final = 0o660
 LISTEN_BACKLOG: Final = 2048  # uvicorn's own default
 # Open streams (a long generation, a WebSocket) get this long to finish after a stop signal.
 GRACEFUL_SHUTDOWN_S: Final = 5
+# Open files a connection may need besides its own: the upstream connection it is relayed to.
+FILES_PER_CONNECTION: Final = 2
+# Open files besides connections: listening sockets, the audit database, tool pipes, logs.
+SPARE_FILES: Final = 64
 
 
 class ServeError(Exception):
@@ -47,6 +63,7 @@ class Endpoint:
     name: str
     path: Path
     app: ASGIApp
+    limits: ConnectionLimits = field(default_factory=ConnectionLimits)
 
 
 def socket_path(settings: BrokerdSettings, service: Service) -> Path:
@@ -57,17 +74,33 @@ def build_endpoints(
     settings: BrokerdSettings, secrets: Secrets, services: Sequence[Service] = SERVICES
 ) -> list[Endpoint]:
     """The apps to serve; ``ConfigError`` naming the field a requested service is missing."""
+    limits = ConnectionLimits(settings.max_connections_per_socket, settings.header_timeout_s)
+    # One budget for the bodies of all three sockets: they share one process's memory.
+    bodies = BodyRules(BodyBudget(settings.body_memory_bytes), settings.body_timeout_s)
     return [
-        Endpoint(service, socket_path(settings, service), _build_app(settings, secrets, service))
+        Endpoint(
+            service,
+            socket_path(settings, service),
+            _build_app(settings, secrets, service, bodies),
+            limits,
+        )
         for service in services
     ]
 
 
-def _build_app(settings: BrokerdSettings, secrets: Secrets, service: Service) -> ASGIApp:
+def _build_app(
+    settings: BrokerdSettings, secrets: Secrets, service: Service, bodies: BodyRules
+) -> ASGIApp:
     if service == "infer":
         upstream = parse_upstream(settings.inference_url)
         return create_inference_app(
-            upstream, api_key=secrets.inference_key, body_cap=settings.body_cap_bytes
+            upstream,
+            api_key=secrets.inference_key,
+            policy=InferencePolicy(
+                frozenset(settings.inference_slots), frozenset(settings.inference_models)
+            ),
+            body_cap=settings.body_cap_bytes,
+            bodies=bodies,
         )
     if service == "chat":
         if settings.mattermost_url is None:
@@ -77,18 +110,37 @@ def _build_app(settings: BrokerdSettings, secrets: Secrets, service: Service) ->
         return create_chat_app(
             parse_upstream(settings.mattermost_url),
             bot_token=secrets.bot_token,
-            body_cap=settings.body_cap_bytes,
+            policy=ChatPolicy.of(
+                settings.chat_allowed_teams,
+                settings.chat_allowed_channels,
+                settings.chat_allowed_users,
+            ),
+            body_cap=settings.chat_body_cap_bytes,
+            bodies=bodies,
         )
     if settings.broker is None:
         raise ConfigError("broker.audit_db: required to serve broker.sock")
     # Imported here so that `serve --only infer|chat` does not load the tool broker at all.
+    from brokerd.confine import ConfinementError
     from brokerd.tools.app import create_broker_app
     from brokerd.tools.errors import CatalogueError
 
     try:
-        return create_broker_app(settings.broker)
+        return create_broker_app(settings.broker, hidden=own_paths(settings), bodies=bodies)
     except CatalogueError as exc:
         raise ConfigError(f"broker.catalogue_dir: {exc}") from None
+    except ConfinementError as exc:
+        raise ConfigError(f"broker: command tools cannot run confined: {exc}") from None
+
+
+def own_paths(settings: BrokerdSettings) -> list[Path]:
+    """brokerd's state and secrets, which no tool may see: its sockets, key and token files,
+    and its config file (the audit log is added by the broker itself)."""
+    paths = [settings.socket_dir]
+    paths += [p for p in (settings.inference_key_file, settings.mattermost_token_file) if p]
+    if config_file := os.environ.get(CONFIG_FILE_VARIABLE):
+        paths.append(Path(config_file))
+    return paths
 
 
 def prepare_socket_dir(path: Path) -> None:
@@ -123,25 +175,54 @@ def bind_unix_socket(path: Path) -> socket.socket:
 
 
 class _Server(uvicorn.Server):
-    """A uvicorn server that leaves signals alone (brokerd handles them once for all servers)
-    and says when it has started or ended (``settled``)."""
+    """A uvicorn server that leaves signals alone (brokerd handles them once for all servers),
+    accepts through a ``GuardedListener``, and says when it has started or ended (``settled``).
+    """
 
-    def __init__(self, config: uvicorn.Config) -> None:
+    def __init__(self, config: uvicorn.Config, endpoint: Endpoint) -> None:
         super().__init__(config)
+        self.endpoint = endpoint
         self.settled = anyio.Event()
+        self.connections = WatchedConnections()
+        self.server_state.connections = self.connections
+        self.listeners: list[GuardedListener] = []
 
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
-        await super().startup(sockets)
+        # An empty list: uvicorn runs the lifespan and makes no server of its own.
+        await super().startup(sockets=[])
+        for sock in sockets or []:
+            listener = GuardedListener(
+                self.endpoint.name,
+                sock,
+                self._protocol,
+                self.connections,
+                self.endpoint.limits.max_connections,
+            )
+            listener.start()
+            self.listeners.append(listener)
         self.settled.set()
+
+    def _protocol(self) -> asyncio.Protocol:
+        # What uvicorn's own startup would hand to loop.create_server.
+        protocol: asyncio.Protocol = self.config.http_protocol_class(  # type: ignore[call-arg]
+            config=self.config, server_state=self.server_state, app_state=self.lifespan.state
+        )
+        return protocol
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        for listener in self.listeners:
+            await listener.stop()
+        await super().shutdown(sockets)
 
     @contextlib.contextmanager
     def capture_signals(self) -> Iterator[None]:
         yield
 
 
-def _uvicorn_server(app: ASGIApp, graceful_shutdown_s: int) -> _Server:
+def _uvicorn_server(endpoint: Endpoint, graceful_shutdown_s: int) -> _Server:
     config = uvicorn.Config(
-        app,
+        endpoint.app,
+        http=head_deadline_protocol(endpoint.name, endpoint.limits.header_timeout_s),
         lifespan="on",
         log_config=None,  # brokerd configures logging once; uvicorn's loggers propagate to it
         access_log=False,  # the proxies log one line per request themselves
@@ -150,7 +231,26 @@ def _uvicorn_server(app: ASGIApp, graceful_shutdown_s: int) -> _Server:
         date_header=False,
         timeout_graceful_shutdown=graceful_shutdown_s,
     )
-    return _Server(config)
+    return _Server(config, endpoint)
+
+
+def ensure_file_limit(endpoints: Sequence[Endpoint]) -> None:
+    """Raise the open-file limit to what the sockets' connection caps need, up to the hard
+    limit; ``ServeError`` when even that is too low (the caps would not keep the sockets apart).
+    """
+    needed = SPARE_FILES + sum(
+        endpoint.limits.max_connections * FILES_PER_CONNECTION for endpoint in endpoints
+    )
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != resource.RLIM_INFINITY and soft < needed:
+        raised = needed if hard == resource.RLIM_INFINITY else min(needed, hard)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (raised, hard))
+        soft = raised
+    if soft != resource.RLIM_INFINITY and soft < needed:
+        raise ServeError(
+            f"the open-file limit ({soft}) is below the {needed} that max_connections_per_socket "
+            "needs; raise LimitNOFILE or lower max_connections_per_socket"
+        )
 
 
 async def serve(
@@ -165,12 +265,13 @@ async def serve(
 
     Reports started (``task_status``) once every server accepts connections.
     """
+    ensure_file_limit(endpoints)
     prepare_socket_dir(socket_dir)
     bound: list[tuple[Endpoint, socket.socket]] = []
     try:
         for endpoint in endpoints:
             bound.append((endpoint, bind_unix_socket(endpoint.path)))
-        servers = [_uvicorn_server(endpoint.app, graceful_shutdown_s) for endpoint, _ in bound]
+        servers = [_uvicorn_server(endpoint, graceful_shutdown_s) for endpoint, _ in bound]
         async with anyio.create_task_group() as tg:
             for server, (endpoint, sock) in zip(servers, bound, strict=True):
                 tg.start_soon(_serve_one, server, sock, endpoint, stop)

@@ -4,28 +4,34 @@ The box holds no credential. Every request gets ``Authorization: Bearer <bot tok
 config, and every credential the box sends is dropped first: the ``Authorization`` header, cookies
 (Mattermost reads the ``MMAUTHTOKEN`` cookie before the header), ``X-Requested-With`` (which makes
 Mattermost treat the caller as a browser session) and the ``access_token`` query parameter.
-Responses lose ``Set-Cookie`` and ``Token`` so no session credential travels back into the box.
+Responses lose ``Set-Cookie`` and ``Token`` so no session credential travels back into the box,
+and the upstream client keeps no cookies, so none is replayed on a later request. Forwarding and
+method-override headers from the box are dropped too, and the WebSocket upgrade follows no
+redirect.
 
-Only the API paths the bot needs pass (``CHAT_ROUTES``); path parameters match a narrow character
-class, so no dot segment or encoded slash can slip through one.
+Only the calls loopd's Mattermost adapter makes pass (``CHAT_ROUTES``; a test keeps the two in
+step); each ``{id}`` matches Mattermost's id shape (26 lower-case letters and digits) and nothing
+else, so ``/users/tokens`` or ``/channels/members`` cannot pass as an id. Posting and editing are
+allowed only where brokerd's config lets the box act (``brokerd.proxy.chatpolicy``).
 """
 
 import contextlib
 import logging
 import re
-from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Final
+from typing import Final, Literal
 
 import anyio
 from starlette.applications import Starlette
 from starlette.routing import Route, WebSocketRoute
 from starlette.types import Message, Receive, Scope, Send
-from websockets.asyncio.client import ClientConnection, connect, unix_connect
+from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidStatus
 
-from brokerd.proxy.forward import Forwarder, ForwardRules
-from brokerd.proxy.headers import REQUEST_FRAMING, drop_query_params
+from brokerd.bodies import BodyRules
+from brokerd.proxy.chatpolicy import ChannelGuard, ChatPolicy
+from brokerd.proxy.forward import BodyCheck, Forwarder, ForwardRules, Refused
+from brokerd.proxy.headers import FORWARDING_HEADERS, REQUEST_FRAMING, drop_query_params
 from brokerd.proxy.lifespan import closing_lifespan
 from brokerd.proxy.relay import ErrorBody, error_message, json_error
 from brokerd.proxy.upstream import Upstream
@@ -35,63 +41,87 @@ UPSTREAM_WS_LOGGER: Final = logging.getLogger(f"{__name__}.upstream_websocket")
 
 WEBSOCKET_PATH: Final = "/api/v4/websocket"
 
-# (method, path template). A ``{name}`` stands for one path segment of id-like characters.
-CHAT_ROUTES: Final[tuple[tuple[str, str], ...]] = (
-    ("GET", "/api/v4/users/{user_id}"),  # includes users/me
-    ("POST", "/api/v4/users/ids"),
-    ("GET", "/api/v4/users/{user_id}/channels"),
-    ("GET", "/api/v4/users/{user_id}/teams"),
-    ("POST", "/api/v4/users/{user_id}/typing"),
-    ("GET", "/api/v4/channels/{channel_id}"),
-    ("GET", "/api/v4/channels/{channel_id}/posts"),
-    ("GET", "/api/v4/config/client"),
-    ("GET", "/api/v4/system/ping"),
-    ("POST", "/api/v4/posts"),
-    ("GET", "/api/v4/posts/{post_id}"),
-    ("DELETE", "/api/v4/posts/{post_id}"),  # the bot removing its own progress post
-    ("PUT", "/api/v4/posts/{post_id}/patch"),
-    ("GET", "/api/v4/posts/{post_id}/thread"),
-    ("POST", "/api/v4/reactions"),
-    ("DELETE", "/api/v4/users/{user_id}/posts/{post_id}/reactions/{emoji_name}"),
-    ("POST", "/api/v4/files"),
-    ("GET", "/api/v4/files/{file_id}"),
-    ("GET", "/api/v4/files/{file_id}/info"),
-    ("GET", WEBSOCKET_PATH),  # only as a WebSocket upgrade; see ChatWebSocketProxy
+
+@dataclass(frozen=True)
+class ChatRoute:
+    """One call the adapter makes. ``acts_in`` says where a write names its channel."""
+
+    method: str
+    template: str  # each ``{name}`` is one Mattermost id
+    acts_in: Literal["body", "post"] | None = None
+
+
+# The calls of loopd/chat/rest.py and loopd/chat/ws.py, and nothing else.
+CHAT_ROUTES: Final[tuple[ChatRoute, ...]] = (
+    ChatRoute("GET", "/api/v4/users/me"),
+    ChatRoute("GET", "/api/v4/users/{user_id}"),
+    ChatRoute("GET", "/api/v4/users/me/channels"),
+    ChatRoute("GET", "/api/v4/users/me/teams"),
+    ChatRoute("GET", "/api/v4/channels/{channel_id}"),
+    ChatRoute("GET", "/api/v4/channels/{channel_id}/posts"),
+    ChatRoute("GET", "/api/v4/channels/{channel_id}/members"),  # who is in a group message
+    ChatRoute("GET", "/api/v4/config/client"),
+    ChatRoute("GET", "/api/v4/posts/{post_id}/thread"),
+    ChatRoute("POST", "/api/v4/posts", acts_in="body"),
+    ChatRoute("PUT", "/api/v4/posts/{post_id}/patch", acts_in="post"),
+    ChatRoute("GET", WEBSOCKET_PATH),  # only as a WebSocket upgrade; see ChatWebSocketProxy
 )
 
-# Mattermost ids are 26 lower-case alphanumerics; `me` stands for the bot; emoji names add _ + -.
-_SEGMENT: Final = r"[A-Za-z0-9_+\-]+"
+_ID: Final = "([a-z0-9]{26})"
 
 
 def _compile(template: str) -> re.Pattern[str]:
     pieces = re.split(r"\{[a-z_]+\}", template)
-    return re.compile(_SEGMENT.join(re.escape(piece) for piece in pieces))
+    return re.compile(_ID.join(re.escape(piece) for piece in pieces))
 
 
-_COMPILED: Final = tuple((method, _compile(template)) for method, template in CHAT_ROUTES)
+_COMPILED: Final = tuple((route, _compile(route.template)) for route in CHAT_ROUTES)
+
+
+def match_route(method: str, path: str) -> tuple[ChatRoute, tuple[str, ...]] | None:
+    """The route a request takes, with the ids in its path; None when it takes none."""
+    for route, pattern in _COMPILED:
+        if route.method == method and (found := pattern.fullmatch(path)):
+            return route, found.groups()
+    return None
+
 
 CREDENTIAL_HEADERS: Final = frozenset(
     {b"authorization", b"cookie", b"x-requested-with", b"x-api-key", b"token"}
 )
 # Origin too: Mattermost checks it against the site URL, and a non-browser client sends none.
-DROPPED_REQUEST_HEADERS: Final = REQUEST_FRAMING | CREDENTIAL_HEADERS | {b"origin"}
+DROPPED_REQUEST_HEADERS: Final = (
+    REQUEST_FRAMING | CREDENTIAL_HEADERS | FORWARDING_HEADERS | {b"origin"}
+)
 DROPPED_RESPONSE_HEADERS: Final = frozenset({b"set-cookie", b"token"})
 DROPPED_QUERY_PARAMS: Final = frozenset({"access_token"})
 
-DEFAULT_BODY_CAP: Final = 64 * 1024 * 1024
-
-
-def route_allowed(method: str, path: str, routes: Sequence[tuple[str, re.Pattern[str]]]) -> bool:
-    return any(method == allowed and pattern.fullmatch(path) for allowed, pattern in routes)
+# A post is at most 16,383 characters, a JSON body a few times that at worst.
+DEFAULT_BODY_CAP: Final = 1024 * 1024
 
 
 def refusal(method: str, path: str, _query: bytes) -> str | None:
     """Why the chat proxy refuses this REST request, or None when it may pass."""
     if path == WEBSOCKET_PATH:
         return f"brokerd refuses {method} {path}: only a WebSocket upgrade may use it"
-    if not route_allowed(method, path, _COMPILED):
+    if match_route(method, path) is None:
         return f"brokerd refuses {method} {path}: not in the chat proxy's allowlist"
     return None
+
+
+def policy_check(guard: ChannelGuard) -> BodyCheck:
+    """The check of a write against where the box may act (reads pass)."""
+
+    async def check(method: str, path: str, _query: bytes, body: bytes) -> Refused | None:
+        matched = match_route(method, path)
+        if matched is None or matched[0].acts_in is None:
+            return None
+        route, ids = matched
+        if route.acts_in == "body":
+            return await guard.check_post(body)
+        return await guard.check_edit(ids[0])
+
+    return check
 
 
 def mattermost_error(status: int, message: str) -> dict[str, object]:
@@ -112,7 +142,7 @@ def bearer(token: str) -> bytes:
     return b"Bearer " + token.encode()
 
 
-def chat_rules(bot_token: str) -> ForwardRules:
+def chat_rules(bot_token: str, guard: ChannelGuard | None = None) -> ForwardRules:
     return ForwardRules(
         refusal=refusal,
         error_body=mattermost_error_body,
@@ -120,6 +150,7 @@ def chat_rules(bot_token: str) -> ForwardRules:
         inject_request_headers={b"authorization": bearer(bot_token)},
         drop_response_headers=DROPPED_RESPONSE_HEADERS,
         drop_query_params=DROPPED_QUERY_PARAMS,
+        check_body=policy_check(guard) if guard is not None else None,
     )
 
 
@@ -175,6 +206,10 @@ class ChatWebSocketProxy:
         except InvalidStatus as exc:
             status = exc.response.status_code
             logger.warning("websocket upgrade refused upstream: HTTP %d", status)
+            if 300 <= status < 400:
+                reason = f"upstream answered the upgrade with a redirect ({status}); not followed"
+                await self._deny(send, 502, self.error_body(502, reason), "application/json")
+                return
             body = bytes(exc.response.body) or self.error_body(status, str(exc))
             content_type = exc.response.headers.get("Content-Type", "application/json")
             await self._deny(send, status, body, content_type)
@@ -197,16 +232,17 @@ class ChatWebSocketProxy:
         # The handshake (with the token) is logged at DEBUG under brokerd's own logger name, so
         # it goes through brokerd's redacting handler and is never mistaken for the box's logs.
         if self.upstream.uds is not None:
-            return await unix_connect(
-                self.upstream.uds,
+            return await NoRedirectConnect(
                 uri,
+                unix=True,
+                path=self.upstream.uds,
                 additional_headers=headers,
                 open_timeout=timeout,
                 max_size=max_size,
                 logger=UPSTREAM_WS_LOGGER,
             )
         # proxy=None: a proxy variable in brokerd's environment must not reroute the connection.
-        return await connect(
+        return await NoRedirectConnect(
             uri,
             additional_headers=headers,
             open_timeout=timeout,
@@ -259,16 +295,37 @@ class ChatWebSocketProxy:
             await send({"type": "websocket.close", "code": code, "reason": upstream.close_reason})
 
 
+class NoRedirectConnect(connect):
+    """websockets' ``connect``, which answers a redirect as the refusal it is: the bot token
+    goes only to the configured upstream, never to wherever a redirect points."""
+
+    def process_redirect(self, exc: Exception) -> Exception | str:
+        return exc
+
+
 def create_chat_app(
-    upstream: Upstream, *, bot_token: str, body_cap: int = DEFAULT_BODY_CAP
+    upstream: Upstream,
+    *,
+    bot_token: str,
+    policy: ChatPolicy,
+    body_cap: int = DEFAULT_BODY_CAP,
+    bodies: BodyRules | None = None,
 ) -> Starlette:
-    """The Starlette app served on ``chat.sock``."""
-    rest = Forwarder(upstream, chat_rules(bot_token), body_cap=body_cap, logger=logger)
+    """The Starlette app served on ``chat.sock``; ``policy`` says where the box may post."""
+    lookups = upstream.client()
+    guard = ChannelGuard(policy, upstream, lookups, bot_token)
+    rules = chat_rules(bot_token, guard)
+    rest = Forwarder(upstream, rules, body_cap=body_cap, bodies=bodies, logger=logger)
     websocket = ChatWebSocketProxy(upstream, bot_token)
+
+    async def close() -> None:
+        await rest.aclose()
+        await lookups.aclose()
+
     return Starlette(
         routes=[
             WebSocketRoute(WEBSOCKET_PATH, endpoint=websocket),
             Route("/{path:path}", endpoint=rest),
         ],
-        lifespan=closing_lifespan(rest.aclose),
+        lifespan=closing_lifespan(close),
     )

@@ -6,26 +6,43 @@ are stripped or added, which error envelope the proxy answers in); the forwardin
 
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 
 import httpx
 from starlette.types import Receive, Scope, Send
 
+from brokerd.bodies import BodyRefused, BodyRules, ClientGone, read_body
 from brokerd.proxy.headers import RawHeaders, drop_query_params, filter_headers
-from brokerd.proxy.relay import (
-    BodyTooLarge,
-    ClientGone,
-    ErrorBody,
-    RelayResult,
-    read_body,
-    relay,
-    send_json,
-)
+from brokerd.proxy.relay import ErrorBody, RelayResult, relay, send_json
 from brokerd.proxy.upstream import Upstream
 
 Refusal = Callable[[str, str, bytes], str | None]
 """(method, path, raw query) -> why the request is refused, or None when it may pass."""
+
+BodyCap = Callable[[str, str], int]
+"""(method, path) -> the largest body that route accepts."""
+
+
+def same_cap(cap: int) -> BodyCap:
+    """One cap for every route."""
+
+    def cap_for(_method: str, _path: str) -> int:
+        return cap
+
+    return cap_for
+
+
+@dataclass(frozen=True)
+class Refused:
+    """A request the proxy answers itself, with ``status`` and why."""
+
+    status: int
+    message: str
+
+
+BodyCheck = Callable[[str, str, bytes, bytes], Awaitable[Refused | None]]
+"""(method, path, raw query, body) -> a refusal, or None when the request may pass."""
 
 
 @dataclass(frozen=True)
@@ -38,6 +55,7 @@ class ForwardRules:
     inject_request_headers: Mapping[bytes, bytes] = field(default_factory=dict)
     drop_response_headers: frozenset[bytes] = frozenset()
     drop_query_params: frozenset[str] = frozenset()
+    check_body: BodyCheck | None = None
 
 
 class Forwarder:
@@ -48,13 +66,15 @@ class Forwarder:
         upstream: Upstream,
         rules: ForwardRules,
         *,
-        body_cap: int,
+        body_cap: int | BodyCap,
+        bodies: BodyRules | None = None,
         logger: logging.Logger,
         reuse_connections: bool = True,
     ) -> None:
         self.upstream = upstream
         self.rules = rules
-        self.body_cap = body_cap
+        self.body_cap: BodyCap = body_cap if callable(body_cap) else same_cap(body_cap)
+        self.bodies = bodies or BodyRules()
         self.logger = logger
         self.client: httpx.AsyncClient = upstream.client(reuse_connections=reuse_connections)
 
@@ -68,13 +88,31 @@ class Forwarder:
             await send_json(send, 403, self.rules.error_body(403, reason), close=True)
             return
         try:
-            body = await read_body(scope, receive, self.body_cap)
-        except BodyTooLarge as exc:
+            body = await read_body(scope, receive, self.body_cap(method, path), self.bodies)
+        except BodyRefused as exc:
             self.logger.warning("refused %s %s: %s", method, path, exc)
-            await send_json(send, 413, self.rules.error_body(413, str(exc)), close=True)
+            error = self.rules.error_body(exc.status, str(exc))
+            await send_json(send, exc.status, error, close=True)
             return
         except ClientGone:
             return
+        try:
+            await self._forward(scope, receive, send, query, body.data)
+        finally:
+            body.release()
+
+    async def _forward(
+        self, scope: Scope, receive: Receive, send: Send, query: bytes, body: bytes
+    ) -> None:
+        method: str = scope["method"]
+        path: str = scope["path"]
+        if self.rules.check_body is not None:
+            refused = await self.rules.check_body(method, path, query, body)
+            if refused is not None:
+                self.logger.warning("refused %s %s: %s", method, path, refused.message)
+                error = self.rules.error_body(refused.status, refused.message)
+                await send_json(send, refused.status, error)
+                return
         headers = filter_headers(
             scope["headers"],
             drop=self.rules.drop_request_headers,

@@ -27,6 +27,29 @@ HOP_BY_HOP: frozenset[bytes] = frozenset(
 # Recomputed or meaningless once the proxy has the whole body in hand and its own upstream URL.
 REQUEST_FRAMING: frozenset[bytes] = frozenset({b"host", b"content-length", b"expect"})
 
+# What a client behind a proxy could use to claim another address, host, scheme, URL or method:
+# an upstream (or a proxy in front of it) may trust these, so nothing from the box carries them.
+FORWARDING_HEADERS: frozenset[bytes] = frozenset(
+    {
+        b"forwarded",
+        b"x-forwarded-for",
+        b"x-forwarded-host",
+        b"x-forwarded-proto",
+        b"x-forwarded-port",
+        b"x-forwarded-prefix",
+        b"x-forwarded-server",
+        b"x-real-ip",
+        b"x-client-ip",
+        b"true-client-ip",
+        b"x-original-url",
+        b"x-rewrite-url",
+        b"x-original-method",
+        b"x-http-method-override",
+        b"x-http-method",
+        b"x-method-override",
+    }
+)
+
 
 def _named_by_connection(headers: Iterable[tuple[bytes, bytes]]) -> set[bytes]:
     """Header names that a ``Connection`` header declares hop-by-hop for this one message."""

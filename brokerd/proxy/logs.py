@@ -8,12 +8,16 @@ write the bot token or the upstream key to the log.
 import json
 import logging
 import sys
-from collections.abc import Iterable
+import time
+from collections.abc import Callable, Iterable
 from datetime import UTC, datetime
 from typing import Final, TextIO
 
 REDACTED: Final = "[redacted]"
 PLAIN_FORMAT: Final = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+# Warnings of one kind (logger and message template) logged per window; the rest are counted.
+WARNINGS_PER_WINDOW: Final = 20
+WINDOW_S: Final = 10.0
 
 
 class JsonLineFormatter(logging.Formatter):
@@ -47,10 +51,46 @@ class RedactingFormatter(logging.Formatter):
         return text
 
 
+class ThrottleRepeats(logging.Filter):
+    """Lets through at most ``limit`` warnings of one kind per window, so a client that provokes
+    a warning per request (a malformed request, a refused path) cannot fill the disk; the first
+    warning of the next window says how many were dropped. Info lines are not touched."""
+
+    def __init__(
+        self,
+        limit: int = WARNINGS_PER_WINDOW,
+        window_s: float = WINDOW_S,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        super().__init__()
+        self.limit, self.window_s, self.clock = limit, window_s, clock
+        # (logger, template) -> [window start, let through, dropped]
+        self._kinds: dict[tuple[str, str], list[float]] = {}
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno < logging.WARNING:
+            return True
+        now = self.clock()
+        kind = (record.name, str(record.msg))
+        window = self._kinds.get(kind)
+        if window is None or now - window[0] >= self.window_s:
+            dropped = int(window[2]) if window is not None else 0
+            if dropped:
+                record.msg = f"{record.msg} ({dropped} more like it were not logged)"
+            self._kinds[kind] = [now, 1, 0]
+            return True
+        if window[1] < self.limit:
+            window[1] += 1
+            return True
+        window[2] += 1
+        return False
+
+
 def make_handler(stream: TextIO, *, json_lines: bool, secrets: Iterable[str]) -> logging.Handler:
     inner = JsonLineFormatter() if json_lines else logging.Formatter(PLAIN_FORMAT)
     handler = logging.StreamHandler(stream)
     handler.setFormatter(RedactingFormatter(inner, secrets))
+    handler.addFilter(ThrottleRepeats())
     return handler
 
 

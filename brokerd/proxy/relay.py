@@ -1,4 +1,4 @@
-"""The ASGI side of an HTTP proxy: read a capped body, then pass the upstream response through.
+"""The ASGI side of an HTTP proxy: pass the upstream response through as it arrives.
 
 Both proxies share this. It is written against raw ASGI messages, not a response class, because
 three timing promises depend on controlling every send:
@@ -19,7 +19,7 @@ from typing import Final
 
 import anyio
 import httpx
-from starlette.types import Message, Receive, Scope, Send
+from starlette.types import Message, Receive, Send
 
 from brokerd.proxy.headers import RawHeaders
 
@@ -30,18 +30,6 @@ UPSTREAM_CLOSE_GRACE_S: Final = 1.0
 
 ErrorBody = Callable[[int, str], bytes]
 """Builds the JSON body of an error the proxy itself answers, in the upstream's own envelope."""
-
-
-class ClientGone(Exception):
-    """The client hung up before its request body was complete."""
-
-
-class BodyTooLarge(Exception):
-    """The request body is over the proxy's cap."""
-
-    def __init__(self, cap: int) -> None:
-        super().__init__(f"request body over the {cap}-byte limit")
-        self.cap = cap
 
 
 class UpstreamBroke(Exception):
@@ -66,34 +54,6 @@ class RelayResult:
     outcome: Outcome = Outcome.CLIENT_GONE
     status: int | None = None
     body_bytes: int = 0
-
-
-def declared_length(scope: Scope) -> int | None:
-    """The request's Content-Length, if it sent a well-formed one."""
-    for name, value in scope["headers"]:
-        if name.lower() == b"content-length" and value.strip().isdigit():
-            return int(value)
-    return None
-
-
-async def read_body(scope: Scope, receive: Receive, cap: int) -> bytes:
-    """The whole request body, refusing early when Content-Length already says it is too big."""
-    length = declared_length(scope)
-    if length is not None and length > cap:
-        raise BodyTooLarge(cap)
-    chunks: list[bytes] = []
-    size = 0
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            raise ClientGone
-        chunk: bytes = message.get("body", b"")
-        size += len(chunk)
-        if size > cap:
-            raise BodyTooLarge(cap)
-        chunks.append(chunk)
-        if not message.get("more_body", False):
-            return b"".join(chunks)
 
 
 async def send_json(send: Send, status: int, body: bytes, *, close: bool = False) -> None:

@@ -1,6 +1,7 @@
 """Where a proxy forwards to: an HTTP(S) origin, or a Unix socket spoken to as plain HTTP."""
 
 from dataclasses import dataclass
+from http.cookiejar import CookieJar, DefaultCookiePolicy
 from typing import Final
 from urllib.parse import urlsplit
 
@@ -56,7 +57,15 @@ class Upstream:
         )
         # trust_env off: a proxy variable in brokerd's environment must not reroute the traffic.
         transport = httpx.AsyncHTTPTransport(uds=self.uds, limits=limits, trust_env=False)
-        return httpx.AsyncClient(transport=transport, timeout=timeout, trust_env=False)
+        return httpx.AsyncClient(
+            transport=transport, timeout=timeout, trust_env=False, cookies=no_cookie_jar()
+        )
+
+
+def no_cookie_jar() -> CookieJar:
+    """A jar that keeps nothing: a cookie the upstream sets (Mattermost's ``MMAUTHTOKEN``) must
+    never be sent again with a later request, which would then run as that session."""
+    return CookieJar(policy=DefaultCookiePolicy(allowed_domains=[]))
 
 
 def parse_upstream(text: str) -> Upstream:

@@ -5,14 +5,17 @@
 ``{"result", "status"}`` (plus ``recorded_status`` when ``status`` is ``replayed``)
 ``GET /v1/health`` -> ``{"status": "ok", "tools": n}``
 
-A malformed request gets 400 and a call id reused for a different call gets 409, each as
+A malformed request (not JSON, nested deeper than ``MAX_BODY_DEPTH``, a field missing) gets
+400, a body over ``body_cap_bytes`` 413, one not sent in time 408, one that the memory budget
+cannot hold now 503, and a call id reused for a different call 409, each as
 ``{"error": message}``. Everything the model did wrong (unknown tool, bad arguments, a tool that
 failed) is a normal 200 answer whose ``result`` says so: the turn goes on.
 """
 
 import json
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import Any, TypeVar
 
 import httpx
@@ -22,12 +25,16 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from brokerd.bodies import BodyRefused, BodyRules, ClientGone, read_body
+from brokerd.tools.arguments import nests_deeper
 from brokerd.tools.audit import AuditLogError
 from brokerd.tools.errors import CallConflictError, RequestError
 from brokerd.tools.service import ToolBroker
 from brokerd.tools.settings import BrokerSettings
 
 Body = TypeVar("Body", bound=BaseModel)
+# Far more than any tool's arguments need, far less than what makes a parser recurse too deep.
+MAX_BODY_DEPTH = 64
 
 
 class FindToolBody(BaseModel):
@@ -51,6 +58,10 @@ def parse_body(model: type[Body], raw: bytes) -> Body:
         value = json.loads(raw)
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise RequestError(f"the request body is not JSON: {exc}") from exc
+    except RecursionError:
+        raise RequestError(f"the request body nests deeper than {MAX_BODY_DEPTH} levels") from None
+    if nests_deeper(value, MAX_BODY_DEPTH):
+        raise RequestError(f"the request body nests deeper than {MAX_BODY_DEPTH} levels")
     if not isinstance(value, dict):
         raise RequestError("the request body must be a JSON object")
     try:
@@ -64,19 +75,31 @@ def parse_body(model: type[Body], raw: bytes) -> Body:
 
 
 def create_broker_app(
-    settings: BrokerSettings, *, transport: httpx.AsyncBaseTransport | None = None
+    settings: BrokerSettings,
+    *,
+    transport: httpx.AsyncBaseTransport | None = None,
+    hidden: Sequence[Path] = (),
+    bodies: BodyRules | None = None,
 ) -> Starlette:
     """The broker as an ASGI app. The catalogue is loaded here, so a bad catalogue fails at
-    startup with ``CatalogueError``; ``transport`` replaces web_fetch's network (tests only)."""
-    broker = ToolBroker.open(settings, transport=transport)
+    startup with ``CatalogueError`` (``ConfinementError`` when its command tools cannot run
+    confined); ``hidden`` are brokerd's own paths that no tool may see; ``transport`` replaces
+    web_fetch's network (tests only)."""
+    broker = ToolBroker.open(settings, transport=transport, hidden=hidden)
+    body_rules = bodies or BodyRules()
+
+    async def read(request: Request) -> bytes:
+        held = await read_body(request.scope, request.receive, settings.body_cap_bytes, body_rules)
+        held.release()  # parsed at once and dropped; only the parsed value lives on
+        return held.data
 
     async def find_tool(request: Request) -> Response:
-        body = parse_body(FindToolBody, await request.body())
+        body = parse_body(FindToolBody, await read(request))
         found = broker.find_tool(body.session, body.query)
         return JSONResponse({"result": found.result, "names": list(found.names)})
 
     async def call_tool(request: Request) -> Response:
-        body = parse_body(CallToolBody, await request.body())
+        body = parse_body(CallToolBody, await read(request))
         answer = await broker.call_tool(body.session, body.call_id, body.name, body.arguments)
         payload: dict[str, str] = {"result": answer.result, "status": answer.status}
         if answer.recorded_status is not None:
@@ -100,6 +123,8 @@ def create_broker_app(
             Route("/v1/health", health, methods=["GET"]),
         ],
         exception_handlers={
+            BodyRefused: _body_refused,
+            ClientGone: _body_refused,
             RequestError: _error_response(400),
             CallConflictError: _error_response(409),
             AuditLogError: _error_response(500),
@@ -108,6 +133,13 @@ def create_broker_app(
     )
     app.state.broker = broker
     return app
+
+
+async def _body_refused(request: Request, exc: Exception) -> Response:
+    # The rest of the body may be unread: ending the connection discards it.
+    status = exc.status if isinstance(exc, BodyRefused) else 400
+    headers = {"Connection": "close"}
+    return JSONResponse({"error": str(exc) or "the client left"}, status, headers=headers)
 
 
 def _error_response(status_code: int) -> Callable[[Request, Exception], Awaitable[Response]]:

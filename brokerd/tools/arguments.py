@@ -11,6 +11,7 @@ from jsonschema.exceptions import relevance
 
 MAX_PROBLEMS = 5
 MAX_MESSAGE_CHARS = 300
+MAX_DEPTH = 32  # levels of nesting in a tool's arguments
 
 
 @dataclass(frozen=True)
@@ -31,14 +32,42 @@ def parse_arguments(text: str) -> dict[str, Any] | ArgumentProblems:
         return ArgumentProblems(
             "are not valid JSON", (f"{exc.msg} at line {exc.lineno} column {exc.colno}",)
         )
+    except RecursionError:
+        return _too_deep()
     return object_or_problem(value)
 
 
 def object_or_problem(value: object) -> dict[str, Any] | ArgumentProblems:
-    """Arguments must be a JSON object; anything else is named by its JSON type."""
-    if isinstance(value, dict):
-        return value
-    return ArgumentProblems(f"must be a JSON object, not {_json_type(value)}")
+    """Arguments must be a JSON object, nested at most ``MAX_DEPTH`` levels; anything else is
+    named by its JSON type."""
+    if not isinstance(value, dict):
+        return ArgumentProblems(f"must be a JSON object, not {_json_type(value)}")
+    if nests_deeper(value, MAX_DEPTH):
+        return _too_deep()
+    return value
+
+
+def nests_deeper(value: object, limit: int) -> bool:
+    """Whether arrays and objects in ``value`` nest more than ``limit`` levels (no recursion,
+    so any depth is safe to ask about)."""
+    stack: list[tuple[object, int]] = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        children: Iterable[object]
+        if isinstance(item, dict):
+            children = item.values()
+        elif isinstance(item, list):
+            children = item
+        else:
+            continue
+        if depth > limit:
+            return True
+        stack.extend((child, depth + 1) for child in children)
+    return False
+
+
+def _too_deep() -> ArgumentProblems:
+    return ArgumentProblems(f"nest deeper than {MAX_DEPTH} levels")
 
 
 def schema_problems(

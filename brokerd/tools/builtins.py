@@ -1,4 +1,4 @@
-"""Tools that run inside brokerd: ``web_fetch`` and ``clock_now``.
+"""Tools that run inside brokerd: ``web_fetch``, ``clock_now`` and ``disk_usage``.
 
 A handler writes its output into the ``CappedOutput`` it is given (so the cap holds for builtins
 too) and raises ``ToolFailure`` with words for the model when it refuses or fails. The URL and
@@ -13,6 +13,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 import httpx
 
+from brokerd.tools import diskusage
 from brokerd.tools.capture import CappedOutput
 from brokerd.tools.errors import ToolFailure
 
@@ -143,4 +144,15 @@ async def clock_now(
     output.add(f"{now.isoformat(timespec='seconds')} ({now:%A}, {zone_name})".encode())
 
 
-BUILTINS: Mapping[str, BuiltinHandler] = {"web_fetch": web_fetch, "clock_now": clock_now}
+async def disk_usage(
+    arguments: Mapping[str, Any], output: CappedOutput, context: BuiltinContext
+) -> None:
+    """The host's disk usage (see ``brokerd.tools.diskusage``)."""
+    await diskusage.disk_usage(arguments, output, context)
+
+
+BUILTINS: Mapping[str, BuiltinHandler] = {
+    "web_fetch": web_fetch,
+    "clock_now": clock_now,
+    "disk_usage": disk_usage,
+}

@@ -7,8 +7,9 @@ key seen before is answered from the audit log (its recorded result, or "interru
 started and never finished) instead of being run again.
 """
 
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from brokerd.tools import wording
@@ -21,6 +22,7 @@ from brokerd.tools.arguments import (
 from brokerd.tools.argv import build_argv
 from brokerd.tools.catalogue import Catalogue, CommandRun, ToolSpec
 from brokerd.tools.errors import ArgvError
+from brokerd.tools.paths import place_paths
 from brokerd.tools.wording import CallStatus
 
 
@@ -49,12 +51,18 @@ class Ready:
     spec: ToolSpec
     arguments: dict[str, Any]
     argv: tuple[str, ...] | None = None
+    roots: tuple[Path, ...] = ()  # the allowed folders holding the call's path arguments
 
 
 def plan_call(
-    catalogue: Catalogue, shown: Collection[str], name: str, arguments: str | object
+    catalogue: Catalogue,
+    shown: Collection[str],
+    name: str,
+    arguments: str | object,
+    roots: Sequence[Path] = (),
 ) -> Rejected | Ready:
-    """Gate a call: unknown tool, not shown by find_tool, or bad arguments are rejected.
+    """Gate a call: unknown tool, not shown by find_tool, bad arguments, or a host path outside
+    the allowed folders ``roots`` are rejected.
 
     ``arguments`` is normally the model's text; a client that already parsed it may pass the
     JSON value instead, which is checked the same way.
@@ -74,12 +82,15 @@ def plan_call(
         return Rejected("invalid", wording.bad_arguments(spec, problems))
     if not isinstance(spec.run, CommandRun):
         return Ready(spec, parsed)
+    placed = place_paths(spec.confine.path_arguments, parsed, roots)
+    if isinstance(placed, str):
+        return Rejected("refused", wording.path_refused(spec.name, placed))
     try:
-        argv = build_argv(spec.run.argv, parsed, spec.parameters)
+        argv = build_argv(spec.run.argv, placed.arguments, spec.parameters)
     except ArgvError as exc:
         problems = ArgumentProblems("cannot go on its command line", (str(exc),))
         return Rejected("invalid", wording.bad_arguments(spec, problems))
-    return Ready(spec, parsed, argv)
+    return Ready(spec, placed.arguments, argv, placed.roots)
 
 
 @dataclass(frozen=True)
@@ -135,10 +146,11 @@ def decide(recorded: RecordedCall | None, request: CallRequest, running_here: bo
     if recorded is None:
         return Run()
     if (recorded.tool, recorded.arguments) != (request.name, request.arguments):
+        # Only that the id was used: quoting the earlier call would show its tool and arguments
+        # to anyone who guesses a session's call id.
         return Conflict(
             f"call id {request.call_id!r} of session {request.session!r} was already used for "
-            f"tool {recorded.tool!r} with arguments {recorded.arguments!r}; a retry must repeat "
-            "the same call, and a new call needs a new call id"
+            "another call; a retry must repeat the same call, and a new call needs a new call id"
         )
     if recorded.status is not None and recorded.result is not None:
         return Replay(recorded.result, recorded.status)

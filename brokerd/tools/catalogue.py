@@ -2,12 +2,14 @@
 
 A tool file holds the tool's name, its description, a ``parameters`` JSON Schema (an object
 schema, checked against the metaschema) and how to run it: a builtin handler, or a host command
-whose argv is a fixed template with ``{argument}`` placeholders (never a shell). Every problem is
-raised as ``CatalogueError`` naming the file, so a bad catalogue stops brokerd at startup instead
-of failing a model's call later.
+whose argv is a fixed template with ``{argument}`` placeholders (never a shell). A command always
+runs confined (``brokerd.confine``); its ``confine`` table declares what it may see beyond the
+system directories. Every problem is raised as ``CatalogueError`` naming the file, so a bad
+catalogue stops brokerd at startup instead of failing a model's call later.
 """
 
 import json
+import os
 import re
 import tomllib
 from collections.abc import Collection, Iterator, Mapping
@@ -42,6 +44,25 @@ class CommandRun(BaseModel):
     env: dict[str, str] = Field(default_factory=dict)
 
 
+class ConfineSpec(BaseModel):
+    """What a command tool may see and use besides the system directories (all optional).
+
+    ``path_arguments`` name string arguments that hold a host path: each call's value must lie
+    under one of the broker's ``host_path_roots``, and the root holding it is shown read-only.
+    The limits, when given, replace ``brokerd.confine.ResourceLimits``' defaults.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    read_only: tuple[str, ...] = ()
+    read_write: tuple[str, ...] = ()
+    path_arguments: tuple[str, ...] = ()
+    network: bool = False
+    address_space_bytes: int | None = Field(default=None, gt=0)
+    file_size_bytes: int | None = Field(default=None, gt=0)
+    processes: int | None = Field(default=None, gt=0, le=4096)
+    cpu_s: int | None = Field(default=None, gt=0, le=3600)
+
+
 class ToolSpec(BaseModel):
     """One tool of the catalogue."""
 
@@ -52,6 +73,7 @@ class ToolSpec(BaseModel):
     run: BuiltinRun | CommandRun = Field(discriminator="kind")
     timeout_s: float | None = Field(default=None, gt=0, le=3600)
     output_cap_bytes: int | None = Field(default=None, gt=0, le=64 * 1024 * 1024)
+    confine: ConfineSpec = Field(default_factory=ConfineSpec)
 
 
 @dataclass(frozen=True)
@@ -161,7 +183,10 @@ def _check_run(source: str, spec: ToolSpec, known_builtins: Collection[str]) -> 
             raise CatalogueError(
                 f"{source}: unknown builtin handler {run.handler!r} (known: {known})"
             )
+        if spec.confine != ConfineSpec():
+            raise CatalogueError(f"{source}: confine applies to command tools only")
         return
+    _check_confine(source, spec)
     if PLACEHOLDER.search(run.argv[0]):
         raise CatalogueError(f"{source}: argv[0] must be a fixed program, not a placeholder")
     properties: Mapping[str, Any] = spec.parameters.get("properties", {})
@@ -172,4 +197,19 @@ def _check_run(source: str, spec: ToolSpec, known_builtins: Collection[str]) -> 
             raise CatalogueError(
                 f"{source}: argv placeholder {{{name}}} must name a parameter that is "
                 "required or has a default"
+            )
+
+
+def _check_confine(source: str, spec: ToolSpec) -> None:
+    for path in (*spec.confine.read_only, *spec.confine.read_write):
+        if not path.startswith("/") or path != os.path.normpath(path):
+            raise CatalogueError(
+                f"{source}: confine path {path!r} must be absolute and normal (no . or ..)"
+            )
+    properties: Mapping[str, Any] = spec.parameters.get("properties", {})
+    for name in spec.confine.path_arguments:
+        prop = properties.get(name)
+        if not isinstance(prop, dict) or prop.get("type") != "string":
+            raise CatalogueError(
+                f"{source}: confine.path_arguments names {name!r}, which must be a string parameter"
             )

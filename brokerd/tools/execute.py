@@ -1,20 +1,29 @@
-"""Running a checked call with its limits: a timeout, an output cap, and for host commands no
-shell, a clean environment and a process group that is killed whole when the limits are hit."""
+"""Running a checked call with its limits: a timeout, an output cap, and for host commands
+confinement (``brokerd.confine``): no shell, a clean environment, a sandbox that shows only what
+the tool declared, resource limits, and the whole process tree killed when a limit is hit."""
 
-import contextlib
-import os
-import signal
-import subprocess
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import anyio
 from anyio.abc import Process
 
+from brokerd.confine import (
+    Bind,
+    Confinement,
+    ConfinementError,
+    HiddenPath,
+    HostView,
+    ResourceLimits,
+    bind,
+    kill_tree,
+    open_confined,
+)
 from brokerd.tools.builtins import BuiltinContext, BuiltinHandler
 from brokerd.tools.calls import Ready
 from brokerd.tools.capture import CappedOutput
-from brokerd.tools.catalogue import BuiltinRun, CommandRun, ToolSpec
+from brokerd.tools.catalogue import BuiltinRun, CommandRun, ConfineSpec, ToolSpec
 from brokerd.tools.errors import ToolFailure
 from brokerd.tools.settings import BrokerSettings
 from brokerd.tools.wording import ToolOutcome
@@ -24,6 +33,28 @@ from brokerd.tools.wording import ToolOutcome
 BASE_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8"}
 READ_CHUNK = 64 * 1024
 REAP_GRACE_S = 5.0
+
+
+@dataclass(frozen=True)
+class Confiner:
+    """How this broker confines its command tools: the host's sandbox parts and what to hide."""
+
+    view: HostView
+    hidden: tuple[HiddenPath, ...]
+
+    def confinement(self, spec: ConfineSpec, roots: Sequence[Path]) -> Confinement:
+        """The tool's declaration plus the allowed folders holding this call's path arguments."""
+        binds: list[Bind] = [bind(Path(path)) for path in spec.read_only]
+        binds += [bind(Path(path), writable=True) for path in spec.read_write]
+        binds += [bind(root) for root in roots]
+        defaults = ResourceLimits()
+        limits = ResourceLimits(
+            address_space_bytes=spec.address_space_bytes or defaults.address_space_bytes,
+            file_size_bytes=spec.file_size_bytes or defaults.file_size_bytes,
+            processes=spec.processes or defaults.processes,
+            cpu_s=spec.cpu_s or defaults.cpu_s,
+        )
+        return Confinement(tuple(binds), spec.network, self.hidden, limits)
 
 
 @dataclass(frozen=True)
@@ -45,13 +76,17 @@ async def execute(
     limits: Limits,
     builtins: Mapping[str, BuiltinHandler],
     context: BuiltinContext,
+    confiner: Confiner | None = None,
 ) -> ToolOutcome:
-    """Run ``call`` within ``limits``; failures of the tool become an outcome, never an error."""
+    """Run ``call`` within ``limits``; failures of the tool become an outcome, never an error.
+
+    ``confiner`` is needed for command tools (the broker has one whenever its catalogue does).
+    """
     output = CappedOutput(limits.output_cap_bytes)
     failure = ""
     with anyio.move_on_after(limits.timeout_s) as scope:
         try:
-            failure = await _run(call, output, builtins, context)
+            failure = await _run(call, output, builtins, context, confiner)
         except ToolFailure as exc:
             failure = str(exc)
     if scope.cancelled_caught:
@@ -65,6 +100,7 @@ async def _run(
     output: CappedOutput,
     builtins: Mapping[str, BuiltinHandler],
     context: BuiltinContext,
+    confiner: Confiner | None,
 ) -> str:
     """Returns "" on success, else why the tool failed (a non-zero exit status)."""
     run = call.spec.run
@@ -73,41 +109,45 @@ async def _run(
         return ""
     assert isinstance(run, CommandRun)
     assert call.argv is not None, "plan_call builds the argv of every command tool"
-    exit_status = await run_command(call.argv, {**BASE_ENV, **run.env}, output)
+    assert confiner is not None, "a broker with command tools has a confiner"
+    confinement = confiner.confinement(call.spec.confine, call.roots)
+    env = {**BASE_ENV, **run.env}
+    exit_status = await run_command(confiner.view, confinement, call.argv, env, output)
     if exit_status != 0 and not output.cut:
         return f"exited with status {exit_status}"
     return ""
 
 
-async def run_command(argv: tuple[str, ...], env: Mapping[str, str], output: CappedOutput) -> int:
-    """Run ``argv`` (stdout and stderr together into ``output``) and return its exit status.
+async def run_command(
+    view: HostView,
+    confinement: Confinement,
+    argv: Sequence[str],
+    env: Mapping[str, str],
+    output: CappedOutput,
+) -> int:
+    """Run ``argv`` confined (stdout and stderr together into ``output``); its exit status.
 
-    Reading stops at the cap and the process group is killed, so a tool that writes without end
-    costs at most one cap of memory. Cancellation (the timeout) kills the group too.
+    Reading stops at the cap and the sandbox is killed, so a tool that writes without end costs
+    at most one cap of memory. Cancellation (the timeout) kills the sandbox too.
     """
     try:
-        process = await anyio.open_process(
-            list(argv),
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            env=dict(env),
-            cwd="/",
-            start_new_session=True,
-        )
-    except OSError as exc:
-        raise ToolFailure(f"cannot start {argv[0]!r}: {exc.strerror or exc}") from exc
+        process = await open_confined(view, confinement, argv, env)
+    except (OSError, ConfinementError) as exc:
+        detail = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        raise ToolFailure(f"cannot start {argv[0]!r}: {detail}") from exc
     finished = False
     try:
         await _read_capped(process, output)
         if output.cut:
-            _kill_group(process)
+            kill_tree(process)
         exit_status = await process.wait()
         finished = True
         return exit_status
     finally:
         if not finished:
-            _kill_group(process)
+            # The output pipe is still open, so some member of the group is alive and Linux
+            # cannot have given the group's id to another process.
+            kill_tree(process)
         with anyio.move_on_after(REAP_GRACE_S, shield=True):
             await process.aclose()
 
@@ -121,11 +161,3 @@ async def _read_capped(process: Process, output: CappedOutput) -> None:
             return
         if not output.add(chunk):
             return
-
-
-def _kill_group(process: Process) -> None:
-    # The whole group, not just the leader: a child still holding the pipe would outlive it.
-    # Called only while the output pipe is still open, so some member is alive and Linux cannot
-    # have given the group's id to another process.
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(process.pid, signal.SIGKILL)

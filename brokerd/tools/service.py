@@ -4,12 +4,20 @@ this class only reads and writes the audit log around them and runs what they al
 """
 
 import logging
-from collections.abc import Mapping
+import os
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import anyio
 import httpx
 
+from brokerd.confine import (
+    ConfinementError,
+    check_declared,
+    detect_host_view,
+    hidden_paths,
+)
 from brokerd.tools import wording
 from brokerd.tools.audit import AuditLog, AuditLogError
 from brokerd.tools.builtins import BUILTINS, BuiltinContext, BuiltinHandler
@@ -25,14 +33,17 @@ from brokerd.tools.calls import (
     decide,
     plan_call,
 )
-from brokerd.tools.catalogue import Catalogue, load_catalogue
+from brokerd.tools.catalogue import Catalogue, CommandRun, load_catalogue
 from brokerd.tools.errors import CallConflictError
-from brokerd.tools.execute import execute, limits_for
+from brokerd.tools.execute import Confiner, execute, limits_for
 from brokerd.tools.ranking import rank
 from brokerd.tools.settings import BrokerSettings
 from brokerd.tools.wording import CallStatus
 
 logger = logging.getLogger(__name__)
+
+# The audit database and the files SQLite keeps beside it.
+AUDIT_SUFFIXES = ("", "-wal", "-shm", "-journal")
 
 
 @dataclass(frozen=True)
@@ -56,23 +67,58 @@ class ToolBroker:
         audit: AuditLog,
         builtins: Mapping[str, BuiltinHandler] = BUILTINS,
         transport: httpx.AsyncBaseTransport | None = None,
+        confiner: Confiner | None = None,
     ) -> None:
         self.settings = settings
         self.catalogue = catalogue
         self._audit = audit
         self._builtins = builtins
         self._transport = transport
+        self._confiner = confiner
+        self._roots = tuple(
+            Path(os.path.normpath(root.absolute())) for root in settings.host_path_roots
+        )
         # Keys running in this process. Claimed and checked with no await in between, so two
         # identical requests arriving together run once: the second waits, then replays.
         self._running: dict[tuple[str, str], anyio.Event] = {}
 
     @classmethod
     def open(
-        cls, settings: BrokerSettings, transport: httpx.AsyncBaseTransport | None = None
+        cls,
+        settings: BrokerSettings,
+        transport: httpx.AsyncBaseTransport | None = None,
+        hidden: Sequence[Path] = (),
     ) -> "ToolBroker":
-        """Load the catalogue (raising ``CatalogueError`` naming a bad file) and the audit log."""
+        """Load the catalogue (raising ``CatalogueError`` naming a bad file) and the audit log.
+
+        Command tools run confined: ``ConfinementError`` when that is impossible here, or when
+        a tool declares a path that holds one of brokerd's own (``hidden``, plus the audit log).
+        """
         catalogue = load_catalogue(settings.catalogue_dir, BUILTINS.keys())
-        return cls(settings, catalogue, AuditLog.open(settings.audit_db), transport=transport)
+        audit = AuditLog.open(settings.audit_db)
+        try:
+            confiner = cls._confiner_for(catalogue, settings, hidden)
+        except ConfinementError:
+            audit.close()
+            raise
+        return cls(settings, catalogue, audit, transport=transport, confiner=confiner)
+
+    @staticmethod
+    def _confiner_for(
+        catalogue: Catalogue, settings: BrokerSettings, hidden: Sequence[Path]
+    ) -> Confiner | None:
+        commands = [spec for spec in catalogue if isinstance(spec.run, CommandRun)]
+        if not commands:
+            return None
+        audit = settings.audit_db
+        audit_files = [audit.with_name(audit.name + suffix) for suffix in AUDIT_SUFFIXES]
+        confiner = Confiner(detect_host_view(), hidden_paths([*hidden, *audit_files]))
+        for spec in commands:
+            try:
+                check_declared(confiner.confinement(spec.confine, settings.host_path_roots))
+            except ConfinementError as exc:
+                raise ConfinementError(f"tool {spec.name}: {exc}") from None
+        return confiner
 
     def close(self) -> None:
         self._audit.close()
@@ -115,7 +161,7 @@ class ToolBroker:
             # Committed before anything runs: a crash from here on replays as "interrupted".
             self._audit.record_start(request)
             shown = self._audit.shown_names(request.session)
-            plan = plan_call(self.catalogue, shown, request.name, arguments)
+            plan = plan_call(self.catalogue, shown, request.name, arguments, self._roots)
             status, result = await self._answer(plan)
             self._audit.record_end(request.session, request.call_id, status, result)
             return CallAnswer(result, status)
@@ -143,7 +189,7 @@ class ToolBroker:
             transport=self._transport,
         )
         try:
-            outcome = await execute(plan, limits, self._builtins, context)
+            outcome = await execute(plan, limits, self._builtins, context, self._confiner)
         except Exception as exc:
             # A bug in a tool handler must still end the call in the audit log with words the
             # model can read, not leave it "started" forever.

@@ -22,6 +22,12 @@ class BrokerSettings(BaseModel):
         default=DEFAULT_CATALOGUE_DIR, description="Folder of tool definitions, one file per tool."
     )
     default_timeout_s: float = Field(default=30.0, gt=0, le=3600)
+    body_cap_bytes: int = Field(
+        default=1024 * 1024,
+        gt=0,
+        le=64 * 1024 * 1024,
+        description="Largest find_tool or call_tool request body (arguments included).",
+    )
     default_output_cap_bytes: int = Field(default=64 * 1024, gt=0, le=64 * 1024 * 1024)
     find_tool_limit: int = Field(
         default=3, ge=1, le=20, description="How many schemas one find_tool result shows."
@@ -34,3 +40,11 @@ class BrokerSettings(BaseModel):
         ),
     )
     web_fetch_max_redirects: int = Field(default=5, ge=0, le=20)
+    host_path_roots: tuple[Path, ...] = Field(
+        default=(),
+        description=(
+            "Host folders that tools taking a host path (git_log's repo) may read, e.g. the "
+            "box's workspaces; a call sees only the folder holding its path, read-only. Empty "
+            "means such tools refuse every path."
+        ),
+    )

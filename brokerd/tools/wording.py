@@ -96,6 +96,10 @@ def bad_arguments(spec: ToolSpec, problems: ArgumentProblems) -> str:
     return "\n".join(lines)
 
 
+def path_refused(name: str, reason: str) -> str:
+    return f"call_tool refused: {quoted(name)}: {reason}. Nothing was run."
+
+
 def outcome_result(name: str, outcome: ToolOutcome) -> str:
     body = outcome.output if outcome.output else "(no output)"
     if outcome.cut:

@@ -92,6 +92,8 @@ def mark_tool_toml(marks: Path) -> str:
             "[run]",
             'kind = "command"',
             f"argv = {json.dumps([*argv, 'sh', '{tag}', str(marks), '{wait}'])}",
+            "[confine]",  # command tools run confined: the marks file's folder is writable
+            f"read_write = {json.dumps([str(marks.parent)])}",
             "",
         ]
     )

@@ -18,6 +18,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from brokerd.proxy.chat import create_chat_app
+from brokerd.proxy.chatpolicy import ChatPolicy
 from brokerd.proxy.inference import create_inference_app
 from brokerd.proxy.upstream import parse_upstream
 from loopd.chat.model import Post, WireFormatError
@@ -247,7 +248,9 @@ async def test_bot_token_not_in_the_box(
         ):
             token = mm.fake.config.bot_token
             assert mm.uds is not None
-            proxy = create_chat_app(parse_upstream(f"unix:{mm.uds}"), bot_token=token)
+            proxy = create_chat_app(
+                parse_upstream(f"unix:{mm.uds}"), bot_token=token, policy=ChatPolicy.everyone()
+            )
             async with serving(Path(sockets), {"chat": proxy}) as paths:
                 await _adapter_routes_pass(paths["chat"])
                 chat = chat_settings_for(mm, tmp_path, url=f"unix:{paths['chat']}", token_file=None)

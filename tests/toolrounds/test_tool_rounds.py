@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import itertools
 import json
-import sys
 from collections.abc import AsyncIterator
 from contextlib import _AsyncGeneratorContextManager, asynccontextmanager
 from pathlib import Path
@@ -39,8 +38,6 @@ from tests.brokerd.tools.brokertools_support import serving, write_tool
 
 pytestmark = pytest.mark.anyio
 
-ECHO = "import sys; print('echo:', sys.argv[1])"
-
 
 def tools_bytes(body: bytes) -> str:
     """The raw text of the body's `tools` array, exactly as sent."""
@@ -63,7 +60,7 @@ async def broker(tmp_path: Path) -> AsyncIterator[str]:
             "required": ["text"],
             "additionalProperties": False,
         },
-        run={"kind": "command", "argv": [sys.executable, "-c", ECHO, "{text}"]},
+        run={"kind": "command", "argv": ["echo", "echo:", "{text}"]},
     )
     app = create_broker_app(BrokerSettings(audit_db=tmp_path / "audit.db", catalogue_dir=catalogue))
     sock = tmp_path / "broker.sock"

@@ -120,7 +120,7 @@ async def test_all_three_sockets_are_served_from_one_process(sock_dir: Path) -> 
         await tg.start(serve_briefly, endpoints, settings.socket_dir, stop)
         sockets = {endpoint.name: endpoint.path for endpoint in endpoints}
         infer = await raw_request(sockets["infer"], "GET", "/health")
-        chat = await raw_request(sockets["chat"], "GET", "/api/v4/system/ping")
+        chat = await raw_request(sockets["chat"], "GET", "/api/v4/users/me")
         broker = await raw_request(sockets["broker"], "GET", "/v1/health")
         stop.set()
     # No llama-server or Mattermost behind the proxies: each answers 502 in its own envelope.

@@ -16,6 +16,7 @@ from websockets.asyncio.client import unix_connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
 from brokerd.proxy.chat import CHAT_ROUTES, create_chat_app, forwardable_close_code
+from brokerd.proxy.chatpolicy import ChatPolicy
 from brokerd.proxy.logs import REDACTED, configure_logging
 from brokerd.proxy.upstream import parse_upstream
 from tests.brokerd.proxy.proxy_support import (
@@ -31,7 +32,7 @@ pytestmark = pytest.mark.anyio
 TOKEN = "bot-token-7f3a9c"
 POST_ID = "p" * 26
 EXAMPLE_IDS = {
-    "{user_id}": "me",
+    "{user_id}": "u" * 26,
     "{channel_id}": "c" * 26,
     "{post_id}": POST_ID,
     "{file_id}": "f" * 26,
@@ -40,6 +41,15 @@ EXAMPLE_IDS = {
 
 REFUSED = [
     ("POST", "/api/v4/users/me/tokens"),
+    ("GET", "/api/v4/users/tokens"),
+    ("GET", "/api/v4/users/autocomplete"),
+    ("GET", "/api/v4/users/stats"),
+    ("POST", "/api/v4/users/search"),
+    ("GET", "/api/v4/users/search"),
+    ("GET", "/api/v4/channels/members"),
+    ("GET", f"/api/v4/users/{'U' * 26}"),  # ids are lower case
+    ("GET", f"/api/v4/users/{'u' * 25}"),
+    ("GET", "/api/v4/system/ping"),  # allowed once, but the adapter never calls it
     ("GET", "/api/v4/users/me/tokens"),
     ("POST", "/api/v4/bots"),
     ("GET", "/api/v4/users"),
@@ -65,7 +75,12 @@ def concrete(template: str) -> str:
     return template
 
 
-REST_ROUTES = [(m, concrete(t)) for m, t in CHAT_ROUTES if not t.endswith("/websocket")]
+# The reads: they pass as they are (writes are checked against the policy, further down).
+REST_ROUTES = [
+    (route.method, concrete(route.template))
+    for route in CHAT_ROUTES
+    if not route.template.endswith("/websocket") and route.acts_in is None
+]
 
 
 @dataclass
@@ -113,7 +128,8 @@ async def chat_proxy(
         ]
     )
     async with serving(sock_dir, {"mm": upstream}) as up:
-        proxy = create_chat_app(parse_upstream(f"unix:{up['mm']}"), bot_token=TOKEN)
+        upstream_url = parse_upstream(f"unix:{up['mm']}")
+        proxy = create_chat_app(upstream_url, bot_token=TOKEN, policy=ChatPolicy.everyone())
         async with serving(sock_dir, {"chat": proxy}) as socks:
             yield socks["chat"]
 
@@ -124,7 +140,7 @@ async def test_allowed_rest_calls_pass_with_the_bot_token(
 ) -> None:
     rest = EchoUpstream()
     async with chat_proxy(sock_dir, rest) as chat:
-        body = b'{"k":1}' if method in ("POST", "PUT") else b""
+        body = b""
         response = await raw_request(chat, method, f"{path}?since=17&per_page=200", body=body)
     assert response.status == 200
     [seen] = rest.seen
@@ -141,7 +157,8 @@ async def test_allowed_rest_calls_pass_with_the_bot_token(
 async def test_other_paths_are_refused_in_mattermosts_envelope(
     sock_dir: Path, method: str, path: str
 ) -> None:
-    proxy = create_chat_app(parse_upstream(f"unix:{sock_dir}/nothing.sock"), bot_token=TOKEN)
+    upstream = parse_upstream(f"unix:{sock_dir}/nothing.sock")
+    proxy = create_chat_app(upstream, bot_token=TOKEN, policy=ChatPolicy.everyone())
     response = await asgi_request(proxy, method, path, body=b"{}" if method != "GET" else b"")
     assert response.status == 403
     error = response.json()

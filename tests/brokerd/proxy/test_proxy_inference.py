@@ -172,11 +172,16 @@ async def test_without_a_key_no_authorization_reaches_upstream(sock_dir: Path) -
     assert upstream.seen[0].header("authorization") == []
 
 
+def json_of_size(size: int) -> bytes:
+    """A JSON object of exactly ``size`` bytes."""
+    return b'{"content":"' + b"x" * (size - 14) + b'"}'
+
+
 async def test_body_over_the_cap_gets_413(sock_dir: Path) -> None:
     upstream = EchoUpstream()
     async with proxied(sock_dir, upstream.app(), body_cap=1000) as infer:
-        at_cap = await raw_request(infer, "POST", "/tokenize", body=b"x" * 1000)
-        over = await raw_request(infer, "POST", "/tokenize", body=b"x" * 1001)
+        at_cap = await raw_request(infer, "POST", "/tokenize", body=json_of_size(1000))
+        over = await raw_request(infer, "POST", "/tokenize", body=json_of_size(1001))
         async with uds_client(infer) as client:
 
             async def chunks() -> AsyncIterator[bytes]:  # no Content-Length: caught while read

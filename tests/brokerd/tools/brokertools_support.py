@@ -39,10 +39,23 @@ def write_tool(
     return path
 
 
-def python_tool(directory: Path, name: str, code: str, *args: str, **limits: Any) -> Path:
-    """A host command tool that runs ``code`` with this interpreter (argv, no shell)."""
-    argv = [sys.executable, "-c", code, *args]
-    return write_tool(directory, name, run={"kind": "command", "argv": argv}, **limits)
+def python_tool(
+    directory: Path,
+    name: str,
+    code: str,
+    *args: str,
+    writable: Path | None = None,
+    **limits: Any,
+) -> Path:
+    """A host command tool that runs ``code`` with this Python (argv, no shell), confined like
+    every command tool: it declares the interpreter's installation, and ``writable`` if given."""
+    interpreter = Path(sys.executable).resolve()
+    argv = [str(interpreter), "-I", "-c", code, *args]
+    confine: dict[str, Any] = {"read_only": [sys.base_prefix]}
+    if writable is not None:
+        confine["read_write"] = [str(writable)]
+    run = {"kind": "command", "argv": argv}
+    return write_tool(directory, name, run=run, confine=confine, **limits)
 
 
 def loopback_socket() -> socket.socket:

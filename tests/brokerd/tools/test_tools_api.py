@@ -1,5 +1,6 @@
 """The broker's HTTP API end to end (in process): gating, validation, limits, audit, replay."""
 
+import json
 import sqlite3
 import time
 import tracemalloc
@@ -74,6 +75,7 @@ def catalogue_dir(tmp_path: Path) -> Path:
         "counter",
         "import sys; open(sys.argv[1], 'a').write('x'); print('counted')",
         str(count_file),
+        writable=tmp_path,
     )
     echo_run = {"kind": "command", "argv": ["echo", "said", "{word}"]}
     write_tool(directory, "echo_word", parameters=WORD_SCHEMA, run=echo_run)
@@ -353,16 +355,66 @@ async def test_default_host_commands_run(tmp_path: Path) -> None:
         app.state.broker.close()
 
 
-async def test_git_log_is_not_in_the_default_catalogue(tmp_path: Path) -> None:
-    # git runs programs named by a repository's own config (gpg.program with log.showSignature,
-    # core.fsmonitor, ...): a box-written repository would run code on the host. The tool stays
-    # out of the default catalogue until it runs confined.
-    api, app = await open_api(BrokerSettings(audit_db=tmp_path / "audit.db"))
+async def test_git_log_reads_a_repository_under_the_allowed_folders(tmp_path: Path) -> None:
+    workspaces = tmp_path / "workspaces"
+    repo = workspaces / "s1" / "repo"
+    git = ["git", "-c", "user.name=Ada", "-c", "user.email=ada@example.org", "-C", str(repo)]
+    await anyio.run_process(["git", "init", "-q", str(repo)])
+    await anyio.run_process([*git, "commit", "-q", "--allow-empty", "-m", "first commit"])
+    settings = BrokerSettings(audit_db=tmp_path / "audit.db", host_path_roots=(workspaces,))
+    api, app = await open_api(settings)
     try:
         found = await api.find("git log commits of a repository")
-        assert "git_log" not in found["names"]
-        refused = await api.call("git_log", '{"repo": "/tmp"}', call_id="c1")
-        assert refused["status"] != "ok"
+        assert "git_log" in found["names"]
+        log = await api.call("git_log", {"repo": str(repo), "max_count": 5}, call_id="c1")
+        assert log["status"] == "ok", log["result"]
+        assert log["result"].endswith(" Ada first commit\n")
+        outside = await api.call("git_log", {"repo": str(tmp_path)}, call_id="c2")
+        assert outside["status"] == "refused"
+        assert f"repo must be a path under {workspaces}" in outside["result"]
     finally:
         await api.client.aclose()
         app.state.broker.close()
+
+
+async def test_git_log_refuses_every_path_when_no_folder_is_allowed(tmp_path: Path) -> None:
+    api, app = await open_api(BrokerSettings(audit_db=tmp_path / "audit.db"))
+    try:
+        await api.find("git log")
+        refused = await api.call("git_log", {"repo": str(tmp_path)}, call_id="c1")
+        assert refused["status"] == "refused"
+        assert "host_path_roots is empty" in refused["result"]
+    finally:
+        await api.client.aclose()
+        app.state.broker.close()
+
+
+async def test_a_body_over_the_brokers_cap_is_413_and_not_audited(tmp_path: Path) -> None:
+    settings = BrokerSettings(audit_db=tmp_path / "audit.db", body_cap_bytes=200)
+    api, app = await open_api(settings)
+    try:
+        await api.find("clock")
+        big = {"session": "s1", "call_id": "c1", "name": "clock_now", "arguments": "x" * 300}
+        response = await api.client.post("/v1/call_tool", json=big)
+        assert response.status_code == 413
+        assert response.json() == {"error": "request body over the 200-byte limit"}
+        assert api.audit_rows() == []
+    finally:
+        await api.client.aclose()
+        app.state.broker.close()
+
+
+async def test_over_deep_arguments_are_refused_in_either_form(api: Api) -> None:
+    await api.find("echo word")
+    deep = "[" * 5000 + "]" * 5000
+    body = {"session": "s1", "call_id": "c1", "name": "echo_word", "arguments": None}
+    response = await api.client.post(
+        "/v1/call_tool",
+        content=json.dumps(body).replace("null", deep),
+        headers={"content-type": "application/json"},
+    )
+    assert response.status_code == 400
+    assert response.json() == {"error": "the request body nests deeper than 64 levels"}
+    as_text = await api.call("echo_word", '{"word": ' + deep + "}", call_id="c2")
+    assert as_text["status"] == "invalid"
+    assert "nest deeper than 32 levels" in as_text["result"]

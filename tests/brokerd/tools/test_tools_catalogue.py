@@ -127,3 +127,24 @@ def test_shared_object_schema_is_valid() -> None:
         BUILTIN_NAMES,
     )
     assert spec.name == "ok"
+
+
+def test_confine_paths_must_be_absolute_and_normal(tmp_path: Path) -> None:
+    run = {"kind": "command", "argv": ["ls"]}
+    write_tool(tmp_path, "peek", run=run, confine={"read_only": ["/srv/../etc"]})
+    with pytest.raises(CatalogueError, match=r"peek\.json: confine path '/srv/\.\./etc'"):
+        load_catalogue(tmp_path, BUILTIN_NAMES)
+
+
+def test_confine_path_arguments_must_be_string_parameters(tmp_path: Path) -> None:
+    schema = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}
+    run = {"kind": "command", "argv": ["ls", "{n}"]}
+    write_tool(tmp_path, "peek", parameters=schema, run=run, confine={"path_arguments": ["n"]})
+    with pytest.raises(CatalogueError, match="must be a string parameter"):
+        load_catalogue(tmp_path, BUILTIN_NAMES)
+
+
+def test_confine_is_for_command_tools_only(tmp_path: Path) -> None:
+    write_tool(tmp_path, "clock", confine={"network": True})
+    with pytest.raises(CatalogueError, match="confine applies to command tools only"):
+        load_catalogue(tmp_path, BUILTIN_NAMES)
