@@ -404,7 +404,7 @@ async def test_a_capped_turn_is_recorded_and_the_loss_after_it_labelled(tmp_path
         say(log, "think hard")
         capped = await make_turn(server, log, limits=replace(FAST, think_cap=20)).run()
         # The fake's forced end renders like its replay, so its cache survives a cap. The real
-        # server's falls back to the end of the previous prompt (seed finding (k)): another
+        # server's falls back to the end of the previous prompt (docs/contract.md, (k)): another
         # client sending that prompt on the slot leaves the same state here.
         await _prompt_again_from_another_client(server, log)
         say(log, "and now?")
