@@ -254,8 +254,8 @@ class InferenceClient:
             yield answer
         finally:
             # Closing the connection is what cancels generation on the server (measured by
-            # tests/contract/test_contract_stream.py::test_l_closing_the_stream_frees_the_slot_
-            # within_a_second), so it must happen even when the request is being cancelled.
+            # test_l_closing_the_stream_frees_the_slot_within_a_second in tests/contract/), so it
+            # must happen even when the request is being cancelled.
             with (
                 anyio.CancelScope(shield=True),
                 anyio.move_on_after(self.connect_s),

@@ -1,8 +1,8 @@
 """The liveness rules of a request waiting for its first byte. Pure: no I/O, no clock.
 
 A request pinned to a busy slot is queued by the server, which sends nothing at all meanwhile, not
-even a status line (measured by ``tests/contract/test_contract_stream.py::
-test_j_pinned_request_to_a_busy_slot_gets_no_bytes_until_it_frees``). Silence before the first
+even a status line (measured in tests/contract/test_contract_stream.py by
+``test_j_pinned_request_to_a_busy_slot_gets_no_bytes_until_it_frees``). Silence before the first
 byte says nothing by itself, so the engine polls ``/slots`` (and ``/health`` when ``/slots`` tells
 nothing) and asks these rules what each poll means:
 

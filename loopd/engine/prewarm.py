@@ -20,8 +20,8 @@ A prewarm only ever uses idle time:
   the slot busy (another client's request), and never for a session with a turn pending;
 - it holds the slot through the scheduler, so a turn of any session on the slot waits for it, and
   ``preempt`` cancels it at once: closing the connection frees the slot on the server (measured by
-  ``tests/contract/test_contract_stream.py::test_l_closing_the_stream_frees_the_slot_within_a_
-  second``), so the turn waits only for that.
+  ``test_l_closing_the_stream_frees_the_slot_within_a_second`` in tests/contract/), so the turn
+  waits only for that.
 
 It is recorded as a ``prewarm`` request (message count and digest of what it sent, the server's
 counts), never as an entry: its one generated token is not part of the conversation.

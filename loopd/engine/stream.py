@@ -3,11 +3,11 @@
 Before the first byte the request waits while a watch polls ``/slots`` (and ``/health``), each
 poll under its own short timeout; ``loopd.engine.liveness`` judges each poll (queued, stuck, gone)
 and the end of the wait. After the first byte every event is life (progress events included);
-``silence_s`` without any closes the connection, which cancels the generation on the server
-(measured by ``tests/contract/test_contract_stream.py::test_l_closing_the_stream_frees_the_slot_
-within_a_second``; progress events break the prefill silence: ``test_i_progress_events_break_the_
-prefill_silence`` there). After each chunk's events ``loopd.engine.thinkcap`` decides whether to
-read on, send the control call, or close a runaway.
+``silence_s`` without any closes the connection, which cancels the generation on the server.
+Both are measured in tests/contract/test_contract_stream.py:
+``test_i_progress_events_break_the_prefill_silence`` and
+``test_l_closing_the_stream_frees_the_slot_within_a_second``. After each chunk's events
+``loopd.engine.thinkcap`` decides whether to read on, send the control call, or close a runaway.
 
 The result is data: the caller records it. Nothing here writes to the session log, and nothing
 here retries a stream; ``retry_safe`` tells the caller when another attempt cannot do harm. The
