@@ -40,3 +40,15 @@ class ServerRejected(InferenceError):
 
 class StreamBroken(InferenceError):
     """A stream began but did not complete (silence, error event, disconnect, no [DONE])."""
+
+
+class StreamCut(StreamBroken):
+    """The connection broke while the answer was being read."""
+
+
+class BrokerError(LoopdError):
+    """Talking to brokerd's tool broker failed."""
+
+
+class BrokerUnreachable(BrokerError):
+    """Nothing answers at the broker's URL: nothing was sent, so nothing ran."""

@@ -42,7 +42,7 @@ from loopd.tools.spec import ToolsSpec, load_tools_spec
 from loopd.tools.workspace import migrate_legacy_workspaces, session_workspace
 from loopd.wire.assemble import ToolCall
 
-log = logging.getLogger("loopd.sessions")
+log = logging.getLogger(__name__)
 
 INTERRUPTED = (
     "error: loopd stopped while this tool call ran; it may or may not have taken effect. "
@@ -52,7 +52,8 @@ INTERRUPTED = (
 
 def choose_slot(harness_slots: Sequence[int], existing: Sequence[int]) -> int:
     """The harness slot with the fewest sessions (lowest id on a tie). A session keeps it for
-    life, since moving a session to another slot costs a full re-read (seed finding (d))."""
+    life, since moving a session to another slot costs a full re-read (measured by
+    ``test_d_evicted_session_returns_cheaply_on_its_slot_only`` in tests/contract/)."""
     counts = Counter(s for s in existing if s in harness_slots)
     return min(harness_slots, key=lambda slot: (counts[slot], slot))
 

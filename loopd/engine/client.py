@@ -1,20 +1,35 @@
-"""The I/O shell towards llama-server: one httpx client over TCP or a Unix socket.
+"""The transport towards llama-server: one httpx client over TCP or a Unix socket.
 
-It knows HTTP and the server's error envelope, nothing about turns. Foreign errors become loopd's
-own (``loopd.errors``) here, with the URL the operator configured named in every message.
+It knows HTTP and the server's error envelope, nothing about turns. Every foreign error becomes
+loopd's own (``loopd.errors``) inside this module, with the URL the operator configured named in
+the message and the original kept as ``__cause__``: a call, the wait for a streamed answer's status
+line, and each read of its body run under ``_mapped`` (as httpx's own transports run their byte
+iterators under ``map_httpcore_exceptions``), so nothing above the client sees httpx.
+
+A streamed answer is a ``ChatStream``: its body as chunks of bytes, or, wrapped in an
+``EventStream``, as batches of typed events.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
-from typing import Any
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
+from enum import Enum
+from typing import Any, Protocol
 
 import anyio
 import httpx
 
-from loopd.errors import ServerRejected, ServerUnreachable, StreamBroken
+from loopd.engine.liveness import slot_busy
+from loopd.errors import (
+    InferenceError,
+    ServerRejected,
+    ServerUnreachable,
+    StreamBroken,
+    StreamCut,
+)
+from loopd.wire.events import EventDecoder, StreamEvent
 
 CHAT_PATH = "/v1/chat/completions"
 CONTROL_PATH = "/v1/chat/completions/control"
@@ -53,6 +68,97 @@ def error_message(body: bytes) -> tuple[str, str]:
         return (text[:300] or "(empty body)"), ""
 
 
+class _Stage(Enum):
+    CALL = "call"  # a small call, answered whole (/health, /slots, the control call)
+    SEND = "send"  # a streamed request, until its status line
+    READ = "read"  # the body of a streamed answer
+
+
+@contextmanager
+def _mapped(url: str, stage: _Stage) -> Iterator[None]:
+    """Every httpx error raised inside becomes loopd's own (``raise ... from``)."""
+    try:
+        yield
+    except httpx.HTTPError as exc:
+        raise _translated(exc, url, stage) from exc
+
+
+def _translated(exc: httpx.HTTPError, url: str, stage: _Stage) -> InferenceError:
+    reason = str(exc) or type(exc).__name__
+    if stage is _Stage.READ:
+        return StreamCut(f"the connection to {url} broke mid-stream: {reason}")
+    if isinstance(exc, httpx.ConnectError | httpx.ConnectTimeout):
+        return ServerUnreachable(url, reason)
+    if stage is _Stage.SEND:
+        # Connected, then closed unanswered: the server died while the request waited.
+        return StreamBroken(
+            f"llama-server at {url} closed the connection before answering: {reason}"
+        )
+    if isinstance(exc, httpx.TransportError):
+        return ServerUnreachable(url, reason)
+    return InferenceError(f"llama-server at {url} sent an answer that could not be read: {reason}")
+
+
+class ByteReceiver(Protocol):
+    async def receive(self) -> bytes:
+        """The next chunk; ``anyio.EndOfStream`` at the end."""
+        ...
+
+
+class ChatStream:
+    """A chat answer as it streams in (a ``ByteReceiver``). Read it by ``receive``,
+    ``aiter_raw`` or ``aread``; each raises loopd's errors only (``StreamCut`` when the
+    connection breaks)."""
+
+    def __init__(self, response: httpx.Response, url: str) -> None:
+        self.status_code = response.status_code
+        self._response = response
+        self._url = url
+        self._chunks: AsyncIterator[bytes] | None = None
+
+    async def receive(self) -> bytes:
+        if self._chunks is None:
+            self._chunks = self._response.aiter_raw()
+        with _mapped(self._url, _Stage.READ):
+            chunk = await anext(self._chunks, None)
+        if chunk is None:
+            raise anyio.EndOfStream
+        return chunk
+
+    async def aiter_raw(self) -> AsyncIterator[bytes]:
+        while True:
+            try:
+                yield await self.receive()
+            except anyio.EndOfStream:
+                return
+
+    async def aread(self) -> bytes:
+        with _mapped(self._url, _Stage.READ):
+            return await self._response.aread()
+
+
+class EventStream:
+    """A byte stream's typed events, one chunk's worth at a time: ``EventDecoder`` wrapped as a
+    stream, as anyio's ``TextReceiveStream`` wraps a codec decoder."""
+
+    def __init__(self, chunks: ByteReceiver) -> None:
+        self._chunks = chunks
+        self._decoder = EventDecoder()
+        self.at_end = False  # the last batch has been received
+
+    async def receive(self) -> list[StreamEvent]:
+        """The events of the next chunk (maybe none). At the end of the body: what the decoder
+        still held, with ``at_end`` set; after that ``anyio.EndOfStream``."""
+        if self.at_end:
+            raise anyio.EndOfStream
+        try:
+            chunk = await self._chunks.receive()
+        except anyio.EndOfStream:
+            self.at_end = True
+            return self._decoder.flush()
+        return self._decoder.feed(chunk)
+
+
 class InferenceClient:
     """Calls to one llama-server (or brokerd's inference proxy in front of it)."""
 
@@ -71,15 +177,12 @@ class InferenceClient:
     async def __aexit__(self, *exc: object) -> None:
         await self.aclose()
 
-    def _unreachable(self, exc: Exception) -> ServerUnreachable:
-        reason = str(exc) or type(exc).__name__
-        return ServerUnreachable(self.url, reason)
-
     async def _get_json(self, path: str, params: dict[str, str], wait_s: float) -> Any:
-        try:
+        with _mapped(self.url, _Stage.CALL):
             response = await self._http.get(path, params=params, timeout=wait_s)
-        except httpx.TransportError as exc:
-            raise self._unreachable(exc) from exc
+        return self._json(response, path)
+
+    def _json(self, response: httpx.Response, path: str) -> Any:
         if response.status_code != 200:
             message, kind = error_message(response.content)
             raise ServerRejected(self.url, response.status_code, message, kind)
@@ -90,10 +193,8 @@ class InferenceClient:
 
     async def health(self, wait_s: float | None = None) -> bool:
         """True when ``/health`` answers 200 (the router's own health in router mode)."""
-        try:
+        with _mapped(self.url, _Stage.CALL):
             response = await self._http.get("/health", timeout=wait_s or self.connect_s)
-        except httpx.TransportError as exc:
-            raise self._unreachable(exc) from exc
         return response.status_code == 200
 
     async def slots(self, wait_s: float | None = None) -> list[dict[str, Any]]:
@@ -107,8 +208,7 @@ class InferenceClient:
 
     async def slot_busy(self, slot: int, wait_s: float | None = None) -> bool:
         """Whether ``/slots`` shows ``slot`` processing a request (anyone's)."""
-        slots = await self.slots(wait_s)
-        return any(s.get("id") == slot and s.get("is_processing") for s in slots)
+        return slot_busy(await self.slots(wait_s), slot)
 
     async def props(self, wait_s: float | None = None) -> dict[str, Any]:
         data = await self._get_json("/props", {"model": self.model}, wait_s or self.connect_s)
@@ -121,51 +221,44 @@ class InferenceClient:
         return data if isinstance(data, dict) else {}
 
     async def post_json(self, path: str, body: dict[str, Any], wait_s: float) -> Any:
-        try:
+        with _mapped(self.url, _Stage.CALL):
             response = await self._http.post(path, json=body, timeout=wait_s)
-        except httpx.TransportError as exc:
-            raise self._unreachable(exc) from exc
-        if response.status_code != 200:
-            message, kind = error_message(response.content)
-            raise ServerRejected(self.url, response.status_code, message, kind)
-        return response.json()
+        return self._json(response, path)
 
     async def control_reasoning_end(self, completion_id: str) -> dict[str, Any]:
-        """Ask the server to end the running completion's thinking (seed finding (k))."""
+        """Ask the server to end the running completion's thinking (``loopd.engine.thinkcap``)."""
         body = {"id": completion_id, "action": "reasoning_end", "model": self.model}
         data = await self.post_json(CONTROL_PATH, body, self.connect_s)
         return data if isinstance(data, dict) else {}
 
     @asynccontextmanager
-    async def stream_chat(self, body: bytes) -> AsyncIterator[httpx.Response]:
-        """POST a chat request and yield the response once its headers arrived.
+    async def stream_chat(self, body: bytes) -> AsyncIterator[ChatStream]:
+        """POST a chat request and yield its answer once the status line arrived.
 
         Entering blocks until the server sends the status line, which for a request queued behind
-        another on its slot is only when the slot frees (seed finding (j)). Errors raised before a
-        slot starts arrive as plain JSON with a 4xx/5xx status: ServerRejected. A connection
-        that could not be made is ServerUnreachable; one the server closed before answering
-        (it died while the request waited) is StreamBroken.
+        another on its slot is only when the slot frees (``loopd.engine.liveness``). Errors raised
+        before a slot starts arrive as plain JSON with a 4xx/5xx status: ServerRejected. A
+        connection that could not be made is ServerUnreachable; one the server closed before
+        answering (it died while the request waited) is StreamBroken.
         """
-        request = self._http.build_request(
-            "POST", CHAT_PATH, content=body, headers={"Content-Type": "application/json"}
-        )
-        try:
+        with _mapped(self.url, _Stage.SEND):
+            request = self._http.build_request(
+                "POST", CHAT_PATH, content=body, headers={"Content-Type": "application/json"}
+            )
             response = await self._http.send(request, stream=True)
-        except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
-            raise self._unreachable(exc) from exc
-        except httpx.TransportError as exc:
-            reason = str(exc) or type(exc).__name__
-            raise StreamBroken(
-                f"llama-server at {self.url} closed the connection before answering: {reason}"
-            ) from exc
+        answer = ChatStream(response, self.url)
         try:
             if response.status_code != 200:
-                content = await response.aread()
-                message, kind = error_message(content)
+                message, kind = error_message(await answer.aread())
                 raise ServerRejected(self.url, response.status_code, message, kind)
-            yield response
+            yield answer
         finally:
-            # Closing the connection is what cancels generation on the server (finding (l)), so
-            # it must happen even when the request is being cancelled.
-            with anyio.CancelScope(shield=True), anyio.move_on_after(self.connect_s):
+            # Closing the connection is what cancels generation on the server (measured by
+            # test_l_closing_the_stream_frees_the_slot_within_a_second in tests/contract/), so it
+            # must happen even when the request is being cancelled.
+            with (
+                anyio.CancelScope(shield=True),
+                anyio.move_on_after(self.connect_s),
+                _mapped(self.url, _Stage.READ),
+            ):
                 await response.aclose()

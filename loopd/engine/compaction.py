@@ -46,7 +46,7 @@ from loopd.sessionlog.records import (
     RequestKind,
 )
 
-log = logging.getLogger("loopd.compaction")
+log = logging.getLogger(__name__)
 
 INSTRUCTION = (
     "[loopd] This conversation is about to be compacted to fit the model's context. Write a "
@@ -209,14 +209,14 @@ class Compactor:
     async def fit_input(self, text: str, what: str) -> str:
         try:
             cap = await self.cap()
-        except (InferenceError, ValueError) as exc:
+        except InferenceError as exc:
             log.warning("the context is unknown (%s); %s is kept whole", exc, what)
             return text
         if upper_bound_tokens(text) <= cap:  # no need to count
             return text
         try:
             cut = await fit_input(text, cap, self.budget.count_text, what)
-        except (InferenceError, ValueError) as exc:
+        except InferenceError as exc:
             log.warning("/tokenize failed (%s); %s is cut by its byte length", exc, what)
             cut = await fit_input(text, cap, _byte_count, what)
         if cut.was_cut:
@@ -233,7 +233,7 @@ class Compactor:
         entries = _epoch_entries(turn, epoch)
         try:
             plan = await self._plan(turn, kind, epoch, entries)
-        except (InferenceError, ValueError) as exc:
+        except InferenceError as exc:
             # The request itself will meet the same server and report what is wrong with it.
             log.warning("the prompt of %s could not be measured (%s)", turn.session, exc)
             return

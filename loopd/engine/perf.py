@@ -2,10 +2,12 @@
 
 The server reports ``cache_n`` (prompt tokens reused) and ``prompt_n`` (prompt tokens evaluated).
 After an exact replay the next request on the same slot should reuse the whole previous prompt and
-everything generated after it, less the one token the server always re-evaluates
-(real-server-notes: ``cache_n(k) = cache_n(k-1) + prompt_n(k-1) + predicted_n(k-1) - 1``). The gap
-between that expectation and the real ``cache_n`` is the cache loss; a known cause is named, and a
-cold cache is a normal, recorded event, never an error (DESIGN.md invariant 7).
+everything generated after it, less the one token the server always re-evaluates:
+``cache_n(k) = cache_n(k-1) + prompt_n(k-1) + predicted_n(k-1) - 1`` (measured by
+``tests/contract/test_contract_cache.py::test_b_cache_reuse_over_three_turns_with_tools``; see
+docs/contract.md). The gap between that expectation and the real ``cache_n`` is the cache loss; a
+known cause is named, and a cold cache is a normal, recorded event, never an error
+(``tests/engine/test_turn_fake.py::test_a_cold_server_labels_its_loss``).
 """
 
 from __future__ import annotations

@@ -19,8 +19,9 @@ A prewarm only ever uses idle time:
 - it starts only when no session holds the slot in loopd's scheduler and the server does not show
   the slot busy (another client's request), and never for a session with a turn pending;
 - it holds the slot through the scheduler, so a turn of any session on the slot waits for it, and
-  ``preempt`` cancels it at once: closing the connection frees the slot on the server (seed
-  finding (l)), so the turn waits only for that.
+  ``preempt`` cancels it at once: closing the connection frees the slot on the server (measured by
+  ``test_l_closing_the_stream_frees_the_slot_within_a_second`` in tests/contract/), so the turn
+  waits only for that.
 
 It is recorded as a ``prewarm`` request (message count and digest of what it sent, the server's
 counts), never as an entry: its one generated token is not part of the conversation.
@@ -39,14 +40,14 @@ import anyio
 
 from loopd.engine.client import InferenceClient
 from loopd.engine.request import RequestSettings, build_body
-from loopd.errors import InferenceError
+from loopd.errors import InferenceError, StreamBroken
 from loopd.scheduler import Scheduler
 from loopd.sessionlog.chain import messages_digest
 from loopd.sessionlog.records import Perf, RequestKind, RequestRecord, Session
 from loopd.sessionlog.store import SessionLog
 from loopd.wire.sse import SSEData, SSEDecoder
 
-log = logging.getLogger("loopd.prewarm")
+log = logging.getLogger(__name__)
 
 
 class PrewarmOutcome(StrEnum):
@@ -176,7 +177,7 @@ class Prewarmer:
         except anyio.get_cancelled_exc_class():
             self._record(session, record, "cancelled", started, "real work needed the slot")
             raise
-        except (InferenceError, ValueError) as exc:
+        except InferenceError as exc:
             self._record(session, record, "broken", started, str(exc))
             return PrewarmResult(PrewarmOutcome.FAILED, str(exc))
         if answer is None:
@@ -199,7 +200,7 @@ class Prewarmer:
             async with self.client.stream_chat(body) as response:
                 answer = final_timings(await response.aread())
                 if answer is None:
-                    raise ValueError("the prewarm's stream ended without timings")
+                    raise StreamBroken("the prewarm's stream ended without timings")
                 return answer
         return None
 

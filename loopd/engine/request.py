@@ -1,9 +1,12 @@
 """Building a chat request's body from stored bytes. Pure.
 
 The body is assembled by concatenating text that was serialized once, when it entered the session
-log (the epoch's ``tools`` array and every message). Nothing already sent is serialized again, so
-request k+1's messages begin, byte for byte, with request k's (DESIGN.md invariant 1), and every
-request of an epoch carries the same ``tools`` bytes (invariant 2).
+log (the epoch's ``tools`` array and every message; the ``messages`` array is the session log's
+own ``replay.messages_array``). Nothing already sent is serialized again, so request k+1's messages
+begin, byte for byte, with request k's, and every request of an epoch carries the same ``tools``
+bytes: the server's prompt cache then reuses everything already read (tested by
+``tests/engine/test_request.py::test_request_k_plus_1_extends_request_k`` and
+``tests/engine/test_turn_fake.py::test_a_tool_loop_replays_byte_for_byte_with_full_reuse``).
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from loopd.jsonbytes import dumps
+from loopd.sessionlog.replay import messages_array
 
 
 @dataclass(frozen=True)
@@ -36,7 +40,12 @@ class RequestSettings:
 
 
 def settings_head(settings: RequestSettings) -> str:
-    """The fixed fields, in a fixed order (see the seed's "Recommendation", point 3)."""
+    """The fixed fields, in a fixed order, so that every request's head is the same bytes.
+
+    Each request pins its slot, asks for the prompt cache, sends the sampling settings (the
+    server's own defaults differ) and streams with progress and per-token timings: the liveness
+    rules and the thinking cap read those (``loopd.engine.liveness``, ``loopd.engine.thinkcap``).
+    """
     fields = {
         "model": settings.model,
         "id_slot": settings.slot,
@@ -65,7 +74,7 @@ def build_body(settings: RequestSettings, tools_text: str, messages: Sequence[st
     if tools_text and tools_text != "[]":
         parts.append(',"tools":')
         parts.append(tools_text)
-    parts.append(',"messages":[')
-    parts.append(",".join(messages))
-    parts.append("]}")
+    parts.append(',"messages":')
+    parts.append(messages_array(messages))
+    parts.append("}")
     return "".join(parts).encode("utf-8")

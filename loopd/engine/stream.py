@@ -1,23 +1,17 @@
-"""One model request, streamed, with liveness limits and the runaway-thinking cap.
+"""One model request, streamed: a thin loop that asks the policies what to do.
 
-Two limits, because the server gives two kinds of silence (seed findings (i), (j)):
-
-- Before the first byte a request pinned to a busy slot is simply queued: the server sends
-  nothing at all, not even a status line. Meanwhile ``/slots`` is polled, each poll under its own
-  short timeout: the slot busy means "queued", keep waiting up to ``first_byte_s``; ``/slots`` and
-  ``/health`` both failing means the server is gone: fail fast. A ``/slots`` that hangs while
-  ``/health`` answers is reported as a stuck server (a sleeping model reloading blocks ``/slots``
-  too), and waiting goes on. Any answer from ``/health`` counts as alive: a router loading a
-  model answers 503.
-- After the first byte every event is life (progress events included); ``silence_s`` without any
-  closes the connection, which cancels the generation on the server (finding (l)).
-
-Thinking is counted from the per-token ``predicted_n``; at the cap the control call ends the
-reasoning (finding (k)). A ``success: false`` answer means nothing was armed: the stream is then
-closed once thinking passes the cap plus a grace (and so it is if thinking goes on regardless).
+Before the first byte the request waits while a watch polls ``/slots`` (and ``/health``), each
+poll under its own short timeout; ``loopd.engine.liveness`` judges each poll (queued, stuck, gone)
+and the end of the wait. After the first byte every event is life (progress events included);
+``silence_s`` without any closes the connection, which cancels the generation on the server.
+Both are measured in tests/contract/test_contract_stream.py:
+``test_i_progress_events_break_the_prefill_silence`` and
+``test_l_closing_the_stream_frees_the_slot_within_a_second``. After each chunk's events
+``loopd.engine.thinkcap`` decides whether to read on, send the control call, or close a runaway.
 
 The result is data: the caller records it. Nothing here writes to the session log, and nothing
-here retries a stream; ``retry_safe`` tells the caller when another attempt cannot do harm.
+here retries a stream; ``retry_safe`` tells the caller when another attempt cannot do harm. The
+client (``loopd.engine.client``) raises loopd's own errors only; each becomes a ``Failure`` here.
 """
 
 from __future__ import annotations
@@ -29,10 +23,8 @@ from collections.abc import Callable
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any
 
 import anyio
-import httpx
 from tenacity import (
     AsyncRetrying,
     retry_if_exception,
@@ -40,13 +32,38 @@ from tenacity import (
     wait_exponential,
 )
 
-from loopd.engine.client import InferenceClient
-from loopd.errors import InferenceError, ServerRejected, ServerUnreachable, StreamBroken
+from loopd.engine.client import ChatStream, EventStream, InferenceClient
+from loopd.engine.liveness import (
+    FirstByteWait,
+    Gone,
+    Queued,
+    SlotsAnswer,
+    SlotsFailed,
+    SlotsHung,
+    SlotsListed,
+    SlotsNotAsked,
+    SlotsRefused,
+    Stuck,
+    TimedOut,
+    Verdict,
+    Waiting,
+    health_verdict,
+    no_first_byte,
+    slots_verdict,
+    worth_waiting_out,
+)
+from loopd.engine.thinkcap import Close, SendControl, ThinkCap, control_answer
+from loopd.errors import (
+    InferenceError,
+    ServerRejected,
+    ServerUnreachable,
+    StreamBroken,
+    StreamCut,
+)
 from loopd.wire.assemble import Outcome, StreamAssembler
 from loopd.wire.events import (
     ContentDelta,
     Done,
-    EventDecoder,
     Foreign,
     Malformed,
     Progress,
@@ -203,17 +220,9 @@ class StatusThrottle:
         self._report(status)
 
 
-@dataclass(frozen=True)
-class _SlotsAnswer:
-    """One poll of /slots: the list, or what went wrong with it."""
-
-    slots: list[dict[str, Any]] | None
-    problem: str = ""
-    hung: bool = False
-
-
 class _SlotWatch:
-    """Polls /slots (and /health when /slots fails) while the request waits for its first byte."""
+    """Polls /slots (and /health when /slots tells nothing) while the request waits for its
+    first byte; ``liveness`` judges each poll."""
 
     def __init__(
         self, client: InferenceClient, slot: int, limits: Limits, report: StatusCallback
@@ -222,11 +231,7 @@ class _SlotWatch:
         self.slot = slot
         self.limits = limits
         self.report = report
-        self.gone_reason: str | None = None
-        self.stuck = False  # /slots was seen hanging while /health answered
-        self.slots_refused = False  # /slots answered 4xx or 501: that will not change
-        self.busy_since: float | None = None
-        self.queued_s = 0.0
+        self.wait = FirstByteWait()
         self._done = False
         self._nap = anyio.CancelScope()
 
@@ -238,12 +243,13 @@ class _SlotWatch:
                 await anyio.sleep(self.limits.slots_poll_s)
             if self._done:
                 return
-            phase = await self._probe()
-            if phase is None:
+            answer = await self._slots()
+            verdict = await self._verdict(answer)
+            self.wait = self.wait.polled(answer, verdict, time.monotonic())
+            if isinstance(verdict, Gone):
                 give_up.cancel()
                 return
-            self._track_queue(phase)
-            self.report(Status(phase))
+            self.report(Status(_WAIT_PHASES[type(verdict)]))
 
     def finish(self) -> None:
         """Stop polling, letting a poll in flight end by itself (it takes milliseconds).
@@ -254,49 +260,27 @@ class _SlotWatch:
         self._done = True
         self._nap.cancel()
 
-    def end_queue_wait(self) -> None:
-        self._track_queue(None)
+    def end_wait(self) -> None:
+        """The first byte came, or the wait ended otherwise: close the queued stretch."""
+        self.wait = self.wait.ended(time.monotonic())
 
-    def _track_queue(self, phase: Phase | None) -> None:
-        now = time.monotonic()
-        if phase is Phase.QUEUED:
-            self.busy_since = self.busy_since or now
-        elif self.busy_since is not None:
-            self.queued_s += now - self.busy_since
-            self.busy_since = None
+    async def _verdict(self, answer: SlotsAnswer) -> Verdict:
+        if isinstance(answer, SlotsListed):
+            return slots_verdict(answer.slots, self.slot)
+        return health_verdict(answer, await self._health_answers())
 
-    async def _probe(self) -> Phase | None:
-        """The phase the server's answers show, or None when it is gone."""
-        answer = await self._slots()
-        if answer.slots is not None:
-            return self._phase_of(answer.slots)
-        if await self._health_answers():
-            self.stuck = self.stuck or answer.hung
-            return Phase.STUCK if answer.hung else Phase.WAITING
-        self.gone_reason = f"/slots {answer.problem} and /health does not answer"
-        return None
-
-    async def _slots(self) -> _SlotsAnswer:
-        if self.slots_refused:
-            return _SlotsAnswer(None, "was refused before")
+    async def _slots(self) -> SlotsAnswer:
+        if self.wait.slots_refused:
+            return SlotsNotAsked()
         timeout = self.limits.probe_timeout_s
         with anyio.move_on_after(timeout):
             try:
-                return _SlotsAnswer(await self.client.slots(wait_s=timeout * 2))
+                return SlotsListed(await self.client.slots(wait_s=timeout * 2))
             except ServerRejected as exc:
-                # A 4xx (the model unknown) or a 501 (the endpoint disabled) will not change by
-                # asking again; a 503 (a router loading the model) or a 500 may.
-                self.slots_refused = exc.status == 501 or 400 <= exc.status < 500
-                return _SlotsAnswer(None, f"answers {exc.status}")
+                return SlotsRefused(exc.status)
             except InferenceError as exc:
-                return _SlotsAnswer(None, f"fails ({exc})")
-        return _SlotsAnswer(None, f"does not answer within {timeout:g} s", hung=True)
-
-    def _phase_of(self, slots: list[dict[str, Any]]) -> Phase:
-        for entry in slots:
-            if entry.get("id") == self.slot:
-                return Phase.QUEUED if entry.get("is_processing") else Phase.WAITING
-        return Phase.WAITING
+                return SlotsFailed(str(exc))
+        return SlotsHung(timeout)
 
     async def _health_answers(self) -> bool:
         """Any answer from /health, a 503 included: the process is alive."""
@@ -308,6 +292,13 @@ class _SlotWatch:
                 return False
             return True
         return False
+
+
+_WAIT_PHASES: dict[type[Verdict], Phase] = {
+    Waiting: Phase.WAITING,
+    Queued: Phase.QUEUED,
+    Stuck: Phase.STUCK,
+}
 
 
 async def run_request(
@@ -340,20 +331,20 @@ async def stream_into(
     try:
         async with AsyncExitStack() as stack:
             watch = _SlotWatch(client, slot, limits, throttled)
-            response = await _open(client, body, limits, watch, result, stack)
-            if response is not None:
+            answer = await _open(client, body, limits, watch, result, stack)
+            if answer is not None:
                 result.first_byte_s = time.monotonic() - result.sent_at
-                await _Reader(client, response, limits, throttled, result).read()
+                reader = _Reader(client, EventStream(answer), limits, throttled, result)
+                await reader.read()
     except ServerRejected as exc:
         result.fail(Failure.REJECTED, str(exc))
         result.status_code, result.error_type = exc.status, exc.error_type
     except ServerUnreachable as exc:
         result.fail(Failure.UNREACHABLE, str(exc))
+    except StreamCut as exc:  # the connection broke mid-stream
+        result.fail(Failure.TRUNCATED, str(exc))
     except StreamBroken as exc:
         result.fail(Failure.SERVER_GONE, str(exc))
-    except httpx.TransportError as exc:  # the connection broke mid-stream
-        reason = str(exc) or type(exc).__name__
-        result.fail(Failure.TRUNCATED, f"the connection to {client.url} broke mid-stream: {reason}")
     except anyio.get_cancelled_exc_class():
         result.fail(Failure.CANCELLED, f"cancelled; the connection to {client.url} was closed")
         raise
@@ -369,34 +360,39 @@ async def _open(
     watch: _SlotWatch,
     result: RequestResult,
     stack: AsyncExitStack,
-) -> httpx.Response | None:
+) -> ChatStream | None:
     """Wait for the first byte (the status line) while watching the slot."""
-    response: httpx.Response | None = None
+    answer: ChatStream | None = None
     error: InferenceError | None = None
     with anyio.move_on_after(limits.first_byte_s) as deadline:
         async with anyio.create_task_group() as tg:
             tg.start_soon(watch.run, tg.cancel_scope)
             try:
-                response = await _send(client, body, limits, stack)
+                answer = await _send(client, body, limits, stack)
             except InferenceError as exc:
                 error = exc  # raised outside the task group, so it is not wrapped in a group
             watch.finish()
-    watch.end_queue_wait()
-    result.queue_wait_s = watch.queued_s
+    watch.end_wait()
+    result.queue_wait_s = watch.wait.queued_s
     if error is not None:
         raise error
-    if response is None:
-        _no_first_byte(client, limits, watch, result, timed_out=deadline.cancelled_caught)
-    return response
+    if answer is None:
+        match no_first_byte(watch.wait, timed_out=deadline.cancelled_caught):
+            case Gone(reason):
+                result.fail(Failure.SERVER_GONE, f"llama-server at {client.url} is gone: {reason}")
+            case TimedOut(why):
+                result.fail(
+                    Failure.FIRST_BYTE_TIMEOUT,
+                    f"no answer from {client.url} within {limits.first_byte_s:g} s ({why})",
+                )
+    return answer
 
 
 async def _send(
     client: InferenceClient, body: bytes, limits: Limits, stack: AsyncExitStack
-) -> httpx.Response:
-    # Only a router still loading the model (503) is retried here: nothing reached a slot, and
-    # a 4xx or a dead server never improves by retrying at once.
+) -> ChatStream:
     async for attempt in AsyncRetrying(
-        retry=retry_if_exception(_is_loading),
+        retry=retry_if_exception(worth_waiting_out),
         wait=wait_exponential(multiplier=limits.loading_wait_s, max=10),
         stop=stop_after_delay(limits.loading_retry_s),
         reraise=True,
@@ -406,34 +402,9 @@ async def _send(
     raise AssertionError("tenacity ended without a result or an error")  # pragma: no cover
 
 
-def _is_loading(exc: BaseException) -> bool:
-    return isinstance(exc, ServerRejected) and exc.status == 503
-
-
-def _no_first_byte(
-    client: InferenceClient,
-    limits: Limits,
-    watch: _SlotWatch,
-    result: RequestResult,
-    *,
-    timed_out: bool,
-) -> None:
-    if watch.gone_reason is not None:
-        result.fail(
-            Failure.SERVER_GONE, f"llama-server at {client.url} is gone: {watch.gone_reason}"
-        )
-    elif timed_out:
-        why = (
-            f"queued {watch.queued_s:.0f} s behind another task"
-            if watch.queued_s
-            else "the slot was not seen busy"
-        )
-        if watch.stuck:
-            why += "; the server looks stuck: /slots did not answer while /health did"
-        result.fail(
-            Failure.FIRST_BYTE_TIMEOUT,
-            f"no answer from {client.url} within {limits.first_byte_s:g} s ({why})",
-        )
+# Past [DONE] nothing more belongs to the completion; after an error, a broken chunk or a line
+# outside the protocol the message cannot be trusted, and reading on would only keep the slot busy.
+_LAST_EVENTS = (Done, ServerError, Malformed, Foreign)
 
 
 class _Reader:
@@ -442,25 +413,22 @@ class _Reader:
     def __init__(
         self,
         client: InferenceClient,
-        response: httpx.Response,
+        events: EventStream,
         limits: Limits,
         report: StatusCallback,
         result: RequestResult,
     ) -> None:
         self.client = client
-        self.response = response
+        self.events = events
         self.limits = limits
         self.report = report
         self.result = result
-        self.answering = False  # content or a tool call has begun: thinking is over
+        self.cap = ThinkCap(limits.think_cap, limits.think_grace)
 
     async def read(self) -> None:
-        decoder = EventDecoder()
-        chunks = self.response.aiter_raw()
         while True:
-            chunk: bytes | None = None
             with anyio.move_on_after(self.limits.silence_s) as silence:
-                chunk = await anext(chunks, None)
+                events = await self.events.receive()
             if silence.cancelled_caught:
                 self.result.fail(
                     Failure.SILENCE,
@@ -468,8 +436,7 @@ class _Reader:
                     f"{self.limits.silence_s:g} s mid-stream; the connection was closed",
                 )
                 return
-            ended = self._apply(decoder.flush() if chunk is None else decoder.feed(chunk))
-            if chunk is None or ended or await self._past_cap():
+            if self._apply(events) or self.events.at_end or not await self._follow_cap():
                 return
 
     def _apply(self, events: list[StreamEvent]) -> bool:
@@ -481,35 +448,29 @@ class _Reader:
             self.result.events += 1
             if isinstance(event, ReasoningDelta | ContentDelta | ToolCallDelta):
                 self.result.output_seen = True
-                self.answering = self.answering or not isinstance(event, ReasoningDelta)
-            # Past [DONE] nothing more belongs to the completion; after an error, a broken chunk
-            # or a line outside the protocol the message cannot be trusted, and reading on would
-            # only keep the slot busy.
-            ended = ended or isinstance(event, Done | ServerError | Malformed | Foreign)
+            ended = ended or isinstance(event, _LAST_EVENTS)
             _report_event(event, asm, self.report)
         return ended
 
-    async def _past_cap(self) -> bool:
-        """Enforce the thinking cap; True when the stream must be closed."""
-        asm, result, limits = self.result.assembler, self.result, self.limits
-        if self.answering or asm.thinking_tokens < limits.think_cap:
-            return False
-        if not result.capped:
-            result.capped = True
-            result.control_answer = await _end_reasoning(self.client, asm)
-            return False
-        if asm.thinking_tokens < limits.think_cap + limits.think_grace:
-            return False
-        why = (
-            "the server accepted the control call but thinking went on"
-            if result.control_answer == "success"
-            else f"the server could not end it ({result.control_answer})"
+    async def _follow_cap(self) -> bool:
+        """Do what the thinking cap decides; False when the stream must be closed."""
+        asm, result = self.result.assembler, self.result
+        decision = self.cap.decide(
+            asm.thinking_tokens,
+            answering=asm.answer_started,
+            control_answer=result.control_answer,
         )
-        result.fail(
-            Failure.THINK_RUNAWAY,
-            f"thinking passed the cap of {limits.think_cap} tokens and {why}; the stream from "
-            f"{self.client.url} was closed at {asm.thinking_tokens} tokens",
-        )
+        match decision:
+            case SendControl():
+                result.capped = True
+                result.control_answer = await _end_reasoning(self.client, asm)
+            case Close(why):
+                result.fail(
+                    Failure.THINK_RUNAWAY,
+                    f"thinking passed the cap of {self.cap.cap} tokens and {why}; the stream "
+                    f"from {self.client.url} was closed at {asm.thinking_tokens} tokens",
+                )
+                return False
         return True
 
 
@@ -517,12 +478,9 @@ async def _end_reasoning(client: InferenceClient, asm: StreamAssembler) -> str:
     if asm.completion_id is None:
         return "no completion id"
     try:
-        answer = await client.control_reasoning_end(asm.completion_id)
-    except (InferenceError, httpx.HTTPError, ValueError) as exc:
+        return control_answer(await client.control_reasoning_end(asm.completion_id))
+    except InferenceError as exc:
         return f"control call failed: {exc}"
-    if answer.get("success") is True:
-        return "success"
-    return str(answer.get("message") or "success: false")
 
 
 def _report_event(event: StreamEvent, asm: StreamAssembler, report: StatusCallback) -> None:

@@ -1,8 +1,11 @@
 """A turn: request, stream, record, run tools, repeat until the model answers.
 
-Read as three short steps (``run`` -> ``step`` -> ``execute``). The session log is the truth:
-each step rebuilds the request from what is stored, and what happened is appended before the next
-step begins, so a crash at any point leaves a state the next start derives and resumes from.
+Read as three short steps (``run`` -> ``round`` -> ``execute``). Each way out of a turn is an
+exception that carries what the outcome records (``Answered``, ``RequestFailed``,
+``RoundsExhausted``); ``run`` turns it into the ``TurnOutcome``. The session log is the truth: each
+request is rebuilt from what is stored, and what happened is appended (in ``finally``, so that no
+way out of a request skips it) before the next step begins, so a crash at any point leaves a state
+the next start derives and resumes from.
 
 A request that fails is recorded as broken (never replayed) and sent again only when that is safe
 (``stream.retry_safe``: nothing the model made was lost, not a 4xx), a bounded number of times with
@@ -20,7 +23,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-import anyio
 from tenacity import (
     AsyncRetrying,
     RetryCallState,
@@ -46,7 +48,7 @@ from loopd.sessionlog.records import Perf, Request, RequestKind, RequestRecord
 from loopd.sessionlog.store import SessionLog
 from loopd.wire.assemble import ToolCall
 
-log = logging.getLogger("loopd.turn")
+log = logging.getLogger(__name__)
 
 
 class ToolRunner(Protocol):
@@ -63,6 +65,45 @@ class TurnOutcome:
     requests: list[RequestRecord] = field(default_factory=list)
     notices: list[str] = field(default_factory=list)  # one line each, for the thread
     compacted: bool = False  # the turn started a new epoch (its session is worth a prewarm)
+
+
+class TurnExit(Exception):
+    """A way out of a turn, carrying what its outcome records."""
+
+    def settle(self, outcome: TurnOutcome) -> None:
+        raise NotImplementedError
+
+
+class Answered(TurnExit):
+    """The model answered without calling a tool."""
+
+    def __init__(self, answer: str) -> None:
+        super().__init__("answered")
+        self.answer = answer
+
+    def settle(self, outcome: TurnOutcome) -> None:
+        outcome.answer = self.answer
+
+
+class RequestFailed(TurnExit):
+    """A request failed and another attempt was not safe, or none was left."""
+
+    def __init__(self, detail: str, cause: Failure | None) -> None:
+        super().__init__(detail)
+        self.detail, self.cause = detail, cause
+
+    def settle(self, outcome: TurnOutcome) -> None:
+        outcome.failure, outcome.cause = self.detail, self.cause
+
+
+class RoundsExhausted(TurnExit):
+    """The model kept calling tools for ``max_rounds`` requests."""
+
+    def __init__(self, rounds: int) -> None:
+        super().__init__(f"stopped after {rounds} tool rounds without an answer")
+
+    def settle(self, outcome: TurnOutcome) -> None:
+        outcome.failure = str(self)
 
 
 class ContextGate(Protocol):
@@ -126,22 +167,26 @@ class Turn:
     async def run(self) -> TurnOutcome:
         outcome = TurnOutcome(answer=None)
         kind = RequestKind.TURN
-        for _ in range(self.max_rounds):
-            if self.gate is not None:
-                await self.gate.before_request(self, kind, outcome)
-            attempt = await self.request(kind, outcome)
-            result = attempt.result
-            if not result.complete:
-                outcome.failure, outcome.cause = result.detail, result.failure
-                return outcome
-            message = result.assembler.message()
-            if not message.tool_calls:
-                outcome.answer = message.content
-                return outcome
-            await self.execute(message.tool_calls)
-            kind = RequestKind.TOOL_FOLLOWUP
-        outcome.failure = f"stopped after {self.max_rounds} tool rounds without an answer"
+        try:
+            for _ in range(self.max_rounds):
+                await self.round(kind, outcome)
+                kind = RequestKind.TOOL_FOLLOWUP
+            raise RoundsExhausted(self.max_rounds)
+        except TurnExit as way_out:
+            way_out.settle(outcome)
         return outcome
+
+    async def round(self, kind: RequestKind, outcome: TurnOutcome) -> None:
+        """One request and the tool calls it made; raises the turn's exit when none were made."""
+        if self.gate is not None:
+            await self.gate.before_request(self, kind, outcome)
+        result = (await self.request(kind, outcome)).result
+        if not result.complete:
+            raise RequestFailed(result.detail, result.failure)
+        message = result.assembler.message()
+        if not message.tool_calls:
+            raise Answered(message.content)
+        await self.execute(message.tool_calls)
 
     async def request(self, kind: RequestKind, outcome: TurnOutcome) -> Attempt:
         """``step`` until it completes or another attempt would not be safe; every attempt is
@@ -162,7 +207,7 @@ class Turn:
         return attempt
 
     async def step(self, kind: RequestKind) -> Attempt:
-        """One request, built from the log, streamed, and recorded."""
+        """One request, built from the log, streamed, and recorded however it ended."""
         epoch = self.log.current_epoch(self.session)
         messages = self.log.replay_messages(self.session)
         body = build_body(self.settings, epoch.tools_text, messages)
@@ -171,10 +216,10 @@ class Turn:
             await stream_into(
                 result, self.client, body, slot=self.slot, limits=self.limits, report=self.report
             )
-        except anyio.get_cancelled_exc_class():
-            self._record(kind, epoch.number, messages, result)  # synchronous: not interrupted
-            raise
-        return Attempt(self._record(kind, epoch.number, messages, result), result)
+        finally:
+            # Synchronous, so a cancellation going on cannot interrupt it.
+            record = self._record(kind, epoch.number, messages, result)
+        return Attempt(record, result)
 
     async def execute(self, calls: Sequence[ToolCall]) -> None:
         for call in calls:

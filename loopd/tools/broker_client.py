@@ -2,18 +2,35 @@
 
 Both return the text to append as the tool result. When brokerd cannot be reached, or answers
 with an error, the text says so and the turn goes on: nothing here raises for a broker problem
-(cancellation still propagates, as it must).
+(cancellation still propagates, as it must). The exchange itself runs under ``_mapped``, which
+turns every httpx error into loopd's own (``BrokerUnreachable``, ``BrokerError``); the wording for
+the model is decided from those, in one place (``_post``).
 """
 
 import json
+from collections.abc import Iterator
+from contextlib import contextmanager
 from types import TracebackType
 
 import httpx
+
+from loopd.errors import BrokerError, BrokerUnreachable
 
 UNIX_PREFIX = "unix:"
 # The host name is never resolved over a Unix socket; it only fills the Host header.
 UNIX_BASE_URL = "http://brokerd"
 DEFAULT_TIMEOUT = httpx.Timeout(connect=5.0, read=600.0, write=30.0, pool=5.0)
+
+
+@contextmanager
+def _mapped(url: str) -> Iterator[None]:
+    """Every httpx error raised inside becomes loopd's own (``raise ... from``)."""
+    try:
+        yield
+    except httpx.ConnectError as exc:
+        raise BrokerUnreachable(f"cannot connect to {url}: {exc}") from exc
+    except httpx.HTTPError as exc:
+        raise BrokerError(f"{type(exc).__name__}: {exc}") from exc
 
 
 class BrokerClient:
@@ -67,28 +84,35 @@ class BrokerClient:
 
     async def _post(self, path: str, body: dict[str, str], *, what: str) -> str:
         try:
+            status, content = await self._exchange(path, body)
+        except BrokerUnreachable as exc:
+            return (
+                f"{what} is unavailable: brokerd is not running ({exc}). Nothing was run. "
+                "Carry on without it, or try again later."
+            )
+        except BrokerError as exc:
+            return (
+                f"{what}: brokerd did not answer ({exc}). If this was a tool call it may or may "
+                "not have taken effect."
+            )
+        return result_text(status, content, what)
+
+    async def _exchange(self, path: str, body: dict[str, str]) -> tuple[int, bytes]:
+        """The broker's status and body (read whole)."""
+        with _mapped(self.url):
             response = await self._http.post(path, json=body)
-        except httpx.ConnectError as exc:
-            return (
-                f"{what} is unavailable: brokerd is not running (cannot connect to {self.url}: "
-                f"{exc}). Nothing was run. Carry on without it, or try again later."
-            )
-        except httpx.HTTPError as exc:
-            return (
-                f"{what}: brokerd did not answer ({type(exc).__name__}: {exc}). If this was a "
-                "tool call it may or may not have taken effect."
-            )
-        return _result_text(response, what)
+        return response.status_code, response.content
 
 
-def _result_text(response: httpx.Response, what: str) -> str:
+def result_text(status: int, content: bytes, what: str) -> str:
+    """The tool result text of the broker's answer: its ``result``, or what went wrong."""
     try:
-        payload = response.json()
-    except (json.JSONDecodeError, UnicodeDecodeError):
+        payload = json.loads(content)
+    except ValueError:  # not JSON, or not UTF-8 (UnicodeDecodeError is a ValueError)
         payload = None
     result = payload.get("result") if isinstance(payload, dict) else None
-    if response.is_success and isinstance(result, str):
+    if 200 <= status < 300 and isinstance(result, str):
         return result
     message = payload.get("error") if isinstance(payload, dict) else None
-    detail = message if isinstance(message, str) else response.text[:500]
-    return f"{what}: brokerd answered HTTP {response.status_code}: {detail}"
+    detail = message if isinstance(message, str) else content.decode("utf-8", "replace")[:500]
+    return f"{what}: brokerd answered HTTP {status}: {detail}"

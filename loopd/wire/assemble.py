@@ -157,6 +157,11 @@ class StreamAssembler:
                 self._problems.append(f"malformed chunk ({reason}): {raw!r}")
 
     @property
+    def answer_started(self) -> bool:
+        """Content or a tool call has begun: thinking is over."""
+        return self._answer_started
+
+    @property
     def content(self) -> str:
         return "".join(self._content)
 

@@ -19,7 +19,8 @@ def prev(**overrides: object) -> PrevRequest:
 
 
 def test_exact_replay_has_no_loss() -> None:
-    # real-server-notes: turn 2 cache_n 205 / prompt_n 17 / predicted_n 24 -> turn 3 cache_n 245
+    # Figures of a real exact replay: turn 2 cache_n 205 / prompt_n 17 / predicted_n 24 -> turn 3
+    # cache_n 245 (the rule is measured by tests/contract/test_contract_cache.py)
     loss = cache_loss(prev(), epoch_id=1, slot=0, cache_n=245)
     assert (loss.expected, loss.lost, loss.cause) == (245, 0, LossCause.NONE)
 

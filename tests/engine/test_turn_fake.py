@@ -355,6 +355,35 @@ async def test_a_tool_loop_replays_byte_for_byte_with_full_reuse(tmp_path: Path)
 READ_A_ARGUMENTS = READ_A.tool_calls[0].arguments
 
 
+async def test_a_model_that_keeps_calling_tools_stops_at_max_rounds(tmp_path: Path) -> None:
+    tools = FakeTools({"read_file": "contents of a.txt"})
+    async with served() as server:
+        server.fake.push(READ_A, READ_A, READ_A)
+        log = open_log(tmp_path)
+        say(log, "read a.txt")
+        outcome = await make_turn(server, log, tools=tools, max_rounds=2).run()
+    assert (outcome.answer, outcome.cause) == (None, None)
+    assert outcome.failure == "stopped after 2 tool rounds without an answer"
+    assert len(tools.calls) == 2
+    assert [r.record.kind for r in records(log)] == [RequestKind.TURN, RequestKind.TOOL_FOLLOWUP]
+    assert kinds(log)[-1] is EntryKind.TOOL
+
+
+async def test_a_request_ended_by_an_unexpected_error_is_still_recorded(tmp_path: Path) -> None:
+    def report(status: Status) -> None:
+        if status.phase is Phase.ANSWERING:
+            raise RuntimeError("the status receiver failed")
+
+    async with served() as server:
+        log = open_log(tmp_path)
+        say(log, "hello there")
+        with pytest.raises(RuntimeError, match="status receiver"):
+            await make_turn(server, log, report=report).run()
+    assert kinds(log)[2:] == [EntryKind.BROKEN]
+    [request] = records(log)
+    assert request.record.perf.outcome == "broken"
+
+
 async def test_a_tool_call_without_a_runner_gets_an_error_result(tmp_path: Path) -> None:
     async with served() as server:
         server.fake.push(READ_A)
@@ -375,7 +404,7 @@ async def test_a_capped_turn_is_recorded_and_the_loss_after_it_labelled(tmp_path
         say(log, "think hard")
         capped = await make_turn(server, log, limits=replace(FAST, think_cap=20)).run()
         # The fake's forced end renders like its replay, so its cache survives a cap. The real
-        # server's falls back to the end of the previous prompt (seed finding (k)): another
+        # server's falls back to the end of the previous prompt (docs/contract.md, (k)): another
         # client sending that prompt on the slot leaves the same state here.
         await _prompt_again_from_another_client(server, log)
         say(log, "and now?")

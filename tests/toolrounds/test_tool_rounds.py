@@ -14,13 +14,12 @@ from collections.abc import AsyncIterator
 from contextlib import _AsyncGeneratorContextManager, asynccontextmanager
 from pathlib import Path
 
-import httpx
 import pytest
 
 from brokerd.tools.app import create_broker_app
 from brokerd.tools.settings import BrokerSettings
 from loopd.config import load_settings
-from loopd.engine.client import InferenceClient
+from loopd.engine.client import ChatStream, InferenceClient
 from loopd.jsonbytes import dumps
 from loopd.sessionlog.chain import messages_digest
 from loopd.sessionlog.records import Perf, RequestKind, RequestRecord, fresh_external_key
@@ -73,7 +72,7 @@ class RecordingClient(InferenceClient):
 
     bodies: list[bytes]
 
-    def stream_chat(self, body: bytes) -> _AsyncGeneratorContextManager[httpx.Response]:
+    def stream_chat(self, body: bytes) -> _AsyncGeneratorContextManager[ChatStream]:
         self.bodies.append(body)
         return super().stream_chat(body)
 
