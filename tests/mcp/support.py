@@ -110,6 +110,7 @@ class Broker:
 
     http: httpx.AsyncClient
     servers: McpServers
+    url: str  # the broker's URL for loopd: unix:<socket>
     session: str = "mcp-tests"
 
     def server(self, name: str) -> McpServer:
@@ -157,4 +158,4 @@ async def broker_with(
         async with httpx.AsyncClient(transport=transport, base_url="http://broker") as http:
             mcp = app.state.broker.mcp
             assert mcp is not None
-            yield Broker(http, mcp)
+            yield Broker(http, mcp, f"unix:{sock}")
