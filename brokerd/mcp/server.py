@@ -12,6 +12,7 @@ The handshake is the initialize handshake (``mode="legacy"``), which every serve
 notification.
 """
 
+import functools
 import logging
 import math
 from collections.abc import Callable
@@ -132,6 +133,7 @@ class McpServer:
         self._ended = ended
         self._relist = anyio.Event()
         server: Transport | str = transport
+        reason = "the connection ended"
         try:
             async with Client(
                 server,
@@ -149,13 +151,16 @@ class McpServer:
                     await self._list(client)
                     self._set("up", "")
                     logger.info("mcp server %s changed its tools: %d", self.name, len(self.tools))
-            return self._ended_reason() if ended.is_set() else "the connection ended"
-        except Exception as exc:  # whatever the server or its transport did, it is only down
             if ended.is_set():
-                return self._ended_reason()
-            return f"cannot connect: {describe(exc)}"
+                reason = self._ended_reason()
+        except Exception as exc:  # whatever the server or its transport did, it is only down
+            reason = self._ended_reason() if ended.is_set() else f"cannot connect: {describe(exc)}"
         finally:
+            # A call still waiting on this connection learns at once that it is over, and why.
             self._client = None
+            self._ended_reason = functools.partial(str, reason)
+            ended.set()
+        return reason
 
     async def _list(self, client: Client) -> None:
         listed: list[types.Tool] = []

@@ -9,11 +9,14 @@ with the SDK) for the faults the others cannot show on demand.
 import json
 import re
 import socket
+import subprocess
 import threading
 from pathlib import Path
 
+import anyio
 import pytest
 
+from brokerd.mcp.config import McpServerConfig
 from brokerd.mcp.server import McpServer
 from tests.mcp.support import (
     broker_with,
@@ -21,6 +24,7 @@ from tests.mcp.support import (
     filesystem_server,
     git_repo,
     git_server,
+    servers_dir,
     time_server,
     tiny_server,
 )
@@ -243,3 +247,64 @@ async def test_a_stdio_server_reaches_the_network_only_when_declared(
     else:
         assert answer["result"].startswith("no connection")
         assert listener.accepted == 0
+
+
+class HttpEverything:
+    """server-everything serving streamable HTTP on a loopback port, started and killed at will."""
+
+    def __init__(self, port: int) -> None:
+        self.port = port
+        self.process: subprocess.Popen[str] | None = None
+
+    def start(self) -> None:
+        program = servers_dir() / "node" / "node_modules" / ".bin" / "mcp-server-everything"
+        env = {"PATH": "/usr/bin:/bin", "PORT": str(self.port)}
+        self.process = subprocess.Popen(
+            [str(program), "streamableHttp"],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        assert self.process.stdout is not None
+        for line in self.process.stdout:  # it says when it listens
+            if f"listening on port {self.port}" in line:
+                return
+        raise AssertionError(f"server-everything exited: {self.process.wait()}")
+
+    def kill(self) -> None:
+        if self.process is not None:
+            self.process.kill()
+            self.process.wait()
+            if self.process.stdout is not None:
+                self.process.stdout.close()
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+        return port
+
+
+async def test_a_streamable_http_server_is_used_and_reconnected(tmp_path: Path) -> None:
+    served = HttpEverything(free_port())
+    served.start()
+    try:
+        config = McpServerConfig(name="web", url=f"http://127.0.0.1:{served.port}/mcp")
+        async with broker_with(tmp_path, [config]) as broker:
+            echoed = await broker.call("web.echo", {"message": "over http"})
+            assert echoed == {"result": "Echo: over http", "status": "ok"}
+            served.kill()
+            lost = await broker.call("web.echo", {"message": "lost"})
+            assert lost["status"] == "error"
+            assert "the MCP server web" in lost["result"]
+            server = broker.server("web")
+            await server.wait_for(lambda server: server.state == "down")
+            served.start()
+            with anyio.fail_after(60):
+                await server.wait_for(is_up)
+            again = await broker.call("web.echo", {"message": "back"})
+            assert again == {"result": "Echo: back", "status": "ok"}
+    finally:
+        served.kill()
