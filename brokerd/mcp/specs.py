@@ -46,6 +46,8 @@ def offered_tools(config: McpServerConfig, listed: Sequence[types.Tool]) -> Offe
             specs.append(tool_spec(config, tool))
         except ValueError as exc:
             skipped.append(f"{tool.name[:200]!r}: {exc}")
+    for name in sorted(allowed - seen):
+        skipped.append(f"{name!r}: in the tools allowlist, but the server does not list it")
     return Offered(tuple(sorted(specs, key=lambda spec: spec.name)), tuple(skipped))
 
 

@@ -110,7 +110,7 @@ def tool(
 
 def test_a_listing_offers_allowed_tools_and_names_what_it_skips() -> None:
     config = McpServerConfig(
-        name="srv", command=("/bin/true",), tools=("good", "bad_schema", "not_object")
+        name="srv", command=("/bin/true",), tools=("good", "bad_schema", "not_object", "gone")
     )
     listed = [
         tool("good"),
@@ -121,9 +121,10 @@ def test_a_listing_offers_allowed_tools_and_names_what_it_skips() -> None:
     offered = offered_tools(config, listed)
     assert [spec.name for spec in offered.specs] == ["srv.good"]
     assert offered.specs[0].timeout_s == 30.0
-    assert len(offered.skipped) == 2
+    assert len(offered.skipped) == 3
     assert "not a valid JSON Schema" in offered.skipped[0]
     assert "not an object schema" in offered.skipped[1]
+    assert offered.skipped[2] == "'gone': in the tools allowlist, but the server does not list it"
 
 
 def test_a_listing_bounds_descriptions_and_fills_a_missing_one() -> None:
