@@ -132,13 +132,13 @@ def _venv_interpreter(program: Path) -> list[Path]:
     return []
 
 
-def check_folders(name: str, folders: Iterable[Path]) -> None:
+def check_folders(folders: Iterable[Path]) -> None:
     home = Path.home()
     for folder in folders:
         if folder in TOO_WIDE or folder == home:
             raise ConfinementError(
-                f"mcp server {name}: its installation would show {folder} whole; install it in "
-                "a folder of its own (a virtual environment, an npm prefix)"
+                f"its installation would show {folder} whole; install it in a folder of its own "
+                "(a virtual environment, an npm prefix)"
             )
 
 
@@ -149,7 +149,7 @@ def server_confinement(
     assert config.command is not None
     program = resolve_program(config.command[0], env.get("PATH", BASE_PATH))
     folders = install_folders(program, env.get("PATH", BASE_PATH))
-    check_folders(config.name, folders)
+    check_folders(folders)
     declared = config.declared_paths()
     binds: list[Bind] = [bind(folder) for folder in folders]
     binds += [bind(entry.path, writable=entry.writable) for entry in declared]

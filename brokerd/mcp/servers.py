@@ -14,7 +14,13 @@ from typing import Any, Final
 import anyio
 from anyio.abc import TaskStatus
 
-from brokerd.confine import HiddenPath, HostView, detect_host_view, sandbox_argv
+from brokerd.confine import (
+    ConfinementError,
+    HiddenPath,
+    HostView,
+    detect_host_view,
+    sandbox_argv,
+)
 from brokerd.mcp.config import McpServerConfig
 from brokerd.mcp.results import result_text
 from brokerd.mcp.sandbox import server_confinement, server_env
@@ -57,9 +63,11 @@ class McpServers:
                 )
                 continue
             env = server_env(config)
-            argv = sandbox_argv(
-                view(), server_confinement(config, hidden, env), config.command or (), env
-            )
+            try:
+                confinement = server_confinement(config, hidden, env)
+                argv = sandbox_argv(view(), confinement, config.command or (), env)
+            except ConfinementError as exc:
+                raise ConfinementError(f"mcp server {config.name}: {exc}") from None
 
             def stdio(name: str = config.name, argv: list[str] = argv) -> ConfinedStdio:
                 return ConfinedStdio(name, argv, max_message_bytes=max_message_bytes)

@@ -86,5 +86,6 @@ def test_a_server_program_that_is_not_there_is_named(tmp_path: Path) -> None:
     listed = brokerd(config, "tools", "list")
     assert listed.returncode == 2
     assert listed.stderr.strip() == (
-        "brokerd: bad config: no-such-mcp-server: not found on PATH /usr/local/bin:/usr/bin:/bin"
+        "brokerd: bad config: mcp server x: no-such-mcp-server: not found on PATH "
+        "/usr/local/bin:/usr/bin:/bin"
     )
