@@ -31,6 +31,10 @@ system-deps:
 llama-server: venv
 	PYTHON=$(BIN)/python scripts/provision.sh all
 
+# The real MCP servers tests/mcp runs against (PyPI and npm), cached in $(LOOPD_CACHE_DIR)/mcp.
+mcp-servers: venv
+	PYTHON=$(BIN)/python scripts/mcp-servers.sh
+
 lint: venv
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
@@ -38,7 +42,7 @@ lint: venv
 types: venv
 	$(BIN)/mypy
 
-test: venv system-deps llama-server lint types
+test: venv system-deps llama-server mcp-servers lint types
 	$(BIN)/pytest -q
 
 run: venv system-deps llama-server

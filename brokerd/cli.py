@@ -9,6 +9,7 @@ from typing import Final
 import anyio
 
 from brokerd.config import ConfigError, load_settings, read_secrets
+from brokerd.mcp.listing import register as register_tools
 from brokerd.proxy.logs import configure_logging
 from brokerd.serve import SERVICES, ServeError, build_endpoints, run
 
@@ -30,11 +31,15 @@ def parser() -> argparse.ArgumentParser:
         action="append",
         help="serve just this socket; repeat for several (default: all three)",
     )
+    register_tools(commands)
     return root
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parser().parse_args(argv)
+    if args.command == "tools":
+        code: int = args.handler(args)
+        return code
     services = tuple(dict.fromkeys(args.only)) if args.only else SERVICES
     try:
         settings = load_settings()

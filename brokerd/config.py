@@ -20,6 +20,7 @@ from pydantic_settings import (
     TomlConfigSettingsSource,
 )
 
+from brokerd.mcp.config import McpServers
 from brokerd.proxy.chatpolicy import valid_entry
 from brokerd.proxy.upstream import parse_upstream
 from brokerd.tools.settings import BrokerSettings
@@ -112,6 +113,7 @@ class BrokerdSettings(BaseSettings):
         default=None, description="Tool broker settings (needed to serve broker.sock)."
     )
     log_level: Literal["debug", "info", "warning", "error"] = "info"
+    mcp: McpServers = Field(default=(), description="MCP servers whose tools the broker offers.")
 
     @field_validator("chat_allowed_teams", "chat_allowed_channels", "chat_allowed_users")
     @classmethod

@@ -126,7 +126,9 @@ def _build_app(
     from brokerd.tools.errors import CatalogueError
 
     try:
-        return create_broker_app(settings.broker, hidden=own_paths(settings), bodies=bodies)
+        return create_broker_app(
+            settings.broker, hidden=own_paths(settings), bodies=bodies, mcp=settings.mcp
+        )
     except CatalogueError as exc:
         raise ConfigError(f"broker.catalogue_dir: {exc}") from None
     except ConfinementError as exc:

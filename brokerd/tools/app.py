@@ -16,8 +16,9 @@ import json
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
+import anyio
 import httpx
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.applications import Starlette
@@ -31,6 +32,9 @@ from brokerd.tools.audit import AuditLogError
 from brokerd.tools.errors import CallConflictError, RequestError
 from brokerd.tools.service import ToolBroker
 from brokerd.tools.settings import BrokerSettings
+
+if TYPE_CHECKING:
+    from brokerd.mcp.config import McpServerConfig
 
 Body = TypeVar("Body", bound=BaseModel)
 # Far more than any tool's arguments need, far less than what makes a parser recurse too deep.
@@ -80,12 +84,13 @@ def create_broker_app(
     transport: httpx.AsyncBaseTransport | None = None,
     hidden: Sequence[Path] = (),
     bodies: BodyRules | None = None,
+    mcp: "Sequence[McpServerConfig]" = (),
 ) -> Starlette:
     """The broker as an ASGI app. The catalogue is loaded here, so a bad catalogue fails at
     startup with ``CatalogueError`` (``ConfinementError`` when its command tools cannot run
     confined); ``hidden`` are brokerd's own paths that no tool may see; ``transport`` replaces
-    web_fetch's network (tests only)."""
-    broker = ToolBroker.open(settings, transport=transport, hidden=hidden)
+    web_fetch's network (tests only). The ``mcp`` servers run from startup to shutdown."""
+    broker = ToolBroker.open(settings, transport=transport, hidden=hidden, mcp=mcp)
     body_rules = bodies or BodyRules()
 
     async def read(request: Request) -> bytes:
@@ -112,7 +117,11 @@ def create_broker_app(
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         try:
-            yield
+            async with anyio.create_task_group() as servers:
+                if broker.mcp:
+                    await servers.start(broker.mcp.run)
+                yield
+                servers.cancel_scope.cancel()  # stops every MCP server
         finally:
             broker.close()
 

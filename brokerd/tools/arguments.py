@@ -8,6 +8,7 @@ from typing import Any
 
 import jsonschema
 from jsonschema.exceptions import relevance
+from jsonschema.validators import validator_for
 
 MAX_PROBLEMS = 5
 MAX_MESSAGE_CHARS = 300
@@ -74,7 +75,8 @@ def schema_problems(
     schema: Mapping[str, Any], arguments: Mapping[str, Any]
 ) -> ArgumentProblems | None:
     """Check ``arguments`` against the tool's schema; ``None`` when they conform."""
-    validator = jsonschema.Draft202012Validator(schema)
+    # The schema's own "$schema" decides its draft (an MCP server's are often draft-07).
+    validator = validator_for(schema, default=jsonschema.Draft202012Validator)(schema)
     errors = sorted(validator.iter_errors(arguments), key=relevance, reverse=True)
     if not errors:
         return None

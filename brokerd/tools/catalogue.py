@@ -12,7 +12,7 @@ import json
 import os
 import re
 import tomllib
-from collections.abc import Collection, Iterator, Mapping
+from collections.abc import Collection, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -23,6 +23,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from brokerd.tools.errors import CatalogueError
 
 TOOL_NAME_PATTERN = r"^[a-z][a-z0-9_]{0,63}$"
+# An MCP server's tool: "<server>.<tool part>" (``brokerd.mcp.names``); never a catalogue file's.
+MCP_TOOL_NAME_PATTERN = r"^[a-z][a-z0-9_]{0,31}\.[a-z0-9_-]{1,1600}$"
 PLACEHOLDER = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
 FILE_FORMATS = {".json": "json", ".toml": "toml"}
 
@@ -42,6 +44,15 @@ class CommandRun(BaseModel):
     kind: Literal["command"]
     argv: tuple[str, ...] = Field(min_length=1)
     env: dict[str, str] = Field(default_factory=dict)
+
+
+class McpRun(BaseModel):
+    """Run by an MCP server of brokerd's config (``brokerd.mcp``), under its own name there."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    kind: Literal["mcp"]
+    server: str
+    tool: str
 
 
 class ConfineSpec(BaseModel):
@@ -67,10 +78,10 @@ class ToolSpec(BaseModel):
     """One tool of the catalogue."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
-    name: str = Field(pattern=TOOL_NAME_PATTERN)
+    name: str = Field(pattern=f"{TOOL_NAME_PATTERN}|{MCP_TOOL_NAME_PATTERN}")
     description: str = Field(min_length=1, max_length=2000)
     parameters: dict[str, Any]
-    run: BuiltinRun | CommandRun = Field(discriminator="kind")
+    run: BuiltinRun | CommandRun | McpRun = Field(discriminator="kind")
     timeout_s: float | None = Field(default=None, gt=0, le=3600)
     output_cap_bytes: int | None = Field(default=None, gt=0, le=64 * 1024 * 1024)
     confine: ConfineSpec = Field(default_factory=ConfineSpec)
@@ -90,6 +101,11 @@ class Catalogue:
 
     def __len__(self) -> int:
         return len(self.tools)
+
+    def with_tools(self, extra: Iterable[ToolSpec]) -> "Catalogue":
+        """These tools and ``extra`` (MCP servers' tools: their dotted names are never a file's)."""
+        merged = {**self.tools, **{spec.name: spec for spec in extra}}
+        return Catalogue(tools=dict(sorted(merged.items())))
 
 
 def parse_tool(
@@ -177,6 +193,11 @@ def _check_parameters(source: str, parameters: Mapping[str, Any]) -> None:
 
 def _check_run(source: str, spec: ToolSpec, known_builtins: Collection[str]) -> None:
     run = spec.run
+    if isinstance(run, McpRun) or not re.fullmatch(TOOL_NAME_PATTERN, spec.name):
+        raise CatalogueError(
+            f"{source}: MCP tools come from the [[mcp]] servers of brokerd's config, not from "
+            f"catalogue files (a file's tool name matches {TOOL_NAME_PATTERN})"
+        )
     if isinstance(run, BuiltinRun):
         if run.handler not in known_builtins:
             known = ", ".join(sorted(known_builtins)) or "none"

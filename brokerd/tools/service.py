@@ -8,6 +8,7 @@ import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import anyio
 import httpx
@@ -33,12 +34,16 @@ from brokerd.tools.calls import (
     decide,
     plan_call,
 )
-from brokerd.tools.catalogue import Catalogue, CommandRun, load_catalogue
+from brokerd.tools.catalogue import Catalogue, CommandRun, McpRun, load_catalogue
 from brokerd.tools.errors import CallConflictError
 from brokerd.tools.execute import Confiner, execute, limits_for
 from brokerd.tools.ranking import rank
 from brokerd.tools.settings import BrokerSettings
 from brokerd.tools.wording import CallStatus
+
+if TYPE_CHECKING:
+    from brokerd.mcp.config import McpServerConfig
+    from brokerd.mcp.servers import McpServers
 
 logger = logging.getLogger(__name__)
 
@@ -68,9 +73,11 @@ class ToolBroker:
         builtins: Mapping[str, BuiltinHandler] = BUILTINS,
         transport: httpx.AsyncBaseTransport | None = None,
         confiner: Confiner | None = None,
+        mcp: "McpServers | None" = None,
     ) -> None:
         self.settings = settings
-        self.catalogue = catalogue
+        self.files = catalogue
+        self.mcp = mcp
         self._audit = audit
         self._builtins = builtins
         self._transport = transport
@@ -88,20 +95,41 @@ class ToolBroker:
         settings: BrokerSettings,
         transport: httpx.AsyncBaseTransport | None = None,
         hidden: Sequence[Path] = (),
+        mcp: "Sequence[McpServerConfig]" = (),
     ) -> "ToolBroker":
         """Load the catalogue (raising ``CatalogueError`` naming a bad file) and the audit log.
 
-        Command tools run confined: ``ConfinementError`` when that is impossible here, or when
-        a tool declares a path that holds one of brokerd's own (``hidden``, plus the audit log).
+        Command tools and stdio MCP servers run confined: ``ConfinementError`` when that is
+        impossible here, or when one declares a path that holds one of brokerd's own
+        (``hidden``, plus the audit log).
         """
         catalogue = load_catalogue(settings.catalogue_dir, BUILTINS.keys())
         audit = AuditLog.open(settings.audit_db)
         try:
             confiner = cls._confiner_for(catalogue, settings, hidden)
+            servers = cls._mcp_servers(mcp, settings, hidden)
         except ConfinementError:
             audit.close()
             raise
-        return cls(settings, catalogue, audit, transport=transport, confiner=confiner)
+        return cls(settings, catalogue, audit, transport=transport, confiner=confiner, mcp=servers)
+
+    @staticmethod
+    def _mcp_servers(
+        configs: "Sequence[McpServerConfig]", settings: BrokerSettings, hidden: Sequence[Path]
+    ) -> "McpServers | None":
+        if not configs:
+            return None
+        from brokerd.mcp.servers import McpServers  # the MCP SDK, loaded only when configured
+
+        audit_files = [
+            settings.audit_db.with_name(settings.audit_db.name + s) for s in AUDIT_SUFFIXES
+        ]
+        return McpServers.build(configs, hidden_paths([*hidden, *audit_files]))
+
+    @property
+    def catalogue(self) -> Catalogue:
+        """The catalogue files' tools, and the tools of the MCP servers as last listed."""
+        return self.files.with_tools(self.mcp.tools()) if self.mcp else self.files
 
     @staticmethod
     def _confiner_for(
@@ -189,7 +217,10 @@ class ToolBroker:
             transport=self._transport,
         )
         try:
-            outcome = await execute(plan, limits, self._builtins, context, self._confiner)
+            if isinstance(plan.spec.run, McpRun) and self.mcp is not None:
+                outcome = await self.mcp.call(plan, limits)
+            else:
+                outcome = await execute(plan, limits, self._builtins, context, self._confiner)
         except Exception as exc:
             # A bug in a tool handler must still end the call in the audit log with words the
             # model can read, not leave it "started" forever.
