@@ -44,6 +44,7 @@ CHAT_ROUTES: Final[tuple[tuple[str, str], ...]] = (
     ("POST", "/api/v4/users/{user_id}/typing"),
     ("GET", "/api/v4/channels/{channel_id}"),
     ("GET", "/api/v4/channels/{channel_id}/posts"),
+    ("GET", "/api/v4/channels/{channel_id}/members"),  # is everyone in a group message allowed?
     ("GET", "/api/v4/config/client"),
     ("GET", "/api/v4/system/ping"),
     ("POST", "/api/v4/posts"),
