@@ -200,18 +200,18 @@ class Threads:
         try:
             while session in self._dirty:
                 self._dirty.discard(session)
-                await self._release_held(session)
-                state = self.runtime.log.state(session)
-                if state.pending_turn or state.interrupted_calls:
-                    try:
+                try:
+                    await self._release_held(session)
+                    state = self.runtime.log.state(session)
+                    if state.pending_turn or state.interrupted_calls:
                         await self._turn(session)
-                    except* LoopdError:
-                        # One thread's failure (Mattermost down past the retries, a log error)
-                        # must not end the daemon; the next message wakes the session again.
-                        # except*: the turn runs in a task group, which wraps what it raises.
-                        log.exception("the turn of %s failed", session)
-                if self.state.held(session):
-                    self._dirty.add(session)
+                    if self.state.held(session):
+                        self._dirty.add(session)  # what came meanwhile gets its own turn
+                except* LoopdError:
+                    # One thread's failure (Mattermost down past the retries, a log error)
+                    # must not end the daemon; the next message wakes the session again.
+                    # except*: the turn runs in a task group, which wraps what it raises.
+                    log.exception("the turn of %s failed", session)
         finally:
             self._workers.discard(session)
 
@@ -414,7 +414,10 @@ class Threads:
         for entry in recent_turns(self.runtime.log.entries(name)):
             for suffix in (STATUS, DRAFT):
                 # A post whose create was cut short (a kill, a stop) is found by its key.
-                await self.outbox.recover(f"{name}#{entry.seq}{suffix}", root_of(name))
+                try:
+                    await self.outbox.recover(f"{name}#{entry.seq}{suffix}", root_of(name))
+                except MattermostError as exc:
+                    log.warning("could not look for the posts of %s (%s)", name, exc)
             for post_id in self.state.posted_parts(f"{name}#{entry.seq}{STATUS}").values():
                 await self.outbox.remove(post_id)
             draft = draft_post(self.outbox, f"{name}#{entry.seq}{DRAFT}")
