@@ -113,6 +113,7 @@ class _Running:
     requesters: frozenset[str]
     scope: anyio.CancelScope = field(default_factory=anyio.CancelScope)
     stopped_by: str | None = None
+    ended: bool = False  # the model's part is over; only posting remains
 
 
 class Threads:
@@ -214,6 +215,7 @@ class Threads:
                     log.exception("the turn of %s failed", session)
         finally:
             self._workers.discard(session)
+            self._waiting.pop(session, None)  # nothing of this thread waits any more
 
     async def _release_held(self, session: str) -> None:
         """Held messages into the log, in arrival order (no turn runs now)."""
@@ -246,7 +248,10 @@ class Threads:
                 tg.start_soon(posts.follow)
                 with running.scope:
                     outcome = await self._run(name, posts)
+                running.ended = True
                 tg.cancel_scope.cancel()
+            # Still "running" while it concludes: a message now is held until the answer is out.
+            await self._conclude(name, channel, running, outcome)
         except anyio.get_cancelled_exc_class():
             with anyio.move_on_after(2.0, shield=True):
                 await posts.status.finish(
@@ -255,7 +260,6 @@ class Threads:
             raise
         finally:
             del self._running[name]
-        await self._conclude(name, channel, running, outcome)
 
     async def _run(self, name: str, posts: TurnPosts) -> TurnOutcome | None:
         session = self.runtime.log.get_session(name)
@@ -342,7 +346,7 @@ class Threads:
         frees the slot on the server. The turn belongs to the people whose messages it answers,
         and the configured admins."""
         running = self._running.get(session)
-        if running is None:
+        if running is None or running.ended:
             return StopResult.NOTHING_RUNNING
         admins = set(self.settings.admins)
         if who not in running.requesters and not ({who, who_id} & admins):
@@ -368,9 +372,12 @@ class Threads:
         """Post the session's latest answer unless it is already in the thread: into the turn's
         answer post, written as it streamed, with any further parts as new posts."""
         entries = self.runtime.log.entries(name)
-        replayed = [e for e in entries if e.kind in REPLAYED_KINDS]
-        last = replayed[-1] if replayed else None
-        if last is None or not is_answer(last) or last.message is None:
+        # The latest answer, even when a message came after it (it waits for the next turn);
+        # never a copy a compaction carried into a new epoch (that one was delivered before).
+        last = next(
+            (e for e in reversed(entries) if is_answer(e) and e.fields.refers_to is None), None
+        )
+        if last is None or last.message is None:
             return
         key = f"{name}#{last.seq}"
         channel = self.state.thread_channel(root_of(name))
