@@ -113,6 +113,9 @@ async def test_sigkill_mid_turn_then_restart_answers_once(
             # per session runs only after that turn (and its catch-up) is over.
             follow_up = env.fake.post_as("alice", env.dm(), "Thanks. Say goodbye.", root_id=post.id)
             await second.until(lambda: len(env.answers(post.id)) >= 2, "the follow-up", MODEL_S)
+            await second.until(
+                lambda: env.status_posts_left(post.id) == [], "its status post to go", 20
+            )
             resumed = f"resuming the pending turn of {session_name(post.id)}"
             assert resumed in second.log_messages()
 
