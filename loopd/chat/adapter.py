@@ -213,6 +213,12 @@ class ChatAdapter:
 
     async def intake(self, post: Post) -> None:
         """Decide and act on one post, at most once per post id; then advance the cursor."""
+        if post.user_id == self.bot.id:
+            # loopd's own posts and edits (an answer being written is edited every few
+            # seconds) need no decision, and no cursor write: each write waits for the disk on
+            # the event loop, and a stop must not queue behind them. A catch-up that reads them
+            # again ignores them again.
+            return
         known = self.state.seen(post.id) is not None
         if not (known and post.edit_at == 0):
             channel = await self._channel(post.channel_id)
