@@ -12,8 +12,9 @@ from typing import TextIO
 
 import anyio
 
+from loopd.chat.status import phase_words
 from loopd.config import Settings
-from loopd.engine.stream import Phase, Status
+from loopd.engine.stream import Status
 from loopd.engine.turn import TurnOutcome
 from loopd.errors import LoopdError, ServerRejected
 from loopd.sessionlog.records import Session, fresh_external_key
@@ -35,7 +36,7 @@ class StatusLine:
     def __call__(self, status: Status) -> None:
         if not self.enabled:
             return
-        text = describe(status)
+        text = phase_words(status)
         if text != self.shown:
             self.stream.write(f"\r\x1b[2K[{text}]")
             self.stream.flush()
@@ -46,24 +47,6 @@ class StatusLine:
             self.stream.write("\r\x1b[2K")
             self.stream.flush()
             self.shown = ""
-
-
-def describe(status: Status) -> str:
-    match status.phase:
-        case Phase.QUEUED:
-            return "queued behind another request on the slot"
-        case Phase.WAITING:
-            return "waiting for the server"
-        case Phase.STUCK:
-            return "the server does not answer /slots; waiting"
-        case Phase.READING:
-            return f"reading the prompt {status.percent or 0}%"
-        case Phase.THINKING:
-            return f"thinking ({status.tokens or 0} tokens)"
-        case Phase.TOOL_CALL:
-            return f"calling {status.tool}"
-        case Phase.ANSWERING:
-            return "answering"
 
 
 async def _chat(settings: Settings, session_name: str) -> int:

@@ -62,8 +62,12 @@ CHAT_ROUTES: Final[tuple[ChatRoute, ...]] = (
     ChatRoute("GET", "/api/v4/channels/{channel_id}/members"),  # who is in a group message
     ChatRoute("GET", "/api/v4/config/client"),
     ChatRoute("GET", "/api/v4/posts/{post_id}/thread"),
+    ChatRoute("GET", "/api/v4/files/{file_id}/info"),  # a text attachment's name and size
+    ChatRoute("GET", "/api/v4/files/{file_id}"),
+    ChatRoute("POST", "/api/v4/users/{user_id}/typing", acts_in="body"),
     ChatRoute("POST", "/api/v4/posts", acts_in="body"),
     ChatRoute("PUT", "/api/v4/posts/{post_id}/patch", acts_in="post"),
+    ChatRoute("DELETE", "/api/v4/posts/{post_id}", acts_in="post"),  # a finished progress post
     ChatRoute("GET", WEBSOCKET_PATH),  # only as a WebSocket upgrade; see ChatWebSocketProxy
 )
 

@@ -18,13 +18,14 @@ from dataclasses import dataclass
 
 import anyio
 
+from loopd.chat.attachments import ReadFile, kind_of, read_file, unread_notice
 from loopd.chat.config import ChatSettings
 from loopd.chat.cursor import ChatState
 from loopd.chat.intake import Action, Allowlist, Decision, decide
 from loopd.chat.model import Channel, Post, User, WireFormatError
 from loopd.chat.outbox import Outbox
 from loopd.chat.rest import MattermostClient, MattermostError
-from loopd.chat.threads import Threads, session_name
+from loopd.chat.threads import CONTEXT_KEY, StopResult, Threads, session_name
 from loopd.chat.ws import NoHello, Resume, SocketLost, WsEvent, open_socket
 from loopd.sessions import Runtime
 
@@ -35,7 +36,7 @@ EDIT_NOTICE = (
     "Post a new reply instead."
 )
 REFUSAL = "🚫 I am not enabled for you here. Ask the admin to add you (or this channel) to loopd."
-FILES_ONLY = "📎 I cannot read attachments yet. Paste the text into a message instead."
+NOTHING_TO_READ = "📎 There is nothing here I can read: I read text and text files only."
 
 
 def backoff_s(failures: int, base_s: float, cap_s: float) -> float:
@@ -51,18 +52,30 @@ class UserText:
     cut_from: int | None  # the original length, when the post was cut
 
 
-def user_text(post: Post, author: User, max_chars: int) -> UserText:
+def user_text(
+    post: Post, author: User, max_chars: int, files: list[ReadFile] | None = None
+) -> UserText:
     """The log's user message for a post: ``@username: message``, so the model knows who
-    speaks; cut at ``max_chars``; attachments named, since they are not read."""
+    speaks; cut at ``max_chars``; then its attachments, read (``files``) or only counted."""
     message = post.message
     cut_from = None
     if len(message) > max_chars:
         cut_from = len(message)
         message = message[:max_chars] + f"\n[cut: the message had {cut_from} characters]"
-    if post.file_ids:
+    if files:
+        message = "\n\n".join([message, *(f.text for f in files)]).lstrip("\n")
+    elif post.file_ids:
         count = len(post.file_ids)
         message += f"\n[{count} attached file{'s' * (count != 1)}, not read]"
     return UserText(f"@{author.username}: {message}", cut_from)
+
+
+def group_refusal(reason: str) -> str:
+    names = reason.rpartition(": ")[2]
+    return (
+        f"🚫 In a group message I answer only when everyone in it may use me, and {names} may "
+        "not. Ask the admin to add them, or message me directly."
+    )
 
 
 class ChatAdapter:
@@ -92,6 +105,7 @@ class ChatAdapter:
         self._channels: dict[str, Channel] = {}
         self._users: dict[str, User] = {bot.id: bot}
         self._teams: dict[str, str] = {}
+        self._outsiders: dict[str, list[str]] = {}
 
     # -- the connection loop ---------------------------------------------------------------------
 
@@ -191,12 +205,20 @@ class ChatAdapter:
             return
         user = await self._user(str(reaction.get("user_id", "")))
         if user.id != self.bot.id and self.allow.allows_user(user):
-            self.threads.stop_by_status_post(str(reaction.get("post_id", "")), user.username)
+            post_id = str(reaction.get("post_id", ""))
+            if self.threads.stop_by_post(post_id, user.username, user.id) is StopResult.STOPPED:
+                log.info("turn stopped by @%s's reaction on %s", user.username, post_id)
 
     # -- the intake ------------------------------------------------------------------------------
 
     async def intake(self, post: Post) -> None:
         """Decide and act on one post, at most once per post id; then advance the cursor."""
+        if post.user_id == self.bot.id:
+            # loopd's own posts and edits (an answer being written is edited every few
+            # seconds) need no decision, and no cursor write: each write waits for the disk on
+            # the event loop, and a stop must not queue behind them. A catch-up that reads them
+            # again ignores them again.
+            return
         known = self.state.seen(post.id) is not None
         if not (known and post.edit_at == 0):
             channel = await self._channel(post.channel_id)
@@ -216,6 +238,8 @@ class ChatAdapter:
                     thread_known=self.threads.known(post.thread_root),
                     post_known=known,
                     stop_word=self.settings.stop_word,
+                    replies_need_mention=self._replies_need_mention(channel),
+                    group_outsiders=await self._group_outsiders(channel),
                 )
                 await self._act(decision, post, author, channel)
         self.state.advance(post.channel_id, post.update_at, post.id)
@@ -226,30 +250,60 @@ class ChatAdapter:
             case Action.IGNORE:
                 log.debug("ignored post %s: %s", post.id, decision.reason)
             case Action.START | Action.REPLY:
-                await self._store(post, author, channel)
+                await self._store(post, author, channel, decision)
             case Action.STOP:
-                self.state.mark_seen(post.id, "stop")
-                if not self.threads.stop(session_name(root), author.username):
-                    await self._notice(f"stop:{post.id}", channel, root, "Nothing is running.")
+                await self._stop(post, author, channel, root)
             case Action.EDIT_NOTICE:
                 await self._notice(f"edit:{post.id}", channel, root, EDIT_NOTICE)
             case Action.REFUSE:
                 log.info("refused post %s: %s", post.id, decision.reason)
-                await self._notice(f"refuse:{post.id}", channel, root, REFUSAL)
+                text = group_refusal(decision.reason) if channel.is_group else REFUSAL
+                await self._notice(f"refuse:{post.id}", channel, root, text)
                 self.state.mark_seen(post.id, "refused")
 
-    async def _store(self, post: Post, author: User, channel: Channel) -> None:
-        root = post.thread_root
-        if not post.message.strip():
-            await self._notice(f"files:{post.id}", channel, root, FILES_ONLY)
-            self.state.mark_seen(post.id, "no text")
-            return
-        text = user_text(post, author, self.settings.max_message_chars)
+    async def _stop(self, post: Post, author: User, channel: Channel, root: str) -> None:
+        self.state.mark_seen(post.id, "stop")
         name = session_name(root)
+        match self.threads.stop(name, author.username, author.id):
+            case StopResult.NOTHING_RUNNING:
+                await self._notice(f"stop:{post.id}", channel, root, "Nothing is running.")
+            case StopResult.NOT_ALLOWED:
+                owners = " or ".join(f"@{o}" for o in sorted(self.threads.owners(name)))
+                await self._notice(
+                    f"stop:{post.id}",
+                    channel,
+                    root,
+                    f"⏹️ Only {owners or 'the person who asked'} (or an admin) can stop this turn.",
+                )
+            case StopResult.STOPPED:
+                pass
+
+    async def _store(self, post: Post, author: User, channel: Channel, decision: Decision) -> None:
+        root = post.thread_root
+        name = session_name(root)
+        refusal = self.threads.admission(name, author.username)
+        if refusal is not None:
+            log.info("did not take post %s: %s", post.id, refusal)
+            await self._notice(f"full:{post.id}", channel, root, refusal)
+            self.state.mark_seen(post.id, "queue full")
+            return
+        files = await self._read_files(post)
+        if not post.message.strip() and not any(f.text and not f.notice for f in files):
+            notice = unread_notice(files) or NOTHING_TO_READ
+            await self._notice(f"files:{post.id}", channel, root, notice)
+            self.state.mark_seen(post.id, "nothing to read")
+            return
+        text = user_text(post, author, self.settings.max_message_chars, files)
+        context = await self._context(post, channel, decision)
         self.state.remember_thread(root, channel.id)
         self.runtime.ensure_session(name)
-        appended = await self.runtime.append_user(name, text.text, external_key=post.id)
+        for key, earlier in context:
+            await self._take(name, key, earlier)
+        await self._take(name, post.id, text.text)
+        for key, _ in context:
+            self.state.mark_seen(key.removeprefix(CONTEXT_KEY), "context")
         self.state.mark_seen(post.id, "stored")
+        self.threads.waiting(name, author.username)
         if text.cut_from is not None:
             await self._notice(
                 f"cut:{post.id}",
@@ -258,8 +312,82 @@ class ChatAdapter:
                 f"✂️ Your message had {text.cut_from:,} characters; I read only the first "
                 f"{self.settings.max_message_chars:,}.",
             )
-        if appended.is_new:
-            self.threads.wake(name)
+        if notice := unread_notice(files):
+            await self._notice(f"files:{post.id}", channel, root, notice)
+        self.threads.wake(name)
+
+    async def _take(self, name: str, key: str, text: str) -> None:
+        """Into the log, or held while the thread's turn runs (see ``threads``)."""
+        if self.threads.running(name):
+            self.state.hold(key, name, text)
+        else:
+            await self.runtime.append_user(name, text, external_key=key)
+
+    async def _context(
+        self, post: Post, channel: Channel, decision: Decision
+    ) -> list[tuple[str, str]]:
+        """The thread's earlier posts loopd has not read, with their authors, as the opening of
+        the conversation: when a mention brings loopd into a thread partway through, and, under
+        the thread policy ``mentions``, what was said between two mentions."""
+        starts_mid_thread = decision.action is Action.START and bool(post.root_id)
+        between_mentions = decision.action is Action.REPLY and self._replies_need_mention(channel)
+        if not (starts_mid_thread or between_mentions):
+            return []
+        try:
+            thread = await self.client.thread(post.thread_root)
+        except MattermostError as exc:
+            if exc.status is None:
+                raise
+            log.warning("the thread of %s could not be read (%s); no context", post.id, exc)
+            return []
+        context = []
+        for earlier in thread:
+            if earlier.create_at >= post.create_at or earlier.id == post.id:
+                continue
+            if self.state.seen(earlier.id) is not None or earlier.user_id == self.bot.id:
+                continue
+            if earlier.type.startswith("system_") or not earlier.message.strip():
+                continue
+            author = await self._user(earlier.user_id)
+            text = user_text(earlier, author, self.settings.max_message_chars)
+            context.append((f"{CONTEXT_KEY}{earlier.id}", text.text))
+        return context
+
+    async def _read_files(self, post: Post) -> list[ReadFile]:
+        """The post's attachments: text files read (up to ``max_file_bytes``), others named."""
+        files = []
+        for file_id in post.file_ids:
+            try:
+                info = await self.client.file_info(file_id)
+                head = None
+                if kind_of(info) == "text":
+                    head = await self.client.file_head(file_id, self.settings.max_file_bytes)
+            except MattermostError as exc:
+                if exc.status is None:
+                    raise
+                log.warning("attachment %s of post %s: %s", file_id, post.id, exc)
+                continue
+            files.append(read_file(info, head, self.settings.max_file_bytes))
+        return files
+
+    def _replies_need_mention(self, channel: Channel) -> bool:
+        return self.settings.thread_policy == "mentions" and not channel.is_direct
+
+    async def _group_outsiders(self, channel: Channel) -> list[str]:
+        """For a group message: the usernames of members who are not allowed (the members of a
+        group message never change, so this is asked once per channel)."""
+        if not channel.is_group:
+            return []
+        outsiders = self._outsiders.get(channel.id)
+        if outsiders is None:
+            members = [
+                await self._user(i) for i in await self.client.channel_member_ids(channel.id)
+            ]
+            outsiders = [
+                m.username for m in members if m.id != self.bot.id and not self.allow.allows_user(m)
+            ]
+            self._outsiders[channel.id] = outsiders
+        return outsiders
 
     async def _notice(self, key: str, channel: Channel, root: str, text: str) -> None:
         if self.state.seen(key) is None:

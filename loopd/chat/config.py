@@ -4,7 +4,7 @@ settings table."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
@@ -39,9 +39,35 @@ class ChatSettings(BaseSettings):
     allowed_channels: Annotated[tuple[str, ...], NoDecode] = Field(
         (), description="Channels (names or ids) loopd works in, besides the allowed teams."
     )
-    stop_word: str = Field("stop", description="A thread reply of only this word stops the turn.")
+    admins: Annotated[tuple[str, ...], NoDecode] = Field(
+        (), description="Usernames or user ids who may stop anyone's turn (comma list)."
+    )
+    stop_word: str = Field(
+        "stop",
+        description="A thread reply of only this word stops the turn (from the person who "
+        "asked, or an admin).",
+    )
+    thread_policy: Literal["all", "mentions"] = Field(
+        "all",
+        description="In a channel thread loopd is in: `all` answers every later reply, "
+        "`mentions` only replies that mention it (direct messages are always answered).",
+    )
+    max_waiting_per_user: int = Field(
+        3, ge=1, description="Threads one person may have waiting for an answer at once."
+    )
+    max_waiting_per_thread: int = Field(
+        5, ge=1, description="Messages that may wait in one thread while its turn runs."
+    )
+    max_file_bytes: int = Field(
+        262144, ge=0, description="Text attachments are read up to this many bytes each."
+    )
+    typing_interval_s: float = Field(
+        4.0,
+        gt=0,
+        description="How often the typing indicator is sent while a turn waits or thinks.",
+    )
     stop_reaction: str = Field(
-        "octagonal_sign", description="This reaction on a status post stops the turn."
+        "octagonal_sign", description="This reaction on a turn's status or answer post stops it."
     )
     status_interval_s: float = Field(
         3.0, ge=0, description="Least time between two edits of a status post."
@@ -67,7 +93,7 @@ class ChatSettings(BaseSettings):
         32000, gt=0, description="Longer posts are cut to this many characters (the user is told)."
     )
 
-    @field_validator("allowed_users", "allowed_teams", "allowed_channels", mode="before")
+    @field_validator("allowed_users", "allowed_teams", "allowed_channels", "admins", mode="before")
     @classmethod
     def _parse_list(cls, value: Any) -> Any:
         return _comma_list(value)

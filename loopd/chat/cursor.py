@@ -8,6 +8,8 @@ Rows are only ever added (the latest row wins), as in the session log:
 - ``threads``: the channel of each thread loopd is in (replies need it after a restart).
 - ``outbox``: a reply's intent (before posting) and each part's post id (after), so a restart
   knows which replies may already be in the thread and looks there before posting again.
+- ``held``: messages that came while their thread's turn ran, kept here until it ends (a row is
+  removed once its message is in the session log).
 """
 
 from __future__ import annotations
@@ -36,6 +38,9 @@ CREATE TABLE IF NOT EXISTS outbox (
     id INTEGER PRIMARY KEY, key TEXT NOT NULL, part INTEGER NOT NULL, post_id TEXT,
     saved_at REAL NOT NULL);
 CREATE INDEX IF NOT EXISTS outbox_key ON outbox (key, part);
+CREATE TABLE IF NOT EXISTS held (
+    id INTEGER PRIMARY KEY, post_id TEXT NOT NULL UNIQUE, session TEXT NOT NULL,
+    text TEXT NOT NULL, saved_at REAL NOT NULL);
 CREATE TRIGGER IF NOT EXISTS cursors_no_update BEFORE UPDATE ON cursors
     BEGIN SELECT RAISE(ABORT, 'chat state is append-only'); END;
 CREATE TRIGGER IF NOT EXISTS outbox_no_update BEFORE UPDATE ON outbox
@@ -174,3 +179,19 @@ class ChatState:
             "INSERT INTO outbox (key, part, post_id, saved_at) VALUES (?, ?, ?, ?)",
             (key, part, post_id, time.time()),
         )
+
+    # -- messages held while their thread's turn runs -------------------------------------------
+
+    def hold(self, post_id: str, session: str, text: str) -> None:
+        self._run(
+            "INSERT OR IGNORE INTO held (post_id, session, text, saved_at) VALUES (?, ?, ?, ?)",
+            (post_id, session, text, time.time()),
+        )
+
+    def held(self, session: str) -> list[tuple[str, str]]:
+        """(post id, text) of the session's held messages, in arrival order."""
+        rows = self._run("SELECT post_id, text FROM held WHERE session = ? ORDER BY id", (session,))
+        return [(str(post_id), str(text)) for post_id, text in rows]
+
+    def release(self, post_id: str) -> None:
+        self._run("DELETE FROM held WHERE post_id = ?", (post_id,))

@@ -53,11 +53,17 @@ class Allowlist:
     def allows_user(self, user: User) -> bool:
         return bool({"*", user.id, user.username} & self.users)
 
-    def allows_channel(self, channel: Channel, team_name: str = "") -> bool:
+    def allows_channel(
+        self, channel: Channel, team_name: str = "", group_outsiders: Collection[str] = ()
+    ) -> bool:
+        """``group_outsiders``: for a group message, its members who are not allowed users."""
         if channel.is_direct:
             return True  # a DM is as allowed as the person in it
         if {"*", channel.id, channel.name} & self.channels:
             return True
+        if channel.is_group:
+            # A group message has no team: it is as allowed as the people in it, all of them.
+            return not group_outsiders
         return bool({"*", channel.team_id, team_name} & self.teams - {""})
 
 
@@ -72,11 +78,13 @@ def mentions(text: str, username: str) -> bool:
     return any(word.strip(_TRIM).lower() == target for word in strip_code(text).split())
 
 
-def is_stop(text: str, stop_word: str) -> bool:
-    """The post is only the stop word (optionally after a mention of the bot, any case)."""
+def is_stop(text: str, stop_word: str, bot_username: str) -> bool:
+    """The post is only the stop word, alone or after a mention of the bot (any case). A stop
+    word addressed to someone else ("@bob stop") is not meant for loopd."""
     words = [w.strip(_TRIM).lower() for w in text.split()]
-    words = [w for w in words if w and not w.startswith("@")]
-    return words == [stop_word.lower()]
+    named = {w for w in words if w.startswith("@")}
+    rest = [w for w in words if w and not w.startswith("@")]
+    return rest == [stop_word.lower()] and named <= {f"@{bot_username.lower()}"}
 
 
 def decide(
@@ -90,9 +98,13 @@ def decide(
     thread_known: bool,
     post_known: bool,
     stop_word: str = "stop",
+    replies_need_mention: bool = False,
+    group_outsiders: Collection[str] = (),
 ) -> Decision:
     """What to do with ``post``. ``thread_known``: loopd has a session for the post's thread;
-    ``post_known``: this post id is already stored."""
+    ``post_known``: this post id is already stored; ``replies_need_mention``: the thread policy
+    ``mentions`` (channel threads answer only replies that mention the bot); ``group_outsiders``:
+    for a group message, the members who are not allowed."""
     skip = _not_a_user_post(post, author, bot)
     if skip is not None:
         return Decision(Action.IGNORE, skip)
@@ -102,16 +114,23 @@ def decide(
             return Decision(Action.EDIT_NOTICE, "edit of a post already read", root)
         return Decision(Action.IGNORE, "already stored")
     in_thread = bool(post.root_id) and thread_known
-    addressed = channel.is_direct or mentions(post.message, bot.username)
+    mentioned = mentions(post.message, bot.username)
+    addressed = channel.is_direct or mentioned
+    stop = in_thread and is_stop(post.message, stop_word, bot.username)
+    if in_thread and replies_need_mention and not (addressed or stop):
+        return Decision(Action.IGNORE, "a reply without a mention (thread policy: mentions)")
     if not (in_thread or addressed):
         return Decision(Action.IGNORE, "not addressed to the bot")
     if not allow.allows_user(author):
         if addressed:
             return Decision(Action.REFUSE, f"@{author.username} is not allowed", root)
         return Decision(Action.IGNORE, f"@{author.username} is not allowed")
-    if not allow.allows_channel(channel, team_name):
+    if not allow.allows_channel(channel, team_name, group_outsiders):
+        if channel.is_group:
+            names = ", ".join(f"@{name}" for name in sorted(group_outsiders))
+            return Decision(Action.REFUSE, f"group message with members not allowed: {names}", root)
         return Decision(Action.REFUSE, f"channel {channel.name} is not allowed", root)
-    if in_thread and is_stop(post.message, stop_word):
+    if stop:
         return Decision(Action.STOP, f"stop requested by @{author.username}", root)
     if in_thread or (thread_known and not post.root_id):
         return Decision(Action.REPLY, "a message in a thread of the bot", root)

@@ -76,10 +76,35 @@ class Post:
 
 def posts_of(post_list: Any) -> list[Post]:
     """The posts of a PostList (``{"order": [...], "posts": {...}}``), oldest update first."""
-    if not isinstance(post_list, dict) or not isinstance(post_list.get("posts"), dict):
-        raise WireFormatError("not a post list")
-    posts = [Post.from_json(raw) for raw in post_list["posts"].values()]
-    return sorted(posts, key=lambda p: (p.update_at, p.id))
+    return PostList.from_json(post_list).by_update()
+
+
+@dataclass(frozen=True)
+class PostList:
+    """``order`` names the posts the query matched (newest first); ``posts`` may hold more: the
+    roots of matched replies, and, unless ``skipFetchThreads`` was set, whole threads."""
+
+    order: tuple[str, ...]
+    posts: dict[str, Post]
+
+    @classmethod
+    def from_json(cls, raw: Any) -> PostList:
+        if not isinstance(raw, dict) or not isinstance(raw.get("posts"), dict):
+            raise WireFormatError("not a post list")
+        order = raw.get("order")
+        posts = {post.id: post for post in map(Post.from_json, raw["posts"].values())}
+        names = tuple(o for o in order if isinstance(o, str)) if isinstance(order, list) else ()
+        return cls(names, posts)
+
+    def matched(self) -> list[Post]:
+        """The posts named in ``order`` (those the query itself matched)."""
+        return [self.posts[i] for i in self.order if i in self.posts]
+
+    def by_update(self) -> list[Post]:
+        return sorted(self.posts.values(), key=lambda p: (p.update_at, p.id))
+
+    def by_creation(self) -> list[Post]:
+        return sorted(self.posts.values(), key=lambda p: (p.create_at, p.id))
 
 
 @dataclass(frozen=True)
@@ -92,6 +117,10 @@ class Channel:
     @property
     def is_direct(self) -> bool:
         return self.type == "D"
+
+    @property
+    def is_group(self) -> bool:
+        return self.type == "G"
 
     @classmethod
     def from_json(cls, raw: Any) -> Channel:
@@ -117,3 +146,17 @@ class User:
 class Team:
     id: str
     name: str
+
+
+@dataclass(frozen=True)
+class FileInfo:
+    id: str
+    name: str
+    mime_type: str
+    size: int
+
+    @classmethod
+    def from_json(cls, raw: Any) -> FileInfo:
+        if not isinstance(raw, dict) or not _str(raw, "id"):
+            raise WireFormatError(f"not a file info: {str(raw)[:200]}")
+        return cls(_str(raw, "id"), _str(raw, "name"), _str(raw, "mime_type"), _int(raw, "size"))

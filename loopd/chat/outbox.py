@@ -44,6 +44,24 @@ class Outbox:
         planned = self.state.planned_parts(key)
         return planned is not None and len(self.state.posted_parts(key)) >= planned
 
+    def removed(self, post_id: str) -> bool:
+        return self.state.seen(f"removed:{post_id}") is not None
+
+    async def remove(self, post_id: str) -> bool:
+        """Delete one of loopd's own posts, once (best effort): True when it is gone. A post
+        someone else already deleted (403, 404) counts as gone; an outage leaves it for the
+        next tidy-up."""
+        if self.removed(post_id):
+            return True
+        try:
+            await self.client.delete_post(post_id)
+        except MattermostError as exc:
+            if exc.status is None:
+                log.warning("could not delete post %s (%s); it stays for now", post_id, exc)
+                return False
+        self.state.mark_seen(f"removed:{post_id}", "removed")
+        return True
+
     async def post_once(self, key: str, channel_id: str, root_id: str, text: str) -> list[str]:
         """Post ``text`` (split as needed) under ``key`` unless it is already there; the ids."""
         parts = split_message(text, self.max_post_size)
@@ -66,6 +84,13 @@ class Outbox:
             self.state.record_posted(key, index, post.id)
             posted[index] = post.id
         return [posted[i] for i in sorted(posted)]
+
+    async def recover(self, key: str, root_id: str) -> None:
+        """Record parts of ``key`` that were posted but not recorded (a create cut short)."""
+        planned = self.state.planned_parts(key)
+        posted = self.state.posted_parts(key)
+        if planned is not None and len(posted) < planned:
+            await self._found_in_thread(key, root_id, posted)
 
     async def _found_in_thread(
         self, key: str, root_id: str, known: dict[int, str]
@@ -125,10 +150,19 @@ class StatusPost:
             self._text = text
             self._changed.set()
 
+    def _key(self, generation: int) -> str:
+        return self.key if generation == 0 else f"{self.key}.{generation}"
+
     async def open(self) -> str | None:
         """Create (or, after a restart, find) the status post; None when it cannot be."""
-        key = self.key if self._generation == 0 else f"{self.key}.{self._generation}"
+        key = self._key(self._generation)
         reused = self.outbox.delivered(key)
+        posted = self.outbox.state.posted_parts(key)
+        if reused and any(self.outbox.removed(i) for i in posted.values()):
+            # This turn's earlier run ended and took its status post away (a failed turn now
+            # resumed after a restart): carry on in a new one.
+            self._generation += 1
+            return await self.open()
         try:
             ids = await self.outbox.post_once(key, self.channel_id, self.root_id, self._text)
         except MattermostError as exc:
@@ -163,6 +197,16 @@ class StatusPost:
         """The final text, sent at once: the turn is over and nothing follows it."""
         self._text = status_text(finished)
         await self._edit(self._text)
+
+    async def remove(self) -> None:
+        """Take the status post (every one this turn opened) out of the thread: the turn is
+        over, and its answer or closing line says how it went."""
+        self.post_id = None
+        generation = 0
+        while parts := self.outbox.state.posted_parts(self._key(generation)):
+            for post_id in parts.values():
+                await self.outbox.remove(post_id)
+            generation += 1
 
     async def _edit(self, text: str) -> None:
         if self.post_id is None or text == self._sent:

@@ -15,7 +15,15 @@ from typing import Any
 import httpx
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, stop_after_delay
 
-from loopd.chat.model import Channel, Post, Team, User, WireFormatError, posts_of
+from loopd.chat.model import (
+    Channel,
+    FileInfo,
+    Post,
+    PostList,
+    Team,
+    User,
+    WireFormatError,
+)
 from loopd.errors import LoopdError
 
 log = logging.getLogger("loopd.chat.rest")
@@ -87,12 +95,25 @@ class MattermostClient:
     async def aclose(self) -> None:
         await self.http.aclose()
 
-    async def call(self, method: str, path: str, what: str, **kwargs: Any) -> Any:
-        """One API call, retried through transient failures; the decoded JSON answer."""
+    async def call(
+        self, method: str, path: str, what: str, *, retry_for_s: float | None = None, **kwargs: Any
+    ) -> Any:
+        """One API call, retried through transient failures (for ``retry_for_s``, the client's
+        window by default; 0 for a single attempt); the decoded JSON answer."""
+        response = await self._retried(method, path, what, retry_for_s, **kwargs)
+        try:
+            return response.json()
+        except ValueError as exc:
+            raise MattermostError(what, response.status_code, "the answer is not JSON") from exc
+
+    async def _retried(
+        self, method: str, path: str, what: str, retry_for_s: float | None, **kwargs: Any
+    ) -> httpx.Response:
+        window = self.retry_for_s if retry_for_s is None else retry_for_s
         retrying = AsyncRetrying(
             retry=retry_if_exception(lambda exc: isinstance(exc, _Transient)),
             wait=_wait(self.backoff_s, self.backoff_cap_s),
-            stop=stop_after_delay(self.retry_for_s),
+            stop=stop_after_delay(window),
             reraise=True,
         )
         try:
@@ -103,7 +124,7 @@ class MattermostClient:
             raise MattermostError(what, None, f"still failing after retries: {exc}") from exc
         raise AssertionError("unreachable")  # pragma: no cover
 
-    async def _once(self, method: str, path: str, what: str, **kwargs: Any) -> Any:
+    async def _once(self, method: str, path: str, what: str, **kwargs: Any) -> httpx.Response:
         try:
             response = await self.http.request(method, path, **kwargs)
         except httpx.TransportError as exc:
@@ -116,10 +137,7 @@ class MattermostClient:
             raise _Transient(f"{status} {response.text[:200]}", retry_after)
         if status >= 400:
             raise MattermostError(what, status, _error_message(response))
-        try:
-            return response.json()
-        except ValueError as exc:
-            raise MattermostError(what, status, "the answer is not JSON") from exc
+        return response
 
     # -- typed calls -----------------------------------------------------------------------------
 
@@ -156,26 +174,99 @@ class MattermostClient:
 
     async def posts_since(self, channel_id: str, since_ms: int) -> list[Post]:
         """Posts created or changed after ``since_ms``, oldest change first; pages on at the
-        1000-row cap."""
+        1000-row cap.
+
+        Paging anchors on the newest post the page *matched* (its ``order``), never on the whole
+        ``posts`` map: that map also carries thread roots and, without ``skipFetchThreads``,
+        whole threads, whose newest reply may lie far past the page; anchoring there skipped
+        every post in between (tests/chat/test_chat_catchup.py)."""
         path = f"/channels/{channel_id}/posts"
-        raw = await self.call("GET", path, "GET posts since", params={"since": since_ms})
-        posts = posts_of(raw)
-        if len(posts) < SINCE_CAP:
-            return posts
-        after = max(posts, key=lambda p: (p.create_at, p.id)).id
-        while True:
-            page = posts_of(
-                await self.call(
-                    "GET", path, "GET posts after", params={"after": after, "per_page": PAGE}
-                )
+        first = PostList.from_json(
+            await self.call("GET", path, "GET posts since", params={"since": since_ms})
+        )
+        posts = dict(first.posts)
+        matched = first.matched()
+        if len(matched) < SINCE_CAP:
+            return first.by_update()
+        while matched:
+            anchor = max(matched, key=lambda p: (p.create_at, p.id)).id
+            params = {"after": anchor, "per_page": PAGE, "skipFetchThreads": "true"}
+            page = PostList.from_json(
+                await self.call("GET", path, "GET posts after", params=params)
             )
-            posts.extend(page)
-            if len(page) < PAGE:
-                return sorted({p.id: p for p in posts}.values(), key=lambda p: (p.update_at, p.id))
-            after = max(page, key=lambda p: (p.create_at, p.id)).id
+            posts.update(page.posts)
+            matched = page.matched()
+            if len(matched) < PAGE:
+                break
+        return sorted(posts.values(), key=lambda p: (p.update_at, p.id))
 
     async def thread(self, post_id: str) -> list[Post]:
-        return posts_of(await self.call("GET", f"/posts/{post_id}/thread", "GET thread"))
+        """The whole thread of ``post_id`` (root included), oldest first."""
+        raw = await self.call("GET", f"/posts/{post_id}/thread", "GET thread")
+        return PostList.from_json(raw).by_creation()
+
+    async def channel_member_ids(self, channel_id: str) -> list[str]:
+        """The user ids of a channel's members (one page: loopd asks this of group messages,
+        which hold at most eight people)."""
+        raw = await self.call(
+            "GET",
+            f"/channels/{channel_id}/members",
+            "GET /channels/{id}/members",
+            params={"page": 0, "per_page": PAGE},
+        )
+        if not isinstance(raw, list):
+            raise WireFormatError("channel member list is not a list")
+        return [str(m["user_id"]) for m in raw if isinstance(m, dict) and m.get("user_id")]
+
+    async def typing(self, user_id: str, channel_id: str, parent_id: str) -> None:
+        """The typing indicator; one attempt (the next one follows in seconds anyway)."""
+        await self.call(
+            "POST",
+            f"/users/{user_id}/typing",
+            "POST /users/{id}/typing",
+            retry_for_s=0,
+            json={"channel_id": channel_id, "parent_id": parent_id},
+        )
+
+    async def file_info(self, file_id: str) -> FileInfo:
+        raw = await self.call("GET", f"/files/{file_id}/info", "GET /files/{id}/info")
+        return FileInfo.from_json(raw)
+
+    async def file_head(self, file_id: str, max_bytes: int) -> bytes:
+        """A file's content, or its first ``max_bytes`` bytes and one more (so the caller can
+        tell that it was cut) when it is longer."""
+        what = "GET /files/{id}"
+        retrying = AsyncRetrying(
+            retry=retry_if_exception(lambda exc: isinstance(exc, _Transient)),
+            wait=_wait(self.backoff_s, self.backoff_cap_s),
+            stop=stop_after_delay(self.retry_for_s),
+            reraise=True,
+        )
+        try:
+            async for attempt in retrying:
+                with attempt:
+                    return await self._head_once(f"/files/{file_id}", what, max_bytes)
+        except _Transient as exc:
+            raise MattermostError(what, None, f"still failing after retries: {exc}") from exc
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    async def _head_once(self, path: str, what: str, max_bytes: int) -> bytes:
+        try:
+            async with self.http.stream("GET", path) as response:
+                status = response.status_code
+                if status == 429 or status >= 500:
+                    raise _Transient(f"{status}", _retry_after(response))
+                if status >= 400:
+                    await response.aread()
+                    raise MattermostError(what, status, _error_message(response))
+                head = bytearray()
+                async for chunk in response.aiter_bytes():
+                    head += chunk
+                    if len(head) > max_bytes:
+                        break
+                return bytes(head[: max_bytes + 1])
+        except httpx.TransportError as exc:
+            raise _Transient(f"{type(exc).__name__}: {exc}") from exc
 
     async def create_post(
         self,
@@ -195,11 +286,18 @@ class MattermostClient:
         }
         return Post.from_json(await self.call("POST", "/posts", "POST /posts", json=body))
 
-    async def patch_message(self, post_id: str, message: str) -> Post:
-        raw = await self.call(
-            "PUT", f"/posts/{post_id}/patch", "PUT /posts/{id}/patch", json={"message": message}
-        )
+    async def patch_message(
+        self, post_id: str, message: str, *, props: dict[str, Any] | None = None
+    ) -> Post:
+        """Edit a post's text; ``props``, when given, replaces the whole props map."""
+        body: dict[str, Any] = {"message": message}
+        if props is not None:
+            body["props"] = props
+        raw = await self.call("PUT", f"/posts/{post_id}/patch", "PUT /posts/{id}/patch", json=body)
         return Post.from_json(raw)
+
+    async def delete_post(self, post_id: str) -> None:
+        await self.call("DELETE", f"/posts/{post_id}", "DELETE /posts/{id}")
 
 
 def _retry_after(response: httpx.Response) -> float | None:

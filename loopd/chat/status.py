@@ -1,6 +1,8 @@
-"""The status post of a turn: its text for each phase, and when it may be edited again.
+"""What a turn is doing, in words: the one wording of each phase, for the thread's status post and
+for the terminal's status line, and when a post may be edited again.
 
-Pure: the shell (``outbox.StatusPost``) feeds it what happened and a clock reading."""
+Pure: the shells (``turnposts.TurnPosts``, ``terminal.StatusLine``) feed it what happened and a
+clock reading."""
 
 from __future__ import annotations
 
@@ -19,7 +21,7 @@ class InLine:
 
 @dataclass(frozen=True)
 class Finished:
-    """The turn's end, shown in its status post for good."""
+    """The turn's end, for a status post that stays (a turn cut short by a shutdown)."""
 
     outcome: str  # "done", "stopped", "failed", "interrupted"
     detail: str = ""
@@ -27,37 +29,64 @@ class Finished:
 
 Shown = Status | InLine | Finished
 
+_ICONS = {
+    Phase.QUEUED: "⏳",
+    Phase.WAITING: "⏳",
+    Phase.STUCK: "⏳",
+    Phase.READING: "📖",
+    Phase.THINKING: "💭",
+    Phase.TOOL_CALL: "🔧",
+    Phase.ANSWERING: "✍️",
+}
+
+
+def phase_words(status: Status) -> str:
+    """The phase in words, the same on every surface (a thread adds an icon)."""
+    match status.phase:
+        case Phase.QUEUED:
+            return "queued behind another request on the server"
+        case Phase.WAITING:
+            return "waiting for the server"
+        case Phase.STUCK:
+            return "the server is not answering /slots; still waiting"
+        case Phase.READING:
+            return f"reading the prompt {status.percent or 0}%"
+        case Phase.THINKING:
+            return f"thinking ({status.tokens or 0} tokens)"
+        case Phase.TOOL_CALL:
+            return f"calling {status.tool}"
+        case Phase.ANSWERING:
+            return "answering"
+
+
+def in_line_words(in_line: InLine) -> str:
+    who = "1 other thread" if in_line.ahead == 1 else f"{in_line.ahead} other threads"
+    return f"waiting for slot {in_line.slot} (behind {who})"
+
 
 def status_text(shown: Shown, stop_hint: str = "") -> str:
     """One line for the status post; a running turn carries the hint on how to stop it."""
     match shown:
-        case InLine(slot, ahead):
-            who = "1 other thread" if ahead == 1 else f"{ahead} other threads"
-            text = f"⏳ waiting for slot {slot} (behind {who})"
+        case InLine():
+            text = f"⏳ {in_line_words(shown)}"
         case Finished(outcome, detail):
             icon = {"done": "✅", "stopped": "⏹️", "failed": "❌"}.get(outcome, "⚠️")
             return f"{icon} {outcome}" + (f" {detail}" if detail else "")
         case Status():
-            text = _phase_text(shown)
+            text = f"{_ICONS[shown.phase]} {phase_words(shown)}"
     return f"{text}{stop_hint}"
 
 
-def _phase_text(status: Status) -> str:
-    match status.phase:
-        case Phase.QUEUED:
-            return "⏳ queued behind another client on the server"
-        case Phase.WAITING:
-            return "⏳ waiting for the server"
-        case Phase.STUCK:
-            return "⏳ the server is not answering /slots; still waiting"
-        case Phase.READING:
-            return f"📖 reading the prompt {status.percent or 0}%"
-        case Phase.THINKING:
-            return f"💭 thinking ({status.tokens or 0} tokens)"
-        case Phase.TOOL_CALL:
-            return f"🔧 calling {status.tool}"
-        case Phase.ANSWERING:
-            return "✍️ answering"
+def wants_typing(shown: Shown) -> bool:
+    """The typing indicator shows while the turn waits or thinks, not while the answer itself
+    is being written into its post (that post moving says as much)."""
+    match shown:
+        case InLine():
+            return True
+        case Status():
+            return shown.phase is not Phase.ANSWERING
+        case _:
+            return False
 
 
 @dataclass(frozen=True)
@@ -76,3 +105,11 @@ def next_edit(
     if last_at is None or now - last_at >= interval_s:
         return EditDecision(True)
     return EditDecision(False, last_at + interval_s - now)
+
+
+def draft_text(written: str, limit: int) -> str:
+    """An answer post while the answer is being written: the text so far (at most the first
+    post's worth) and a mark that more is coming."""
+    mark = " …"
+    head = written if len(written) + len(mark) <= limit else written[: limit - len(mark)]
+    return head.rstrip() + mark

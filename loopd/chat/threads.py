@@ -1,33 +1,49 @@
-"""The turns of the Mattermost threads: one worker per session, status post, stop, delivery.
+"""The turns of the Mattermost threads: one worker per session, its posts, stop, delivery.
 
 A session is ``mm:<root post id>``. What to do is always derived from the session log: a worker
 runs a turn while the session has one pending; an answer is the latest assistant entry without
 tool calls, delivered under the key ``<session>#<its seq>`` (so a restart that finds it already
 delivered, or half delivered, does not post it again).
+
+A turn is keyed ``<session>#<seq of the last replayed entry when it began>``: its status post
+(``:status``) and its answer post (``:draft``, written as the answer streams) carry that key, so
+the same pending turn after a restart finds them again. When the turn ends the draft becomes the
+answer's first part and the status post is taken away, so nothing but the answer (or one closing
+line) stays in the thread.
+
+A message that comes while its thread's turn runs is held (``ChatState.hold``) and goes into the
+log when the turn is over: appended mid-turn it would sit before an answer that never saw it.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import re
 from dataclasses import dataclass, field
+from enum import StrEnum
 
 import anyio
 from anyio.abc import TaskGroup
 
 from loopd.chat.config import ChatSettings
 from loopd.chat.cursor import ChatState
-from loopd.chat.outbox import Outbox, StatusPost
+from loopd.chat.outbox import PART_PROP, TURN_PROP, Outbox
+from loopd.chat.rest import MattermostError
+from loopd.chat.split import split_message
 from loopd.chat.status import Finished, InLine
+from loopd.chat.turnposts import DRAFT, STATUS, TurnPosts, close, draft_post
 from loopd.engine.turn import TurnOutcome
 from loopd.errors import LoopdError
-from loopd.sessionlog.records import REPLAYED_KINDS, EntryKind, SessionState
+from loopd.sessionlog.records import REPLAYED_KINDS, Entry, EntryKind, SessionState
 from loopd.sessions import Runtime
 
 log = logging.getLogger("loopd.chat.threads")
 
 PREFIX = "mm:"
 STOPPED = "stopped by "
+CONTEXT_KEY = "ctx:"  # external key prefix of a thread's earlier posts, stored as context
+_AUTHOR = re.compile(r"^@([^\s:]+): ")
 
 
 def session_name(root_id: str) -> str:
@@ -43,11 +59,61 @@ def was_stopped(state: SessionState) -> bool:
     return any((entry.fields.reason or "").startswith(STOPPED) for entry in state.broken_since)
 
 
+def is_answer(entry: Entry) -> bool:
+    """An assistant entry that answers (no tool calls)."""
+    if entry.kind is not EntryKind.ASSISTANT or entry.message is None:
+        return False
+    return not json.loads(entry.message).get("tool_calls")
+
+
+def ends_a_turn(entry: Entry) -> bool:
+    return is_answer(entry) or (
+        entry.kind is EntryKind.BROKEN and (entry.fields.reason or "").startswith(STOPPED)
+    )
+
+
+def since_last_turn(entries: list[Entry], before_seq: int | None = None) -> list[Entry]:
+    """The entries after the last ended turn (an answer or a stop), up to ``before_seq``."""
+    upto = [e for e in entries if before_seq is None or e.seq < before_seq]
+    start = max((i + 1 for i, e in enumerate(upto) if ends_a_turn(e)), default=0)
+    return upto[start:]
+
+
+def recent_turns(entries: list[Entry]) -> list[Entry]:
+    """The entries of the last ended turn and of any turn after it."""
+    ends = [i for i, e in enumerate(entries) if ends_a_turn(e)]
+    start = ends[-2] + 1 if len(ends) >= 2 else 0
+    return entries[start:]
+
+
+def requesters(entries: list[Entry]) -> frozenset[str]:
+    """The people whose messages the pending turn answers (not the thread's earlier posts, read
+    as context): they may stop it."""
+    names = set()
+    for entry in since_last_turn(entries):
+        key = entry.fields.external_key or ""
+        if entry.kind is not EntryKind.USER or entry.message is None or key.startswith(CONTEXT_KEY):
+            continue
+        content = json.loads(entry.message).get("content")
+        match = _AUTHOR.match(content) if isinstance(content, str) else None
+        if match:
+            names.add(match.group(1))
+    return frozenset(names)
+
+
+class StopResult(StrEnum):
+    STOPPED = "stopped"
+    NOTHING_RUNNING = "nothing running"
+    NOT_ALLOWED = "not allowed"
+
+
 @dataclass
 class _Running:
-    status: StatusPost
+    posts: TurnPosts
+    requesters: frozenset[str]
     scope: anyio.CancelScope = field(default_factory=anyio.CancelScope)
     stopped_by: str | None = None
+    ended: bool = False  # the model's part is over; only posting remains
 
 
 class Threads:
@@ -67,6 +133,9 @@ class Threads:
         self._dirty: set[str] = set()
         self._workers: set[str] = set()
         self._running: dict[str, _Running] = {}
+        # Who waits in which thread: authors of messages held, or stored for a turn that has
+        # not got its slot yet (kept in memory: after a restart the caps start afresh).
+        self._waiting: dict[str, set[str]] = {}
 
     def known(self, root_id: str) -> bool:
         """loopd is in this thread (it has a session for it)."""
@@ -79,23 +148,50 @@ class Threads:
         """The sessions of Mattermost threads in the log."""
         return [s.name for s in self.runtime.log.sessions() if s.name.startswith(PREFIX)]
 
+    # -- admission -------------------------------------------------------------------------------
+
+    def admission(self, session: str, username: str) -> str | None:
+        """Why a new message by ``username`` for ``session`` is not taken, or None."""
+        limit = self.settings.max_waiting_per_thread
+        if self.running(session) and len(self.state.held(session)) >= limit:
+            return (
+                f"⏳ {limit} messages are already waiting in this thread, so I did not take "
+                "this one. Post it again once I have answered."
+            )
+        if username in self._waiting.get(session, set()):
+            return None  # no new turn: it joins one this person already waits for
+        waiting_in = sum(username in people for people in self._waiting.values())
+        if waiting_in >= self.settings.max_waiting_per_user:
+            return (
+                f"⏳ You already have {waiting_in} threads waiting for an answer, so I did not "
+                "take this one. Post it again once one is answered."
+            )
+        return None
+
+    def waiting(self, session: str, username: str) -> None:
+        """``username``'s message for ``session`` was stored or held."""
+        self._waiting.setdefault(session, set()).add(username)
+
     # -- startup ---------------------------------------------------------------------------------
 
     async def resume_all(self) -> None:
-        """After a start: deliver answers a crash left unposted, and run pending turns (not
-        those a user stopped)."""
+        """After a start: deliver answers a crash left unposted, take in held messages, and run
+        pending turns (not those a user stopped)."""
         for name in self.session_names():
             await self.deliver(name)
             state = self.runtime.log.state(name)
-            if (state.pending_turn or state.interrupted_calls) and not was_stopped(state):
+            held = bool(self.state.held(name))
+            if held or ((state.pending_turn or state.interrupted_calls) and not was_stopped(state)):
                 log.info("resuming the pending turn of %s", name)
-                self.wake(name)
+                self.wake(name)  # its posts are found again, and tidied when it ends
+            else:
+                await self.tidy(name)
 
     # -- turns -----------------------------------------------------------------------------------
 
     def wake(self, session: str) -> None:
-        """A new message was stored for ``session``: run a turn unless one is under way (that
-        worker then runs another for what arrived meanwhile)."""
+        """A new message was stored (or held) for ``session``: run a turn unless one is under
+        way (that worker then runs another for what arrived meanwhile)."""
         self._dirty.add(session)
         if session not in self._workers:
             self._workers.add(session)
@@ -105,87 +201,125 @@ class Threads:
         try:
             while session in self._dirty:
                 self._dirty.discard(session)
-                state = self.runtime.log.state(session)
-                if state.pending_turn or state.interrupted_calls:
-                    try:
+                try:
+                    await self._release_held(session)
+                    state = self.runtime.log.state(session)
+                    if state.pending_turn or state.interrupted_calls:
                         await self._turn(session)
-                    except* LoopdError:
-                        # One thread's failure (Mattermost down past the retries, a log error)
-                        # must not end the daemon; the next message wakes the session again.
-                        # except*: the turn runs in a task group, which wraps what it raises.
-                        log.exception("the turn of %s failed", session)
+                    if self.state.held(session):
+                        self._dirty.add(session)  # what came meanwhile gets its own turn
+                except* LoopdError:
+                    # One thread's failure (Mattermost down past the retries, a log error)
+                    # must not end the daemon; the next message wakes the session again.
+                    # except*: the turn runs in a task group, which wraps what it raises.
+                    log.exception("the turn of %s failed", session)
         finally:
             self._workers.discard(session)
+            self._waiting.pop(session, None)  # nothing of this thread waits any more
+
+    async def _release_held(self, session: str) -> None:
+        """Held messages into the log, in arrival order (no turn runs now)."""
+        for key, text in self.state.held(session):
+            await self.runtime.append_user(session, text, external_key=key)
+            self.state.release(key)
 
     async def _turn(self, name: str) -> None:
         channel = self.state.thread_channel(root_of(name))
         if channel is None:
             log.error("no channel recorded for %s; its turn cannot be answered", name)
             return
-        # Keyed by the last replayed entry, so the same pending turn after a restart finds its
-        # status post again instead of opening a second one.
-        replayed = [e for e in self.runtime.log.entries(name) if e.kind in REPLAYED_KINDS]
-        status = StatusPost(
+        entries = self.runtime.log.entries(name)
+        replayed = [e for e in entries if e.kind in REPLAYED_KINDS]
+        posts = TurnPosts(
             self.outbox,
-            f"{name}#{replayed[-1].seq}:status",
+            f"{name}#{replayed[-1].seq}",
             channel,
             root_of(name),
             interval_s=self.settings.status_interval_s,
+            typing_interval_s=self.settings.typing_interval_s,
             stop_hint=self._stop_hint(),
         )
-        await status.open()
-        running = _Running(status)
+        await posts.open()
+        running = _Running(posts, requesters(entries))
         self._running[name] = running
         outcome: TurnOutcome | None = None
         try:
             async with anyio.create_task_group() as tg:
-                tg.start_soon(status.follow)
+                tg.start_soon(posts.follow)
                 with running.scope:
-                    outcome = await self._run(name, status)
+                    outcome = await self._run(name, posts)
+                running.ended = True
                 tg.cancel_scope.cancel()
+            # Still "running" while it concludes: a message now is held until the answer is out.
+            await self._conclude(name, channel, running, outcome)
         except anyio.get_cancelled_exc_class():
             with anyio.move_on_after(2.0, shield=True):
-                await status.finish(
+                await posts.status.finish(
                     Finished("interrupted", "(loopd stopped; it resumes on restart)")
                 )
             raise
         finally:
             del self._running[name]
-        await self._conclude(name, channel, running, outcome)
 
-    async def _run(self, name: str, status: StatusPost) -> TurnOutcome | None:
+    async def _run(self, name: str, posts: TurnPosts) -> TurnOutcome | None:
         session = self.runtime.log.get_session(name)
 
         def on_position(ahead: int) -> None:
             if ahead:
-                status.show(InLine(session.slot, ahead))
+                posts.show(InLine(session.slot, ahead))
+            else:  # the slot is ours: what waited is now being answered
+                self._waiting.pop(name, None)
 
         if self.runtime.log.state(name).interrupted_calls:
-            return await self.runtime.resume(session, status.show)
-        return await self.runtime.run_turn(session, status.show, on_position)
+            self._waiting.pop(name, None)
+            return await self.runtime.resume(session, posts.show)
+        return await self.runtime.run_turn(session, posts.show, on_position)
 
     async def _conclude(
         self, name: str, channel: str, running: _Running, outcome: TurnOutcome | None
     ) -> None:
         if outcome is None or running.stopped_by is not None:
             who = running.stopped_by or "someone"
-            self._record_stop(name, who)
-            await running.status.finish(Finished("stopped", f"by @{who}"))
+            stop = self._record_stop(name, who)
+            await self._close_stopped(name, channel, running, stop, who)
         elif outcome.failure is not None:
-            await running.status.finish(Finished("failed"))
             broken = self.runtime.log.entries(name)[-1].seq
             await self.outbox.post_once(
-                f"{name}#{broken}",
+                f"{name}#{broken}:failed",
                 channel,
                 root_of(name),
                 f"⚠️ I could not answer: {outcome.failure}\nReply to try again.",
             )
         else:
-            # A compaction's one-line notice ("the conversation was compacted") ends the status.
-            await running.status.finish(Finished("done", " ".join(outcome.notices)))
-            await self.deliver(name)
+            await self.deliver(name, notices=outcome.notices)
+        await running.posts.status.remove()
+        await self.tidy(name)
 
-    def _record_stop(self, name: str, who: str) -> None:
+    async def _close_stopped(
+        self, name: str, channel: str, running: _Running, stop: Entry, who: str
+    ) -> None:
+        """One closing line: in the answer post, after what was written before the stop, or
+        alone when nothing was."""
+        key = f"{name}#{stop.seq}:stopped"
+        line = f"⏹️ Stopped by @{who}."
+        draft = running.posts.draft.post_id
+        if draft is not None and not self.outbox.delivered(key):
+            room = self.outbox.max_post_size - len(line) - 2
+            written = running.posts.draft.written[:room].rstrip()
+            text = f"{written}\n\n{line}" if written else line
+            try:
+                await self.outbox.client.patch_message(
+                    draft, text, props={TURN_PROP: key, PART_PROP: 0}
+                )
+            except MattermostError as exc:
+                log.warning("the answer post of %s could not show the stop (%s)", name, exc)
+            else:
+                self.outbox.state.record_intent(key, 1)
+                self.outbox.state.record_posted(key, 0, draft)
+                close(self.outbox, draft, "stopped")
+        await self.outbox.post_once(key, channel, root_of(name), line)
+
+    def _record_stop(self, name: str, who: str) -> Entry:
         """A stopped turn, in the log: results for tool calls it cut short, then the stop."""
         session_log = self.runtime.log
         for call in session_log.state(name).interrupted_calls:
@@ -195,8 +329,9 @@ class Threads:
                 content=f"error: stopped by @{who} while this tool call ran; it may or may not "
                 "have taken effect",
             )
-        session_log.append_broken(name, partial_text="", reason=f"{STOPPED}@{who}")
+        entry = session_log.append_broken(name, partial_text="", reason=f"{STOPPED}@{who}")
         log.info("turn of %s stopped by @%s", name, who)
+        return entry
 
     def _stop_hint(self) -> str:
         return (
@@ -206,37 +341,92 @@ class Threads:
 
     # -- stop ------------------------------------------------------------------------------------
 
-    def stop(self, session: str, who: str) -> bool:
-        """Cancel the running turn of ``session``: its stream closes, which frees the slot on
-        the server. False when nothing runs."""
+    def stop(self, session: str, who: str, who_id: str = "") -> StopResult:
+        """Cancel the running turn of ``session`` if ``who`` may: its stream closes, which
+        frees the slot on the server. The turn belongs to the people whose messages it answers,
+        and the configured admins."""
         running = self._running.get(session)
-        if running is None:
-            return False
+        if running is None or running.ended:
+            return StopResult.NOTHING_RUNNING
+        admins = set(self.settings.admins)
+        if who not in running.requesters and not ({who, who_id} & admins):
+            return StopResult.NOT_ALLOWED
         running.stopped_by = who
         running.scope.cancel()
-        return True
+        return StopResult.STOPPED
 
-    def stop_by_status_post(self, post_id: str, who: str) -> bool:
+    def owners(self, session: str) -> frozenset[str]:
+        running = self._running.get(session)
+        return running.requesters if running is not None else frozenset()
+
+    def stop_by_post(self, post_id: str, who: str, who_id: str = "") -> StopResult:
+        """A stop reaction on a turn's status post or answer post."""
         for session, running in self._running.items():
-            if running.status.post_id == post_id:
-                return self.stop(session, who)
-        return False
+            if running.posts.owns(post_id):
+                return self.stop(session, who, who_id)
+        return StopResult.NOTHING_RUNNING
 
     # -- delivery --------------------------------------------------------------------------------
 
-    async def deliver(self, name: str) -> None:
-        """Post the session's latest answer unless it is already in the thread."""
+    async def deliver(self, name: str, notices: list[str] | None = None) -> None:
+        """Post the session's latest answer unless it is already in the thread: into the turn's
+        answer post, written as it streamed, with any further parts as new posts."""
         entries = self.runtime.log.entries(name)
-        replayed = [e for e in entries if e.kind in REPLAYED_KINDS]
-        last = replayed[-1] if replayed else None
-        if last is None or last.kind is not EntryKind.ASSISTANT or last.message is None:
-            return
-        message = json.loads(last.message)
-        if message.get("tool_calls"):
+        # The latest answer, even when a message came after it (it waits for the next turn);
+        # never a copy a compaction carried into a new epoch (that one was delivered before).
+        last = next(
+            (e for e in reversed(entries) if is_answer(e) and e.fields.refers_to is None), None
+        )
+        if last is None or last.message is None:
             return
         key = f"{name}#{last.seq}"
         channel = self.state.thread_channel(root_of(name))
         if channel is None or self.outbox.delivered(key):
             return
-        answer = message.get("content") or "(the model gave an empty answer)"
+        answer = json.loads(last.message).get("content") or "(the model gave an empty answer)"
+        if notices:
+            answer += "\n\n" + "\n".join(f"_{notice}_" for notice in notices)
+        parts = split_message(answer, self.outbox.max_post_size)
+        if self.state.planned_parts(key) is None:
+            self.state.record_intent(key, len(parts))
+        if 0 not in self.state.posted_parts(key):
+            await self._into_draft(name, entries, last.seq, key, parts[0])
         await self.outbox.post_once(key, channel, root_of(name), answer)
+
+    async def _into_draft(
+        self, name: str, entries: list[Entry], answer_seq: int, key: str, first: str
+    ) -> None:
+        """The answer's first part into the turn's answer post, if it has one."""
+        for entry in reversed(since_last_turn(entries, answer_seq)):
+            draft = draft_post(self.outbox, f"{name}#{entry.seq}{DRAFT}")
+            if draft is None:
+                continue
+            try:
+                await self.outbox.client.patch_message(
+                    draft, first, props={TURN_PROP: key, PART_PROP: 0}
+                )
+            except MattermostError as exc:
+                # Deleted by someone, or past the edit time limit: the answer goes out as new
+                # posts, and the draft is taken away by the tidy-up.
+                log.warning("the answer post %s could not take the answer (%s)", draft, exc)
+                return
+            self.state.record_posted(key, 0, draft)
+            close(self.outbox, draft, "answer")
+            return
+
+    async def tidy(self, name: str) -> None:
+        """Take away what the last turns (and runs of them cut short) left: status posts, and
+        answer posts that became nothing (the turn failed, or the answer went out as new posts).
+        The last two turns are looked at: a turn that just ended, and one still pending."""
+        for entry in recent_turns(self.runtime.log.entries(name)):
+            for suffix in (STATUS, DRAFT):
+                # A post whose create was cut short (a kill, a stop) is found by its key.
+                try:
+                    await self.outbox.recover(f"{name}#{entry.seq}{suffix}", root_of(name))
+                except MattermostError as exc:
+                    log.warning("could not look for the posts of %s (%s)", name, exc)
+            for post_id in self.state.posted_parts(f"{name}#{entry.seq}{STATUS}").values():
+                await self.outbox.remove(post_id)
+            draft = draft_post(self.outbox, f"{name}#{entry.seq}{DRAFT}")
+            if draft is not None and await self.outbox.remove(draft):
+                close(self.outbox, draft, "removed")

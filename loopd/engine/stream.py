@@ -109,6 +109,7 @@ class Status:
     percent: int | None = None
     tokens: int | None = None
     tool: str | None = None
+    text: str = ""  # ANSWERING: the answer written so far (a chat thread shows it as it grows)
 
 
 StatusCallback = Callable[[Status], None]
@@ -491,7 +492,7 @@ def _report_event(event: StreamEvent, asm: StreamAssembler, report: StatusCallba
         case ReasoningDelta():
             report(Status(Phase.THINKING, tokens=asm.thinking_tokens))
         case ContentDelta():
-            report(Status(Phase.ANSWERING))
+            report(Status(Phase.ANSWERING, text=asm.content))
         case ToolCallDelta(name=name) if name:
             report(Status(Phase.TOOL_CALL, tool=name))
         case _:

@@ -41,12 +41,39 @@ class Env:
     def bot_posts(self, root_id: str | None = None) -> list[LoggedPost]:
         return self.fake.log.created(user_id=self.fake.bot.id, root_id=root_id)
 
+    def live_bot_posts(self, root_id: str) -> list[LoggedPost]:
+        """The bot's posts in a thread as they stand now (edited text and props, deleted ones
+        left out), oldest first."""
+        bot = self.fake.bot.id
+        return [
+            LoggedPost("live", p.id, p.user_id, p.channel_id, p.root_id, p.message, dict(p.props))
+            for p in sorted(self.fake.world.posts.values(), key=lambda p: p.create_at)
+            if p.user_id == bot and p.root_id == root_id and not p.delete_at and not p.original_id
+        ]
+
     def answers(self, root_id: str) -> list[LoggedPost]:
-        """The bot's answer posts in a thread (not status posts, not notices)."""
+        """The bot's answer posts in a thread as they stand now (not status posts, not
+        notices; the post an answer was written into counts once it holds the answer)."""
         return [
             p
-            for p in self.bot_posts(root_id)
+            for p in self.live_bot_posts(root_id)
             if _ANSWER_KEY.search(str(p.props.get("loopd_turn", "")))
+        ]
+
+    def status_posts_left(self, root_id: str) -> list[LoggedPost]:
+        """Status posts still in the thread (a finished turn leaves none)."""
+        return [
+            p
+            for p in self.live_bot_posts(root_id)
+            if str(p.props.get("loopd_turn", "")).endswith(":status")
+        ]
+
+    def edits_of(self, post_id: str) -> list[str]:
+        """Every text a post showed, created or edited, in order."""
+        return [
+            e.message
+            for e in self.fake.log.entries
+            if e.post_id == post_id and e.action in ("created", "edited")
         ]
 
     def status_history(self, root_id: str) -> list[str]:
@@ -99,6 +126,8 @@ def chat_settings_for(mm: RunningFake, token_dir: Path, **overrides: Any) -> Cha
         "backoff_s": 0.05,
         "backoff_cap_s": 0.5,
         "retry_for_s": 30.0,
+        "max_waiting_per_user": 10,  # the tests that need the caps set their own
+        "typing_interval_s": 0.5,
     }
     values.update(overrides)
     return ChatSettings(**values)

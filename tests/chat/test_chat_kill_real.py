@@ -30,7 +30,7 @@ pytestmark = [pytest.mark.real_server, pytest.mark.anyio, pytest.mark.timeout(90
 
 MODEL_S = 180.0  # one answer of the real model on a slow, loaded machine
 PROMPT = "Write a long poem about rivers."
-POST_LIMIT = 120  # a ~200-token answer splits into several posts
+POST_LIMIT = 120  # a ~200-token answer splits into several posts (three or more)
 
 
 @asynccontextmanager
@@ -57,6 +57,11 @@ async def environment(
 
 def answering(env: Env, root_id: str) -> bool:
     return any(text.startswith("✍️") for text in env.status_history(root_id))
+
+
+def draft_made(env: Env, root_id: str) -> bool:
+    """The answer post, written as the answer streams, was created."""
+    return any(str(p.props.get(TURN_PROP, "")).endswith(":draft") for p in env.bot_posts(root_id))
 
 
 def status_posts(env: Env, root_id: str) -> list[LoggedPost]:
@@ -99,9 +104,7 @@ async def test_sigkill_mid_turn_then_restart_answers_once(
         async with loopd_serve(env, tmp_path, "second") as second:
             await second.until(lambda: len(env.answers(post.id)) >= 1, "the answer", MODEL_S)
             await second.until(
-                lambda: last_text(env, status_posts(env, post.id)[-1].post_id).startswith("✅"),
-                "the turn's status done",
-                20,
+                lambda: env.status_posts_left(post.id) == [], "the status post to go", 20
             )
             # The resumed turn carried on in the status post the killed daemon had opened.
             assert [s.post_id for s in status_posts(env, post.id)] == [status.post_id]
@@ -110,6 +113,9 @@ async def test_sigkill_mid_turn_then_restart_answers_once(
             # per session runs only after that turn (and its catch-up) is over.
             follow_up = env.fake.post_as("alice", env.dm(), "Thanks. Say goodbye.", root_id=post.id)
             await second.until(lambda: len(env.answers(post.id)) >= 2, "the follow-up", MODEL_S)
+            await second.until(
+                lambda: env.status_posts_left(post.id) == [], "its status post to go", 20
+            )
             resumed = f"resuming the pending turn of {session_name(post.id)}"
             assert resumed in second.log_messages()
 
@@ -118,9 +124,8 @@ async def test_sigkill_mid_turn_then_restart_answers_once(
         answers = env.answers(post.id)
         assert [a.post_id in before for a in answers] == [True, False]  # one per turn
         assert len({a.props[TURN_PROP] for a in answers}) == 2
-        statuses = status_posts(env, post.id)
-        assert len(statuses) == 2  # one per turn
-        assert all(last_text(env, s.post_id).startswith("✅") for s in statuses)
+        assert len(status_posts(env, post.id)) == 2  # one per turn
+        assert env.status_posts_left(post.id) == []  # each removed when its turn ended
         assert verify_session_log(env.settings) == []
 
 
@@ -133,21 +138,24 @@ async def test_sigkill_while_a_reply_is_half_posted(
     async with environment(tmp_path, sockets, real_server, config, max_tokens=200) as env:
         async with loopd_serve(env, tmp_path, "first") as first:
             post = env.fake.post_as("alice", env.dm(), PROMPT)
-            await first.until(lambda: answering(env, post.id), "answering", MODEL_S)
-            # The status post exists, so the next create is the answer's part 0.
+            await first.until(lambda: draft_made(env, post.id), "the answer post", MODEL_S)
+            # The status post and the answer post exist; when the answer is complete, part 0
+            # goes into the answer post, and the next create is part 1.
             env.fake.hang_next_creates(1)
             await first.until(lambda: env.answers(post.id) != [], "part 0", MODEL_S)
+            await first.until(
+                lambda: env.fake.faults.hanging_creates == 0, "part 1's create", MODEL_S
+            )
             await first.kill()
-        assert env.fake.faults.hanging_creates == 0, "the hang was not spent on part 0"
         env.fake.hang_next_creates(0)
         answers = env.answers(post.id)
-        assert len(answers) == 1, "more than part 0 was posted: its create did not hang"
-        part0 = answers[0]
-        assert part0.props[PART_PROP] == 0
+        assert len(answers) == 2, "part 1 was not posted (hung), or more parts followed"
+        part0, part1 = answers
+        assert (part0.props[PART_PROP], part1.props[PART_PROP]) == (0, 1)
         key = str(part0.props[TURN_PROP])
         expected = split_message(logged_answer(env, post.id, key), POST_LIMIT)
-        assert len(expected) >= 2, expected
-        assert part0.message == expected[0]
+        assert len(expected) >= 3, expected
+        assert [part0.message, part1.message] == expected[:2]
 
         async with loopd_serve(env, tmp_path, "second") as second:
             # Ready means resume_all has run, and it delivers before the socket connects.
@@ -161,7 +169,8 @@ async def test_sigkill_while_a_reply_is_half_posted(
         assert [p.message for p in sorted(parts, key=lambda p: int(p.props[PART_PROP]))] == (
             expected
         )
-        # Part 0 was not posted again because the thread showed it (the fake's dedup is off).
+        # Part 1 was not posted again because the thread showed it (the fake's dedup is off).
         assert f"found 1 part(s) of reply {key} already posted" in second.log_messages()
         assert len(status_posts(env, post.id)) == 1
+        assert env.status_posts_left(post.id) == []
         assert verify_session_log(env.settings) == []

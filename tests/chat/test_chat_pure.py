@@ -55,9 +55,16 @@ def test_mention_rule(text: str, expected: bool) -> None:
 
 
 def test_stop_word() -> None:
-    assert is_stop("stop", "stop")
-    assert is_stop("@loopd STOP!", "stop")
-    assert not is_stop("please stop that", "stop")
+    assert is_stop("stop", "stop", "loopd")
+    assert is_stop("@loopd STOP!", "stop", "loopd")
+    assert not is_stop("please stop that", "stop", "loopd")
+
+
+def test_a_stop_word_addressed_to_someone_else_is_not_a_stop() -> None:
+    assert not is_stop("@bob stop", "stop", "loopd")
+    assert not is_stop("@loopd @bob STOP!", "stop", "loopd")
+    assert decision(post("@bob stop", root_id="r1"), known=True) is Action.REPLY
+    assert decision(post("stop", root_id="r1"), known=True) is Action.STOP
 
 
 def test_decisions() -> None:
@@ -128,7 +135,7 @@ def test_split_property_every_part_fits(text: str, limit: int) -> None:
 
 
 def test_status_texts() -> None:
-    assert "queued behind another client" in status_text(Status(Phase.QUEUED))
+    assert "queued behind another request" in status_text(Status(Phase.QUEUED))
     assert "reading the prompt 40%" in status_text(Status(Phase.READING, percent=40))
     assert "thinking (12 tokens)" in status_text(Status(Phase.THINKING, tokens=12))
     assert "calling read_file" in status_text(Status(Phase.TOOL_CALL, tool="read_file"))
@@ -152,3 +159,81 @@ def test_seq_and_uri() -> None:
     assert websocket_uri("unix:/run/chat.sock", None) == "ws://localhost/api/v4/websocket"
     uri = websocket_uri("https://mm.example", Resume("abc", 9))
     assert uri == "wss://mm.example/api/v4/websocket?connection_id=abc&sequence_number=9"
+
+
+GM = Channel("gm-id", "G", "0a1b2c")
+
+
+def test_a_group_message_is_allowed_when_everyone_in_it_is() -> None:
+    mention = post("@loopd hello", channel_id=GM.id)
+    allowed = decide(mention, channel=GM, author=ALICE, bot=BOT, allow=ALLOW,
+                     thread_known=False, post_known=False)  # fmt: skip
+    assert allowed.action is Action.START
+    refused = decide(mention, channel=GM, author=ALICE, bot=BOT, allow=ALLOW,
+                     thread_known=False, post_known=False, group_outsiders=["carol"])  # fmt: skip
+    assert (refused.action, refused.reason) == (
+        Action.REFUSE,
+        "group message with members not allowed: @carol",
+    )
+    listed = Allowlist.of(["alice"], [], [GM.id])
+    assert listed.allows_channel(GM, group_outsiders=["carol"])
+
+
+def test_thread_policy_mentions_answers_only_mentions_in_channel_threads() -> None:
+    def act(text: str, channel: Channel = DEV) -> Action:
+        p = post(text, root_id="r1", channel_id=channel.id)
+        return decide(p, channel=channel, author=ALICE, bot=BOT, allow=ALLOW, thread_known=True,
+                      post_known=False, replies_need_mention=True).action  # fmt: skip
+
+    assert act("and then?") is Action.IGNORE
+    assert act("@loopd and then?") is Action.REPLY
+    assert act("stop") is Action.STOP
+
+
+def test_the_same_words_for_a_phase_on_every_surface() -> None:
+    import io
+
+    from loopd.chat.status import phase_words
+    from loopd.terminal import StatusLine
+
+    class Tty(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    for status in [Status(phase) for phase in Phase] + [Status(Phase.READING, percent=40)]:
+        out = Tty()
+        StatusLine(out)(status)
+        assert phase_words(status) in out.getvalue()
+        assert phase_words(status) in status_text(status)
+
+
+def test_draft_text_shows_the_first_post_and_a_mark() -> None:
+    from loopd.chat.status import draft_text
+
+    assert draft_text("Hello there", 100) == "Hello there …"
+    long = draft_text("word " * 100, 80)
+    assert len(long) <= 80
+    assert long.endswith(" …")
+
+
+def test_text_attachments_are_read_and_others_named() -> None:
+    from loopd.chat.attachments import read_file, unread_notice
+    from loopd.chat.model import FileInfo
+
+    notes = read_file(FileInfo("f1", "notes.txt", "text/plain", 5), b"hello", 100)
+    assert notes.text == "[attached file notes.txt (5 bytes)]\nhello\n[end of notes.txt]"
+    assert notes.notice == ""
+    code = read_file(FileInfo("f2", "main.py", "application/octet-stream", 9), b"print(1)\n", 99)
+    assert "print(1)" in code.text
+    big = read_file(FileInfo("f3", "big.log", "text/plain", 5000), b"x" * 101, 100)
+    assert "[cut: big.log has 4.9 KB; only the first 100 bytes]" in big.text
+    assert big.text.count("x") == 100
+    photo = read_file(FileInfo("f4", "cat.png", "image/png", 900), None, 100)
+    blob = read_file(FileInfo("f5", "a.bin", "application/octet-stream", 9), None, 100)
+    nul = read_file(FileInfo("f6", "b.txt", "text/plain", 3), b"a\0b", 100)
+    assert photo.text == "[attached: cat.png, an image, not read]"
+    assert unread_notice([notes, photo, blob]) == (
+        "📎 cat.png is an image; I read only text files. a.bin is a binary file "
+        "(application/octet-stream); I read only text files."
+    )
+    assert "not text" in nul.notice

@@ -48,24 +48,41 @@ async def environment(
         )
 
 
+def stopped_line(env: Env, root_id: str) -> bool:
+    return any("⏹️ Stopped by @alice." in p.message for p in env.live_bot_posts(root_id))
+
+
 def user_messages(env: Env, root_id: str) -> list[str]:
     with SessionLog.open(env.settings.db_path) as log:
+        if session_name(root_id) not in {s.name for s in log.sessions()}:
+            return []
         return [
             str(e.message) for e in log.entries(session_name(root_id)) if e.kind is EntryKind.USER
         ]
 
 
-async def test_a_dm_is_answered_in_its_thread_with_a_status_post(
-    tmp_path: Path, sockets: Path, llama: RunningFake
+async def test_a_dm_is_answered_in_its_thread_and_leaves_no_status_post(
+    tmp_path: Path, sockets: Path, fake_llama: FakeLlama, llama: RunningFake
 ) -> None:
+    fake_llama.pace = Pace(tokens_per_second=40)
+    fake_llama.push(ScriptedReply(content="word " * 40), model=FAKE_MODEL)
     async with environment(tmp_path, sockets, llama) as env, daemon(env):
         post = env.fake.post_as("alice", env.dm(), "hello there")
         await until(lambda: len(env.answers(post.id)) == 1, "the answer")
-        assert env.answers(post.id)[0].message == "You said: @alice: hello there"
-        history = env.status_history(post.id)
-        await until(lambda: env.status_history(post.id)[-1].startswith("✅ done"), "done")
-        assert history[0].startswith("⏳")
+        await until(lambda: env.status_posts_left(post.id) == [], "the status post to go")
+        [answer] = env.answers(post.id)
+        assert answer.message == "word " * 40
+        # The answer was written into its post as it came, then finished with the whole text.
+        edits = env.edits_of(answer.post_id)
+        assert len(edits) >= 3, edits
+        assert all(e.endswith(" …") for e in edits[:-1])
+        assert edits[-1] == "word " * 40
+        assert [p.post_id for p in env.live_bot_posts(post.id)] == [answer.post_id]
+        assert env.status_history(post.id)[0].startswith("⏳")
         assert '"content":"@alice: hello there"' in user_messages(env, post.id)[0]
+        # The typing indicator showed in the thread while the turn waited or thought.
+        bot = env.fake.bot.id
+        assert any(t.user_id == bot and t.parent_id == post.id for t in env.fake.typing)
 
 
 async def test_mention_starts_a_thread_and_later_replies_need_no_mention(
@@ -118,21 +135,45 @@ async def test_an_edit_of_a_read_post_gets_one_notice(
         assert len(env.answers(post.id)) == 1
 
 
-async def test_a_file_only_post_and_a_huge_post_are_told_what_was_read(
+async def test_attachments_text_read_images_named_and_a_huge_post_cut(
     tmp_path: Path, sockets: Path, llama: RunningFake
 ) -> None:
     config = replace(FAST_MM, max_post_size=200_000)
     async with (
-        environment(tmp_path, sockets, llama, config, max_message_chars=5000) as env,
+        environment(
+            tmp_path, sockets, llama, config, max_message_chars=5000, max_file_bytes=1000
+        ) as env,
         daemon(env),
     ):
         alice = env.fake.user("alice")
-        stored = env.fake.world.store_file(alice, env.dm(), "notes.txt", "text/plain", b"hi")
-        files = env.fake.create_post(alice, env.dm(), "", file_ids=[stored.id]).post
+        store = env.fake.world.store_file
+        notes = store(alice, env.dm(), "notes.txt", "text/plain", b"the build is green")
+        big = store(alice, env.dm(), "big.log", "text/plain", b"line\n" * 400)
+        photo = store(alice, env.dm(), "cat.png", "image/png", b"\x89PNG\r\n")
+        files = env.fake.create_post(
+            alice, env.dm(), "", file_ids=[notes.id, big.id, photo.id]
+        ).post
+        only_image = store(alice, env.dm(), "dog.png", "image/png", b"\x89PNG\r\n")
+        image_post = env.fake.create_post(alice, env.dm(), "", file_ids=[only_image.id]).post
         huge = env.fake.post_as("alice", env.dm(), "word " * 20_000)
         await until(lambda: len(env.answers(huge.id)) == 1, "the answer to the huge post")
-        await until(lambda: len(env.bot_posts(files.id)) == 1, "the attachment notice")
-        assert "attachments" in env.bot_posts(files.id)[0].message
+        await until(lambda: len(env.answers(files.id)) == 1, "the answer to the files")
+        await until(lambda: len(env.bot_posts(image_post.id)) == 1, "the image notice")
+        (message,) = user_messages(env, files.id)
+        assert "[attached file notes.txt (18 bytes)]\\nthe build is green\\n[end of notes.txt]" in (
+            message
+        )
+        assert "[cut: big.log has 2.0 KB; only the first 1000 bytes]" in message
+        assert "[attached: cat.png, an image, not read]" in message
+        [notice] = [p.message for p in env.bot_posts(files.id) if p.message.startswith("📎")]
+        assert notice == (
+            "📎 big.log has 2.0 KB; I read only its first 1000 bytes. "
+            "cat.png is an image; I read only text files."
+        )
+        assert env.bot_posts(image_post.id)[0].message == (
+            "📎 dog.png is an image; I read only text files."
+        )
+        assert user_messages(env, image_post.id) == []
         assert any("100,000 characters" in p.message for p in env.bot_posts(huge.id))
         (message,) = user_messages(env, huge.id)
         assert len(message) < 5200
@@ -184,12 +225,16 @@ async def test_restart_mid_turn_answers_the_pending_post_once(
         fake_llama.pace = Pace()
         async with daemon(env):
             await until(lambda: len(env.answers(post.id)) == 1, "the answer after the restart")
-            await until(lambda: env.status_history(post.id)[-1].startswith("✅"), "done")
+            await until(lambda: env.status_posts_left(post.id) == [], "the status post to go")
         async with daemon(env):
             pass
         assert len(env.answers(post.id)) == 1
         status_posts = {p.post_id for p in env.bot_posts(post.id) if "status" in str(p.props)}
         assert len(status_posts) == 1  # the restarted turn found its status post again
+        # ... and its answer post: the answer went into the post the first run had begun.
+        assert [p.post_id for p in env.live_bot_posts(post.id)] == [
+            p.post_id for p in env.bot_posts(post.id) if str(p.props).find(":draft") > 0
+        ]
 
 
 async def test_stop_cancels_the_turn_frees_the_slot_and_is_logged(
@@ -201,12 +246,17 @@ async def test_stop_cancels_the_turn_frees_the_slot_and_is_logged(
         post = env.fake.post_as("alice", env.dm(), "write a lot")
         await until(lambda: "answering" in "".join(env.status_history(post.id)), "answering")
         env.fake.post_as("alice", env.dm(), "stop", root_id=post.id)
-        await until(lambda: "stopped" in env.status_history(post.id)[-1], "the stopped status")
         slots = fake_llama.model(FAKE_MODEL).slots
         await until(
             lambda: not any(s.is_processing for s in slots.slots), "the slot to be free", 1.0
         )
+        await until(lambda: stopped_line(env, post.id), "the stop line")
+        await until(lambda: env.status_posts_left(post.id) == [], "the status post to go")
         assert env.answers(post.id) == []
+        # What was written before the stop stays, in the answer post, with the stop line.
+        [closing] = env.live_bot_posts(post.id)
+        assert closing.message.startswith("long"), closing
+        assert closing.message.endswith("\n\n⏹️ Stopped by @alice.")
         with SessionLog.open(env.settings.db_path) as log:
             state = log.state(session_name(post.id))
         assert state.broken_since[-1].fields.reason == "stopped by @alice"
@@ -224,7 +274,7 @@ async def test_stop_by_reaction_on_the_status_post(
         await until(lambda: "answering" in "".join(env.status_history(post.id)), "answering")
         status_post = next(p for p in env.bot_posts(post.id) if "status" in str(p.props))
         env.fake.react_as("alice", status_post.post_id, "octagonal_sign")
-        await until(lambda: "stopped by @alice" in env.status_history(post.id)[-1], "stopped")
+        await until(lambda: stopped_line(env, post.id), "stopped")
         slots = fake_llama.model(FAKE_MODEL).slots
         await until(
             lambda: not any(s.is_processing for s in slots.slots), "the slot to be free", 1.0
@@ -244,10 +294,11 @@ async def test_a_refused_status_edit_costs_only_the_status_post(
         await until(lambda: len(env.answers(first.id)) == 1, "the answer despite the edits")
         root = env.fake.post_as("bob", "dev", "@loopd: and another thread?")
         await until(lambda: len(env.answers(root.id)) == 1, "another thread's answer")
+        assert env.answers(first.id)[0].message == "You said: @alice: answer me anyway"
         env.fake.refuse_patches(None)
         env.fake.post_as("alice", env.dm(), "edits work again", root_id=first.id)
         await until(lambda: len(env.answers(first.id)) == 2, "the next answer")
-        assert env.status_history(first.id)[-1].startswith("✅")
+        await until(lambda: env.status_posts_left(first.id) == [], "the status posts to go")
 
 
 async def test_a_status_post_deleted_mid_turn_costs_only_the_status_post(

@@ -123,6 +123,51 @@ async def test_5xx_after_commit_then_retry_gives_exactly_one_post() -> None:
         assert len(running.fake.log.created(user_id=running.fake.bot.id)) == 1
 
 
+async def retry_while_pending(client: httpx.AsyncClient, body: dict[str, str]) -> httpx.Response:
+    """POST /posts again while the server still says the first create is in flight (it learns
+    that the hung client went away only when it next reads from that connection)."""
+    for _ in range(200):
+        response = await client.post("/posts", json=body)
+        if response.status_code != 500:
+            return response
+        assert response.json()["id"] == "api.post.deduplicate_create_post.pending"
+        await anyio.sleep(0.01)  # a client's retry delay, not a wait for an event
+    raise AssertionError("the create stayed pending")
+
+
+async def test_a_retry_of_a_create_in_flight_is_500_pending() -> None:
+    async with (
+        running_fake() as running,
+        rest(running) as client,
+        rest(running) as other_client,
+        open_ws(running) as ws,
+        anyio.create_task_group() as tg,
+    ):
+        await recv(ws)
+        running.fake.hang_next_creates(1)
+        body = {
+            "channel_id": running.fake.channel("dev").id,
+            "message": "x",
+            "pending_post_id": "c:1",
+        }
+        first = anyio.CancelScope()
+
+        async def hung() -> None:
+            with first:
+                await client.post("/posts", json=body, timeout=30)
+
+        tg.start_soon(hung)
+        posted = json.loads((await recv(ws))["data"]["post"])  # committed, not yet answered
+        pending = await other_client.post("/posts", json=body)
+        assert pending.status_code == 500
+        assert pending.json()["id"] == "api.post.deduplicate_create_post.pending"
+        first.cancel()  # the first client gives up and hangs up: the create ends
+        await client.aclose()
+        done = await retry_while_pending(other_client, body)
+        assert (done.status_code, done.json()["id"]) == (201, posted["id"])
+        assert len(running.fake.log.created(user_id=running.fake.bot.id)) == 1
+
+
 async def test_hanging_create_commits_and_never_answers() -> None:
     async with (
         running_fake() as running,
@@ -142,7 +187,7 @@ async def test_hanging_create_commits_and_never_answers() -> None:
             await client.post("/posts", json=body, timeout=0.5)
         posted = json.loads((await recv(ws))["data"]["post"])  # committed and broadcast
         assert posted["message"] == "once"
-        retried = await client.post("/posts", json=body)  # only the next create hung
+        retried = await retry_while_pending(client, body)  # only the next create hung
         assert retried.status_code == 201
         assert retried.json()["id"] == posted["id"]
         other = await client.post("/posts", json={**body, "pending_post_id": "b:2"})

@@ -44,6 +44,7 @@ def test_dedup_returns_the_same_post_until_the_ttl_passes(world: World) -> None:
     assert isinstance(clock, ManualClock)
     bot, dev = world.user_by_name("loopd"), world.channel_by_name("dev")
     first = world.create_post(bot, dev.id, "hi", pending_post_id="p1")
+    world.finish_create(first.post)
     clock.advance(29.9)
     again = world.create_post(bot, dev.id, "hi", pending_post_id="p1")
     assert (again.created, again.post.id) == (False, first.post.id)
@@ -51,6 +52,20 @@ def test_dedup_returns_the_same_post_until_the_ttl_passes(world: World) -> None:
     later = world.create_post(bot, dev.id, "hi", pending_post_id="p1")
     assert later.created
     assert later.post.id != first.post.id
+
+
+def test_a_duplicate_of_a_create_still_in_flight_is_500_pending(world: World) -> None:
+    bot, dev = world.user_by_name("loopd"), world.channel_by_name("dev")
+    first = world.create_post(bot, dev.id, "hi", pending_post_id="p2")
+    with pytest.raises(AppError) as raised:
+        world.create_post(bot, dev.id, "hi", pending_post_id="p2")
+    assert (raised.value.status_code, raised.value.error_id) == (
+        500,
+        "api.post.deduplicate_create_post.pending",
+    )
+    world.finish_create(first.post)
+    again = world.create_post(bot, dev.id, "hi", pending_post_id="p2")
+    assert (again.created, again.post.id) == (False, first.post.id)
 
 
 def test_patch_writes_a_history_row_and_keeps_omitted_fields(world: World) -> None:

@@ -14,10 +14,20 @@ from starlette.routing import Route
 from loopd_dev.fakes.mattermost.clock import ManualClock
 from loopd_dev.fakes.mattermost.core import FakeMattermost
 from loopd_dev.fakes.mattermost.errors import AppError
-from loopd_dev.fakes.mattermost.model import Post, Reaction
+from loopd_dev.fakes.mattermost.model import Channel, Post, Reaction, User
 
 ACTIONS = frozenset(
-    {"post_as", "edit_as", "delete_as", "react_as", "unreact_as", "typing_as", "emit_noise"}
+    {
+        "post_as",
+        "edit_as",
+        "delete_as",
+        "react_as",
+        "unreact_as",
+        "typing_as",
+        "emit_noise",
+        "add_user",
+        "add_group",
+    }
 )
 FAULTS = frozenset(
     {
@@ -66,6 +76,8 @@ def _jsonable(fake: FakeMattermost, value: Any) -> Any:
     if isinstance(value, Post):
         return fake.world.post_json(value)
     if isinstance(value, Reaction):
+        return value.to_json()
+    if isinstance(value, User | Channel):
         return value.to_json()
     return value
 

@@ -59,6 +59,16 @@ class LoggedPost:
     props: dict[str, Any]
 
 
+@dataclass(frozen=True)
+class Typing:
+    """One typing indicator sent (REST or WebSocket), for tests to see."""
+
+    user_id: str
+    channel_id: str
+    parent_id: str
+    at: float  # the fake's monotonic clock
+
+
 @dataclass
 class EventLog:
     entries: list[LoggedPost] = field(default_factory=list)
@@ -102,6 +112,7 @@ class FakeMattermost:
         self.faults = Faults()
         self.rate_limiter = RateLimiter(self.clock)
         self.log = EventLog()
+        self.typing: list[Typing] = []
         self.restarts = 0
 
     def _new_hub(self) -> Hub:
@@ -158,7 +169,10 @@ class FakeMattermost:
         props: dict[str, Any] | None = None,
         file_ids: Sequence[str] = (),
         pending_post_id: str = "",
+        in_flight: bool = False,
     ) -> CreateResult:
+        """``in_flight``: the caller ends the create later (``world.finish_create``); until
+        then a retry with the same pending_post_id is answered 500 (pending)."""
         result = self.world.create_post(
             author,
             channel_id,
@@ -171,6 +185,8 @@ class FakeMattermost:
         if not result.created:
             self.log.record("deduplicated", result.post)
             return result
+        if not in_flight:
+            self.world.finish_create(result.post)
         self.log.record("created", result.post)
         self.publish(events.posted(self.world, result.post, author))
         return result
@@ -199,6 +215,7 @@ class FakeMattermost:
 
     def user_typing(self, actor: User, channel_id: str, parent_id: str) -> None:
         channel = self.world.member_channel(channel_id, actor)
+        self.typing.append(Typing(actor.id, channel.id, parent_id, self.clock.monotonic()))
         self.publish(events.typing(channel.id, actor.id, parent_id))
 
     def typing_for(self, actor: User, path_user_id: str, channel_id: str, parent_id: str) -> None:
@@ -237,6 +254,21 @@ class FakeMattermost:
 
     def typing_as(self, username: str, channel: str, parent_id: str = "") -> None:
         self.user_typing(self.user(username), self.channel(channel).id, parent_id)
+
+    # ----- setting up the world (control API) -----
+
+    def add_user(self, username: str, *, teams: Sequence[str] = ()) -> User:
+        """A human user (token ``<username>-token``, password ``<username>-password``), in the
+        named teams."""
+        user = self.world.add_user(username, f"{username}-token")
+        for team in self.world.teams.values():
+            if team.name in teams or team.id in teams:
+                team.members.add(user.id)
+        return user
+
+    def add_group(self, usernames: Sequence[str]) -> Channel:
+        """A group message among these users."""
+        return self.world.add_group_channel([self.user(name) for name in usernames])
 
     def emit_noise(self, count: int, kind: str = "status_change", user: str | None = None) -> int:
         """Events addressed to ``user`` (the bot by default) that loopd ignores, to fill its

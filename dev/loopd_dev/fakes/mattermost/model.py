@@ -6,6 +6,7 @@ injected clock. Post times are kept strictly increasing, so ordering by ``create
 (the real server can tie; a fake that ties would make tests flaky, not more faithful).
 """
 
+import hashlib
 import re
 import secrets
 from collections.abc import Iterable, Sequence
@@ -55,6 +56,7 @@ class User:
     is_bot: bool = False
     first_name: str = ""
     last_name: str = ""
+    password: str = ""  # humans only: bots cannot log in with a password
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -80,6 +82,7 @@ class Team:
     id: str
     name: str
     display_name: str
+    members: set[str] = field(default_factory=set)
 
     def to_json(self) -> dict[str, Any]:
         return {"id": self.id, "name": self.name, "display_name": self.display_name, "type": "O"}
@@ -107,6 +110,22 @@ class Channel:
             "header": "",
             "purpose": "",
             "creator_id": "",
+        }
+
+    def member_json(self, user_id: str) -> dict[str, Any]:
+        """``model.ChannelMember`` (the fields a client reads)."""
+        return {
+            "channel_id": self.id,
+            "user_id": user_id,
+            "roles": "channel_user",
+            "last_viewed_at": 0,
+            "msg_count": 0,
+            "mention_count": 0,
+            "notify_props": {"desktop": "default", "mark_unread": "all"},
+            "last_update_at": 0,
+            "scheme_guest": False,
+            "scheme_user": True,
+            "scheme_admin": False,
         }
 
 
@@ -265,20 +284,35 @@ class World:
     posts: dict[str, Post] = field(default_factory=dict)  # insertion order = storage order
     reactions: list[Reaction] = field(default_factory=list)
     files: dict[str, StoredFile] = field(default_factory=dict)
+    # pending_post_id -> (post id, expiry); the post id is "" while the first create is still
+    # in flight (deduplicateCreatePost's unknownPostId).
     _dedup: dict[str, tuple[str, float]] = field(default_factory=dict)
     _last_ms: int = 0
 
     # ----- setup -----
 
     def add_user(self, username: str, token: str, *, is_bot: bool = False) -> User:
-        user = User(id=new_id(), username=username, token=token, is_bot=is_bot)
+        password = "" if is_bot else f"{username}-password"
+        user = User(id=new_id(), username=username, token=token, is_bot=is_bot, password=password)
         self.users[user.id] = user
         return user
 
-    def add_team(self, name: str, display_name: str) -> Team:
+    def add_team(self, name: str, display_name: str, members: Iterable[User] = ()) -> Team:
         team = Team(id=new_id(), name=name, display_name=display_name)
+        team.members = {m.id for m in members}
         self.teams[team.id] = team
         return team
+
+    def add_group_channel(self, members: Sequence[User]) -> Channel:
+        """A group message (3 to 8 people, no team): named, as the server does, by the sha1 of
+        its sorted member ids; shown by the members' usernames."""
+        ids = sorted(m.id for m in members)
+        if not 3 <= len(ids) <= 8:
+            raise AppError("api.channel.create_group.bad_size.app_error", "3 to 8 members.", 400)
+        channel = self.add_channel(None, "G", hashlib.sha1("".join(ids).encode()).hexdigest(), ())
+        channel.members = set(ids)
+        channel.display_name = ", ".join(sorted(m.username for m in members))
+        return channel
 
     def add_channel(
         self, team: Team | None, kind: ChannelType, name: str, members: Iterable[User]
@@ -347,6 +381,26 @@ class World:
     def channels_of(self, user: User) -> list[Channel]:
         return [c for c in self.channels.values() if user.id in c.members]
 
+    def teams_of(self, user: User) -> list[Team]:
+        return [t for t in self.teams.values() if user.id in t.members]
+
+    def channel_members(self, channel_id: str, user: User, page: int, per_page: int) -> list[Any]:
+        """``GET /channels/{id}/members``: readable channels only."""
+        channel = self.readable_channel(channel_id, user)
+        members = sorted(channel.members)[page * per_page : (page + 1) * per_page]
+        return [channel.member_json(member) for member in members]
+
+    def login(self, login_id: str, password: str) -> User:
+        """``POST /users/login`` with a username and password (humans only)."""
+        user = next((u for u in self.users.values() if login_id == u.username), None)
+        if user is None or user.is_bot or not password or password != user.password:
+            raise AppError(
+                "api.user.login.invalid_credentials_email_username",
+                "Enter a valid email or username and/or password.",
+                401,
+            )
+        return user
+
     def live_post(self, post_id: str) -> Post:
         """A post that exists and is not deleted; history rows count as deleted."""
         post = self.posts.get(post_id)
@@ -397,6 +451,8 @@ class World:
         earlier = self._deduplicated(pending_post_id)
         if earlier is not None:
             return CreateResult(earlier, created=False)
+        if pending_post_id:  # in flight until the create returns (see finish_create)
+            self._dedup[pending_post_id] = ("", self.clock.monotonic() + self.dedup_ttl_s)
         root = self._check_root(root_id, channel) if root_id else None
         clean_props = {k: v for k, v in (props or {}).items() if k not in _FORBIDDEN_PROPS}
         if author.is_bot:
@@ -423,9 +479,14 @@ class World:
         if root is not None:
             # SaveMultiple: "UPDATE Posts SET UpdateAt = <reply create_at> WHERE Id = <root>".
             root.update_at = self._skewed(now)
-        if pending_post_id:
-            self._dedup[pending_post_id] = (post.id, self.clock.monotonic() + self.dedup_ttl_s)
         return CreateResult(post, created=True)
+
+    def finish_create(self, post: Post) -> None:
+        """The create of ``post`` returned: a retry with its pending_post_id now gets it (until
+        the TTL). Until then a retry is answered 500 ``...deduplicate_create_post.pending``."""
+        if post.pending_post_id:
+            expires = self.clock.monotonic() + self.dedup_ttl_s
+            self._dedup[post.pending_post_id] = (post.id, expires)
 
     def forget_dedup_cache(self) -> None:
         """The dedup cache lives in server memory: a restart empties it."""
@@ -441,6 +502,12 @@ class World:
         if self.clock.monotonic() >= expires:
             del self._dedup[pending_post_id]
             return None
+        if not post_id:
+            raise AppError(
+                "api.post.deduplicate_create_post.pending",
+                "Rejecting the post because it is still pending creation.",
+                500,
+            )
         return self.posts.get(post_id)
 
     def _check_root(self, root_id: str, channel: Channel) -> Post:
@@ -711,7 +778,7 @@ def seeded_world(clock: Clock, *, bot_username: str, bot_token: str) -> World:
     bot = world.add_user(bot_username, bot_token, is_bot=True)
     alice = world.add_user("alice", "alice-token")
     bob = world.add_user("bob", "bob-token")
-    team = world.add_team("loopd-team", "Loopd Team")
+    team = world.add_team("loopd-team", "Loopd Team", (bot, alice, bob))
     world.add_channel(team, "O", "town-square", (bot, alice, bob))
     world.add_channel(team, "O", "dev", (bot, alice, bob))
     world.add_channel(team, "O", "quiet", (alice, bob))

@@ -131,8 +131,17 @@ async def user_channels(request: Request) -> Response:
 
 async def user_teams(request: Request) -> Response:
     fake, me = _session(request)
-    _self_only(fake, me, request.path_params["user_id"])
-    return JSONResponse([t.to_json() for t in fake.world.teams.values()])
+    user = _self_only(fake, me, request.path_params["user_id"])
+    return JSONResponse([t.to_json() for t in fake.world.teams_of(user)])
+
+
+async def login(request: Request) -> Response:
+    """``POST /users/login``: a human's username and password; the session token comes back in
+    the ``Token`` header (the fake hands out the user's one token)."""
+    fake = _fake(request)
+    body = await _json_object(request, "login")
+    user = fake.world.login(_str_field(body, "login_id"), _str_field(body, "password"))
+    return JSONResponse(user.to_json(), headers={"Token": user.token})
 
 
 async def user_team_channels(request: Request) -> Response:
@@ -141,6 +150,16 @@ async def user_team_channels(request: Request) -> Response:
     team_id = request.path_params["team_id"]
     channels = [c for c in fake.world.channels_of(user) if c.team_id in (team_id, "")]
     return JSONResponse([c.to_json() for c in channels])
+
+
+async def channel_members(request: Request) -> Response:
+    fake, me = _session(request)
+    page = _int_param(request, "page", 0)
+    per_page = min(_int_param(request, "per_page", DEFAULT_PER_PAGE), MAX_PER_PAGE)
+    if page < 0 or per_page < 0:
+        raise invalid_param("page" if page < 0 else "per_page")
+    members = fake.world.channel_members(request.path_params["channel_id"], me, page, per_page)
+    return JSONResponse(members)
 
 
 async def get_channel(request: Request) -> Response:
@@ -182,12 +201,17 @@ async def create_post(request: Request) -> Response:
         props=props,
         file_ids=file_ids,
         pending_post_id=_str_field(body, "pending_post_id"),
+        in_flight=True,
     )
     if result.created and fake.faults.take_hanging_create():
         # The post is committed and broadcast; the answer never comes. Waiting for the client
-        # to hang up (rather than forever) leaves nothing running once it has given up.
+        # to hang up (rather than forever) leaves nothing running once it has given up; until
+        # then the create is in flight, and a retry of it is answered 500 (pending).
         await _until_disconnected(request)
+        fake.world.finish_create(result.post)
         return Response(status_code=499)  # nobody reads it: the client is gone
+    if result.created:
+        fake.world.finish_create(result.post)
     failure = fake.faults.take_failing_create() if result.created else None
     if failure is not None:
         # The post is committed and broadcast; only the answer is lost (an ambiguous write).
@@ -348,6 +372,7 @@ def api_routes() -> list[Route]:
         Route(f"{api}/system/ping", ping),
         Route(f"{api}/config/client", client_config),
         Route(f"{api}/users/ids", users_by_ids, methods=["POST"]),
+        Route(f"{api}/users/login", login, methods=["POST"]),
         Route(f"{api}/users/{{user_id}}", get_user),
         Route(f"{api}/users/{{user_id}}/channels", user_channels),
         Route(f"{api}/users/{{user_id}}/teams", user_teams),
@@ -360,6 +385,7 @@ def api_routes() -> list[Route]:
         ),
         Route(f"{api}/channels/{{channel_id}}", get_channel),
         Route(f"{api}/channels/{{channel_id}}/posts", channel_posts),
+        Route(f"{api}/channels/{{channel_id}}/members", channel_members),
         Route(f"{api}/posts", create_post, methods=["POST"]),
         Route(f"{api}/posts/{{post_id}}", get_post, methods=["GET"]),
         Route(f"{api}/posts/{{post_id}}", delete_post, methods=["DELETE"]),

@@ -189,7 +189,9 @@ def _handle_action(fake: FakeMattermost, user: User, request: dict[str, Any]) ->
     if action == "get_statuses":
         return WsReply(seq, data={uid: "online" for uid in fake.world.users})
     if action == "authentication_challenge":
-        return WsReply(seq)
+        # The socket is authenticated already (by header, or by an earlier challenge): the real
+        # router drops the action without a reply.
+        return None
     return _fail(seq, "api.web_socket_router.no_action.app_error", f"Unknown action {action!r}.")
 
 
