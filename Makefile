@@ -6,7 +6,8 @@ VENV := .venv
 BIN := $(VENV)/bin
 export LOOPD_CACHE_DIR ?= $(HOME)/.cache/loopd
 
-.PHONY: run test lint types unit llama-server venv system-deps bench verify-device reliability clean
+.PHONY: run test lint types unit llama-server venv system-deps bench verify-device reliability clean \
+	image install
 
 # loopd itself and its development kit (dev/: the fakes, the dev server), both editable.
 $(VENV)/.installed: pyproject.toml dev/pyproject.toml
@@ -42,8 +43,20 @@ lint: venv
 types: venv
 	$(BIN)/mypy
 
-test: venv system-deps llama-server mcp-servers lint types
+test: venv system-deps llama-server mcp-servers image lint types
 	$(BIN)/pytest -q
+
+# loopd's container image, built with podman from Debian's packages and PyPI's wheels (no image
+# registry); cached in $(LOOPD_CACHE_DIR)/image. Sets podman up first (scripts/image.sh).
+image: venv
+	PYTHON=$(BIN)/python scripts/image.sh build
+
+# brokerd, the units, the example configs and the image, for the account running it
+# (docs/deployment.md).
+install: image
+	deploy/install.sh --image $(LOOPD_CACHE_DIR)/image/loopd-image.tar \
+		--wheels $(LOOPD_CACHE_DIR)/image/context/wheels \
+		--containers-conf $(LOOPD_CACHE_DIR)/podman/containers.conf
 
 run: venv system-deps llama-server
 	scripts/run.sh

@@ -36,6 +36,7 @@ from brokerd.proxy.chat import create_chat_app
 from brokerd.proxy.chatpolicy import ChatPolicy
 from brokerd.proxy.inference import InferencePolicy, create_inference_app
 from brokerd.proxy.upstream import parse_upstream
+from brokerd.sdnotify import notify
 
 logger = logging.getLogger(__name__)
 
@@ -280,8 +281,10 @@ async def serve(
             for server in servers:
                 await server.settled.wait()
             logger.info("ready: %s", ", ".join(str(endpoint.path) for endpoint, _ in bound))
+            notify("READY=1")
             task_status.started()
             await stop.wait()
+            notify("STOPPING=1")
             for server in servers:
                 server.should_exit = True
     finally:

@@ -16,6 +16,7 @@ import sys
 from collections.abc import Callable
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -31,6 +32,7 @@ from loopd.chat.split import MAX_POST_RUNES
 from loopd.chat.threads import Threads
 from loopd.config import Settings
 from loopd.errors import ConfigError
+from loopd.selftest.expected import DEFAULT_DIR
 from loopd.selftest.run import format_report, run_selftest
 from loopd.sessions import Runtime
 from loopd.tools.spec import load_tools_spec
@@ -111,21 +113,27 @@ def handler(args: argparse.Namespace, settings: Settings) -> int:
     if args.skip_selftest:
         log.warning("the self-test was skipped (--skip-selftest): the server is not checked")
     else:
-        status = anyio.run(startup_selftest, settings)
+        status = anyio.run(startup_selftest, settings, args.expected_dir)
         if status != 0:
             return status
     return anyio.run(serve, settings, chat)
 
 
-async def startup_selftest(settings: Settings) -> int:
+async def startup_selftest(settings: Settings, expected_dir: Path = DEFAULT_DIR) -> int:
     """The self-test ``loopd serve`` runs first; a server that differs from the recorded one is
     refused, with the report (one line per check) on stderr."""
-    report = await run_selftest(settings, tools_text=load_tools_spec(settings.tools_file).text)
+    tools_text = load_tools_spec(settings.tools_file).text
+    report = await run_selftest(settings, tools_text=tools_text, expected_dir=expected_dir)
     if report.exit_status != 0:
         print(format_report(report), file=sys.stderr)
         print("loopd serve: refusing to start: the self-test failed", file=sys.stderr)
     else:
-        log.info("self-test passed for %s at %s", report.model, report.url)
+        log.info(
+            "self-test passed for %s at %s (expectations %s)",
+            report.model,
+            report.url,
+            report.expectations,
+        )
     return report.exit_status
 
 
@@ -137,5 +145,12 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "--skip-selftest",
         action="store_true",
         help="start without checking the server (development only)",
+    )
+    # Recorded on the host for the operator's own server, so the image needs no rebuild.
+    parser.add_argument(
+        "--expected-dir",
+        type=Path,
+        default=DEFAULT_DIR,
+        help="folder of the self-test's expectations files (default: the one in the package)",
     )
     parser.set_defaults(handler=handler)

@@ -60,7 +60,13 @@ def test_the_loopd_container_has_no_network_and_a_read_only_root() -> None:
     assert container["DropCapability"] == ["all"]
     volumes = container["Volume"]
     targets = sorted(v.split(":")[1] for v in volumes)
-    assert targets == ["/etc/loopd/loopd.toml", "/run/loopd", "/var/lib/loopd", "/workspace"]
+    assert targets == [
+        "/etc/loopd/expected",
+        "/etc/loopd/loopd.toml",
+        "/run/loopd",
+        "/var/lib/loopd",
+        "/workspace",
+    ]
     assert "%t/brokerd:/run/loopd:ro" in volumes
     unit = unit_file("loopd.container")["Unit"]
     assert unit["Requires"] == ["brokerd.service"]
