@@ -10,6 +10,8 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
+from loopd.wire.assemble import ToolCall
+
 
 class EntryKind(StrEnum):
     EPOCH = "epoch"  # opens an epoch; its message is the epoch's system message
@@ -153,9 +155,18 @@ class Request:
 
 @dataclass(frozen=True, slots=True)
 class InterruptedCall:
-    call_id: str
-    name: str
+    """A tool call of the latest assistant entry that has no result entry."""
+
+    call: ToolCall  # as stored: its id, name and argument text exactly as streamed
     assistant_seq: int  # the assistant entry that made the call
+
+    @property
+    def call_id(self) -> str:
+        return self.call.id
+
+    @property
+    def name(self) -> str:
+        return self.call.name
 
 
 @dataclass(frozen=True, slots=True)
