@@ -1,29 +1,17 @@
 """The chat state file (``chat.db``): versioned, append-only, and readable after an upgrade."""
 
-import shutil
 import sqlite3
 from pathlib import Path
 
 import pytest
 
 from loopd.chat.cursor import ChatState, ChatStateError, Cursor
-
-FIXTURE = Path(__file__).parents[1] / "data" / "db" / "chat-0.1.0.db"
+from tests.storage.storage_support import add_migration_record, copied_fixture, query, schema
 
 
 @pytest.fixture
 def old_state(tmp_path: Path) -> Path:
-    path = tmp_path / "chat.db"
-    shutil.copyfile(FIXTURE, path)
-    return path
-
-
-def _query(path: Path, sql: str) -> list[tuple[object, ...]]:
-    conn = sqlite3.connect(path)
-    try:
-        return conn.execute(sql).fetchall()
-    finally:
-        conn.close()
+    return copied_fixture("chat-0.1.0.db", tmp_path)
 
 
 def test_a_0_1_0_chat_state_reads_back_after_the_upgrade(old_state: Path) -> None:
@@ -47,9 +35,9 @@ def test_a_0_1_0_chat_state_reads_back_after_the_upgrade(old_state: Path) -> Non
         assert state.cursor("chan-1") == Cursor(1_700_000_001_000, "post-d")
     finally:
         state.close()
-    names = [row[0] for row in _query(old_state, "SELECT name FROM _migrations ORDER BY rowid")]
+    names = [row[0] for row in query(old_state, "SELECT name FROM _migrations ORDER BY rowid")]
     assert names == ["m001_initial", "m002_held", "m003_append_only"]
-    assert _query(old_state, "PRAGMA user_version") == [(3,)]
+    assert query(old_state, "PRAGMA user_version") == [(3,)]
 
 
 @pytest.mark.parametrize(
@@ -76,16 +64,12 @@ def test_an_upgraded_chat_state_has_the_schema_of_a_new_one(
 ) -> None:
     ChatState.open(old_state).close()
     ChatState.open(tmp_path / "new.db").close()
-    schema = "SELECT type, name FROM sqlite_master ORDER BY name"
-    assert _query(old_state, schema) == _query(tmp_path / "new.db", schema)
+    assert schema(old_state) == schema(tmp_path / "new.db")
 
 
 def test_a_chat_state_from_a_newer_loopd_is_refused_in_one_line(old_state: Path) -> None:
     ChatState.open(old_state).close()
-    conn = sqlite3.connect(old_state)
-    with conn:
-        conn.execute("INSERT INTO _migrations (name) VALUES ('m004_later')")
-    conn.close()
+    add_migration_record(old_state, "m004_later")
     with pytest.raises(ChatStateError) as raised:
         ChatState.open(old_state)
     message = str(raised.value)

@@ -1,7 +1,5 @@
 """A session log written by loopd 0.1.0 (``tests/data/db``) opens, migrates and reads back."""
 
-import shutil
-import sqlite3
 from pathlib import Path
 
 import pytest
@@ -19,8 +17,8 @@ from loopd.sessionlog import migrations as sessionlog_migrations
 from loopd.sessionlog.verify import verify
 from loopd.wire.assemble import ToolCall
 from tests.sessionlog.sessionlog_support import assistant_text, request_for
+from tests.storage.storage_support import add_migration_record, copied_fixture, query, schema
 
-FIXTURE = Path(__file__).parents[1] / "data" / "db" / "loopd-0.1.0.db"
 KINDS_OF_ALPHA = [
     *("epoch", "user", "assistant", "tool", "assistant", "user", "broken", "note"),
     # Epoch 2: the conversation carried over, then a turn with two calls, one answered.
@@ -30,29 +28,17 @@ KINDS_OF_ALPHA = [
 
 @pytest.fixture
 def old_log(tmp_path: Path) -> Path:
-    path = tmp_path / "loopd.db"
-    shutil.copyfile(FIXTURE, path)
-    return path
-
-
-def _schema(path: Path) -> set[tuple[str, str]]:
-    conn = sqlite3.connect(path)
-    try:
-        return set(conn.execute("SELECT type, name FROM sqlite_master"))
-    finally:
-        conn.close()
+    return copied_fixture("loopd-0.1.0.db", tmp_path)
 
 
 def test_a_0_1_0_log_verifies_after_the_upgrade(old_log: Path) -> None:
     with SessionLog.open(old_log, create=False) as log:
         # The hash chain of 0.1.0, recomputed from the fields as read now: same order, same bytes.
         assert verify(log) == []
-    conn = sqlite3.connect(old_log)
-    assert conn.execute("SELECT name, applied_at FROM _migrations").fetchall() == [
+    assert query(old_log, "SELECT name, applied_at FROM _migrations") == [
         ("m001_initial", None)  # applied by 0.1.0, which counted it in user_version only
     ]
-    assert conn.execute("PRAGMA user_version").fetchone() == (1,)
-    conn.close()
+    assert query(old_log, "PRAGMA user_version") == [(1,)]
 
 
 def test_a_0_1_0_log_reads_back_what_was_written(old_log: Path) -> None:
@@ -110,15 +96,12 @@ def test_appends_to_an_upgraded_log_chain_onto_its_entries(old_log: Path) -> Non
 def test_an_upgraded_log_has_the_schema_of_a_new_one(old_log: Path, tmp_path: Path) -> None:
     SessionLog.open(old_log).close()
     SessionLog.open(tmp_path / "new.db").close()
-    assert _schema(old_log) == _schema(tmp_path / "new.db")
+    assert schema(old_log) == schema(tmp_path / "new.db")
 
 
 def test_a_log_with_a_migration_this_loopd_does_not_know_is_refused(old_log: Path) -> None:
     SessionLog.open(old_log).close()
-    conn = sqlite3.connect(old_log)
-    with conn:
-        conn.execute("INSERT INTO _migrations (name, applied_at) VALUES ('m002_later', NULL)")
-    conn.close()
+    add_migration_record(old_log, "m002_later")
     with pytest.raises(SchemaTooNewError, match=r"schema version 2 \(m002_later\) .* upgrade"):
         SessionLog.open(old_log)
 

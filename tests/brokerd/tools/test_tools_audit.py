@@ -1,6 +1,5 @@
 """brokerd's audit log: versioned, append-only, and readable after an upgrade."""
 
-import shutil
 import sqlite3
 from pathlib import Path
 
@@ -8,23 +7,12 @@ import pytest
 
 from brokerd.tools.audit import AuditLog, AuditLogError
 from brokerd.tools.calls import CallRequest, RecordedCall
-
-FIXTURE = Path(__file__).parents[2] / "data" / "db" / "brokerd-audit-0.1.0.db"
+from tests.storage.storage_support import add_migration_record, copied_fixture, query, schema
 
 
 @pytest.fixture
 def old_audit(tmp_path: Path) -> Path:
-    path = tmp_path / "audit.db"
-    shutil.copyfile(FIXTURE, path)
-    return path
-
-
-def _query(path: Path, sql: str) -> list[tuple[object, ...]]:
-    conn = sqlite3.connect(path)
-    try:
-        return conn.execute(sql).fetchall()
-    finally:
-        conn.close()
+    return copied_fixture("brokerd-audit-0.1.0.db", tmp_path)
 
 
 def test_a_0_1_0_audit_log_reads_back_after_the_upgrade(old_audit: Path) -> None:
@@ -50,15 +38,14 @@ def test_a_0_1_0_audit_log_reads_back_after_the_upgrade(old_audit: Path) -> None
         audit.record_end("alpha", "call_c1", "interrupted", "brokerd stopped")
     finally:
         audit.close()
-    assert _query(old_audit, "SELECT name FROM _migrations") == [("m001_initial",)]
-    assert _query(old_audit, "PRAGMA user_version") == [(1,)]
+    assert query(old_audit, "SELECT name FROM _migrations") == [("m001_initial",)]
+    assert query(old_audit, "PRAGMA user_version") == [(1,)]
 
 
 def test_an_upgraded_audit_log_has_the_schema_of_a_new_one(old_audit: Path, tmp_path: Path) -> None:
     AuditLog.open(old_audit).close()
     AuditLog.open(tmp_path / "new.db").close()
-    schema = "SELECT type, name FROM sqlite_master ORDER BY name"
-    assert _query(old_audit, schema) == _query(tmp_path / "new.db", schema)
+    assert schema(old_audit) == schema(tmp_path / "new.db")
 
 
 @pytest.mark.parametrize(
@@ -78,10 +65,7 @@ def test_the_audit_log_is_append_only(tmp_path: Path, statement: str) -> None:
 
 def test_an_audit_log_from_a_newer_brokerd_is_refused_in_one_line(old_audit: Path) -> None:
     AuditLog.open(old_audit).close()
-    conn = sqlite3.connect(old_audit)
-    with conn:
-        conn.execute("INSERT INTO _migrations (name) VALUES ('m002_later')")
-    conn.close()
+    add_migration_record(old_audit, "m002_later")
     with pytest.raises(AuditLogError) as raised:
         AuditLog.open(old_audit)
     message = str(raised.value)
