@@ -1,4 +1,5 @@
-"""Versioned schemas for every SQLite file loopd and brokerd own, by one mechanism.
+"""Versioned schemas for every SQLite file loopd and brokerd own, by one mechanism (the design
+document in ``docs/``, section Storage).
 
 A kind of file (the session log, the chat state, brokerd's audit log) lists its migrations in
 order, each a function named ``mNNN_what`` that changes the schema through the connection it is
