@@ -8,13 +8,16 @@ import pytest
 from loopd.chat.cursor import ChatState, ChatStateError, Cursor
 from tests.storage.storage_support import add_migration_record, copied_fixture, query, schema
 
-
-@pytest.fixture
-def old_state(tmp_path: Path) -> Path:
-    return copied_fixture("chat-0.1.0.db", tmp_path)
+# Written before versions: by loopd 0.1.0, and by the loopd that added ``held`` (with held rows).
+FIXTURES = ["chat-0.1.0.db", "chat-0.1.0-held.db"]
 
 
-def test_a_0_1_0_chat_state_reads_back_after_the_upgrade(old_state: Path) -> None:
+@pytest.fixture(params=FIXTURES)
+def old_state(tmp_path: Path, request: pytest.FixtureRequest) -> Path:
+    return copied_fixture(request.param, tmp_path)
+
+
+def test_an_old_chat_state_reads_back_after_the_upgrade(old_state: Path) -> None:
     state = ChatState.open(old_state)
     try:
         assert state.cursor("chan-1") == Cursor(1_700_000_000_500, "post-b")
@@ -35,9 +38,32 @@ def test_a_0_1_0_chat_state_reads_back_after_the_upgrade(old_state: Path) -> Non
         assert state.cursor("chan-1") == Cursor(1_700_000_001_000, "post-d")
     finally:
         state.close()
-    names = [row[0] for row in query(old_state, "SELECT name FROM _migrations ORDER BY rowid")]
-    assert names == ["m001_initial", "m002_held", "m003_append_only"]
+    # With no version before, every step ran, creating only what the file lacked.
+    recorded = query(
+        old_state, "SELECT name, applied_at IS NOT NULL FROM _migrations ORDER BY rowid"
+    )
+    assert recorded == [("m001_initial", 1), ("m002_held", 1), ("m003_append_only", 1)]
     assert query(old_state, "PRAGMA user_version") == [(3,)]
+
+
+def test_held_messages_are_kept_by_the_upgrade_and_can_still_be_released(tmp_path: Path) -> None:
+    path = copied_fixture("chat-0.1.0-held.db", tmp_path)
+    state = ChatState.open(path)
+    try:
+        assert state.held("mm:root-1") == [("post-h2", "second, still held ✓")]
+        state.release("post-h2")  # held rows are the ones that are removed
+        assert state.held("mm:root-1") == []
+    finally:
+        state.close()
+
+
+def test_a_0_1_0_chat_state_gets_the_held_table(tmp_path: Path) -> None:
+    state = ChatState.open(copied_fixture("chat-0.1.0.db", tmp_path))
+    try:
+        state.hold("post-x", "mm:root-1", "while busy")
+        assert state.held("mm:root-1") == [("post-x", "while busy")]
+    finally:
+        state.close()
 
 
 @pytest.mark.parametrize(

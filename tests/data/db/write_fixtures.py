@@ -1,10 +1,11 @@
 """Writes the database fixtures of this folder: one file of each kind loopd and brokerd own.
 
-The committed files were written by loopd 0.1.0 (before versioned migrations for every file):
-``python tests/data/db/write_fixtures.py tests/data/db`` at that version. The tests copy them and
-open the copy with today's code, which must migrate it and read back everything written here.
-Run with a later loopd this script writes that loopd's format instead, so the committed files
-are never rewritten.
+The committed files were written by loopd 0.1.0, before versioned migrations for every file:
+``python tests/data/db/write_fixtures.py tests/data/db`` at commit 40ebf3f, and at 7088691 for
+``chat-0.1.0-held.db`` (that commit added the chat state's ``held`` table, still unversioned).
+The tests copy them and open the copy with today's code, which must migrate it and read back
+everything written here. Run with a later loopd this script writes that loopd's format instead,
+so the committed files are never rewritten.
 """
 
 import sys
@@ -124,6 +125,18 @@ def write_chat_state(path: Path) -> None:
         state.close()
 
 
+def write_chat_state_with_held(path: Path) -> None:
+    """As ``write_chat_state``, and two messages held while a turn ran, one of them released."""
+    write_chat_state(path)
+    state = ChatState.open(path)
+    try:
+        state.hold("post-h1", "mm:root-1", "first, while the turn ran")
+        state.hold("post-h2", "mm:root-1", "second, still held ✓")
+        state.release("post-h1")
+    finally:
+        state.close()
+
+
 def write_audit_log(path: Path) -> None:
     ticks = _ticks()
     audit = AuditLog.open(path, clock=lambda: next(ticks))
@@ -136,12 +149,15 @@ def write_audit_log(path: Path) -> None:
         audit.close()
 
 
-def main(folder: Path) -> None:
+def main(folder: Path, which: str) -> None:
     folder.mkdir(parents=True, exist_ok=True)
+    if which == "held":
+        write_chat_state_with_held(folder / "chat-0.1.0-held.db")
+        return
     write_session_log(folder / "loopd-0.1.0.db")
     write_chat_state(folder / "chat-0.1.0.db")
     write_audit_log(folder / "brokerd-audit-0.1.0.db")
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1]))
+    main(Path(sys.argv[1]), sys.argv[2] if len(sys.argv) > 2 else "all")
