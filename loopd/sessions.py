@@ -312,28 +312,13 @@ class Runtime:
         again: it answers a known call id from its record without running it twice), then a
         pending turn runs. None when there was nothing to do."""
         state = self.log.state(session.name)
-        for call in state.interrupted_calls:
+        for interrupted in state.interrupted_calls:
+            call = interrupted.call  # as stored: the argument text the model streamed
             if is_broker_tool(call.name):
-                text = await self.tools.run(
-                    session.name, _call_from_log(self.log, session.name, call.call_id)
-                )
+                text = await self.tools.run(session.name, call)
             else:
                 text = INTERRUPTED
-            self.log.append_tool_result(session.name, tool_call_id=call.call_id, content=text)
+            self.log.append_tool_result(session.name, tool_call_id=call.id, content=text)
         if state.interrupted_calls or state.pending_turn:
             return await self.run_turn(session, report)
         return None
-
-
-def _call_from_log(session_log: SessionLog, session: str, call_id: str) -> ToolCall:
-    """The tool call with this id, read back from the stored assistant message."""
-    for entry in reversed(session_log.entries(session)):
-        if entry.message and call_id in entry.message:
-            message = json.loads(entry.message)
-            for call in message.get("tool_calls") or ():
-                if call.get("id") == call_id:
-                    function = call.get("function", {})
-                    return ToolCall(
-                        call_id, function.get("name", ""), function.get("arguments", "")
-                    )
-    return ToolCall(call_id, "", "")

@@ -8,7 +8,7 @@ survive a restart. The view ``calls`` joins the two halves for reading.
 
 Each write is a single statement in autocommit mode and takes well under a millisecond, so the
 store is called synchronously from the event loop: that also makes "check the key, then claim it"
-free of interleaving between coroutines.
+free of interleaving between coroutines. The schema is versioned by ``loopd.storage.migrations``.
 """
 
 import json
@@ -21,8 +21,17 @@ from typing import get_args
 from brokerd.tools.calls import CallRequest, RecordedCall
 from brokerd.tools.errors import BrokerError
 from brokerd.tools.wording import CallStatus
+from loopd.storage.migrations import (
+    MigrationError,
+    Migrations,
+    append_only_triggers,
+    execute_script,
+)
 
-SCHEMA = """
+APPEND_ONLY_TABLES = ("call_started", "call_ended", "find_tool_calls")
+
+# brokerd 0.1.0 created these on every open (hence IF NOT EXISTS) and had no version.
+_V1_SCHEMA = """
 CREATE TABLE IF NOT EXISTS call_started (
     session TEXT NOT NULL,
     call_id TEXT NOT NULL,
@@ -53,7 +62,15 @@ CREATE VIEW IF NOT EXISTS calls AS
     SELECT s.session, s.call_id, s.tool, s.arguments, s.started_at, e.status, e.result, e.ended_at
     FROM call_started AS s LEFT JOIN call_ended AS e USING (session, call_id);
 """
-APPEND_ONLY_TABLES = ("call_started", "call_ended", "find_tool_calls")
+
+MIGRATIONS = Migrations()
+
+
+@MIGRATIONS.step
+def m001_initial(db: sqlite3.Connection) -> None:
+    execute_script(db, _V1_SCHEMA + append_only_triggers(*APPEND_ONLY_TABLES))
+
+
 STATUSES: frozenset[str] = frozenset(get_args(CallStatus))
 
 
@@ -80,10 +97,14 @@ class AuditLog:
             connection = sqlite3.connect(
                 path, isolation_level=None, check_same_thread=False, timeout=5.0
             )
+        except (OSError, sqlite3.Error) as exc:
+            raise AuditLogError(f"{path}: cannot open the audit database: {exc}") from exc
+        try:
             connection.execute("PRAGMA journal_mode = WAL")
             connection.execute("PRAGMA foreign_keys = ON")
-            connection.executescript(SCHEMA + _append_only_triggers())
-        except (OSError, sqlite3.Error) as exc:
+            MIGRATIONS.apply(connection)
+        except (sqlite3.Error, MigrationError) as exc:
+            connection.close()
             raise AuditLogError(f"{path}: cannot open the audit database: {exc}") from exc
         return cls(connection, clock)
 
@@ -142,14 +163,3 @@ class AuditLog:
 
     def _now(self) -> str:
         return self._clock().astimezone(UTC).isoformat(timespec="milliseconds")
-
-
-def _append_only_triggers() -> str:
-    return "".join(
-        f"""
-        CREATE TRIGGER IF NOT EXISTS {table}_no_{action} BEFORE {action.upper()} ON {table}
-        BEGIN SELECT RAISE(ABORT, '{table} is append-only'); END;
-        """
-        for table in APPEND_ONLY_TABLES
-        for action in ("update", "delete")
-    )

@@ -1,6 +1,6 @@
 """What the adapter must remember across restarts, in ``chat.db`` beside the session log.
 
-Rows are only ever added (the latest row wins), as in the session log:
+Rows are only ever added (the latest row wins), as in the session log, but for ``held``:
 
 - ``cursors``: per channel, the newest (``update_at``, post id) taken in; catch-up starts there.
 - ``connections``: the WebSocket's ``{connection_id, next_seq}``, for a resume after a restart.
@@ -10,6 +10,8 @@ Rows are only ever added (the latest row wins), as in the session log:
   knows which replies may already be in the thread and looks there before posting again.
 - ``held``: messages that came while their thread's turn ran, kept here until it ends (a row is
   removed once its message is in the session log).
+
+The schema is versioned by ``loopd.storage.migrations``.
 """
 
 from __future__ import annotations
@@ -21,8 +23,16 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from loopd.errors import LoopdError
+from loopd.storage.migrations import (
+    MigrationError,
+    Migrations,
+    append_only_triggers,
+    execute_script,
+)
 
-_SCHEMA = """
+# Before versions, loopd created its tables on every open (hence IF NOT EXISTS in the steps that
+# were its schema then): first these, then ``held`` (m002).
+_V1_SCHEMA = """
 CREATE TABLE IF NOT EXISTS cursors (
     id INTEGER PRIMARY KEY, channel_id TEXT NOT NULL, update_at INTEGER NOT NULL,
     post_id TEXT NOT NULL, saved_at REAL NOT NULL);
@@ -38,14 +48,35 @@ CREATE TABLE IF NOT EXISTS outbox (
     id INTEGER PRIMARY KEY, key TEXT NOT NULL, part INTEGER NOT NULL, post_id TEXT,
     saved_at REAL NOT NULL);
 CREATE INDEX IF NOT EXISTS outbox_key ON outbox (key, part);
-CREATE TABLE IF NOT EXISTS held (
-    id INTEGER PRIMARY KEY, post_id TEXT NOT NULL UNIQUE, session TEXT NOT NULL,
-    text TEXT NOT NULL, saved_at REAL NOT NULL);
 CREATE TRIGGER IF NOT EXISTS cursors_no_update BEFORE UPDATE ON cursors
     BEGIN SELECT RAISE(ABORT, 'chat state is append-only'); END;
 CREATE TRIGGER IF NOT EXISTS outbox_no_update BEFORE UPDATE ON outbox
     BEGIN SELECT RAISE(ABORT, 'chat state is append-only'); END;
 """
+
+MIGRATIONS = Migrations()
+
+
+@MIGRATIONS.step
+def m001_initial(db: sqlite3.Connection) -> None:
+    execute_script(db, _V1_SCHEMA)
+
+
+@MIGRATIONS.step
+def m002_held(db: sqlite3.Connection) -> None:
+    db.execute(
+        "CREATE TABLE IF NOT EXISTS held (id INTEGER PRIMARY KEY, post_id TEXT NOT NULL UNIQUE,"
+        " session TEXT NOT NULL, text TEXT NOT NULL, saved_at REAL NOT NULL)"
+    )
+
+
+# The tables whose rows are only ever added (all but ``held``).
+APPEND_ONLY_TABLES = ("cursors", "connections", "seen", "threads", "outbox")
+
+
+@MIGRATIONS.step
+def m003_append_only(db: sqlite3.Connection) -> None:
+    execute_script(db, append_only_triggers(*APPEND_ONLY_TABLES))
 
 
 class ChatStateError(LoopdError):
@@ -77,10 +108,14 @@ class ChatState:
     def open(cls, path: Path) -> ChatState:
         try:
             conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+        except sqlite3.Error as exc:
+            raise ChatStateError(f"chat state {path}: {exc}") from exc
+        try:
             conn.execute("PRAGMA journal_mode = WAL")
             conn.execute("PRAGMA synchronous = FULL")
-            conn.executescript(_SCHEMA)
-        except sqlite3.Error as exc:
+            MIGRATIONS.apply(conn)
+        except (sqlite3.Error, MigrationError) as exc:
+            conn.close()
             raise ChatStateError(f"chat state {path}: {exc}") from exc
         return cls(path, conn)
 

@@ -1,25 +1,20 @@
 """Pure checks on an assistant message as assembled from the stream.
 
 The stored text is never rewritten; it is parsed only to check its shape at append time and to
-learn the ids of its tool calls (for pending-state derivation).
+read back its tool calls (which of them are unanswered, and what each asked, for a resume).
 """
 
 import json
-from dataclasses import dataclass
 from typing import Any
+
+from loopd.wire.assemble import ToolCall
 
 
 class MalformedAssistantError(ValueError):
     """The text is not an assistant message the log can replay."""
 
 
-@dataclass(frozen=True, slots=True)
-class ToolCallRef:
-    call_id: str
-    name: str
-
-
-def tool_calls_of(message_text: str) -> tuple[ToolCallRef, ...]:
+def tool_calls_of(message_text: str) -> tuple[ToolCall, ...]:
     """The tool calls of a serialized assistant message; raises ``MalformedAssistantError``."""
     try:
         message: Any = json.loads(message_text)
@@ -32,14 +27,14 @@ def tool_calls_of(message_text: str) -> tuple[ToolCallRef, ...]:
         return ()
     if not isinstance(calls, list):
         raise MalformedAssistantError('"tool_calls" is not a list')
-    refs = tuple(_tool_call_ref(call, index) for index, call in enumerate(calls))
-    ids = [ref.call_id for ref in refs]
+    parsed = tuple(_tool_call(call, index) for index, call in enumerate(calls))
+    ids = [call.id for call in parsed]
     if len(set(ids)) != len(ids):
         raise MalformedAssistantError(f"tool call ids repeat: {ids}")
-    return refs
+    return parsed
 
 
-def _tool_call_ref(call: Any, index: int) -> ToolCallRef:
+def _tool_call(call: Any, index: int) -> ToolCall:
     function = call.get("function") if isinstance(call, dict) else None
     if not isinstance(call, dict) or not isinstance(function, dict):
         raise MalformedAssistantError(f"tool call {index} has no function object")
@@ -49,4 +44,4 @@ def _tool_call_ref(call: Any, index: int) -> ToolCallRef:
     if not isinstance(name, str) or not isinstance(arguments, str):
         # Arguments stay the string the stream produced; an object here means someone parsed it.
         raise MalformedAssistantError(f"tool call {call_id}: name and arguments must be strings")
-    return ToolCallRef(call_id, name)
+    return ToolCall(call_id, name, arguments)

@@ -20,21 +20,7 @@ def genesis_hash(session_name: str, slot: int) -> str:
 
 def entry_hash(prev_hash: str, fields: EntryFields) -> str:
     """The hash of an entry, chained to the previous entry of the same session."""
-    content = [
-        prev_hash,
-        fields.seq,
-        fields.epoch_number,
-        fields.kind.value,
-        fields.message,
-        fields.text,
-        fields.reason,
-        fields.external_key,
-        fields.tool_call_id,
-        fields.request_id,
-        fields.refers_to,
-        fields.tools_sha256,
-        fields.created_at,
-    ]
+    content = [prev_hash, *fields.values()]
     return sha256_text(jsonbytes.dumps(content))
 
 

@@ -1,14 +1,13 @@
-"""Versioned schema of the session log.
+"""Versioned schema of the session log, by ``loopd.storage.migrations``.
 
-The version lives in ``PRAGMA user_version`` and the file is marked as a session log by
-``PRAGMA application_id``. Migration ``n`` (1-based) moves the schema from ``n - 1`` to ``n``; each
-runs in the same transaction as its version bump, so a crash leaves the old or the new schema,
-never a mix. Migrations are only ever appended to this list.
+The file is marked as a session log by ``PRAGMA application_id``, set by the first step. Every
+table is append-only: triggers refuse UPDATE and DELETE (those of the ``_migrations`` record are
+the mechanism's own), and corrections are entries.
 """
 
-from collections.abc import Callable
+import sqlite3
 
-from sqlite_utils import Database
+from loopd.storage.migrations import Migrations, append_only_triggers, execute_script
 
 APPLICATION_ID = 0x6C6F6F70  # "loop"
 
@@ -90,22 +89,14 @@ CREATE INDEX entries_by_kind ON entries (session_id, kind, seq);
 """
 
 
-def _append_only_triggers(table: str) -> str:
-    return f"""
-CREATE TRIGGER {table}_no_update BEFORE UPDATE ON {table}
-BEGIN SELECT RAISE(ABORT, '{table} are append-only'); END;
-CREATE TRIGGER {table}_no_delete BEFORE DELETE ON {table}
-BEGIN SELECT RAISE(ABORT, '{table} are append-only'); END;
-"""
+MIGRATIONS = Migrations()
 
 
-def _v1_initial(db: Database) -> None:
-    db.executescript(_V1_TABLES + "".join(map(_append_only_triggers, APPEND_ONLY_TABLES)))
+@MIGRATIONS.step
+def m001_initial(db: sqlite3.Connection) -> None:
+    """The schema of loopd 0.1.0 (``user_version`` 1 before the ``_migrations`` table)."""
+    execute_script(db, _V1_TABLES + append_only_triggers(*APPEND_ONLY_TABLES))
     db.execute(f"PRAGMA application_id = {APPLICATION_ID}")
-
-
-MIGRATIONS: list[Callable[[Database], None]] = [_v1_initial]
-LATEST_VERSION = len(MIGRATIONS)
 
 
 def expected_triggers() -> frozenset[str]:

@@ -6,9 +6,11 @@ These are plain frozen dataclasses; the store maps them to and from SQL, and the
 
 import uuid
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from enum import StrEnum
 from typing import Any
+
+from loopd.wire.assemble import ToolCall
 
 
 class EntryKind(StrEnum):
@@ -63,7 +65,12 @@ class Epoch:
 
 @dataclass(frozen=True, slots=True)
 class EntryFields:
-    """What an entry says: everything the hash chain covers besides the previous hash."""
+    """What an entry says: everything the hash chain covers besides the previous hash.
+
+    The one definition of an entry's fields: the store maps rows to and from them by name, and
+    the hash covers them in this order, so they are never reordered (a stored chain would no
+    longer verify; ``tests/sessionlog/test_sessionlog_upgrade.py`` checks one written by 0.1.0).
+    """
 
     seq: int
     epoch_number: int
@@ -77,6 +84,13 @@ class EntryFields:
     refers_to: int | None  # the seq of an entry this one corrects or copies
     tools_sha256: str | None  # epoch entries: the epoch's tools hash
     created_at: str
+
+    def values(self) -> tuple[object, ...]:
+        """The fields in order, as the hash chain covers them."""
+        return tuple(getattr(self, name) for name in ENTRY_FIELDS)
+
+
+ENTRY_FIELDS = tuple(f.name for f in fields(EntryFields))
 
 
 @dataclass(frozen=True, slots=True)
@@ -153,9 +167,18 @@ class Request:
 
 @dataclass(frozen=True, slots=True)
 class InterruptedCall:
-    call_id: str
-    name: str
+    """A tool call of the latest assistant entry that has no result entry."""
+
+    call: ToolCall  # as stored: its id, name and argument text exactly as streamed
     assistant_seq: int  # the assistant entry that made the call
+
+    @property
+    def call_id(self) -> str:
+        return self.call.id
+
+    @property
+    def name(self) -> str:
+        return self.call.name
 
 
 @dataclass(frozen=True, slots=True)

@@ -45,7 +45,7 @@ def unanswered_calls(entries: Sequence[Entry]) -> tuple[InterruptedCall, ...]:
         e.fields.tool_call_id for e in entries if e.kind is EntryKind.TOOL and e.seq > latest.seq
     }
     return tuple(
-        InterruptedCall(call_id=ref.call_id, name=ref.name, assistant_seq=latest.seq)
-        for ref in tool_calls_of(latest.message)
-        if ref.call_id not in answered
+        InterruptedCall(call, assistant_seq=latest.seq)
+        for call in tool_calls_of(latest.message)
+        if call.id not in answered
     )

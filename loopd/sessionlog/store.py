@@ -10,23 +10,22 @@ Settings, and why:
   and taking the write lock up front makes a competing writer wait (busy timeout) instead of
   failing on a stale snapshot. A crash at any point leaves the rows of whole appends only.
 - Triggers reject UPDATE and DELETE on every table (see ``migrations``); corrections are entries.
+- Rows are mapped to records by column name (``_select``, and ``rows`` for each record).
 """
 
 import json
 import sqlite3
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
+from dataclasses import replace
 from datetime import UTC, datetime
 from itertools import count
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Self
 
-from sqlite_utils import Database
-
-from loopd import jsonbytes
-from loopd.sessionlog import chain, replay
+from loopd.sessionlog import chain, replay, rows
 from loopd.sessionlog.assistant import MalformedAssistantError, tool_calls_of
 from loopd.sessionlog.errors import (
     AppendOnlyError,
@@ -45,51 +44,23 @@ from loopd.sessionlog.errors import (
     ToolCallError,
     UnknownSessionError,
 )
-from loopd.sessionlog.migrations import APPLICATION_ID, LATEST_VERSION, MIGRATIONS
+from loopd.sessionlog.migrations import APPLICATION_ID, MIGRATIONS
 from loopd.sessionlog.records import (
     Appended,
     Entry,
     EntryFields,
     EntryKind,
     Epoch,
-    Perf,
     Request,
-    RequestKind,
     RequestRecord,
     Session,
     SessionState,
 )
 from loopd.sessionlog.state import derive_state, unanswered_calls
+from loopd.storage.migrations import NewerSchemaError
 
 WriteHook = Callable[[str], None]
 """Called after every write statement and every commit with a label; used by crash tests."""
-
-_ENTRY_COLUMNS = (
-    "e.id, e.session_id, e.seq, ep.number, e.kind, e.message, e.text, e.reason, e.external_key,"
-    " e.tool_call_id, e.request_id, e.refers_to, e.tools_sha256, e.created_at, e.prev_hash, e.hash"
-)
-_ENTRY_SELECT = f"SELECT {_ENTRY_COLUMNS} FROM entries e JOIN epochs ep ON ep.id = e.epoch_id"
-_EPOCH_COLUMNS = "id, session_id, number, reason, tools_text, tools_sha256, system_text, created_at"
-_PERF_COLUMNS = (
-    "outcome",
-    "cache_n",
-    "prompt_n",
-    "predicted_n",
-    "ttfb_ms",
-    "queue_wait_ms",
-    "prompt_per_second",
-    "predicted_per_second",
-    "thinking_tokens",
-    "capped",
-    "cache_loss",
-    "cache_loss_cause",
-    "extra",
-)
-_REQUEST_COLUMNS = (
-    "r.id, r.session_id, ep.number, r.kind, r.slot, r.message_count, r.messages_sha256, "
-    + ", ".join(f"r.{column}" for column in _PERF_COLUMNS)
-    + ", r.created_at"
-)
 
 
 def utc_now() -> str:
@@ -103,7 +74,7 @@ class SessionLog:
         self, path: Path, conn: sqlite3.Connection, clock: Callable[[], str], on_write: WriteHook
     ) -> None:
         self.path = path
-        self._db = Database(conn, execute_plugins=False)
+        self._conn = conn
         self._clock = clock
         self._on_write = on_write
         self._lock = threading.RLock()
@@ -151,7 +122,7 @@ class SessionLog:
 
     def close(self) -> None:
         with self._lock:
-            self._db.close()
+            self._conn.close()
 
     def __enter__(self) -> Self:
         return self
@@ -167,44 +138,44 @@ class SessionLog:
     def _prepare(self, busy_timeout_ms: int) -> None:
         with self._reading():
             self._pragma(f"busy_timeout = {int(busy_timeout_ms)}")
-            version = int(self._pragma("user_version"))  # the first read: fails on a foreign file
-            self._check_identity(version)
+            self._check_identity()
             if str(self._pragma("journal_mode = WAL")).lower() != "wal":
                 raise StorageError(self.path, "cannot use write-ahead logging on this file system")
             self._pragma("synchronous = FULL")
             self._pragma("foreign_keys = ON")
-            problems = [row[0] for row in self._db.execute("PRAGMA quick_check").fetchall()]
+            problems = [row[0] for row in self._conn.execute("PRAGMA quick_check").fetchall()]
             if problems != ["ok"]:
                 raise CorruptLogError(self.path, "damaged database: " + "; ".join(problems[:3]))
-            self._migrate()
+            MIGRATIONS.apply(self._conn)
 
-    def _check_identity(self, version: int) -> None:
-        if version > LATEST_VERSION:
-            raise SchemaTooNewError(
-                self.path,
-                f"schema version {version} was written by a newer loopd "
-                f"(this one understands up to {LATEST_VERSION}); upgrade loopd to read it",
-            )
-        if version == 0:
-            tables = [name for name in self._db.table_names() if not name.startswith("sqlite_")]
+    def _check_identity(self) -> None:
+        # The first read of the file: it fails here on a file that is not SQLite.
+        application_id = int(self._pragma("application_id"))
+        if application_id != APPLICATION_ID:
+            tables = [
+                name
+                for (name,) in self._conn.execute(
+                    "SELECT name FROM sqlite_master WHERE type = 'table'"
+                    " AND name NOT LIKE 'sqlite%'"
+                )
+            ]
             if tables:
                 raise NotALogError(
                     self.path, f"an SQLite database but not a session log (tables: {tables})"
                 )
-        elif int(self._pragma("application_id")) != APPLICATION_ID:
-            raise NotALogError(self.path, "an SQLite database of another application")
-
-    def _migrate(self) -> None:
-        for target in range(int(self._pragma("user_version")) + 1, LATEST_VERSION + 1):
-            with self.transaction():
-                # Re-read under the write lock: another process may have migrated meanwhile.
-                if int(self._pragma("user_version")) >= target:
-                    continue
-                MIGRATIONS[target - 1](self._db)
-                self._db.execute(f"PRAGMA user_version = {target}")
+            if application_id:
+                raise NotALogError(self.path, "an SQLite database of another application")
+        try:
+            MIGRATIONS.pending(self._conn)
+        except NewerSchemaError as exc:
+            raise SchemaTooNewError(
+                self.path,
+                f"{exc.schema} was written by a newer loopd "
+                f"(this one understands up to {exc.known}); upgrade loopd to read it",
+            ) from exc
 
     def _pragma(self, statement: str) -> Any:
-        row = self._db.execute(f"PRAGMA {statement}").fetchone()
+        row = self._conn.execute(f"PRAGMA {statement}").fetchone()
         return None if row is None else row[0]
 
     # -- transactions and error translation -----------------------------------------------------
@@ -213,7 +184,7 @@ class SessionLog:
     def transaction(self) -> Iterator[None]:
         """Group writes into one transaction: all of them are kept, or none. Nestable."""
         with self._lock, self._guard():
-            conn = self._db.conn
+            conn = self._conn
             if conn.in_transaction:
                 name = f"sessionlog_{next(self._savepoints)}"
                 conn.execute(f"SAVEPOINT {name}")
@@ -248,8 +219,18 @@ class SessionLog:
         except sqlite3.Error as exc:
             raise translate_error(self.path, exc) from exc
 
-    def _write(self, label: str, sql: str, params: tuple[Any, ...]) -> int:
-        cursor = self._db.execute(sql, params)
+    def _select(self, sql: str, params: tuple[Any, ...] = ()) -> list[rows.Row]:
+        """The rows of a query, each a mapping of column name to value."""
+        cursor = self._conn.execute(sql, params)
+        names = [column[0] for column in cursor.description]
+        return [dict(zip(names, row, strict=True)) for row in cursor.fetchall()]
+
+    def _select_one(self, sql: str, params: tuple[Any, ...] = ()) -> rows.Row | None:
+        found = self._select(sql, params)
+        return found[0] if found else None
+
+    def _insert(self, label: str, table: str, row: Mapping[str, Any]) -> int:
+        cursor = self._conn.execute(rows.insert_sql(table, tuple(row)), row)
         self._on_write(label)
         return int(cursor.lastrowid or 0)
 
@@ -268,13 +249,11 @@ class SessionLog:
                         f"session {name!r} uses slot {existing.slot} for life, not {slot}",
                     )
                 return existing
-            created_at = self._clock()
-            row_id = self._write(
-                "ensure_session:insert session",
-                "INSERT INTO sessions (name, slot, created_at) VALUES (?, ?, ?)",
-                (_utf8(self.path, name, "session name"), slot, created_at),
+            created = Session(0, _utf8(self.path, name, "session name"), slot, self._clock())
+            row_id = self._insert(
+                "ensure_session:insert session", "sessions", rows.record_row(created)
             )
-        return self._remember(Session(row_id, name, slot, created_at))
+        return self._remember(replace(created, id=row_id))
 
     def get_session(self, name: str) -> Session:
         with self._reading():
@@ -285,18 +264,14 @@ class SessionLog:
 
     def sessions(self) -> list[Session]:
         with self._reading():
-            rows = self._db.execute(
-                "SELECT id, name, slot, created_at FROM sessions ORDER BY id"
-            ).fetchall()
-        return [self._remember(Session(*row)) for row in rows]
+            found = self._select(f"{rows.SESSION_SELECT} ORDER BY s.id")
+        return [self._remember(rows.session_from_row(row)) for row in found]
 
     def _find_session(self, name: str) -> Session | None:
         if name in self._sessions:
             return self._sessions[name]
-        row = self._db.execute(
-            "SELECT id, name, slot, created_at FROM sessions WHERE name = ?", (name,)
-        ).fetchone()
-        return None if row is None else self._remember(Session(*row))
+        row = self._select_one(f"{rows.SESSION_SELECT} WHERE s.name = ?", (name,))
+        return None if row is None else self._remember(rows.session_from_row(row))
 
     def _remember(self, session: Session) -> Session:
         # Sessions are never updated, so a cached row cannot go stale.
@@ -326,31 +301,25 @@ class SessionLog:
             target = self.get_session(session)
             previous = self._current_epoch(target)
             number = 1 if previous is None else previous.number + 1
-            tools_sha256 = chain.sha256_text(tools_text)
-            created_at = self._clock()
-            epoch_id = self._write(
-                "start_epoch:insert epoch",
-                "INSERT INTO epochs (session_id, number, reason, tools_text, tools_sha256,"
-                " system_text, created_at) VALUES (?, ?, ?, ?, ?, ?, ?)",
-                (target.id, number, reason, tools_text, tools_sha256, system_text, created_at),
-            )
             epoch = Epoch(
-                id=epoch_id,
+                id=0,
                 session_id=target.id,
                 number=number,
                 reason=reason,
                 tools_text=tools_text,
-                tools_sha256=tools_sha256,
+                tools_sha256=chain.sha256_text(tools_text),
                 system_text=system_text,
-                created_at=created_at,
+                created_at=self._clock(),
             )
+            epoch_id = self._insert("start_epoch:insert epoch", "epochs", rows.record_row(epoch))
+            epoch = replace(epoch, id=epoch_id)
             self._append_entry(
                 target,
                 epoch,
                 EntryKind.EPOCH,
                 message=system,
                 reason=_utf8(self.path, reason, "reason"),
-                tools_sha256=tools_sha256,
+                tools_sha256=epoch.tools_sha256,
             )
             if carry_over and previous is not None:
                 self._carry_over(target, previous, epoch)
@@ -367,19 +336,17 @@ class SessionLog:
     def epochs(self, session: str) -> list[Epoch]:
         with self._reading():
             target = self.get_session(session)
-            rows = self._db.execute(
-                f"SELECT {_EPOCH_COLUMNS} FROM epochs WHERE session_id = ? ORDER BY number",
-                (target.id,),
-            ).fetchall()
-        return [Epoch(*row) for row in rows]
+            found = self._select(
+                f"{rows.EPOCH_SELECT} WHERE ep.session_id = ? ORDER BY ep.number", (target.id,)
+            )
+        return [rows.epoch_from_row(row) for row in found]
 
     def _current_epoch(self, session: Session) -> Epoch | None:
-        row = self._db.execute(
-            f"SELECT {_EPOCH_COLUMNS} FROM epochs WHERE session_id = ?"
-            " ORDER BY number DESC LIMIT 1",
+        row = self._select_one(
+            f"{rows.EPOCH_SELECT} WHERE ep.session_id = ? ORDER BY ep.number DESC LIMIT 1",
             (session.id,),
-        ).fetchone()
-        return None if row is None else Epoch(*row)
+        )
+        return None if row is None else rows.epoch_from_row(row)
 
     def _require_epoch(self, session: Session) -> Epoch:
         epoch = self._current_epoch(session)
@@ -388,13 +355,13 @@ class SessionLog:
         return epoch
 
     def _carry_over(self, session: Session, previous: Epoch, epoch: Epoch) -> None:
-        rows = self._db.execute(
-            f"{_ENTRY_SELECT} WHERE e.epoch_id = ? AND e.kind IN ('user', 'assistant', 'tool')"
+        found = self._select(
+            f"{rows.ENTRY_SELECT} WHERE e.epoch_id = ? AND e.kind IN ('user', 'assistant', 'tool')"
             " ORDER BY e.seq",
             (previous.id,),
-        ).fetchall()
-        for row in rows:
-            old = _entry_from_row(row)
+        )
+        for row in found:
+            old = rows.entry_from_row(row)
             self._append_entry(
                 session,
                 epoch,
@@ -413,12 +380,12 @@ class SessionLog:
         _utf8(self.path, external_key, "external key")
         with self.transaction():
             target = self.get_session(session)
-            row = self._db.execute(
-                f"{_ENTRY_SELECT} WHERE e.session_id = ? AND e.external_key = ?",
+            row = self._select_one(
+                f"{rows.ENTRY_SELECT} WHERE e.session_id = ? AND e.external_key = ?",
                 (target.id, external_key),
-            ).fetchone()
+            )
             if row is not None:
-                return Appended(_entry_from_row(row), is_new=False)
+                return Appended(rows.entry_from_row(row), is_new=False)
             epoch = self._require_epoch(target)
             entry = self._append_entry(
                 target, epoch, EntryKind.USER, message=message, external_key=external_key
@@ -497,7 +464,7 @@ class SessionLog:
             )
 
     def _entry_exists(self, session: Session, seq: int) -> bool:
-        row = self._db.execute(
+        row = self._conn.execute(
             "SELECT 1 FROM entries WHERE session_id = ? AND seq = ?", (session.id, seq)
         ).fetchone()
         return row is not None
@@ -517,13 +484,13 @@ class SessionLog:
         refers_to: int | None = None,
         tools_sha256: str | None = None,
     ) -> Entry:
-        head = self._db.execute(
+        head = self._select_one(
             "SELECT seq, hash FROM entries WHERE session_id = ? ORDER BY seq DESC LIMIT 1",
             (session.id,),
-        ).fetchone()
+        )
         seq, prev_hash = (1, chain.genesis_hash(session.name, session.slot))
         if head is not None:
-            seq, prev_hash = head[0] + 1, head[1]
+            seq, prev_hash = head["seq"] + 1, head["hash"]
         fields = EntryFields(
             seq=seq,
             epoch_number=epoch.number,
@@ -539,28 +506,10 @@ class SessionLog:
             created_at=self._clock(),
         )
         entry_hash = chain.entry_hash(prev_hash, fields)
-        row_id = self._write(
+        row_id = self._insert(
             f"{kind.value}:insert entry",
-            "INSERT INTO entries (session_id, seq, epoch_id, kind, message, text, reason,"
-            " external_key, tool_call_id, request_id, refers_to, tools_sha256, created_at,"
-            " prev_hash, hash) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            (
-                session.id,
-                seq,
-                epoch.id,
-                kind.value,
-                message,
-                text,
-                reason,
-                external_key,
-                tool_call_id,
-                request_id,
-                refers_to,
-                tools_sha256,
-                fields.created_at,
-                prev_hash,
-                entry_hash,
-            ),
+            "entries",
+            rows.entry_row(session.id, epoch.id, fields, prev_hash, entry_hash),
         )
         return Entry(row_id, session.id, fields, prev_hash, entry_hash)
 
@@ -571,7 +520,7 @@ class SessionLog:
         with self.transaction():
             target = self.get_session(session)
             request_id = self._insert_request(target, request)
-            created_at = self._db.execute(
+            created_at = self._conn.execute(
                 "SELECT created_at FROM requests WHERE id = ?", (request_id,)
             ).fetchone()[0]
         return Request(request_id, target.id, request, created_at)
@@ -579,67 +528,34 @@ class SessionLog:
     def requests(self, session: str) -> list[Request]:
         with self._reading():
             target = self.get_session(session)
-            rows = self._db.execute(
-                f"SELECT {_REQUEST_COLUMNS} FROM requests r JOIN epochs ep ON ep.id = r.epoch_id"
-                " WHERE r.session_id = ? ORDER BY r.id",
-                (target.id,),
-            ).fetchall()
-        return [_request_from_row(row) for row in rows]
+            found = self._select(
+                f"{rows.REQUEST_SELECT} WHERE r.session_id = ? ORDER BY r.id", (target.id,)
+            )
+        return [rows.request_from_row(row) for row in found]
 
     def slot_used_since(self, slot: int, request_id: int, *, besides: str) -> bool:
         """Whether a request of a session other than ``besides`` ran on ``slot`` after the
         request ``request_id`` (the slot then held another prompt for a while)."""
         with self._reading():
             target = self.get_session(besides)
-            row = self._db.execute(
+            row = self._conn.execute(
                 "SELECT 1 FROM requests WHERE slot = ? AND id > ? AND session_id != ? LIMIT 1",
                 (slot, request_id, target.id),
             ).fetchone()
         return row is not None
 
     def _insert_request(self, session: Session, request: RequestRecord) -> int:
-        epoch = self._db.execute(
+        epoch = self._select_one(
             "SELECT id FROM epochs WHERE session_id = ? AND number = ?",
             (session.id, request.epoch),
-        ).fetchone()
+        )
         if epoch is None:
             raise NoEpochError(self.path, f"session {session.name!r} has no epoch {request.epoch}")
-        perf = request.perf
         try:
-            extra = jsonbytes.dumps(dict(perf.extra))
+            row = rows.request_row(session.id, epoch["id"], request, self._clock())
         except (TypeError, ValueError) as exc:
             raise InvalidAppendError(self.path, f"request extra is not JSON: {exc}") from exc
-        values = (
-            perf.outcome,
-            perf.cache_n,
-            perf.prompt_n,
-            perf.predicted_n,
-            perf.ttfb_ms,
-            perf.queue_wait_ms,
-            perf.prompt_per_second,
-            perf.predicted_per_second,
-            perf.thinking_tokens,
-            int(perf.capped),
-            perf.cache_loss,
-            perf.cache_loss_cause,
-            extra,
-        )
-        return self._write(
-            "request:insert request",
-            "INSERT INTO requests (session_id, epoch_id, kind, slot, message_count,"
-            f" messages_sha256, {', '.join(_PERF_COLUMNS)}, created_at)"
-            f" VALUES ({', '.join('?' * (7 + len(_PERF_COLUMNS)))})",
-            (
-                session.id,
-                epoch[0],
-                RequestKind(request.kind).value,
-                request.slot,
-                request.message_count,
-                request.messages_sha256,
-                *values,
-                self._clock(),
-            ),
-        )
+        return self._insert("request:insert request", "requests", row)
 
     # -- reading --------------------------------------------------------------------------------
 
@@ -648,26 +564,27 @@ class SessionLog:
         with self._reading():
             epoch = self._require_epoch(self.get_session(session))
             # Inside an open transaction rows may still be rolled back: read, but do not keep.
-            keep = not self._db.conn.in_transaction
+            keep = not self._conn.in_transaction
             last_seq, known = self._replayed.get(epoch.id, (-1, [])) if keep else (-1, [])
-            rows = self._db.execute(
+            found = self._conn.execute(
                 "SELECT seq, message FROM entries WHERE epoch_id = ? AND message IS NOT NULL"
                 " AND seq > ? ORDER BY seq",
                 (epoch.id, last_seq),
             ).fetchall()
-            if rows:
-                known = known + [row[1] for row in rows]
+            if found:
+                # Plain tuples on this path: a request build reads it, and it names its columns.
+                known = known + [message for _, message in found]
                 if keep:
-                    self._replayed[epoch.id] = (rows[-1][0], known)
+                    self._replayed[epoch.id] = (found[-1][0], known)
             return list(known)
 
     def entries(self, session: str) -> list[Entry]:
         with self._reading():
             target = self.get_session(session)
-            rows = self._db.execute(
-                f"{_ENTRY_SELECT} WHERE e.session_id = ? ORDER BY e.seq", (target.id,)
-            ).fetchall()
-        return [_entry_from_row(row) for row in rows]
+            found = self._select(
+                f"{rows.ENTRY_SELECT} WHERE e.session_id = ? ORDER BY e.seq", (target.id,)
+            )
+        return [rows.entry_from_row(row) for row in found]
 
     def state(self, session: str) -> SessionState:
         """What the session waits for (pending turn, interrupted tool calls), from its rows."""
@@ -681,11 +598,11 @@ class SessionLog:
         """Each session with an answer, and the id of its latest assistant entry (entry ids grow
         with time, so the highest id is the most recently active session)."""
         with self._reading():
-            rows = self._db.execute(
+            found = self._conn.execute(
                 "SELECT s.name, max(e.id) FROM sessions s JOIN entries e ON e.session_id = s.id"
                 " WHERE e.kind = 'assistant' GROUP BY s.id"
             ).fetchall()
-        return {name: last_id for name, last_id in rows}
+        return {name: last_id for name, last_id in found}
 
     def pending_states(self) -> list[SessionState]:
         """The state of every session, for a restart."""
@@ -694,23 +611,23 @@ class SessionLog:
 
     def _epoch_tail(self, epoch: Epoch) -> list[Entry]:
         """The epoch's entries from its latest assistant entry on (all of them if none)."""
-        rows = self._db.execute(
-            f"{_ENTRY_SELECT} WHERE e.epoch_id = ? AND e.seq >= coalesce((SELECT max(seq) FROM"
-            " entries WHERE epoch_id = ? AND kind = 'assistant'), 0) ORDER BY e.seq",
+        found = self._select(
+            f"{rows.ENTRY_SELECT} WHERE e.epoch_id = ? AND e.seq >= coalesce((SELECT max(seq)"
+            " FROM entries WHERE epoch_id = ? AND kind = 'assistant'), 0) ORDER BY e.seq",
             (epoch.id, epoch.id),
-        ).fetchall()
-        return [_entry_from_row(row) for row in rows]
+        )
+        return [rows.entry_from_row(row) for row in found]
 
     def integrity_problems(self) -> list[str]:
         """SQLite's full integrity check; empty when the file is sound."""
         with self._reading():
-            rows = self._db.execute("PRAGMA integrity_check").fetchall()
-        return [row[0] for row in rows if row[0] != "ok"]
+            found = self._conn.execute("PRAGMA integrity_check").fetchall()
+        return [row[0] for row in found if row[0] != "ok"]
 
     def trigger_names(self) -> set[str]:
         with self._reading():
-            rows = self._db.execute("SELECT name FROM sqlite_master WHERE type = 'trigger'")
-            return {row[0] for row in rows}
+            found = self._conn.execute("SELECT name FROM sqlite_master WHERE type = 'trigger'")
+            return {row[0] for row in found}
 
 
 def translate_error(path: Path, exc: sqlite3.Error) -> LogError:
@@ -751,36 +668,3 @@ def _check_tools(path: Path, tools_text: str) -> None:
         raise InvalidMessageError(path, f"tools text is not JSON ({exc})") from exc
     if not isinstance(tools, list):
         raise InvalidMessageError(path, "tools text is not a JSON array")
-
-
-def _entry_from_row(row: Any) -> Entry:
-    fields = EntryFields(
-        seq=row[2],
-        epoch_number=row[3],
-        kind=EntryKind(row[4]),
-        message=row[5],
-        text=row[6],
-        reason=row[7],
-        external_key=row[8],
-        tool_call_id=row[9],
-        request_id=row[10],
-        refers_to=row[11],
-        tools_sha256=row[12],
-        created_at=row[13],
-    )
-    return Entry(id=row[0], session_id=row[1], fields=fields, prev_hash=row[14], hash=row[15])
-
-
-def _request_from_row(row: Any) -> Request:
-    perf_values = dict(zip(_PERF_COLUMNS, row[7:-1], strict=True))
-    perf_values["capped"] = bool(perf_values["capped"])
-    perf_values["extra"] = json.loads(perf_values["extra"])
-    record = RequestRecord(
-        kind=RequestKind(row[3]),
-        slot=row[4],
-        epoch=row[2],
-        message_count=row[5],
-        messages_sha256=row[6],
-        perf=Perf(**perf_values),
-    )
-    return Request(id=row[0], session_id=row[1], record=record, created_at=row[-1])

@@ -33,7 +33,7 @@ def test_every_scripted_message_is_one_the_log_accepts() -> None:
     for turn in SCRIPT:
         for call in turn.calls:
             refs = tool_calls_of(call.message)  # raises on a message the log would refuse
-            assert [ref.call_id for ref in refs] == list(call.call_ids)
+            assert [ref.id for ref in refs] == list(call.call_ids)
             assert len(call.results) == len(refs)
             ids.extend(call.call_ids)
     assert len(set(ids)) == len(ids)

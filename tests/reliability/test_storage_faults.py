@@ -38,7 +38,7 @@ async def test_disk_full_during_a_turn(observe: Observe) -> None:
         async with runtime(env, max_tokens=4096) as rt:
             target = rt.ensure_session(SESSION)
             rt.log.append_user(SESSION, "write a lot", external_key="k-1")
-            conn = rt.log._db.conn  # the test's stand-in for a small file system
+            conn = rt.log._conn  # the test's stand-in for a small file system
             pages = conn.execute("PRAGMA page_count").fetchone()[0]
             conn.execute(f"PRAGMA max_page_count = {pages}")
             turn = rt.turn(target, lambda status: None)

@@ -92,14 +92,14 @@ def test_overwritten_pages_are_reported_as_damaged(db_path: Path) -> None:
 def test_a_full_disk_keeps_nothing_of_the_failed_write(db_path: Path, log: SessionLog) -> None:
     log.append_user(S, "before", external_key="p0")
     before = log.entries(S)
-    pages = log._db.execute("PRAGMA page_count").fetchone()[0]
+    pages = log._conn.execute("PRAGMA page_count").fetchone()[0]
     # max_page_count makes SQLite report SQLITE_FULL as a full disk would.
-    log._db.execute(f"PRAGMA max_page_count = {pages}")
+    log._conn.execute(f"PRAGMA max_page_count = {pages}")
     with pytest.raises(DiskFullError, match=f"{db_path}.*SQLITE_FULL"):
         log.append_assistant(S, assistant_text("y" * 200_000), request=request_for(log, S))
     assert log.entries(S) == before
     assert log.requests(S) == []
-    log._db.execute("PRAGMA max_page_count = 1073741823")
+    log._conn.execute("PRAGMA max_page_count = 1073741823")
     log.append_assistant(S, assistant_text("fits now"), request=request_for(log, S))
     assert verify(log) == []
 

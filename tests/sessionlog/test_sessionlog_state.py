@@ -3,6 +3,7 @@
 from loopd.sessionlog.records import Entry, EntryFields, EntryKind
 from loopd.sessionlog.replay import system_message, tool_message, user_message
 from loopd.sessionlog.state import derive_state
+from loopd.wire.assemble import ToolCall
 from tests.sessionlog.sessionlog_support import assistant_text
 
 
@@ -42,6 +43,14 @@ def test_unanswered_calls_are_interrupted_and_keyed_by_id() -> None:
     assert [(c.call_id, c.name, c.assistant_seq) for c in state.interrupted_calls] == [
         ("b", "write_file", 3)
     ]
+
+
+def test_an_interrupted_call_is_the_call_as_streamed() -> None:
+    # Spacing, key order and number spelling are the model's: a resume sends them unchanged.
+    arguments = '{"path": "a b.txt",  "n":1.50}'
+    calls = (EntryKind.ASSISTANT, assistant_text(calls=[("c9", "call_tool", arguments)]), None)
+    state = derive_state("t", _entries(OPEN, USER, calls))
+    assert [c.call for c in state.interrupted_calls] == [ToolCall("c9", "call_tool", arguments)]
 
 
 def test_answered_calls_leave_a_follow_up_pending() -> None:

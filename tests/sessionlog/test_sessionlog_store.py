@@ -194,7 +194,7 @@ def test_rows_are_append_only(db_path: Path, log: SessionLog, statement: str) ->
 
 def test_append_only_violation_through_the_store_is_an_owned_error(log: SessionLog) -> None:
     with pytest.raises(AppendOnlyError), log.transaction():
-        log._db.execute("DELETE FROM entries")  # the only way in: a private handle
+        log._conn.execute("DELETE FROM entries")  # the only way in: a private handle
     assert len(log.entries(S)) == 1
 
 

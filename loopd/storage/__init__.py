@@ -1,0 +1,1 @@
+"""SQLite plumbing shared by every file loopd and brokerd own; see ``migrations``."""
