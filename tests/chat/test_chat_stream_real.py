@@ -47,6 +47,8 @@ async def chat_proxy(socket_dir: Path, mattermost: Path, token: str) -> AsyncIte
         BROKERD_MATTERMOST_URL=f"unix:{mattermost}",
         BROKERD_MATTERMOST_TOKEN_FILE=str(token_file),
         BROKERD_INFERENCE_URL="http://127.0.0.1:9",  # not served: --only chat
+        # Where the box may post: the fake's direct messages with any of its users.
+        BROKERD_CHAT_ALLOWED_USERS='["*"]',
     )
     log_path = socket_dir / "brokerd.log"
     with log_path.open("wb") as log_file:
