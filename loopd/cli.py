@@ -19,11 +19,7 @@ Handler = Callable[[argparse.Namespace, Settings], int]
 
 def _cmd_config(args: argparse.Namespace, settings: Settings) -> int:
     if args.table:
-        from loopd.chat.config import ChatSettings
-
         print(settings_table())
-        print()
-        print(settings_table(ChatSettings))
     else:
         print(settings.model_dump_json(indent=2))
     return 0
@@ -44,7 +40,7 @@ def build_parser() -> argparse.ArgumentParser:
     chat.set_defaults(handler=_cmd_chat)
 
     config = sub.add_parser("config", help="print the effective configuration")
-    config.add_argument("--table", action="store_true", help="print the README's table of knobs")
+    config.add_argument("--table", action="store_true", help="print the README's tables of knobs")
     config.set_defaults(handler=_cmd_config)
 
     _register_optional(sub)

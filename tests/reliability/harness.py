@@ -151,6 +151,7 @@ class Box:
             "silence_s": FAST.silence_s,
             "connect_s": 2.0,
             "max_tokens": 512,
+            "think_cap": 0,  # no cap: 512 tokens leave a capped reasoning no room to answer
             "log_format": "json",
         }
         values.update(overrides)
