@@ -159,6 +159,14 @@ def _path_of(error: ErrorDetails) -> tuple[str, ...]:
     return tuple(path)
 
 
+def _file_key(error: ErrorDetails) -> str:
+    """The error's place in the file: ``mm.url``, ``mcp[0].url`` for an array of tables."""
+    key = ""
+    for part in error["loc"]:
+        key += f"[{part}]" if isinstance(part, int) else f".{part}" if key else str(part)
+    return key
+
+
 def _problem(error: ErrorDetails) -> str:
     if error["type"] == "value_error":  # our own validators: their words, without pydantic's
         return str(error.get("ctx", {}).get("error", error["msg"]))
@@ -185,9 +193,11 @@ def describe_validation_error(
             continue
         variable = naming.variable(path)
         from_file = config_file is not None and variable not in set_here
-        where = f"`{naming.key(path)}` in {config_file}" if from_file else variable
+        where = f"`{_file_key(error)}` in {config_file}" if from_file else variable
         if error["type"] == "extra_forbidden" and from_file:
-            hint = _suggestion(naming.key(path), _sibling_keys(model, path), quote="`")
+            in_a_table = len(path) == len(error["loc"])  # not in an array of tables: no guess
+            siblings = _sibling_keys(model, path) if in_a_table else []
+            hint = _suggestion(naming.key(path), siblings, quote="`")
             problems.append(f"unknown setting {where}{hint}")
         elif error["type"] == "extra_forbidden":
             hint = _suggestion(variable, known_variables(model))
