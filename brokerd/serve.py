@@ -164,7 +164,8 @@ def prepare_socket_dir(path: Path) -> None:
     except (FileExistsError, NotADirectoryError):
         raise ServeError(f"socket folder {path} is not a folder") from None
     except OSError as exc:
-        raise ServeError(f"cannot use {path} as the socket folder: {exc.strerror}") from None
+        reason = (exc.strerror or str(exc)).lower()
+        raise ServeError(f"cannot use {path} as the socket folder: {reason}") from None
     if not os.access(path, os.W_OK | os.X_OK):
         raise ServeError(f"cannot use {path} as the socket folder: permission denied")
 

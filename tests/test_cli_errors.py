@@ -219,7 +219,7 @@ def test_brokerd_with_a_socket_dir_it_cannot_create(home: Path, tmp_path: Path) 
         locked.chmod(0o700)
     assert result.returncode == 1
     assert one_line(result) == (
-        f"brokerd: cannot use {sockets} as the socket folder: Permission denied"
+        f"brokerd: cannot use {sockets} as the socket folder: permission denied"
     )
 
 
