@@ -59,7 +59,7 @@ class SessionSettings:
     max_tokens: int = 32  # for the model's own answers
     scripted_max_tokens: int = 1  # for requests whose reply is scripted
     temperature: float = 0.0  # greedy: both clients get the same answers to the same prompt
-    think_cap: int = 8192  # loopd's default; the answers end at max_tokens long before
+    think_cap: int = 0  # no cap: the answers end at max_tokens, long before any cap
 
 
 @dataclass(frozen=True)

@@ -88,6 +88,7 @@ async def run(
         broker_url=f"unix:{state_dir / 'no-broker.sock'}",
         slots=(0,),
         max_tokens=max_tokens,
+        think_cap=0,  # no cap: the plain model does not think, and max_tokens is short
         temperature=0.0,
         system_text="You are a helpful assistant. Answer in one short sentence.",
     )

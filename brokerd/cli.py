@@ -1,4 +1,17 @@
-"""brokerd's command line: ``brokerd serve [--only infer|chat|broker]``."""
+"""brokerd's command line: ``brokerd serve [--only infer|chat|broker]``, ``brokerd tools list``
+(see ``brokerd.mcp.listing``), ``brokerd --version``.
+
+Exit status of ``serve``:
+
+- 0: stopped by SIGINT or SIGTERM after serving.
+- 1: brokerd could not start serving: a socket folder it cannot make or write, a socket path
+  taken by something that is not a socket, a bind failure, an app that failed to start.
+- 2: bad configuration: an unknown ``BROKERD_*`` variable, a bad value, a setting a requested
+  socket needs, a secret file it cannot read.
+- 130: interrupted before serving began.
+
+A failure is one line on stderr, ``brokerd: ...``; never a traceback.
+"""
 
 import argparse
 import logging
@@ -12,7 +25,10 @@ from brokerd.config import ConfigError, load_settings, read_secrets
 from brokerd.mcp.listing import register as register_tools
 from brokerd.proxy.logs import configure_logging
 from brokerd.serve import SERVICES, ServeError, build_endpoints, run
+from loopd import anyio_unix_connect
+from loopd.cli import package_version
 
+EXIT_CANNOT_SERVE: Final = 1
 EXIT_CONFIG: Final = 2
 EXIT_INTERRUPTED: Final = 130
 
@@ -21,8 +37,11 @@ def parser() -> argparse.ArgumentParser:
     root = argparse.ArgumentParser(
         prog="brokerd",
         description="Host-side broker for loopd: inference proxy, chat proxy, tool broker.",
-        epilog="Configured by BROKERD_* environment variables and the TOML file in BROKERD_CONFIG.",
+        epilog="Configured by BROKERD_* environment variables and the TOML file in BROKERD_CONFIG. "
+        "Exit status: 0 stopped by a signal; 1 could not start serving; 2 bad configuration; "
+        "130 interrupted.",
     )
+    root.add_argument("--version", action="version", version=package_version("brokerd"))
     commands = root.add_subparsers(dest="command", required=True)
     serve = commands.add_parser("serve", help="serve infer.sock, chat.sock and broker.sock")
     serve.add_argument(
@@ -36,6 +55,7 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    anyio_unix_connect.apply()
     args = parser().parse_args(argv)
     if args.command == "tools":
         code: int = args.handler(args)
@@ -51,11 +71,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         endpoints = build_endpoints(settings, secrets, services)
         anyio.run(run, endpoints, settings.socket_dir)
     except ConfigError as exc:
-        print(f"brokerd: bad config: {exc}", file=sys.stderr)
+        print(f"brokerd: {exc}", file=sys.stderr)
         return EXIT_CONFIG
     except ServeError as exc:
         print(f"brokerd: {exc}", file=sys.stderr)
-        return 1
+        return EXIT_CANNOT_SERVE
     except KeyboardInterrupt:
         return EXIT_INTERRUPTED
     return 0

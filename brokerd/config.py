@@ -3,36 +3,29 @@
 The file is named by ``BROKERD_CONFIG``; nested settings use ``__`` in variable names (e.g.
 ``BROKERD_BROKER__AUDIT_DB``) or a ``[broker]`` table in the file. Secrets never sit in the
 settings themselves: the settings name files, read once at startup by ``read_secrets``.
+
+The settings are loaded by ``loopd.configload``, as loopd's are: the same sources, the same refusal
+of an unknown ``BROKERD_*`` variable (with the likely name), the same one-line ``ConfigError``.
 """
 
-import difflib
-import os
-from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Final, Literal
 
-from pydantic import Field, ValidationError, field_validator
-from pydantic_settings import (
-    BaseSettings,
-    PydanticBaseSettingsSource,
-    SettingsConfigDict,
-    TomlConfigSettingsSource,
-)
+from pydantic import Field, field_validator
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from brokerd.mcp.config import McpServers
 from brokerd.proxy.chatpolicy import valid_entry
 from brokerd.proxy.upstream import parse_upstream
 from brokerd.tools.settings import BrokerSettings
+from loopd import configload
+from loopd.errors import ConfigError as ConfigError  # brokerd's too: one loader, one error
 
 ENV_PREFIX: Final = "BROKERD_"
 NESTED_DELIMITER: Final = "__"
 CONFIG_FILE_VARIABLE: Final = f"{ENV_PREFIX}CONFIG"
 DEFAULT_SOCKET_DIR: Final = Path("/run/brokerd")
-
-
-class ConfigError(Exception):
-    """Configuration brokerd cannot run with; the message is one line naming the field."""
 
 
 class BrokerdSettings(BaseSettings):
@@ -141,62 +134,19 @@ class BrokerdSettings(BaseSettings):
         dotenv_settings: PydanticBaseSettingsSource,
         file_secret_settings: PydanticBaseSettingsSource,
     ) -> tuple[PydanticBaseSettingsSource, ...]:
-        config_file = os.environ.get(CONFIG_FILE_VARIABLE)
-        if not config_file:
-            return (init_settings, env_settings)
-        return (init_settings, env_settings, TomlConfigSettingsSource(settings_cls, config_file))
+        return configload.environment_then_file(settings_cls, init_settings, env_settings)
 
 
-def describe_validation_error(exc: ValidationError) -> str:
-    """Every problem on one line, each led by the dotted name of its field."""
-    problems = []
-    for error in exc.errors(include_url=False, include_input=False):
-        field = ".".join(str(part) for part in error["loc"]) or "config"
-        problems.append(f"{field}: {error['msg']}")
-    return "; ".join(problems)
-
-
-def known_variables() -> frozenset[str]:
-    """Every ``BROKERD_*`` name brokerd reads, nested broker settings included."""
-    names = {CONFIG_FILE_VARIABLE}
-    names.update(f"{ENV_PREFIX}{field.upper()}" for field in BrokerdSettings.model_fields)
-    names.update(
-        f"{ENV_PREFIX}BROKER{NESTED_DELIMITER}{field.upper()}"
-        for field in BrokerSettings.model_fields
-    )
-    return frozenset(names)
-
-
-def unknown_variable_error(environ: Mapping[str, str]) -> str | None:
-    """A ``BROKERD_*`` variable that names no setting, or None. Without this check a misspelt
-    name is silently ignored and its setting keeps the default (an upstream on port 8080)."""
-    known = known_variables()
-    unknown = sorted(
-        name
-        for name in environ
-        if name.upper().startswith(ENV_PREFIX) and name.upper() not in known
-    )
-    if not unknown:
-        return None
-    name = unknown[0]
-    close = difflib.get_close_matches(name.upper(), sorted(known), n=1)
-    hint = f"; did you mean {close[0]}?" if close else f"; known: {', '.join(sorted(known))}"
-    return f"{name}: not a brokerd setting{hint}"
+def setting_name(*path: str) -> str:
+    """The variable that sets a setting (``BROKERD_MATTERMOST_URL``), for messages about it."""
+    return configload.Naming.of(BrokerdSettings).variable(path)
 
 
 def load_settings() -> BrokerdSettings:
-    """Settings from the environment and the ``BROKERD_CONFIG`` file; ``ConfigError`` if bad."""
-    if (problem := unknown_variable_error(os.environ)) is not None:
-        raise ConfigError(problem)
-    config_file = os.environ.get(CONFIG_FILE_VARIABLE)
-    if config_file and not Path(config_file).is_file():
-        raise ConfigError(f"{CONFIG_FILE_VARIABLE}: no such file: {config_file}")
-    try:
-        return BrokerdSettings()
-    except ValidationError as exc:
-        raise ConfigError(describe_validation_error(exc)) from None
-    except ValueError as exc:  # a TOML syntax error surfaces as a plain ValueError subclass
-        raise ConfigError(f"{CONFIG_FILE_VARIABLE}: {config_file}: {exc}") from None
+    """Settings from the environment and the ``BROKERD_CONFIG`` file; ``ConfigError`` if bad.
+    A misspelt ``BROKERD_*`` variable is refused: ignored, its setting would keep the default
+    (an upstream on port 8080)."""
+    return configload.load(BrokerdSettings)
 
 
 @dataclass(frozen=True)
@@ -210,22 +160,27 @@ class Secrets:
         return [secret for secret in (self.inference_key, self.bot_token) if secret]
 
 
-def read_secret(path: Path, field: str) -> str:
-    """A secret file's content, trimmed; ``ConfigError`` naming ``field`` if unreadable or empty."""
+def read_secret(path: Path, setting: str) -> str:
+    """A secret file's content, trimmed; ``ConfigError`` naming ``setting`` if unreadable or
+    empty."""
     try:
         value = path.read_text(encoding="utf-8").strip()
     except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"{field}: cannot read {path}: {exc}") from None
+        raise ConfigError(f"{setting}: cannot read {path}: {exc}") from None
     if not value:
-        raise ConfigError(f"{field}: {path} is empty")
+        raise ConfigError(f"{setting}: {path} is empty")
     if any(char.isspace() for char in value):
-        raise ConfigError(f"{field}: {path} holds more than one token (whitespace inside)")
+        raise ConfigError(f"{setting}: {path} holds more than one token (whitespace inside)")
     return value
 
 
 def read_secrets(settings: BrokerdSettings) -> Secrets:
     key_file, token_file = settings.inference_key_file, settings.mattermost_token_file
     return Secrets(
-        inference_key=read_secret(key_file, "inference_key_file") if key_file else None,
-        bot_token=read_secret(token_file, "mattermost_token_file") if token_file else None,
+        inference_key=_secret(key_file, "inference_key_file"),
+        bot_token=_secret(token_file, "mattermost_token_file"),
     )
+
+
+def _secret(path: Path | None, field: str) -> str | None:
+    return read_secret(path, setting_name(field)) if path is not None else None

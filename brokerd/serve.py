@@ -25,7 +25,13 @@ from anyio.abc import TaskStatus
 from starlette.types import ASGIApp
 
 from brokerd.bodies import BodyBudget, BodyRules
-from brokerd.config import CONFIG_FILE_VARIABLE, BrokerdSettings, ConfigError, Secrets
+from brokerd.config import (
+    CONFIG_FILE_VARIABLE,
+    BrokerdSettings,
+    ConfigError,
+    Secrets,
+    setting_name,
+)
 from brokerd.listen import (
     ConnectionLimits,
     GuardedListener,
@@ -37,6 +43,7 @@ from brokerd.proxy.chatpolicy import ChatPolicy
 from brokerd.proxy.inference import InferencePolicy, create_inference_app
 from brokerd.proxy.upstream import parse_upstream
 from brokerd.sdnotify import notify
+from loopd.exceptiongroups import sole_kind
 
 logger = logging.getLogger(__name__)
 
@@ -54,7 +61,8 @@ SPARE_FILES: Final = 64
 
 
 class ServeError(Exception):
-    """brokerd cannot start serving (a socket path taken by something else, a bind failure)."""
+    """brokerd cannot start serving (a socket folder it cannot make or write, a socket path taken
+    by something else, a bind failure)."""
 
 
 @dataclass(frozen=True)
@@ -105,9 +113,11 @@ def _build_app(
         )
     if service == "chat":
         if settings.mattermost_url is None:
-            raise ConfigError("mattermost_url: required to serve chat.sock")
+            raise ConfigError(f"{setting_name('mattermost_url')}: required to serve chat.sock")
         if secrets.bot_token is None:
-            raise ConfigError("mattermost_token_file: required to serve chat.sock")
+            raise ConfigError(
+                f"{setting_name('mattermost_token_file')}: required to serve chat.sock"
+            )
         return create_chat_app(
             parse_upstream(settings.mattermost_url),
             bot_token=secrets.bot_token,
@@ -120,7 +130,7 @@ def _build_app(
             bodies=bodies,
         )
     if settings.broker is None:
-        raise ConfigError("broker.audit_db: required to serve broker.sock")
+        raise ConfigError(f"{setting_name('broker', 'audit_db')}: required to serve broker.sock")
     # Imported here so that `serve --only infer|chat` does not load the tool broker at all.
     from brokerd.confine import ConfinementError
     from brokerd.tools.app import create_broker_app
@@ -131,7 +141,7 @@ def _build_app(
             settings.broker, hidden=own_paths(settings), bodies=bodies, mcp=settings.mcp
         )
     except CatalogueError as exc:
-        raise ConfigError(f"broker.catalogue_dir: {exc}") from None
+        raise ConfigError(f"{setting_name('broker', 'catalogue_dir')}: {exc}") from None
     except ConfinementError as exc:
         raise ConfigError(f"broker: command tools cannot run confined: {exc}") from None
 
@@ -147,8 +157,18 @@ def own_paths(settings: BrokerdSettings) -> list[Path]:
 
 
 def prepare_socket_dir(path: Path) -> None:
-    path.mkdir(mode=SOCKET_DIR_MODE, parents=True, exist_ok=True)
-    path.chmod(SOCKET_DIR_MODE)  # mkdir's mode is filtered by the umask, and the folder may exist
+    """The socket folder, made if absent, mode 0750; ``ServeError`` naming it if brokerd cannot
+    make it, or it is not a folder brokerd owns and may write in."""
+    try:
+        path.mkdir(mode=SOCKET_DIR_MODE, parents=True, exist_ok=True)
+        path.chmod(SOCKET_DIR_MODE)  # mkdir's mode is filtered by the umask; the folder may exist
+    except (FileExistsError, NotADirectoryError):
+        raise ServeError(f"socket folder {path} is not a folder") from None
+    except OSError as exc:
+        reason = (exc.strerror or str(exc)).lower()
+        raise ServeError(f"cannot use {path} as the socket folder: {reason}") from None
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise ServeError(f"cannot use {path} as the socket folder: permission denied")
 
 
 def remove_stale_socket(path: Path) -> None:
@@ -326,14 +346,6 @@ async def run(endpoints: Sequence[Endpoint], socket_dir: Path) -> None:
             await serve(endpoints, socket_dir, stop)
             tg.cancel_scope.cancel()
     except ExceptionGroup as group:
-        serve_errors, others = group.split(ServeError)
-        if serve_errors is None or others is not None:
+        if (error := sole_kind(group, ServeError)) is None:
             raise
-        raise _leaves(serve_errors)[0] from None
-
-
-def _leaves(group: BaseExceptionGroup[ServeError]) -> list[ServeError]:
-    leaves: list[ServeError] = []
-    for exc in group.exceptions:
-        leaves.extend(_leaves(exc) if isinstance(exc, BaseExceptionGroup) else [exc])
-    return leaves
+        raise error from None

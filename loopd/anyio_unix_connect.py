@@ -1,13 +1,26 @@
 """A guarded fix for a race in anyio 4.16's Unix-socket streams on asyncio.
 
-anyio waits for a Unix socket to become readable or writable (a connect when the listener's
-backlog is full, a receive, a send) by registering ``future.set_result`` as the selector
-callback. When the waiting task is cancelled in the same loop iteration as the socket becomes
-ready, that callback runs on the already-cancelled future and asyncio reports
+The upstream code covered, all in ``anyio/_backends/_asyncio.py`` of anyio 4.16.0:
+
+- ``AsyncIOBackend.connect_unix`` (behind ``anyio.connect_unix``, which httpx's Unix-socket
+  transport uses for ``unix:`` URLs): the ``except BlockingIOError`` branch, taken when the
+  listener's backlog is full, waits with ``loop.add_writer(raw_socket, f.set_result, None)``;
+- ``_RawSocketMixin._wait_until_readable`` and ``_wait_until_writable``, which
+  ``UNIXSocketStream.receive``, ``send``, ``receive_fds`` and ``send_fds`` await (and the
+  Unix datagram sockets' ``receive`` and ``send``, which loopd does not use), each waiting with
+  ``loop.add_reader``/``add_writer(raw_socket, f.set_result, None)``.
+
+When the waiting task is cancelled in the same loop iteration as the socket becomes ready, that
+selector callback runs ``set_result`` on the already-cancelled future and asyncio reports
 ``InvalidStateError`` from a callback: harmless to the connection (the wait was abandoned) but
-noise in the logs, and a failure under anyio's test runner (three tests in one full run). The
-versions below are anyio's own code with the callback made idempotent. They are applied only to
-the pinned anyio version they were written against; any other version is left untouched.
+noise in the logs, and a failure under pytest, which turns such reports into errors. The versions
+below are anyio's own code with the callback made idempotent (``_resolve``). Not covered:
+``create_unix_datagram_socket``'s connect and ``UNIXSocketListener.accept``, which neither daemon
+uses (brokerd's sockets are served by uvicorn on asyncio's own server).
+
+``apply()`` is called by the entry points (``loopd.cli.main``, ``brokerd.cli.main``) and by the
+tests' set-up (tests/conftest.py), never on import; it installs the fix only on the pinned anyio
+version it was written against and leaves any other version untouched.
 """
 
 from __future__ import annotations

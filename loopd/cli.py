@@ -1,29 +1,60 @@
 """The ``loopd`` command line. Each subcommand is a thin shell over a module that does the work.
 
-Exit status: 0 success; 1 a check failed (``log verify``, ``selftest``); 2 loopd could not do what
-was asked (bad configuration, server unreachable): one line on stderr, no traceback.
+Every subcommand is registered one way: its module's ``register(subparsers)`` adds a parser and
+sets ``handler``, a ``Handler`` that ``main`` calls with the parsed arguments and the settings
+once they are loaded and logging is set up. It returns the exit status.
+
+Exit status:
+
+- 0: done.
+- 1: a check found a problem: ``log verify`` (a broken hash chain or replay identity, a damaged,
+  foreign or unreadable log file), ``selftest`` and ``serve``'s self-test (a server that differs
+  from the recorded expectations).
+- 2: loopd could not do what was asked: bad configuration (an unknown ``LOOPD_*`` variable, a bad
+  value, settings that contradict each other), a state folder it cannot use, a log file that is
+  not a loopd log, a session that does not exist, a server it cannot reach, a bad tools file.
+- 130: interrupted (Ctrl-C).
+- 141: stdout was closed before loopd finished writing (``loopd sessions | head -1``): loopd stops
+  quietly, as a tool killed by SIGPIPE does.
+
+A failure is one line on stderr, ``loopd: ...``; a user's mistake never prints a traceback.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Callable, Sequence
+from importlib.metadata import PackageNotFoundError, version
+from typing import Final, TypeAlias
 
+from loopd import anyio_unix_connect
 from loopd.config import Settings, load_settings, settings_table
 from loopd.errors import LoopdError
 from loopd.logsetup import configure_logging
+from loopd.statedir import check_state_dir
 
 Handler = Callable[[argparse.Namespace, Settings], int]
+Subparsers: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
+
+DISTRIBUTION: Final = "loopd"  # loopd and brokerd ship in one distribution
+EXIT_FAILED: Final = 2
+EXIT_INTERRUPTED: Final = 130
+EXIT_STDOUT_CLOSED: Final = 128 + 13  # SIGPIPE
+
+
+def package_version(program: str) -> str:
+    """``loopd 0.1.0``: the program and the installed distribution's version."""
+    try:
+        return f"{program} {version(DISTRIBUTION)}"
+    except PackageNotFoundError:
+        return f"{program} (not installed: no version)"
 
 
 def _cmd_config(args: argparse.Namespace, settings: Settings) -> int:
     if args.table:
-        from loopd.chat.config import ChatSettings
-
         print(settings_table())
-        print()
-        print(settings_table(ChatSettings))
     else:
         print(settings.model_dump_json(indent=2))
     return 0
@@ -32,60 +63,86 @@ def _cmd_config(args: argparse.Namespace, settings: Settings) -> int:
 def _cmd_chat(args: argparse.Namespace, settings: Settings) -> int:
     from loopd.terminal import run_chat
 
+    check_state_dir(settings.state_dir, create=True)
     return run_chat(settings, args.session)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="loopd", description="Agent sessions on llama-server.")
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-
+def _register_builtin(sub: Subparsers) -> None:
     chat = sub.add_parser("chat", help="talk to the model in this terminal (one thread)")
     chat.add_argument("--session", default="terminal", help="session name (default: terminal)")
     chat.set_defaults(handler=_cmd_chat)
 
     config = sub.add_parser("config", help="print the effective configuration")
-    config.add_argument("--table", action="store_true", help="print the README's table of knobs")
+    config.add_argument("--table", action="store_true", help="print the README's tables of knobs")
     config.set_defaults(handler=_cmd_config)
 
-    _register_optional(sub)
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="loopd",
+        description="Agent sessions on llama-server.",
+        epilog="Exit status: 0 done; 1 a check found a problem (log verify, selftest); 2 loopd "
+        "could not do what was asked (one line on stderr says why); 130 interrupted; 141 stdout "
+        "closed early.",
+    )
+    parser.add_argument("--version", action="version", version=package_version("loopd"))
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for register in _registrations():
+        register(sub)
     return parser
 
 
-def _register_optional(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    """Subcommands owned by other modules register themselves here."""
+def _registrations() -> list[Callable[[Subparsers], None]]:
+    """Every module's ``register``; imported here so ``loopd --help`` needs no more than this."""
     from loopd.perfreport import register as register_perf
     from loopd.selftest.commands import register as register_selftest
     from loopd.serve import register as register_serve
     from loopd.sessionlog.commands import register as register_log
     from loopd.tools.commands import register as register_tools
 
-    register_serve(sub)
-    register_log(sub)
-    register_perf(sub)
-    register_selftest(sub)
-    register_tools(sub)
+    return [
+        _register_builtin,
+        register_serve,
+        register_log,
+        register_perf,
+        register_selftest,
+        register_tools,
+    ]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    anyio_unix_connect.apply()
+    args = build_parser().parse_args(argv)
     try:
         settings = load_settings()
     except LoopdError as exc:
-        print(f"loopd: {exc}", file=sys.stderr)
-        return 2
+        return _fail(exc)
     configure_logging(settings.log_format, settings.log_level)
+    handler: Handler = args.handler
     try:
-        if hasattr(args, "run"):  # subcommands that only need the log's path
-            code: int = args.run(args, settings.db_path, sys.stdout, sys.stderr)
-            return code
-        handler: Handler = args.handler
-        return handler(args, settings)
+        status = handler(args, settings)
+        sys.stdout.flush()  # a closed pipe shows here, not in the interpreter's last flush
     except LoopdError as exc:
-        print(f"loopd: {exc}", file=sys.stderr)
-        return 2
+        return _fail(exc)
+    except BrokenPipeError:
+        _discard_stdout()
+        return EXIT_STDOUT_CLOSED
     except KeyboardInterrupt:
-        return 130
+        return EXIT_INTERRUPTED
+    return status
+
+
+def _fail(exc: LoopdError) -> int:
+    print(f"loopd: {exc}", file=sys.stderr)
+    return EXIT_FAILED
+
+
+def _discard_stdout() -> None:
+    """Point stdout at /dev/null, so that what is still buffered for the closed pipe is dropped
+    without the interpreter reporting a second BrokenPipeError at exit."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
 
 
 if __name__ == "__main__":

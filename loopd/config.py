@@ -1,28 +1,34 @@
-"""loopd's configuration: one pydantic-settings model.
+"""loopd's configuration: one pydantic-settings model, ``Settings``.
 
 Sources, highest priority first: ``LOOPD_*`` environment variables, then the TOML file named by
-``LOOPD_CONFIG`` (optional), then the defaults below. Every knob is listed in the README's table;
-``loopd config --table`` prints that table from this model so the two cannot drift.
+``LOOPD_CONFIG`` (optional), then the defaults below; ``load_settings`` reads them through
+``loopd.configload``, the loader brokerd shares. The Mattermost adapter's settings are the ``mm``
+table (``LOOPD_MM_URL`` or ``url`` under ``[mm]`` in the file), a ``ChatSettings``. Every knob is
+listed in the README's tables; ``loopd config --table`` prints them from this model so the two
+cannot drift.
+
+The engine's own records of these numbers (``Limits``, ``BudgetRules``) take their defaults from
+``DEFAULTS``, so each default is written once, here.
 """
 
 from __future__ import annotations
 
 import logging
-import os
+import sys
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Final, Self
 
-from pydantic import Field, ValidationError, field_validator
+from pydantic import BaseModel, Field, field_validator, model_validator
 from pydantic_settings import (
     BaseSettings,
     NoDecode,
     PydanticBaseSettingsSource,
     SettingsConfigDict,
-    SettingsError,
-    TomlConfigSettingsSource,
 )
 
-from loopd.errors import ConfigError
+from loopd import configload
+from loopd.chat.config import ChatSettings
+from loopd.configload import Rule
 
 # The core tools array ships inside the package, so an installed wheel finds it wherever it lives.
 CORE_TOOLS_FILE = Path(__file__).resolve().parent / "data" / "tools.schema.json"
@@ -37,17 +43,24 @@ def _default_state_dir() -> Path:
 
 
 class Settings(BaseSettings):
-    """Everything loopd can be told. Field descriptions become the README table."""
+    """Everything loopd can be told. Field descriptions become the README tables."""
 
-    model_config = SettingsConfigDict(env_prefix="LOOPD_", extra="forbid", frozen=True)
+    # LOOPD_MM_URL is mm.url: a table's key follows "MM_" unsplit (mm.allowed_users stays whole).
+    model_config = SettingsConfigDict(
+        env_prefix="LOOPD_",
+        env_nested_delimiter="_",
+        env_nested_max_split=1,
+        extra="forbid",
+        frozen=True,
+    )
 
     infer_url: str = Field(
-        "http://127.0.0.1:8080",
+        default="http://127.0.0.1:8080",
         description="llama-server (or brokerd's inference proxy): `http://host:port` or "
         "`unix:/path/to.sock`.",
     )
     model: str = Field(
-        "smollm2",
+        default="smollm2",
         description="Model id sent in every request (router mode selects the child by it).",
     )
     state_dir: Path = Field(
@@ -61,12 +74,12 @@ class Settings(BaseSettings):
         "`~/.cache/loopd`.",
     )
     workspace_dir: Path | None = Field(
-        None,
+        default=None,
         description="Root of the session workspaces (one folder per session). Default "
         "`<state_dir>/workspaces`.",
     )
     unsandboxed_commands: bool = Field(
-        False,
+        default=False,
         description="Let run_command run commands without a sandbox where bubblewrap cannot "
         "work (they then read all loopd can and reach brokerd's sockets). Off: they are refused.",
     )
@@ -76,65 +89,87 @@ class Settings(BaseSettings):
         "`loopd/data/tools.schema.json`, shipped in the package.",
     )
     broker_url: str = Field(
-        "unix:/run/loopd/broker.sock",
+        default="unix:/run/loopd/broker.sock",
         description="brokerd's tool broker: `unix:/path` or `http://host:port`.",
     )
     # NoDecode: the environment gives "0,1", not JSON; the validator below parses it.
     slots: Annotated[tuple[int, ...], NoDecode] = Field(
-        (0,),
+        default=(0,),
         description="The harness's slots on the server, a comma list (e.g. `0,1`). A session "
         "keeps one slot for life.",
     )
     first_byte_s: float = Field(
-        900.0,
+        default=900.0,
         gt=0,
         description="Longest wait for a request's first byte (it may be queued behind another "
         "client; `/slots` is polled meanwhile).",
     )
     silence_s: float = Field(
-        60.0, gt=0, description="Longest silence once a stream has begun; then it is closed."
+        default=60.0,
+        gt=0,
+        description="Longest silence once a stream has begun; then it is closed.",
     )
     connect_s: float = Field(
-        5.0, gt=0, description="Timeout for connecting and for small calls (`/health`, `/slots`)."
+        default=5.0,
+        gt=0,
+        description="Timeout for connecting and for small calls (`/health`, `/slots`).",
     )
     think_cap: int = Field(
-        8192,
+        default=6144,
         ge=0,
         description="Thinking tokens allowed per request before loopd ends the reasoning with "
-        "the control call.",
+        "the control call; `0` sets no cap (a model that does not think, or a `max_tokens` too "
+        "small to leave an answer room). 6144 is below the production server's own "
+        "`reasoning-budget` of 8192, so loopd's cap fires first and its end of the reasoning is "
+        "the one recorded; it must leave 1024 tokens below `max_tokens`.",
     )
     max_tokens: int = Field(
-        4096, ge=1, description="Ceiling on generated tokens per request (`max_tokens`)."
+        default=12288,
+        ge=1,
+        description="Ceiling on generated tokens per request (`max_tokens`). 12288 leaves 6144 "
+        "tokens after a capped reasoning for the answer or a long tool call (a whole file for "
+        "`write_file`).",
     )
-    temperature: float = Field(0.6, ge=0, description="Sampling temperature sent in every request.")
-    top_p: float = Field(0.95, ge=0, le=1, description="Sampling top_p sent in every request.")
-    top_k: int = Field(20, ge=0, description="Sampling top_k sent in every request.")
-    min_p: float = Field(0.0, ge=0, le=1, description="Sampling min_p sent in every request.")
+    temperature: float = Field(
+        default=0.6, ge=0, description="Sampling temperature sent in every request."
+    )
+    top_p: float = Field(
+        default=0.95, ge=0, le=1, description="Sampling top_p sent in every request."
+    )
+    top_k: int = Field(default=20, ge=0, description="Sampling top_k sent in every request.")
+    min_p: float = Field(
+        default=0.0, ge=0, le=1, description="Sampling min_p sent in every request."
+    )
     compact_at: float = Field(
-        0.75,
+        default=0.75,
         gt=0,
         lt=1,
         description="Share of a slot's context past which the next turn first compacts the "
         "conversation into a new epoch.",
     )
     summary_max_tokens: int = Field(
-        512, ge=32, description="`max_tokens` of the compaction request (summary)."
+        default=512, ge=32, description="`max_tokens` of the compaction request (summary)."
     )
     prewarm: bool = Field(
-        False,
+        default=False,
         description="Read a session's prompt back into its idle slot (`max_tokens: 1`) so its "
         "next turn processes only its own tokens: after a compaction, once another session has "
         "used the slot, and after a restart, for each slot's most recent session.",
     )
     system_text: str = Field(
-        "You are loopd, a helpful assistant working in a team's chat thread. Answer briefly.",
+        default="You are loopd, a helpful assistant working in a team's chat thread. "
+        "Answer briefly.",
         description="The system text of a new epoch.",
     )
     log_format: str = Field(
-        "auto",
+        default="auto",
         description="`auto` (human on a terminal, JSON lines otherwise), `human` or `json`.",
     )
-    log_level: str = Field("INFO", description="Python logging level name.")
+    log_level: str = Field(default="INFO", description="Python logging level name.")
+    mm: ChatSettings = Field(
+        default=ChatSettings(),  # frozen, so one instance may be every default
+        description="The Mattermost adapter's settings (`LOOPD_MM_*`, or the file's `[mm]` table).",
+    )
 
     @field_validator("slots", mode="before")
     @classmethod
@@ -143,6 +178,8 @@ class Settings(BaseSettings):
             parts = [p.strip() for p in value.split(",") if p.strip()]
             if not parts:
                 raise ValueError("needs at least one slot id")
+            if not all(p.isdigit() for p in parts):
+                raise ValueError("must be a comma list of slot ids, e.g. 0,1")
             return tuple(int(p) for p in parts)
         if isinstance(value, int):
             return (value,)
@@ -181,6 +218,17 @@ class Settings(BaseSettings):
             raise ValueError("must be auto, human or json")
         return value
 
+    @model_validator(mode="after")
+    def _follow_rules(self) -> Self:
+        configload.check_rules(self, RULES)
+        return self
+
+    @property
+    def stream_think_cap(self) -> int:
+        """The cap the stream applies: ``think_cap``, or for 0 (no cap) a count no reasoning
+        reaches."""
+        return self.think_cap or sys.maxsize
+
     @property
     def db_path(self) -> Path:
         return self.state_dir / "loopd.db"
@@ -198,43 +246,67 @@ class Settings(BaseSettings):
         dotenv_settings: PydanticBaseSettingsSource,
         file_secret_settings: PydanticBaseSettingsSource,
     ) -> tuple[PydanticBaseSettingsSource, ...]:
-        sources: list[PydanticBaseSettingsSource] = [init_settings, env_settings]
-        toml_path = os.environ.get("LOOPD_CONFIG")
-        if toml_path:
-            sources.append(TomlConfigSettingsSource(settings_cls, toml_file=Path(toml_path)))
-        return tuple(sources)
+        return configload.environment_then_file(settings_cls, init_settings, env_settings)
+
+
+# The answer's room below max_tokens once the thinking is capped: a short answer or a tool call of
+# a few hundred lines. Less, and a capped turn ends cut off by max_tokens instead of answering.
+ANSWER_ROOM: Final = 1024
+
+
+def _think_cap_leaves_answer_room(settings: Settings) -> str | None:
+    cap, ceiling = settings.think_cap, settings.max_tokens
+    if cap == 0 or cap + ANSWER_ROOM <= ceiling:
+        return None
+    return (
+        f"think_cap {cap} leaves no room for the answer below max_tokens {ceiling}: "
+        f"think_cap + {ANSWER_ROOM} must be at most max_tokens (think_cap 0: no cap)"
+    )
+
+
+RULES: Final[tuple[Rule[Settings], ...]] = (
+    Rule("think_cap_leaves_answer_room", _think_cap_leaves_answer_room),
+)
+
+# Every default, as one typed object (no source is read): the engine's records of these numbers
+# default to it.
+DEFAULTS: Final = Settings.model_construct()
 
 
 def load_settings(**overrides: Any) -> Settings:
-    """Build the settings, turning every validation failure into one readable ConfigError."""
-    toml_path = os.environ.get("LOOPD_CONFIG")
-    if toml_path and not Path(toml_path).is_file():
-        raise ConfigError(f"LOOPD_CONFIG={toml_path}: no such file")
-    try:
-        return Settings(**overrides)
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        field = ".".join(str(p) for p in first["loc"]) or "config"
-        where = f"LOOPD_{field.upper()}"
-        if toml_path:
-            where = f"{where} (or `{field}` in {toml_path})"
-        raise ConfigError(f"invalid configuration: {where}: {first['msg']}") from exc
-    except SettingsError as exc:
-        raise ConfigError(f"invalid configuration: {exc}") from exc
-    except (OSError, ValueError) as exc:  # a TOML file that does not parse
-        raise ConfigError(f"invalid configuration file {toml_path}: {exc}") from exc
+    """The settings from the environment and the ``LOOPD_CONFIG`` file (``overrides`` win);
+    ``ConfigError`` with one line for an unknown variable, a bad value or a broken rule."""
+    return configload.load(Settings, **overrides)
 
 
 def settings_table(model: type[BaseSettings] = Settings) -> str:
-    """The README's table of every knob of ``model``, generated so the two cannot drift."""
-    prefix = str(model.model_config.get("env_prefix", ""))
+    """The README's tables of every knob of ``model``, as ``loopd config --table`` prints them."""
+    return "\n\n".join(settings_tables(model))
+
+
+def settings_tables(model: type[BaseSettings] = Settings) -> list[str]:
+    """One Markdown table of the top-level knobs, then one per nested table (``[mm]``), generated
+    so the README cannot drift from the model."""
+    naming = configload.Naming.of(model)
+    tables = [_table(naming, (), model)]
+    for name, field in model.model_fields.items():
+        nested = configload.nested_model(field.annotation)
+        if nested is not None:
+            tables.append(_table(naming, (name,), nested))
+    return tables
+
+
+def _table(naming: configload.Naming, table: tuple[str, ...], model: type[BaseModel]) -> str:
     rows = ["| Variable | Default | Meaning |", "|---|---|---|"]
     for name, field in model.model_fields.items():
+        if configload.nested_model(field.annotation) is not None:
+            continue
         if field.default_factory is not None:
             default = "(see meaning)"
         else:
             default = f"`{_render_default(field.default)}`"
-        rows.append(f"| `{prefix}{name.upper()}` | {default} | {field.description or ''} |")
+        variable = naming.variable((*table, name))
+        rows.append(f"| `{variable}` | {default} | {field.description or ''} |")
     return "\n".join(rows)
 
 

@@ -1,5 +1,9 @@
 """Logging: human-readable on a terminal, JSON lines otherwise (what a service manager collects).
 
+The formatters here are loopd's and brokerd's both (brokerd wraps them to redact its secrets), so
+the two daemons' lines read alike: ``ts`` is RFC 3339 in UTC with milliseconds
+(``2026-11-30T14:03:07.215Z``), then ``level``, ``logger`` (the module's name), ``msg``.
+
 Structured fields travel in ``extra={"fields": {...}}`` so both formats show them: the human format
 appends ``key=value`` pairs, the JSON format merges them into the object. Logs go to stderr; stdout
 belongs to the conversation (``loopd chat``) and to machine output (``--json``).
@@ -11,6 +15,7 @@ import json
 import logging
 import sys
 import time
+from datetime import UTC, datetime
 from typing import Any, TextIO
 
 _RESERVED = frozenset(logging.LogRecord("", 0, "", 0, "", (), None).__dict__) | {"message"}
@@ -21,13 +26,18 @@ def _fields(record: logging.LogRecord) -> dict[str, Any]:
     return dict(fields) if isinstance(fields, dict) else {}
 
 
+def rfc3339_utc(created: float) -> str:
+    """A record's time as RFC 3339 in UTC with milliseconds: ``2026-11-30T14:03:07.215Z``."""
+    stamp = datetime.fromtimestamp(created, UTC).isoformat(timespec="milliseconds")
+    return stamp.removesuffix("+00:00") + "Z"
+
+
 class JsonLinesFormatter(logging.Formatter):
     """One JSON object per line: ts, level, logger, msg, then the record's structured fields."""
 
     def format(self, record: logging.LogRecord) -> str:
         obj: dict[str, Any] = {
-            "ts": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created))
-            + f".{int(record.msecs):03d}Z",
+            "ts": rfc3339_utc(record.created),
             "level": record.levelname.lower(),
             "logger": record.name,
             "msg": record.getMessage(),
@@ -52,12 +62,17 @@ class HumanFormatter(logging.Formatter):
         return line
 
 
+def formatter(fmt: str, stream: TextIO) -> logging.Formatter:
+    """The formatter for ``fmt`` (auto, human or json): auto is human on a terminal."""
+    use_json = fmt == "json" or (fmt == "auto" and not stream.isatty())
+    return JsonLinesFormatter() if use_json else HumanFormatter()
+
+
 def configure_logging(fmt: str = "auto", level: str = "INFO", stream: TextIO | None = None) -> None:
     """Install one handler on the root logger; ``fmt`` is auto, human or json."""
     out = stream if stream is not None else sys.stderr
-    use_json = fmt == "json" or (fmt == "auto" and not out.isatty())
     handler = logging.StreamHandler(out)
-    handler.setFormatter(JsonLinesFormatter() if use_json else HumanFormatter())
+    handler.setFormatter(formatter(fmt, out))
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())

@@ -22,7 +22,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
-from loopd.sessionlog.errors import LogError
+from loopd.sessionlog.commands import EXIT_CANNOT, existing_log, log_handler
+from loopd.sessionlog.errors import LogError, UnknownSessionError
 from loopd.sessionlog.records import Request, RequestKind
 from loopd.sessionlog.store import SessionLog
 
@@ -145,18 +146,18 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     perf = subparsers.add_parser("perf", help="per-request perf records: cache reuse, times")
     perf.add_argument("--session", help="one session (default: every session)")
     perf.add_argument("--json", action="store_true", help="the records as a JSON list")
-    perf.set_defaults(run=run)
+    perf.set_defaults(handler=log_handler(run))
 
 
 def run(args: argparse.Namespace, db_path: Path, out: TextIO, err: TextIO) -> int:
-    """The ``perf`` command: 0 on success, 1 when the log cannot be read or has no such session."""
+    """The ``perf`` command: 0 on success (no log yet is no sessions), 2 when the log cannot be
+    read or has no such session."""
     try:
-        with SessionLog.open(db_path, create=False) as log:
-            names = [args.session] if args.session else [s.name for s in log.sessions()]
-            by_session = {name: log.requests(name) for name in names}
+        with existing_log(db_path) as log:
+            by_session = _requests(log, db_path, args.session)
     except LogError as exc:
         err.write(f"loopd: perf: {exc}\n")
-        return 1
+        return EXIT_CANNOT
     if args.json:
         records = [r for name, rows in by_session.items() for r in perf_records(name, rows)]
         out.write(json.dumps(records, indent=2, ensure_ascii=False) + "\n")
@@ -169,3 +170,14 @@ def run(args: argparse.Namespace, db_path: Path, out: TextIO, err: TextIO) -> in
         every = [r for rows in by_session.values() for r in rows]
         out.write(format_summary("all sessions", summarize(every)) + "\n")
     return 0
+
+
+def _requests(
+    log: SessionLog | None, db_path: Path, session: str | None
+) -> dict[str, list[Request]]:
+    if log is None and session is not None:
+        raise UnknownSessionError(db_path, f"no session {session!r}")
+    if log is None:
+        return {}
+    names = [session] if session else [s.name for s in log.sessions()]
+    return {name: log.requests(name) for name in names}

@@ -17,27 +17,26 @@ from collections.abc import Callable
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import anyio
 from anyio.abc import TaskStatus
-from pydantic import ValidationError
 
 from loopd.chat.adapter import ChatAdapter
-from loopd.chat.config import ChatSettings
 from loopd.chat.cursor import ChatState
 from loopd.chat.outbox import Outbox
 from loopd.chat.rest import MattermostClient, api_client
 from loopd.chat.split import MAX_POST_RUNES
 from loopd.chat.threads import Threads
 from loopd.config import Settings
-from loopd.errors import ConfigError
+from loopd.errors import LoopdError
+from loopd.exceptiongroups import sole_kind
 from loopd.selftest.expected import DEFAULT_DIR
 from loopd.selftest.run import format_report, run_selftest
 from loopd.sessions import Runtime
+from loopd.statedir import check_state_dir
 from loopd.tools.spec import load_tools_spec
 
-log = logging.getLogger("loopd.serve")
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -51,24 +50,11 @@ class Daemon:
     adapter: ChatAdapter
 
 
-def load_chat_settings(**overrides: Any) -> ChatSettings:
-    try:
-        return ChatSettings(**overrides)
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        field = ".".join(str(p) for p in first["loc"]) or "config"
-        raise ConfigError(
-            f"invalid configuration: LOOPD_MM_{field.upper()}: {first['msg']}"
-        ) from exc
-
-
 async def run_daemon(
-    settings: Settings,
-    chat: ChatSettings,
-    *,
-    task_status: TaskStatus[Daemon] = anyio.TASK_STATUS_IGNORED,
+    settings: Settings, *, task_status: TaskStatus[Daemon] = anyio.TASK_STATUS_IGNORED
 ) -> None:
     """Run until cancelled; ``task_status`` gets the daemon once it is listening."""
+    chat = settings.mm
     async with AsyncExitStack() as stack:
         runtime = Runtime.open(settings)
         stack.push_async_callback(runtime.aclose)
@@ -93,10 +79,18 @@ async def run_daemon(
             task_status.started(Daemon(runtime, state, client, threads, adapter))
 
 
-async def serve(settings: Settings, chat: ChatSettings) -> int:
-    async with anyio.create_task_group() as tg:
-        tg.start_soon(_cancel_on_signal, tg.cancel_scope.cancel)
-        await run_daemon(settings, chat)
+async def serve(settings: Settings) -> int:
+    """The daemon's life. A loopd error that ends it (at startup: a bad tools file, a token file
+    it cannot read, Mattermost refusing the bot) is raised bare, for the command line's one line;
+    the task groups would otherwise wrap it."""
+    try:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(_cancel_on_signal, tg.cancel_scope.cancel)
+            await run_daemon(settings)
+    except ExceptionGroup as group:
+        if (error := sole_kind(group, LoopdError)) is None:
+            raise
+        raise error from None
     return 0
 
 
@@ -109,14 +103,14 @@ async def _cancel_on_signal(cancel: Callable[[], None]) -> None:
 
 
 def handler(args: argparse.Namespace, settings: Settings) -> int:
-    chat = load_chat_settings()
+    check_state_dir(settings.state_dir, create=True)
     if args.skip_selftest:
         log.warning("the self-test was skipped (--skip-selftest): the server is not checked")
     else:
         status = anyio.run(startup_selftest, settings, args.expected_dir)
         if status != 0:
             return status
-    return anyio.run(serve, settings, chat)
+    return anyio.run(serve, settings)
 
 
 async def startup_selftest(settings: Settings, expected_dir: Path = DEFAULT_DIR) -> int:

@@ -16,7 +16,7 @@ from pathlib import Path
 import anyio
 
 from loopd.config import Settings
-from loopd.engine.budget import BudgetRules, LongSessionSettings, ServerBudget
+from loopd.engine.budget import BudgetRules, ServerBudget
 from loopd.engine.client import InferenceClient
 from loopd.engine.compaction import Compactor
 from loopd.engine.prewarm import Prewarmer, PrewarmOutcome, PrewarmResult
@@ -125,7 +125,6 @@ class Runtime:
     tools: SessionTools
     # One per process: every front end's turns share the slots through it.
     scheduler: Scheduler = field(default_factory=Scheduler)
-    longsession: LongSessionSettings = field(default_factory=LongSessionSettings)
     budget: ServerBudget = field(init=False)
     prewarmer: Prewarmer = field(init=False)
     prewarm_plan: PrewarmPlan = field(default_factory=PrewarmPlan)
@@ -135,7 +134,7 @@ class Runtime:
     def __post_init__(self) -> None:
         self.budget = ServerBudget(self.client)
         self.prewarmer = Prewarmer(
-            self.client, self.log, self.scheduler, enabled=self.longsession.prewarm
+            self.client, self.log, self.scheduler, enabled=self.settings.prewarm
         )
         self.scheduler.on_idle(self._slot_idle)
 
@@ -154,12 +153,7 @@ class Runtime:
             protected=(settings.state_dir, settings.tools_file.parent / "loopd.toml"),
             unsandboxed_commands=settings.unsandboxed_commands,
         )
-        longsession = LongSessionSettings(
-            compact_at=settings.compact_at,
-            summary_max_tokens=settings.summary_max_tokens,
-            prewarm=settings.prewarm,
-        )
-        return cls(settings, session_log, client, spec, tools, longsession=longsession)
+        return cls(settings, session_log, client, spec, tools)
 
     async def aclose(self) -> None:
         await self.client.aclose()
@@ -206,7 +200,7 @@ class Runtime:
                 sampling=Sampling(s.temperature, s.top_p, s.top_k, s.min_p),
             ),
             limits=Limits(
-                first_byte_s=s.first_byte_s, silence_s=s.silence_s, think_cap=s.think_cap
+                first_byte_s=s.first_byte_s, silence_s=s.silence_s, think_cap=s.stream_think_cap
             ),
             tools=self.tools,
             report=report,
@@ -215,9 +209,9 @@ class Runtime:
 
     def budget_rules(self) -> BudgetRules:
         return BudgetRules(
-            compact_at=self.longsession.compact_at,
+            compact_at=self.settings.compact_at,
             max_tokens=self.settings.max_tokens,
-            summary_max_tokens=self.longsession.summary_max_tokens,
+            summary_max_tokens=self.settings.summary_max_tokens,
         )
 
     async def append_user(self, session: str, text: str, *, external_key: str) -> Appended:

@@ -63,6 +63,7 @@ def test_chat_answers_each_line_then_resumes_the_log(
         "LOOPD_SLOTS": "1",
         "LOOPD_TEMPERATURE": "0",
         "LOOPD_MAX_TOKENS": "40",
+        "LOOPD_THINK_CAP": "0",
     }
     first = run_loopd(["chat", "--session", "smoke"], env, stdin="Say hello.\nAnd again.\n")
     assert first.returncode == 0, first.stderr

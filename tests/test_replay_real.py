@@ -27,6 +27,7 @@ def test_five_turn_chat_reuses_the_whole_previous_prompt(
         "LOOPD_SLOTS": "0",
         "LOOPD_TEMPERATURE": "0",
         "LOOPD_MAX_TOKENS": "30",
+        "LOOPD_THINK_CAP": "0",
     }
     result = run_loopd(["chat", "--session", "five"], env, stdin="\n".join(TURNS) + "\n")
     assert result.returncode == 0, result.stderr

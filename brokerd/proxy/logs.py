@@ -1,38 +1,23 @@
-"""brokerd's log output: JSON lines (or plain text on a terminal), with secrets redacted.
+"""brokerd's log output: loopd's formatters (JSON lines, or plain text on a terminal; see
+``loopd.logsetup``), with secrets redacted.
 
 Redaction happens on the final formatted text, tracebacks included, so no code path (ours or a
 library's debug output, which for the WebSocket client lists the upgrade request's headers) can
 write the bot token or the upstream key to the log.
 """
 
-import json
 import logging
 import sys
 import time
 from collections.abc import Callable, Iterable
-from datetime import UTC, datetime
 from typing import Final, TextIO
 
+from loopd.logsetup import formatter
+
 REDACTED: Final = "[redacted]"
-PLAIN_FORMAT: Final = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 # Warnings of one kind (logger and message template) logged per window; the rest are counted.
 WARNINGS_PER_WINDOW: Final = 20
 WINDOW_S: Final = 10.0
-
-
-class JsonLineFormatter(logging.Formatter):
-    """One JSON object per record: time, level, logger, message, and the traceback if any."""
-
-    def format(self, record: logging.LogRecord) -> str:
-        entry: dict[str, str] = {
-            "ts": datetime.fromtimestamp(record.created, UTC).isoformat(timespec="milliseconds"),
-            "level": record.levelname.lower(),
-            "logger": record.name,
-            "msg": record.getMessage(),
-        }
-        if record.exc_info:
-            entry["exc"] = self.formatException(record.exc_info)
-        return json.dumps(entry, ensure_ascii=False)
 
 
 class RedactingFormatter(logging.Formatter):
@@ -87,7 +72,7 @@ class ThrottleRepeats(logging.Filter):
 
 
 def make_handler(stream: TextIO, *, json_lines: bool, secrets: Iterable[str]) -> logging.Handler:
-    inner = JsonLineFormatter() if json_lines else logging.Formatter(PLAIN_FORMAT)
+    inner = formatter("json" if json_lines else "human", stream)
     handler = logging.StreamHandler(stream)
     handler.setFormatter(RedactingFormatter(inner, secrets))
     handler.addFilter(ThrottleRepeats())

@@ -1,13 +1,16 @@
-"""The chat adapter's settings (``LOOPD_MM_*``), kept beside the adapter until they join the main
-settings table."""
+"""The chat adapter's settings: the ``mm`` table of loopd's ``Settings`` (``LOOPD_MM_*`` variables,
+or the ``[mm]`` table of the ``LOOPD_CONFIG`` file). The adapter takes them as one object,
+``settings.mm``."""
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, field_validator
-from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic_settings import NoDecode
+
+from loopd.errors import ConfigError
 
 
 def _comma_list(value: Any) -> Any:
@@ -16,81 +19,94 @@ def _comma_list(value: Any) -> Any:
     return value
 
 
-class ChatSettings(BaseSettings):
+class ChatSettings(BaseModel):
     """How loopd reaches Mattermost and whom it answers."""
 
-    model_config = SettingsConfigDict(env_prefix="LOOPD_MM_", extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True)
 
     url: str = Field(
-        "unix:/run/loopd/chat.sock",
+        default="unix:/run/loopd/chat.sock",
         description="Mattermost, or brokerd's chat proxy: `unix:/path` or `http(s)://host`.",
     )
     token_file: Path | None = Field(
-        None,
+        default=None,
         description="Development only: a file holding a bot token, for a URL without the proxy "
         "(the proxy adds the token itself, so in the box this stays unset).",
     )
+    # NoDecode: the environment gives "alice,bob", not JSON; the validators below parse it.
     allowed_users: Annotated[tuple[str, ...], NoDecode] = Field(
-        (), description="Usernames or user ids loopd answers (comma list; `*` for everyone)."
+        default=(),
+        description="Usernames or user ids loopd answers (comma list; `*` for everyone).",
     )
     allowed_teams: Annotated[tuple[str, ...], NoDecode] = Field(
-        (), description="Teams (names or ids) whose channels loopd works in (`*` for all)."
+        default=(), description="Teams (names or ids) whose channels loopd works in (`*` for all)."
     )
     allowed_channels: Annotated[tuple[str, ...], NoDecode] = Field(
-        (), description="Channels (names or ids) loopd works in, besides the allowed teams."
+        default=(), description="Channels (names or ids) loopd works in, besides the allowed teams."
     )
     admins: Annotated[tuple[str, ...], NoDecode] = Field(
-        (), description="Usernames or user ids who may stop anyone's turn (comma list)."
+        default=(), description="Usernames or user ids who may stop anyone's turn (comma list)."
     )
     stop_word: str = Field(
-        "stop",
+        default="stop",
         description="A thread reply of only this word stops the turn (from the person who "
         "asked, or an admin).",
     )
     thread_policy: Literal["all", "mentions"] = Field(
-        "all",
+        default="all",
         description="In a channel thread loopd is in: `all` answers every later reply, "
         "`mentions` only replies that mention it (direct messages are always answered).",
     )
     max_waiting_per_user: int = Field(
-        3, ge=1, description="Threads one person may have waiting for an answer at once."
+        default=3, ge=1, description="Threads one person may have waiting for an answer at once."
     )
     max_waiting_per_thread: int = Field(
-        5, ge=1, description="Messages that may wait in one thread while its turn runs."
+        default=5, ge=1, description="Messages that may wait in one thread while its turn runs."
     )
     max_file_bytes: int = Field(
-        262144, ge=0, description="Text attachments are read up to this many bytes each."
+        default=262144, ge=0, description="Text attachments are read up to this many bytes each."
     )
     typing_interval_s: float = Field(
-        4.0,
+        default=4.0,
         gt=0,
         description="How often the typing indicator is sent while a turn waits or thinks.",
     )
     stop_reaction: str = Field(
-        "octagonal_sign", description="This reaction on a turn's status or answer post stops it."
+        default="octagonal_sign",
+        description="This reaction on a turn's status or answer post stops it.",
     )
     status_interval_s: float = Field(
-        3.0, ge=0, description="Least time between two edits of a status post."
+        default=3.0, ge=0, description="Least time between two edits of a status post."
     )
     ping_interval_s: float = Field(
-        30.0, gt=0, description="WebSocket application ping; no reply by the next one reconnects."
+        default=30.0,
+        gt=0,
+        description="WebSocket application ping; no reply by the next one reconnects.",
     )
     hello_timeout_s: float = Field(
-        10.0, gt=0, description="A socket with no hello (or resume) this long is an auth fault."
+        default=10.0,
+        gt=0,
+        description="A socket with no hello (or resume) this long is an auth fault.",
     )
     catchup_overlap_s: float = Field(
-        60.0, ge=0, description="REST catch-up re-reads this much before the stored cursor."
+        default=60.0, ge=0, description="REST catch-up re-reads this much before the stored cursor."
     )
     resume_max_age_s: float = Field(
-        240.0, ge=0, description="A stored WebSocket connection older than this is not resumed."
+        default=240.0,
+        ge=0,
+        description="A stored WebSocket connection older than this is not resumed.",
     )
-    backoff_s: float = Field(3.0, gt=0, description="First reconnect delay (plus jitter).")
-    backoff_cap_s: float = Field(300.0, gt=0, description="Longest reconnect delay.")
+    backoff_s: float = Field(default=3.0, gt=0, description="First reconnect delay (plus jitter).")
+    backoff_cap_s: float = Field(default=300.0, gt=0, description="Longest reconnect delay.")
     retry_for_s: float = Field(
-        180.0, gt=0, description="How long a REST call is retried through 5xx, 429 and outages."
+        default=180.0,
+        gt=0,
+        description="How long a REST call is retried through 5xx, 429 and outages.",
     )
     max_message_chars: int = Field(
-        32000, gt=0, description="Longer posts are cut to this many characters (the user is told)."
+        default=32000,
+        gt=0,
+        description="Longer posts are cut to this many characters (the user is told).",
     )
 
     @field_validator("allowed_users", "allowed_teams", "allowed_channels", "admins", mode="before")
@@ -111,4 +127,8 @@ class ChatSettings(BaseSettings):
         """The development token, if a token file is configured."""
         if self.token_file is None:
             return None
-        return self.token_file.read_text(encoding="utf-8").strip() or None
+        try:
+            return self.token_file.read_text(encoding="utf-8").strip() or None
+        except (OSError, UnicodeDecodeError) as exc:
+            problem = f"cannot read {self.token_file}: {exc}"
+            raise ConfigError(f"LOOPD_MM_TOKEN_FILE: {problem}") from None

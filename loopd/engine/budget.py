@@ -1,7 +1,8 @@
 """The context budget: how big the next prompt is, when to compact, how big one input may be.
 
 A slot holds ``n_ctx`` tokens, and the server answers a prompt that does not fit with a 400
-(``exceed_context_size_error``, protocol reference section 7). loopd keeps well below that:
+(``exceed_context_size_error``; ``test_prompt_over_the_context`` in
+tests/reliability/test_server_faults.py). loopd keeps well below that:
 
 - The next prompt's size is known without asking the server in the common case: the previous
   request's prompt (``cache_n + prompt_n``) plus what it generated (``predicted_n``), plus what
@@ -27,9 +28,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
-from pydantic import Field
-from pydantic_settings import BaseSettings, SettingsConfigDict
-
+from loopd.config import DEFAULTS
 from loopd.engine.client import InferenceClient
 from loopd.errors import ServerRejected
 
@@ -41,38 +40,14 @@ MESSAGE_OVERHEAD = 16
 MIN_INPUT_CAP = 256
 
 
-class LongSessionSettings(BaseSettings):
-    """The knobs of long sessions (to be folded into ``loopd.config.Settings``)."""
-
-    model_config = SettingsConfigDict(env_prefix="LOOPD_", extra="ignore", frozen=True)
-
-    compact_at: float = Field(
-        default=0.75,
-        gt=0,
-        lt=1,
-        description="Share of a slot's context past which the next turn compacts the "
-        "conversation into a new epoch first.",
-    )
-    summary_max_tokens: int = Field(
-        default=512,
-        ge=32,
-        description="`max_tokens` of the compaction request (at most a sixteenth of the context "
-        "is used).",
-    )
-    prewarm: bool = Field(
-        default=False,
-        description="After a compaction or a restart, process a session's prefix on its idle "
-        "slot (`max_tokens: 1`) so that its next turn reads only its own tokens.",
-    )
-
-
 @dataclass(frozen=True)
 class BudgetRules:
-    """The fixed numbers of the budget; ``n_ctx`` comes from the server."""
+    """The fixed numbers of the budget; ``n_ctx`` comes from the server. The first three are
+    settings (LOOPD_COMPACT_AT, LOOPD_MAX_TOKENS, LOOPD_SUMMARY_MAX_TOKENS)."""
 
-    compact_at: float = 0.75
-    max_tokens: int = 4096  # the turn's own max_tokens: room an answer may take
-    summary_max_tokens: int = 512  # the compaction request's max_tokens
+    compact_at: float = DEFAULTS.compact_at
+    max_tokens: int = DEFAULTS.max_tokens  # the turn's own max_tokens: room an answer may take
+    summary_max_tokens: int = DEFAULTS.summary_max_tokens  # the compaction request's max_tokens
     summary_think_cap: int = 256  # thinking allowed in the compaction request
     margin: int = 64  # slack for the template's end-of-turn tokens and rounding
 

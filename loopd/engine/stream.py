@@ -32,6 +32,7 @@ from tenacity import (
     wait_exponential,
 )
 
+from loopd.config import DEFAULTS
 from loopd.engine.client import ChatStream, EventStream, InferenceClient
 from loopd.engine.liveness import (
     FirstByteWait,
@@ -78,11 +79,11 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class Limits:
-    first_byte_s: float = 900.0  # LOOPD_FIRST_BYTE_S: queued behind another task, at most this
-    silence_s: float = 60.0  # LOOPD_SILENCE_S: once streaming, no event for this long is death
+    first_byte_s: float = DEFAULTS.first_byte_s  # queued behind another task, at most this
+    silence_s: float = DEFAULTS.silence_s  # once streaming, no event for this long is death
     slots_poll_s: float = 2.0  # how often /slots is polled while waiting for the first byte
     probe_timeout_s: float = 5.0  # each /slots or /health poll, on its own
-    think_cap: int = 8192  # LOOPD_THINK_CAP: thinking tokens before the control call
+    think_cap: int = DEFAULTS.think_cap  # LOOPD_THINK_CAP: thinking tokens before the control call
     think_grace: int = 256  # tokens past the cap before a stream still thinking is closed
     loading_retry_s: float = 120.0  # how long a 503 "Loading model" is waited out
     loading_wait_s: float = 0.5  # the first wait after a 503; doubles up to 10 s

@@ -1,23 +1,41 @@
 """CLI commands over the session log: ``sessions``, ``log show|export|verify``.
 
-``register(subparsers)`` adds the parsers; each sets ``run`` to a function called as
-``args.run(args, db_path, out, err) -> exit status``. The functions below can be called directly
-with a database path and text streams.
+``register(subparsers)`` adds the parsers, each with a ``handler(args, settings)`` as every loopd
+subcommand has (see ``loopd.cli``). The functions below do the work; they can be called directly
+with a database path and text streams, and return the exit status: 0 done, 2 the log cannot be
+read or has no such session; ``verify_log`` 1 when the log is not sound.
+
+Reading never creates or changes a log. One that does not exist yet is an empty one (a fresh
+install lists no sessions), and a file that is not an SQLite database is refused before SQLite
+opens it: SQLite takes an empty file for an empty database and would write a new log into it.
 """
+
+from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
-from typing import TextIO
+from typing import TYPE_CHECKING, Final, TextIO
 
 from loopd import jsonbytes
-from loopd.sessionlog.errors import LogError
+from loopd.sessionlog.errors import LogError, NotALogError, StorageError, UnknownSessionError
 from loopd.sessionlog.records import Entry
 from loopd.sessionlog.store import SessionLog
 from loopd.sessionlog.verify import verify
+from loopd.statedir import check_state_dir
 
-Runner = Callable[[argparse.Namespace, Path, TextIO, TextIO], int]
+if TYPE_CHECKING:
+    from loopd.cli import Handler
+    from loopd.config import Settings
+
+# A command that reads the log: the parsed arguments, the log's path, stdout and stderr.
+LogCommand = Callable[[argparse.Namespace, Path, TextIO, TextIO], int]
+
+EXIT_BAD_LOG: Final = 1  # log verify: the log is not sound
+EXIT_CANNOT: Final = 2  # the log cannot be read, or has no such session
+SQLITE_HEADER: Final = b"SQLite format 3\x00"
 
 EXPORT_FIELDS = (
     "seq",
@@ -38,20 +56,53 @@ EXPORT_FIELDS = (
 _PREVIEW_CHARS = 100
 
 
-def register(subparsers: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     sessions = subparsers.add_parser("sessions", help="list sessions and what each waits for")
-    sessions.set_defaults(run=_run_sessions)
+    sessions.set_defaults(handler=log_handler(_run_sessions))
     log = subparsers.add_parser("log", help="read and check the session log")
     log_commands = log.add_subparsers(dest="log_command", required=True)
     show = log_commands.add_parser("show", help="print a session's entries")
     show.add_argument("session")
-    show.set_defaults(run=_run_show)
+    show.set_defaults(handler=log_handler(_run_show))
     export = log_commands.add_parser("export", help="a session's entries as JSON lines")
     export.add_argument("session")
-    export.set_defaults(run=_run_export)
+    export.set_defaults(handler=log_handler(_run_export))
     check = log_commands.add_parser("verify", help="check the hash chain and replay identity")
     check.add_argument("session", nargs="?")
-    check.set_defaults(run=_run_verify)
+    check.set_defaults(handler=log_handler(_run_verify))
+
+
+def log_handler(command: LogCommand) -> Handler:
+    """The handler of a command that reads the session log: the state folder is checked (one
+    line naming LOOPD_STATE_DIR if loopd cannot use it), then ``command`` runs on the log's path
+    with the process's stdout and stderr."""
+
+    def handler(args: argparse.Namespace, settings: Settings) -> int:
+        check_state_dir(settings.state_dir, create=False)
+        return command(args, settings.db_path, sys.stdout, sys.stderr)
+
+    return handler
+
+
+@contextmanager
+def existing_log(db_path: Path) -> Iterator[SessionLog | None]:
+    """The log at ``db_path`` opened for reading, or None when there is none yet; a file that is
+    not an SQLite database is refused (``NotALogError``) without being opened by SQLite."""
+    try:
+        with db_path.open("rb") as file:
+            header = file.read(len(SQLITE_HEADER))
+    except (FileNotFoundError, NotADirectoryError):
+        header = None
+    except OSError as exc:
+        raise StorageError(db_path, f"cannot read: {(exc.strerror or str(exc)).lower()}") from None
+    if header is None:
+        yield None
+        return
+    if header != SQLITE_HEADER:
+        what = "an empty file" if not header else "not an SQLite database (a foreign file)"
+        raise NotALogError(db_path, f"{what}, not a loopd session log; left as it is")
+    with SessionLog.open(db_path, create=False) as log:
+        yield log
 
 
 def _run_sessions(args: argparse.Namespace, db_path: Path, out: TextIO, err: TextIO) -> int:
@@ -70,11 +121,17 @@ def _run_verify(args: argparse.Namespace, db_path: Path, out: TextIO, err: TextI
     return verify_log(db_path, args.session, out, err)
 
 
+def _no_session(db_path: Path, session: str) -> UnknownSessionError:
+    return UnknownSessionError(db_path, f"no session {session!r}")
+
+
 def list_sessions(db_path: Path, out: TextIO, err: TextIO = sys.stderr) -> int:
     try:
-        with SessionLog.open(db_path, create=False) as log:
-            states = {state.session: state for state in log.pending_states()}
+        with existing_log(db_path) as log:
             out.write(f"{'SESSION':<32} {'SLOT':>4} {'EPOCH':>5} {'ENTRIES':>7}  STATE\n")
+            if log is None:
+                return 0
+            states = {state.session: state for state in log.pending_states()}
             for session in log.sessions():
                 epochs = log.epochs(session.name)
                 entries = log.entries(session.name)
@@ -90,20 +147,22 @@ def list_sessions(db_path: Path, out: TextIO, err: TextIO = sys.stderr) -> int:
                 )
     except LogError as exc:
         err.write(f"loopd: {exc}\n")
-        return 1
+        return EXIT_CANNOT
     return 0
 
 
 def show_log(db_path: Path, session: str, out: TextIO, err: TextIO = sys.stderr) -> int:
     try:
-        with SessionLog.open(db_path, create=False) as log:
+        with existing_log(db_path) as log:
+            if log is None:
+                raise _no_session(db_path, session)
             target = log.get_session(session)
             out.write(f"session {target.name!r}, slot {target.slot}\n")
             for entry in log.entries(session):
                 out.write(_entry_line(entry) + "\n")
     except LogError as exc:
         err.write(f"loopd: {exc}\n")
-        return 1
+        return EXIT_CANNOT
     return 0
 
 
@@ -131,12 +190,14 @@ def _entry_line(entry: Entry) -> str:
 def export_log(db_path: Path, session: str, out: TextIO, err: TextIO = sys.stderr) -> int:
     """One JSON object a line, fields ``EXPORT_FIELDS``; ``message`` is the stored text."""
     try:
-        with SessionLog.open(db_path, create=False) as log:
+        with existing_log(db_path) as log:
+            if log is None:
+                raise _no_session(db_path, session)
             for entry in log.entries(session):
                 out.write(jsonbytes.dumps(export_record(entry)) + "\n")
     except LogError as exc:
         err.write(f"loopd: {exc}\n")
-        return 1
+        return EXIT_CANNOT
     return 0
 
 
@@ -162,18 +223,27 @@ def export_record(entry: Entry) -> dict[str, object]:
 
 
 def verify_log(db_path: Path, session: str | None, out: TextIO, err: TextIO = sys.stderr) -> int:
-    """Exit 0 when the chain and replay identity hold; 1 with the first offending row named."""
+    """Exit 0 when the chain and replay identity hold; 1 with the first offending row named (or
+    the file, when it is not a sound session log); 2 for a session the log does not have."""
     try:
-        with SessionLog.open(db_path, create=False) as log:
+        with existing_log(db_path) as log:
+            if log is None and session is not None:
+                raise _no_session(db_path, session)
+            if log is None:
+                out.write(f"ok: {db_path}: no session log yet, nothing to verify\n")
+                return 0
             problems = verify(log, session)
             checked = [session] if session is not None else [s.name for s in log.sessions()]
+    except UnknownSessionError as exc:
+        err.write(f"loopd: log verify: {exc}\n")
+        return EXIT_CANNOT
     except LogError as exc:
         err.write(f"loopd: log verify: {exc}\n")
-        return 1
+        return EXIT_BAD_LOG
     if problems:
         err.write(f"loopd: log verify: {db_path}: first problem: {problems[0]}\n")
         for problem in problems[1:]:
             err.write(f"  also: {problem}\n")
-        return 1
+        return EXIT_BAD_LOG
     out.write(f"ok: {db_path}: {len(checked)} session(s), hash chain and replay identity hold\n")
     return 0

@@ -8,8 +8,10 @@ Two families, because they end in different places:
   and, where it can, what to do instead) and becomes the text of a failed ``ToolResult``.
 """
 
+from loopd.errors import LoopdError
 
-class ToolsError(Exception):
+
+class ToolsError(LoopdError):
     """Base of every exception raised by ``loopd.tools``."""
 
 

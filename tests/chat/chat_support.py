@@ -35,6 +35,11 @@ class Env:
     chat: ChatSettings
 
     @property
+    def daemon_settings(self) -> Settings:
+        """The settings ``loopd serve`` runs with: ``settings`` with ``chat`` as its ``mm``."""
+        return self.settings.model_copy(update={"mm": self.chat})
+
+    @property
     def fake(self) -> FakeMattermost:
         return self.mm.fake
 
@@ -105,6 +110,7 @@ def settings_for(state_dir: Path, infer_url: str, model: str, **overrides: Any) 
         "silence_s": 20.0,
         "connect_s": 2.0,
         "max_tokens": 64,
+        "think_cap": 0,  # no cap: 64 tokens leave a capped reasoning no room to answer
         "temperature": 0.0,
     }
     values.update(overrides)
@@ -151,7 +157,7 @@ async def fake_mattermost(
 async def daemon(env: Env) -> AsyncIterator[Daemon]:
     """The daemon, running until the block ends (then cancelled, as a kill would stop it)."""
     async with anyio.create_task_group() as tg:
-        running: Daemon = await tg.start(run_daemon, env.settings, env.chat)
+        running: Daemon = await tg.start(run_daemon, env.daemon_settings)
         with anyio.fail_after(WAIT_S):
             await running.adapter.caught_up.wait()
         yield running

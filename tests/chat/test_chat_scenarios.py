@@ -353,7 +353,7 @@ async def test_no_token_over_the_socket_is_a_clear_error(
     async with environment(tmp_path, sockets, llama) as env:
         chat = env.chat.model_copy(update={"token_file": None})
         with pytest.raises(MattermostError, match="401"):
-            await run_daemon(env.settings, chat)
+            await run_daemon(env.settings.model_copy(update={"mm": chat}))
 
 
 async def test_tcp_url_with_a_development_token(tmp_path: Path, llama: RunningFake) -> None:

@@ -1,10 +1,10 @@
 """The contract suite's fixtures: ``target`` runs each test on the real server and on the fake.
 
-Measured numbers go to the file named by ``LOOPD_CONTRACT_RESULTS`` (JSON) when it is set;
+Measured numbers go to the file named by ``LOOPDTEST_CONTRACT_RESULTS`` (JSON) when it is set;
 ``tests/contract/write_table.py`` turns that file into docs/contract.md's table.
 
-``LOOPD_CONTRACT_FAKE_FAULTS=byte_while_queued`` (comma-separated fault switches) runs the fake
-with those switches on, to show which contract test catches a fake that lies.
+``LOOPDTEST_CONTRACT_FAKE_FAULTS=byte_while_queued`` (comma-separated fault switches) runs the
+fake with those switches on, to show which contract test catches a fake that lies.
 """
 
 from __future__ import annotations
@@ -22,8 +22,9 @@ from loopd_dev import devserver
 from loopd_dev.fakes.llama import FakeLlama, ModelSpec, Pace, TemplateOptions, serve_fake_llama
 from tests.contract.contract_kit import Endpoint, Target
 
-RESULTS_ENV = "LOOPD_CONTRACT_RESULTS"
-FAKE_FAULTS_ENV = "LOOPD_CONTRACT_FAKE_FAULTS"
+# Not LOOPD_*: loopd refuses a LOOPD_ variable that names no setting.
+RESULTS_ENV = "LOOPDTEST_CONTRACT_RESULTS"
+FAKE_FAULTS_ENV = "LOOPDTEST_CONTRACT_FAKE_FAULTS"
 # A small batch, so a prefill the tiny model gets through quickly still spans several batches
 # (progress is reported once per batch; the default batch is 2048 tokens).
 SMALL_BATCH_ARGS = ("-b", "128", "-ub", "128")

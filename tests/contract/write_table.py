@@ -1,6 +1,6 @@
 """Write docs/contract.md's table from a contract run's measurements.
 
-    LOOPD_CONTRACT_RESULTS=contract.json .venv/bin/pytest tests/contract -q
+    LOOPDTEST_CONTRACT_RESULTS=contract.json .venv/bin/pytest tests/contract -q
     .venv/bin/python -m tests.contract.write_table contract.json docs/contract.md
 
 The table sits between two marker lines in the document; everything else there is left alone.

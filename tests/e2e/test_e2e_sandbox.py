@@ -66,6 +66,7 @@ def sandbox_run(e2e_dir: Path, brokerd: Brokerd, llama_tcp: devserver.RunningSer
         LOOPD_BROKER_URL=f"unix:{brokerd.socket('broker')}",
         LOOPD_STATE_DIR=str(state_dir),
         LOOPD_MAX_TOKENS="48",
+        LOOPD_THINK_CAP="0",
         LOOPD_LOG_FORMAT="json",
     )
     (box / "home").mkdir(parents=True)

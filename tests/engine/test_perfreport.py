@@ -68,7 +68,7 @@ def _run(db: Path, *argv: str) -> tuple[int, str, str]:
     perfreport.register(parser.add_subparsers())
     args = parser.parse_args(["perf", *argv])
     out, err = io.StringIO(), io.StringIO()
-    code: int = args.run(args, db, out, err)
+    code = perfreport.run(args, db, out, err)
     return code, out.getvalue(), err.getvalue()
 
 
@@ -139,12 +139,16 @@ def test_summary_figures_from_requests() -> None:
     ]
 
 
-def test_an_unknown_session_or_a_missing_log_is_one_clear_line(db: Path, tmp_path: Path) -> None:
+def test_an_unknown_session_is_one_clear_line_and_a_missing_log_is_empty(
+    db: Path, tmp_path: Path
+) -> None:
     code, out, err = _run(db, "--session", "nobody", "--json")
-    assert (code, out) == (1, "")
+    assert (code, out) == (2, "")
     assert err == f"loopd: perf: session log {db}: no session 'nobody'\n"
     missing = tmp_path / "none.db"
-    code, _, err = _run(missing)
-    assert code == 1
-    assert err.startswith(f"loopd: perf: session log {missing}: ")
+    assert _run(missing) == (0, f"no sessions in {missing}\n", "")
+    assert _run(missing, "--json") == (0, "[]\n", "")
+    code, _, err = _run(missing, "--session", "nobody")
+    assert code == 2
+    assert err == f"loopd: perf: session log {missing}: no session 'nobody'\n"
     assert not missing.exists(), "reading perf never creates a log"

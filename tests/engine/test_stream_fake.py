@@ -424,4 +424,4 @@ def test_status_throttle_passes_new_phases_at_once_and_figures_at_most_per_inter
 
 def test_default_limits_match_the_issue() -> None:
     limits = Limits()
-    assert (limits.first_byte_s, limits.silence_s, limits.think_cap) == (900, 60, 8192)
+    assert (limits.first_byte_s, limits.silence_s, limits.think_cap) == (900, 60, 6144)

@@ -8,7 +8,6 @@ from loopd.engine.budget import (
     MESSAGE_OVERHEAD,
     MIN_INPUT_CAP,
     BudgetRules,
-    LongSessionSettings,
     Verdict,
     cut_note,
     cut_text,
@@ -110,16 +109,3 @@ async def test_fit_input_gives_up_keeping_text_rather_than_loop() -> None:
     fitted = await fit_input("x" * 50, 10, note_alone_too_long)
     assert fitted.was_cut
     assert not fitted.text.startswith("x")
-
-
-def test_settings_defaults_and_environment(monkeypatch: pytest.MonkeyPatch) -> None:
-    defaults = LongSessionSettings()
-    assert defaults.compact_at == 0.75
-    assert defaults.prewarm is False
-    assert defaults.summary_max_tokens == 512
-    monkeypatch.setenv("LOOPD_COMPACT_AT", "0.5")
-    monkeypatch.setenv("LOOPD_PREWARM", "1")
-    assert LongSessionSettings() == LongSessionSettings(compact_at=0.5, prewarm=True)
-    monkeypatch.setenv("LOOPD_COMPACT_AT", "1.5")
-    with pytest.raises(ValueError, match="compact_at"):
-        LongSessionSettings()

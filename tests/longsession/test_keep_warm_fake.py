@@ -39,6 +39,7 @@ def _runtime(server: Served, state: Path, **overrides: Any) -> Runtime:
         "state_dir": state,
         "slots": (SLOT,),
         "max_tokens": 16,
+        "think_cap": 0,
         "prewarm": True,
         "compact_at": 0.5,
         "summary_max_tokens": 64,

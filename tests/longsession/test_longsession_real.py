@@ -11,7 +11,6 @@ import anyio
 import pytest
 
 from loopd.config import load_settings
-from loopd.engine.budget import LongSessionSettings
 from loopd.engine.prewarm import PrewarmOutcome, PrewarmResult
 from loopd.sessionlog.records import Request, RequestKind, fresh_external_key
 from loopd.sessionlog.verify import verify
@@ -52,6 +51,7 @@ def _runtime(real_server: devserver.RunningServer, tmp_path: Path, **extra: obje
         slots=(0,),
         temperature=0.0,
         max_tokens=24,
+        think_cap=0,  # no cap: 24 tokens leave a capped reasoning no room to answer
         **extra,
     )
     return Runtime.open(settings)
@@ -76,8 +76,7 @@ def _full_read_once(requests: list[Request], index: int) -> None:
 async def test_forty_turns_compact_before_the_context_runs_out(
     real_server: devserver.RunningServer, tmp_path: Path
 ) -> None:
-    runtime = _runtime(real_server, tmp_path)
-    runtime.longsession = LongSessionSettings(summary_max_tokens=64)  # the tiny model rambles
+    runtime = _runtime(real_server, tmp_path, summary_max_tokens=64)  # the tiny model rambles
     notices: list[str] = []
     try:
         session = runtime.ensure_session("long")
@@ -203,6 +202,7 @@ async def test_a_turn_arriving_during_a_prewarm_waits_only_for_its_cancellation(
                     slots=(0,),
                     temperature=0.0,
                     max_tokens=16,
+                    think_cap=0,
                     prewarm=True,
                 )
             )

@@ -76,7 +76,7 @@ def test_a_bad_mcp_table_is_one_line_and_exit_2(tmp_path: Path) -> None:
     listed = brokerd(config, "tools", "list")
     assert listed.returncode == 2
     assert listed.stderr == (
-        "brokerd: bad config: mcp.0: Value error, give either command (a stdio server) or url "
+        f"brokerd: bad config: `mcp[0]` in {config}: give either command (a stdio server) or url "
         "(streamable HTTP)\n"
     )
 

@@ -1,5 +1,5 @@
 """The reliability suite's recording: one row per scenario, written to docs/reliability.md at
-the end of a complete run when ``LOOPD_WRITE_RELIABILITY=1`` (see ``write_table``)."""
+the end of a complete run when ``LOOPDTEST_WRITE_RELIABILITY=1`` (see ``write_table``)."""
 
 from __future__ import annotations
 
@@ -67,7 +67,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     scenarios = [i for i in session.items if scenario_of(getattr(i, "function", None))]
     if _DESELECTED[0] or len(_ROWS) != len(scenarios) or len(scenarios) < 30:
         return
-    command = "LOOPD_WRITE_RELIABILITY=1 .venv/bin/pytest tests/reliability -q"
+    command = "LOOPDTEST_WRITE_RELIABILITY=1 .venv/bin/pytest tests/reliability -q"
     DOCUMENT.parent.mkdir(parents=True, exist_ok=True)
     DOCUMENT.write_text(render(list(_ROWS.values()), command=command))
 

@@ -151,6 +151,7 @@ class Box:
             "silence_s": FAST.silence_s,
             "connect_s": 2.0,
             "max_tokens": 512,
+            "think_cap": 0,  # no cap: 512 tokens leave a capped reasoning no room to answer
             "log_format": "json",
         }
         values.update(overrides)
@@ -168,6 +169,10 @@ class Box:
             LOOPD_SLOTS="0",
             LOOPD_FIRST_BYTE_S="20",
             LOOPD_SILENCE_S="5",
+            # The fake's slots hold 8192 tokens; the default max_tokens (12288) would leave a
+            # prompt no room, and every tool round would compact first. No cap, as before.
+            LOOPD_MAX_TOKENS="4096",
+            LOOPD_THINK_CAP="0",
             LOOPD_LOG_FORMAT="json",
         )
         env.update(overrides)

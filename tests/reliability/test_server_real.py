@@ -64,6 +64,7 @@ def settings_for(real: Restartable, **extra: object) -> dict[str, object]:
         "model": PLAIN,
         "temperature": 0.0,
         "max_tokens": 200,
+        "think_cap": 0,  # no cap: 200 tokens leave a capped reasoning no room to answer
     }
     values.update(extra)
     return values

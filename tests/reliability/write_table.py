@@ -1,6 +1,6 @@
 """docs/reliability.md: the scenarios of a real run of the reliability suite, as a table.
 
-    LOOPD_WRITE_RELIABILITY=1 .venv/bin/pytest tests/reliability -q
+    LOOPDTEST_WRITE_RELIABILITY=1 .venv/bin/pytest tests/reliability -q
     .venv/bin/python -m tests.reliability.write_table      # the same, in one command
 
 Each scenario test carries its fault and expectation (``@scenario``); the suite's conftest
@@ -18,7 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
-WRITE_ENV = "LOOPD_WRITE_RELIABILITY"
+# Not LOOPD_*: loopd refuses a LOOPD_ variable that names no setting, and the suite runs loopd.
+WRITE_ENV = "LOOPDTEST_WRITE_RELIABILITY"
 DOCUMENT = Path(__file__).resolve().parents[2] / "docs" / "reliability.md"
 ATTRIBUTE = "__reliability__"
 

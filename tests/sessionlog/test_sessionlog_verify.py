@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from loopd.config import Settings
 from loopd.sessionlog import RequestKind, RequestRecord, SessionLog, messages_digest
 from loopd.sessionlog.commands import (
     EXPORT_FIELDS,
@@ -130,7 +131,7 @@ def test_show_prints_every_entry(db_path: Path, log: SessionLog) -> None:
 
 def test_show_of_an_unknown_session_fails(db_path: Path, log: SessionLog) -> None:
     err = io.StringIO()
-    assert show_log(db_path, "ghost", io.StringIO(), err) == 1
+    assert show_log(db_path, "ghost", io.StringIO(), err) == 2
     assert "no session 'ghost'" in err.getvalue()
 
 
@@ -144,11 +145,15 @@ def test_export_is_one_entry_a_line_with_the_stored_text(db_path: Path, log: Ses
     assert messages == log.replay_messages(S)
 
 
-def test_register_wires_the_commands(db_path: Path, log: SessionLog) -> None:
+def test_register_wires_the_commands(
+    db_path: Path, log: SessionLog, capsys: pytest.CaptureFixture[str]
+) -> None:
     parser = argparse.ArgumentParser(prog="loopd")
     register(parser.add_subparsers(dest="command", required=True))
+    settings = Settings(state_dir=db_path.parent)
     for argv in (["sessions"], ["log", "show", S], ["log", "export", S], ["log", "verify"]):
         args = parser.parse_args(argv)
-        assert args.run(args, db_path, io.StringIO(), io.StringIO()) == 0, argv
+        assert args.handler(args, settings) == 0, argv
+        assert capsys.readouterr().err == "", argv
     with pytest.raises(SystemExit):
         parser.parse_args(["log"])

@@ -87,6 +87,7 @@ def runtime_for(
         state_dir=state,
         temperature=0.0,
         max_tokens=max_tokens,
+        think_cap=0,  # no cap: a short max_tokens leaves a capped reasoning no room to answer
     )
     runtime = Runtime.open(settings)
     client = RecordingClient(url, model)

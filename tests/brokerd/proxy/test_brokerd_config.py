@@ -40,25 +40,38 @@ def test_environment_overrides_the_toml_file(
 
 
 @pytest.mark.parametrize(
-    ("variable", "value", "field"),
+    ("variable", "value", "named"),
     [
-        ("BROKERD_INFERENCE_URL", "ftp://host", "inference_url"),
-        ("BROKERD_MATTERMOST_URL", "https://user:pw@chat.example.org", "mattermost_url"),
-        ("BROKERD_BODY_CAP_BYTES", "0", "body_cap_bytes"),
-        ("BROKERD_LOG_LEVEL", "loud", "log_level"),
-        ("BROKERD_BROKER__DEFAULT_TIMEOUT_S", "5", "broker.audit_db"),
+        ("BROKERD_INFERENCE_URL", "ftp://host", "BROKERD_INFERENCE_URL"),
+        ("BROKERD_MATTERMOST_URL", "https://user:pw@chat.example.org", "BROKERD_MATTERMOST_URL"),
+        ("BROKERD_BODY_CAP_BYTES", "0", "BROKERD_BODY_CAP_BYTES"),
+        ("BROKERD_LOG_LEVEL", "loud", "BROKERD_LOG_LEVEL"),
+        ("BROKERD_BROKER__DEFAULT_TIMEOUT_S", "5", "BROKERD_BROKER__AUDIT_DB"),
     ],
 )
-def test_bad_config_is_one_line_naming_the_field(
-    monkeypatch: pytest.MonkeyPatch, variable: str, value: str, field: str
+def test_bad_config_is_one_line_naming_the_variable(
+    monkeypatch: pytest.MonkeyPatch, variable: str, value: str, named: str
 ) -> None:
     monkeypatch.setenv(variable, value)
     with pytest.raises(ConfigError) as error:
         load_settings()
     message = str(error.value)
     assert "\n" not in message
-    assert message.startswith(f"{field}: ")
+    assert message.startswith(f"{named}: ")
     assert "pw" not in message
+
+
+def test_a_bad_value_in_the_file_names_the_key_and_the_file(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    config = tmp_path / "brokerd.toml"
+    config.write_text("[broker]\naudit_db = '/x.db'\nfind_tool_limit = 99\n")
+    monkeypatch.setenv("BROKERD_CONFIG", str(config))
+    with pytest.raises(ConfigError) as error:
+        load_settings()
+    assert str(error.value) == (
+        f"`broker.find_tool_limit` in {config}: Input should be less than or equal to 20"
+    )
 
 
 def test_a_misspelt_variable_is_refused_with_the_likely_name(
@@ -68,7 +81,7 @@ def test_a_misspelt_variable_is_refused_with_the_likely_name(
     with pytest.raises(ConfigError) as error:
         load_settings()
     assert str(error.value) == (
-        "BROKERD_INFER_UPSTREAM: not a brokerd setting; did you mean BROKERD_INFERENCE_URL?"
+        "unknown setting BROKERD_INFER_UPSTREAM; did you mean BROKERD_INFERENCE_URL?"
     )
 
 
@@ -115,7 +128,15 @@ def test_secrets_are_read_from_files(monkeypatch: pytest.MonkeyPatch, tmp_path: 
 def test_a_bad_secret_file_is_named(tmp_path: Path, content: str, problem: str) -> None:
     path = tmp_path / "key"
     path.write_text(content)
-    with pytest.raises(ConfigError, match=f"^inference_key_file: .*{problem}"):
-        read_secret(path, "inference_key_file")
-    with pytest.raises(ConfigError, match=r"^inference_key_file: cannot read"):
-        read_secret(tmp_path / "absent", "inference_key_file")
+    with pytest.raises(ConfigError, match=f"^BROKERD_INFERENCE_KEY_FILE: .*{problem}"):
+        read_secret(path, "BROKERD_INFERENCE_KEY_FILE")
+    with pytest.raises(ConfigError, match=r"^BROKERD_INFERENCE_KEY_FILE: cannot read"):
+        read_secret(tmp_path / "absent", "BROKERD_INFERENCE_KEY_FILE")
+
+
+def test_an_unreadable_secret_file_named_in_the_environment_names_the_variable(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv("BROKERD_MATTERMOST_TOKEN_FILE", str(tmp_path / "absent"))
+    with pytest.raises(ConfigError, match=r"^BROKERD_MATTERMOST_TOKEN_FILE: cannot read"):
+        read_secrets(load_settings())

@@ -89,7 +89,7 @@ def test_serving_chat_without_mattermost_config_is_one_clear_line(
 ) -> None:
     assert main(["serve", "--only", "chat"]) == 2
     err = capsys.readouterr().err
-    assert err == "brokerd: bad config: mattermost_url: required to serve chat.sock\n"
+    assert err == "brokerd: BROKERD_MATTERMOST_URL: required to serve chat.sock\n"
 
 
 @pytest.mark.usefixtures("restored_logging")

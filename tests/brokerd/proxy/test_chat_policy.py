@@ -53,5 +53,5 @@ def test_a_name_instead_of_an_id_is_one_line_naming_the_setting(
     monkeypatch.setenv("BROKERD_CHAT_ALLOWED_TEAMS", '["town-square"]')
     with pytest.raises(ConfigError) as error:
         load_settings()
-    assert str(error.value).startswith("chat_allowed_teams")
+    assert str(error.value).startswith("BROKERD_CHAT_ALLOWED_TEAMS: ")
     assert "'town-square' is not a Mattermost id" in str(error.value)
