@@ -15,7 +15,7 @@
 #
 # Usage: scripts/image.sh [deps|build]     (build does deps first)
 # Run as root, `deps` also makes the account the image test runs rootless podman as
-# ($LOOPD_IMAGE_TEST_USER, default loopd-image-test; no home, no login, subordinate ids).
+# ($LOOPDTEST_IMAGE_USER, default loopd-image-test; no home, no login, subordinate ids).
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
@@ -24,7 +24,7 @@ python="${PYTHON:-python3}"
 image="${LOOPD_IMAGE:-localhost/loopd:latest}"
 image_dir="$cache/image"
 conf="$cache/podman/containers.conf"
-test_user="${LOOPD_IMAGE_TEST_USER:-loopd-image-test}"
+test_user="${LOOPDTEST_IMAGE_USER:-loopd-image-test}"
 
 # The base: Debian 12, whose python3 is 3.11; the wheels are fetched for that Python.
 suite=bookworm

@@ -54,6 +54,13 @@ class BudgetRules:
     def threshold(self, n_ctx: int) -> int:
         return int(n_ctx * self.compact_at)
 
+    def answer_room(self, n_ctx: int) -> int:
+        """The room one answer may take: ``max_tokens``, but never more than the context left
+        above the threshold. A turn starts below the threshold, so the rest is the answer's;
+        without this bound a ``max_tokens`` larger than a small slot (12288 against the dev
+        server's 4096) would make every tool round compact first."""
+        return max(0, min(self.max_tokens, n_ctx - self.threshold(n_ctx)))
+
     def summary_tokens(self, n_ctx: int) -> int:
         """The summary's max_tokens: at most a sixteenth of a small context."""
         return max(min(self.summary_max_tokens, n_ctx // 16), 32)
@@ -76,7 +83,7 @@ def judge(
     if turn_start:
         over = prompt_tokens >= rules.threshold(n_ctx)
     else:
-        over = prompt_tokens + rules.max_tokens + rules.margin > n_ctx
+        over = prompt_tokens + rules.answer_room(n_ctx) + rules.margin > n_ctx
     if not over:
         return Verdict.FITS
     return Verdict.COMPACT if exact else Verdict.COUNT_EXACTLY
@@ -106,7 +113,7 @@ def input_cap(n_ctx: int, rules: BudgetRules, instruction_tokens: int) -> int:
     room = (
         n_ctx
         - rules.threshold(n_ctx)
-        - rules.max_tokens
+        - rules.answer_room(n_ctx)
         - instruction_tokens
         - rules.summary_tokens(n_ctx)
         - rules.margin

@@ -261,7 +261,10 @@ class Compactor:
         has_turns = any(
             r.record.epoch == epoch.number and r.record.kind in _TURN_KINDS for r in requests
         )
-        if not has_turns and size.tokens + self.rules.max_tokens + self.rules.margin <= n_ctx:
+        if (
+            not has_turns
+            and size.tokens + self.rules.answer_room(n_ctx) + self.rules.margin <= n_ctx
+        ):
             return None  # a fresh epoch past the threshold: nothing to summarise yet, and it fits
         return (
             size.tokens,

@@ -2,7 +2,7 @@
 present, the walk-through's commands, and the fake Mattermost's control API over its socket.
 
 The test acts as an operator would: rootless podman under an ordinary account
-(``$LOOPD_IMAGE_TEST_USER``, made by ``make image``), with a systemd user manager of its own that
+(``$LOOPDTEST_IMAGE_USER``, made by ``make image``), with a systemd user manager of its own that
 runs brokerd.service and loopd.service as written. The test machines run no systemd as PID 1, so
 the manager is started by the test (as root): in a private mount namespace whose /run/systemd
 says "booted with systemd", in a cgroup delegated to the account. Every operator command runs in
@@ -49,7 +49,7 @@ def containers_conf() -> Path:
 
 
 def test_user() -> str:
-    return os.environ.get("LOOPD_IMAGE_TEST_USER", DEFAULT_TEST_USER)
+    return os.environ.get("LOOPDTEST_IMAGE_USER", DEFAULT_TEST_USER)
 
 
 def missing_prerequisites() -> list[str]:

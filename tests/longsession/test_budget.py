@@ -38,6 +38,17 @@ def test_within_a_turn_only_the_hard_limit_compacts() -> None:
     assert judge(4003, 4096, RULES, turn_start=False, exact=True) is Verdict.COMPACT
 
 
+def test_an_answer_never_takes_more_than_the_context_above_the_threshold() -> None:
+    # The shipped max_tokens (12288) on a 4,096-token dev slot: the answer may take the 1,024
+    # tokens above the threshold, so a tool round at 3,000 tokens does not compact.
+    small_slot = BudgetRules(compact_at=0.75, max_tokens=12288, margin=64)
+    assert small_slot.answer_room(4096) == 1024
+    assert judge(3000, 4096, small_slot, turn_start=False, exact=True) is Verdict.FITS
+    assert judge(3009, 4096, small_slot, turn_start=False, exact=True) is Verdict.COMPACT
+    # On production's 262,144-token slot max_tokens is the smaller bound.
+    assert small_slot.answer_room(262144) == 12288
+
+
 def test_the_estimate_adds_an_upper_bound_for_each_appended_message() -> None:
     assert estimate_prompt(None, ["hi"]) is None
     assert estimate_prompt(1000, []) == 1000
