@@ -1,9 +1,9 @@
 """Shares the harness's slots between sessions: one generation per slot at a time.
 
-A session is pinned to one slot for life (moving it costs a full re-read, seed finding (d)), so
-sessions on one slot wait for each other in FIFO order, while different slots run at once. FIFO is
-also the fairness rule: a session that just ran and comes back joins the end of the line, behind
-every session already waiting.
+A session is pinned to one slot for life (moving it costs a full re-read: docs/design, behaviour
+(d), measured by tests/contract/test_contract_slots.py), so sessions on one slot wait for each
+other in FIFO order, while different slots run at once. FIFO is also the fairness rule: a session
+that just ran and comes back joins the end of the line, behind every session already waiting.
 """
 
 from __future__ import annotations

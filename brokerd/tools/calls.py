@@ -1,7 +1,7 @@
 """Deciding what a ``call_tool`` request gets, before anything runs (pure).
 
 Two decisions live here. ``plan_call`` gates a new call: the tool must exist, this session's
-``find_tool`` must have shown it (DESIGN invariant 3), and its arguments must be a JSON object
+``find_tool`` must have shown it (docs/design, invariant 3), and its arguments must be a JSON object
 matching the schema. ``decide`` applies idempotency: a call is keyed by (session, call id), and a
 key seen before is answered from the audit log (its recorded result, or "interrupted" when it was
 started and never finished) instead of being run again.

@@ -29,7 +29,7 @@ from brokerd.tools.settings import BrokerSettings
 from brokerd.tools.wording import ToolOutcome
 
 # A host command sees only this and its catalogue env, never brokerd's own environment: brokerd
-# holds the chat token and other secrets that must not reach a tool (DESIGN invariant 6).
+# holds the chat token and other secrets that must not reach a tool (docs/design, invariant 6).
 BASE_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8"}
 READ_CHUNK = 64 * 1024
 REAP_GRACE_S = 5.0

@@ -157,8 +157,8 @@ class ChatAdapter:
             log.warning("Mattermost catch-up failed: %s", exc)
         if opened is not None:
             self.state.save_connection(opened.connection_id, opened.next_seq)
-        # A resume that never got going (rejected params close the socket at once, case E) is
-        # not tried again: the next attempt starts fresh.
+        # A resume that never got going (the server closes the socket at once on parameters it
+        # rejects) is not tried again: the next attempt starts fresh.
         return opened, opened is not None
 
     def _stored_resume(self) -> Resume | None:

@@ -124,7 +124,8 @@ async def test_websocket_hello_posted_and_resume(
     assert first_url.endswith("?connection_id=&sequence_number=0")
     assert f"connection_id={out['connection_id']}" in second_url
     assert f"sequence_number={posted[0]['seq'] + 1}" in second_url
-    # The server carried the same connection on (resume case A or B), and the client knew it.
+    # The server carried the same connection on (its queue still held the missed events), and
+    # the client knew it.
     assert [c.id for c in fake.connections("loopd")] == [out["connection_id"]]
     assert out["connection_id_after"] == out["connection_id"]
     assert out["missed"] == 0  # no new hello: the client did not have to resync
