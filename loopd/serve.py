@@ -32,6 +32,7 @@ from loopd.errors import LoopdError
 from loopd.exceptiongroups import sole_kind
 from loopd.selftest.expected import DEFAULT_DIR
 from loopd.selftest.run import format_report, run_selftest
+from loopd.sessionlog.backup import hold_state
 from loopd.sessions import Runtime
 from loopd.statedir import check_state_dir
 from loopd.tools.spec import load_tools_spec
@@ -56,6 +57,9 @@ async def run_daemon(
     """Run until cancelled; ``task_status`` gets the daemon once it is listening."""
     chat = settings.mm
     async with AsyncExitStack() as stack:
+        # One daemon per state folder: a second one would answer every thread twice, and a
+        # restore must not replace the files under a running one.
+        stack.enter_context(hold_state(settings.state_dir))
         runtime = Runtime.open(settings)
         stack.push_async_callback(runtime.aclose)
         state = ChatState.open(settings.state_dir / "chat.db")

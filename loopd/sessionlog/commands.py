@@ -1,4 +1,4 @@
-"""CLI commands over the session log: ``sessions``, ``log show|export|verify``.
+"""CLI commands over the session log: ``sessions``, ``log show|export|verify|backup|restore``.
 
 ``register(subparsers)`` adds the parsers, each with a ``handler(args, settings)`` as every loopd
 subcommand has (see ``loopd.cli``). The functions below do the work; they can be called directly
@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Final, TextIO
 
 from loopd import jsonbytes
+from loopd.sessionlog.backup import backup_state, restore_state
 from loopd.sessionlog.errors import LogError, NotALogError, StorageError, UnknownSessionError
 from loopd.sessionlog.records import Entry
 from loopd.sessionlog.store import SessionLog
@@ -70,6 +71,16 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     check = log_commands.add_parser("verify", help="check the hash chain and replay identity")
     check.add_argument("session", nargs="?")
     check.set_defaults(handler=log_handler(_run_verify))
+    backup = log_commands.add_parser(
+        "backup", help="copy the session log and chat state into a new folder, and verify it"
+    )
+    backup.add_argument("dest", type=Path, help="a folder that does not exist yet, or is empty")
+    backup.set_defaults(handler=_run_backup)
+    restore = log_commands.add_parser(
+        "restore", help="replace the state with a backup (loopd serve must be stopped)"
+    )
+    restore.add_argument("source", type=Path, help="a folder `loopd log backup` wrote")
+    restore.set_defaults(handler=_run_restore)
 
 
 def log_handler(command: LogCommand) -> Handler:
@@ -119,6 +130,20 @@ def _run_export(args: argparse.Namespace, db_path: Path, out: TextIO, err: TextI
 
 def _run_verify(args: argparse.Namespace, db_path: Path, out: TextIO, err: TextIO) -> int:
     return verify_log(db_path, args.session, out, err)
+
+
+def _run_backup(args: argparse.Namespace, settings: Settings) -> int:
+    check_state_dir(settings.state_dir, create=False)
+    report = backup_state(settings.state_dir, args.dest)
+    print(report.summary("backed up", args.dest))
+    return 0
+
+
+def _run_restore(args: argparse.Namespace, settings: Settings) -> int:
+    check_state_dir(settings.state_dir, create=True)
+    report = restore_state(args.source, settings.state_dir)
+    print(report.summary("restored", args.source))
+    return 0
 
 
 def _no_session(db_path: Path, session: str) -> UnknownSessionError:
