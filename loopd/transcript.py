@@ -152,6 +152,6 @@ def export(
             elif fmt == "markdown":
                 out.write(markdown(name, log.epochs(name), log.entries(name)))
     except LogError as exc:
-        err.write(f"loopd: log export: {exc}\n")
+        err.write(f"loopd: {exc}\n")
         return 2
     return jsonl(db_path, name, out, err) if fmt == "jsonl" else 0
