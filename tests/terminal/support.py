@@ -44,6 +44,13 @@ def loopd_env(url: str, state_dir: Path, **settings: str) -> dict[str, str]:
     return env
 
 
+def fake_env(server: FakeServer, state_dir: Path) -> dict[str, str]:
+    """The environment for loopd on the fake: its model, and max_tokens well inside its 8192
+    tokens of context (the default, 12288, would make every turn compact first), so no thinking
+    cap (which must leave room for an answer below max_tokens)."""
+    return loopd_env(server.url, state_dir, model=FAKE_MODEL, max_tokens="512", think_cap="0")
+
+
 def spawn_chat(env: dict[str, str], *args: str, session: str = "tty", timeout: float = 60) -> Chat:
     """``loopd chat`` in a pseudo-terminal of 40 x 120; what it writes is kept in ``.screen``."""
     child = pexpect.spawn(

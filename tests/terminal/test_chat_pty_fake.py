@@ -12,12 +12,11 @@ import pexpect
 from loopd.sessionlog.records import EntryKind
 from loopd_dev.fakes.llama import ScriptedReply, ScriptedToolCall
 from tests.terminal.support import (
-    FAKE_MODEL,
     PROMPT,
     FakeServer,
     entries,
+    fake_env,
     fake_llama,
-    loopd_env,
     matched,
     of_kind,
     plain,
@@ -41,8 +40,7 @@ def _script_a_tool_round(server: FakeServer) -> None:
 
 
 def _env(server: FakeServer, state: Path) -> dict[str, str]:
-    # run_command is not called here; list_dir needs no sandbox.
-    return loopd_env(server.url, state, model=FAKE_MODEL)
+    return fake_env(server, state)
 
 
 def test_a_tool_call_shows_its_name_arguments_and_result(tmp_path: Path) -> None:

@@ -39,7 +39,7 @@ STORY = "Write a very long story about a dragon and a knight, with many chapters
 def test_answer_streams_and_ctrl_c_stops_the_turn_only(
     real_server: devserver.RunningServer, tmp_path: Path
 ) -> None:
-    env = loopd_env(real_server.url, tmp_path, max_tokens="2000", temperature="0")
+    env = loopd_env(real_server.url, tmp_path, max_tokens="2000", temperature="0", think_cap="0")
     chat = spawn_chat(env)
     chat.expect_exact(PROMPT)
     chat.send(STORY + "\r")
@@ -98,7 +98,7 @@ def test_answer_streams_and_ctrl_c_stops_the_turn_only(
 def test_arrow_keys_edit_the_line_and_a_paste_is_one_message(
     real_server: devserver.RunningServer, tmp_path: Path
 ) -> None:
-    env = loopd_env(real_server.url, tmp_path, max_tokens="16", temperature="0")
+    env = loopd_env(real_server.url, tmp_path, max_tokens="16", temperature="0", think_cap="0")
     chat = spawn_chat(env)
     chat.expect_exact(PROMPT)
     # "Say helo." then two steps left (before "o."), then the missing "l".

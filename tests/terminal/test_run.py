@@ -16,10 +16,10 @@ from loopd.turnstop import STOPPED
 from loopd_dev import devserver
 from loopd_dev.fakes.llama import Pace, ScriptedReply, ScriptedToolCall, Trigger
 from tests.terminal.support import (
-    FAKE_MODEL,
     LOOPD,
     array_digest,
     entries,
+    fake_env,
     fake_llama,
     loopd_env,
     of_kind,
@@ -37,7 +37,7 @@ def test_run_prints_the_answer_and_exits_0(tmp_path: Path) -> None:
         server.script(ScriptedReply(content=ANSWER))
         result = run_loopd(
             ["run", "What is here?", "--session", "s"],
-            loopd_env(server.url, tmp_path, model=FAKE_MODEL),
+            fake_env(server, tmp_path),
         )
     assert result.returncode == EXIT_ANSWERED, result.stderr
     assert result.stdout == ANSWER + "\n"
@@ -53,9 +53,7 @@ def test_run_json_has_the_answer_the_tool_calls_and_the_perf_records(tmp_path: P
             ),
             ScriptedReply(content=ANSWER),
         )
-        result = run_loopd(
-            ["run", "What is here?", "--json"], loopd_env(server.url, tmp_path, model=FAKE_MODEL)
-        )
+        result = run_loopd(["run", "What is here?", "--json"], fake_env(server, tmp_path))
     assert result.returncode == EXIT_ANSWERED, result.stderr
     record = json.loads(result.stdout)
     assert record["ended"] == "answered"
@@ -77,7 +75,7 @@ def test_run_exits_1_when_the_turn_ends_without_an_answer(tmp_path: Path) -> Non
         server.faults(error_mid_stream=Trigger(after=3))
         result = run_loopd(
             ["run", "Hello?", "--session", "s", "--json"],
-            loopd_env(server.url, tmp_path, model=FAKE_MODEL),
+            fake_env(server, tmp_path),
         )
     assert result.returncode == EXIT_NO_ANSWER, result.stderr
     record = json.loads(result.stdout)
@@ -104,7 +102,7 @@ def test_run_reads_the_prompt_from_stdin(tmp_path: Path) -> None:
         server.script(ScriptedReply(content=ANSWER))
         result = run_loopd(
             ["run", "-", "--session", "s"],
-            loopd_env(server.url, tmp_path, model=FAKE_MODEL),
+            fake_env(server, tmp_path),
             stdin="A question\nover two lines.\n",
         )
     assert result.returncode == EXIT_ANSWERED, result.stderr
@@ -117,7 +115,7 @@ def test_ctrl_c_stops_the_run_records_the_stop_and_exits_130(tmp_path: Path) -> 
         server.script(ScriptedReply(content="word " * 400))
         process = subprocess.Popen(
             [*LOOPD, "run", "Talk for a while.", "--session", "s"],
-            env=loopd_env(server.url, tmp_path, model=FAKE_MODEL),
+            env=fake_env(server, tmp_path),
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
@@ -137,7 +135,7 @@ def test_ctrl_c_stops_the_run_records_the_stop_and_exits_130(tmp_path: Path) -> 
 def test_run_and_log_export_openai_on_the_real_server(
     real_server: devserver.RunningServer, tmp_path: Path
 ) -> None:
-    env = loopd_env(real_server.url, tmp_path, max_tokens="40", temperature="0")
+    env = loopd_env(real_server.url, tmp_path, max_tokens="40", temperature="0", think_cap="0")
     first = run_loopd(["run", "Say hello.", "--session", "real"], env)
     assert first.returncode == EXIT_ANSWERED, first.stderr
     assert first.stdout.strip()
