@@ -33,7 +33,6 @@ from loopd import anyio_unix_connect
 from loopd.config import Settings, load_settings, settings_table
 from loopd.errors import LoopdError
 from loopd.logsetup import configure_logging
-from loopd.statedir import check_state_dir
 
 Handler = Callable[[argparse.Namespace, Settings], int]
 Subparsers: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
@@ -60,18 +59,7 @@ def _cmd_config(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
-def _cmd_chat(args: argparse.Namespace, settings: Settings) -> int:
-    from loopd.terminal import run_chat
-
-    check_state_dir(settings.state_dir, create=True)
-    return run_chat(settings, args.session)
-
-
 def _register_builtin(sub: Subparsers) -> None:
-    chat = sub.add_parser("chat", help="talk to the model in this terminal (one thread)")
-    chat.add_argument("--session", default="terminal", help="session name (default: terminal)")
-    chat.set_defaults(handler=_cmd_chat)
-
     config = sub.add_parser("config", help="print the effective configuration")
     config.add_argument("--table", action="store_true", help="print the README's tables of knobs")
     config.set_defaults(handler=_cmd_config)
@@ -98,10 +86,12 @@ def _registrations() -> list[Callable[[Subparsers], None]]:
     from loopd.selftest.commands import register as register_selftest
     from loopd.serve import register as register_serve
     from loopd.sessionlog.commands import register as register_log
+    from loopd.terminal.commands import register as register_terminal
     from loopd.tools.commands import register as register_tools
 
     return [
         _register_builtin,
+        register_terminal,
         register_serve,
         register_log,
         register_perf,

@@ -35,13 +35,13 @@ from loopd.chat.status import Finished, InLine
 from loopd.chat.turnposts import DRAFT, STATUS, TurnPosts, close, draft_post
 from loopd.engine.turn import TurnOutcome
 from loopd.errors import LoopdError
-from loopd.sessionlog.records import REPLAYED_KINDS, Entry, EntryKind, SessionState
+from loopd.sessionlog.records import REPLAYED_KINDS, Entry, EntryKind
 from loopd.sessions import Runtime
+from loopd.turnstop import is_stop, record_stop, was_stopped
 
 log = logging.getLogger("loopd.chat.threads")
 
 PREFIX = "mm:"
-STOPPED = "stopped by "
 CONTEXT_KEY = "ctx:"  # external key prefix of a thread's earlier posts, stored as context
 _AUTHOR = re.compile(r"^@([^\s:]+): ")
 
@@ -54,11 +54,6 @@ def root_of(session: str) -> str:
     return session[len(PREFIX) :]
 
 
-def was_stopped(state: SessionState) -> bool:
-    """The pending turn was stopped by a user (so a restart must not run it again)."""
-    return any((entry.fields.reason or "").startswith(STOPPED) for entry in state.broken_since)
-
-
 def is_answer(entry: Entry) -> bool:
     """An assistant entry that answers (no tool calls)."""
     if entry.kind is not EntryKind.ASSISTANT or entry.message is None:
@@ -67,9 +62,7 @@ def is_answer(entry: Entry) -> bool:
 
 
 def ends_a_turn(entry: Entry) -> bool:
-    return is_answer(entry) or (
-        entry.kind is EntryKind.BROKEN and (entry.fields.reason or "").startswith(STOPPED)
-    )
+    return is_answer(entry) or is_stop(entry)
 
 
 def since_last_turn(entries: list[Entry], before_seq: int | None = None) -> list[Entry]:
@@ -320,16 +313,8 @@ class Threads:
         await self.outbox.post_once(key, channel, root_of(name), line)
 
     def _record_stop(self, name: str, who: str) -> Entry:
-        """A stopped turn, in the log: results for tool calls it cut short, then the stop."""
-        session_log = self.runtime.log
-        for call in session_log.state(name).interrupted_calls:
-            session_log.append_tool_result(
-                name,
-                tool_call_id=call.call_id,
-                content=f"error: stopped by @{who} while this tool call ran; it may or may not "
-                "have taken effect",
-            )
-        entry = session_log.append_broken(name, partial_text="", reason=f"{STOPPED}@{who}")
+        """A stopped turn, in the log (``loopd.turnstop``, as the terminal's Ctrl-C writes it)."""
+        entry = record_stop(self.runtime.log, name, who)
         log.info("turn of %s stopped by @%s", name, who)
         return entry
 

@@ -110,7 +110,9 @@ class Status:
     percent: int | None = None
     tokens: int | None = None
     tool: str | None = None
-    text: str = ""  # ANSWERING: the answer written so far (a chat thread shows it as it grows)
+    # ANSWERING: the answer written so far (a chat thread shows it as it grows); THINKING: the
+    # thinking so far (the terminal shows it, folded or whole).
+    text: str = ""
 
 
 StatusCallback = Callable[[Status], None]
@@ -491,7 +493,7 @@ def _report_event(event: StreamEvent, asm: StreamAssembler, report: StatusCallba
             fresh = max(total - cache, 1)
             report(Status(Phase.READING, percent=int(100 * (processed - cache) / fresh)))
         case ReasoningDelta():
-            report(Status(Phase.THINKING, tokens=asm.thinking_tokens))
+            report(Status(Phase.THINKING, tokens=asm.thinking_tokens, text=asm.reasoning))
         case ContentDelta():
             report(Status(Phase.ANSWERING, text=asm.content))
         case ToolCallDelta(name=name) if name:

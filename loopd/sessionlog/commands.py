@@ -65,8 +65,11 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     show = log_commands.add_parser("show", help="print a session's entries")
     show.add_argument("session")
     show.set_defaults(handler=log_handler(_run_show))
-    export = log_commands.add_parser("export", help="a session's entries as JSON lines")
-    export.add_argument("session")
+    export = log_commands.add_parser(
+        "export", help="a session as JSON lines, a markdown transcript or OpenAI messages"
+    )
+    export.add_argument("session", nargs="?", help="default: the session written to last")
+    export.add_argument("--format", choices=("jsonl", "markdown", "openai"), default="jsonl")
     export.set_defaults(handler=log_handler(_run_export))
     check = log_commands.add_parser("verify", help="check the hash chain and replay identity")
     check.add_argument("session", nargs="?")
@@ -125,7 +128,9 @@ def _run_show(args: argparse.Namespace, db_path: Path, out: TextIO, err: TextIO)
 
 
 def _run_export(args: argparse.Namespace, db_path: Path, out: TextIO, err: TextIO) -> int:
-    return export_log(db_path, args.session, out, err)
+    from loopd.transcript import export  # markdown and openai, and the default session
+
+    return export(db_path, args.session, args.format, out, err, jsonl=export_log)
 
 
 def _run_verify(args: argparse.Namespace, db_path: Path, out: TextIO, err: TextIO) -> int:

@@ -1,0 +1,177 @@
+"""``loopd chat``: a terminal thread on the same engine as the Mattermost threads.
+
+One turn per message. On a terminal: the answer streams as it is written and tool calls show as
+they run (``render``), the line can be edited and a paste is one message (``lineinput``), ``/``
+commands do the common things (``slash``), Ctrl-C stops the turn under way and the chat goes on,
+and at the prompt Ctrl-C or Ctrl-D leaves. Logs go to a file in the state dir, named once at start
+(``logfile``). A turn left pending by an earlier run is finished first, unless it was stopped.
+
+With piped input it answers each line; with stdout not a terminal, only the answers go there. A
+failed turn with piped input ends the chat with exit status 2 (its message on stderr), so a script
+can tell.
+"""
+
+from __future__ import annotations
+
+import io
+import shutil
+import sys
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Final, TextIO
+
+from loopd.config import Settings
+from loopd.engine.turn import TurnOutcome
+from loopd.errors import LoopdError
+from loopd.sessionlog.commands import list_sessions
+from loopd.terminal import slash
+from loopd.terminal.core import ChatCore, Stopped, TurnEnd, Watcher
+from loopd.terminal.lineinput import LineInput, PipedInput, TerminalInput
+from loopd.terminal.link import Link, ScreenWatch, connected
+from loopd.terminal.logfile import logs_out_of_the_way
+from loopd.terminal.render import DIM, RESET, Style, TurnView
+
+HISTORY_FILE: Final = "chat_history"
+EXIT_FAILED: Final = 2
+
+
+@dataclass(frozen=True)
+class ChatOptions:
+    session: str = "terminal"
+    show_thinking: bool = False
+    log_stderr: bool = False
+
+
+def run_chat(settings: Settings, options: ChatOptions) -> int:
+    with logs_out_of_the_way(settings, on_stderr=options.log_stderr) as log_path:
+        interactive = sys.stdin.isatty()
+        lines: LineInput = (
+            TerminalInput(settings.state_dir / HISTORY_FILE)
+            if interactive
+            else PipedInput(sys.stdin)
+        )
+        with connected(settings, options.session) as link:
+            chat = TerminalChat(link, lines, options, interactive=interactive)
+            return chat.run(settings.db_path, log_path)
+
+
+class TerminalChat:
+    """The conversation loop, on the main thread."""
+
+    def __init__(
+        self,
+        link: Link,
+        lines: LineInput,
+        options: ChatOptions,
+        *,
+        interactive: bool,
+        out: TextIO | None = None,
+        err: TextIO | None = None,
+    ) -> None:
+        self.link = link
+        self.lines = lines
+        self.options = options
+        self.interactive = interactive
+        self.out = out if out is not None else sys.stdout
+        self.err = err if err is not None else sys.stderr
+        self.style = Style.TERMINAL if self.out.isatty() else Style.PLAIN
+
+    @property
+    def core(self) -> ChatCore:
+        return self.link.core
+
+    def run(self, db_path: Path, log_path: Path | None) -> int:
+        self._welcome(log_path)
+        if not self._turn(self.core.resume) and not self.interactive:
+            return EXIT_FAILED
+        while True:
+            try:
+                text = self.lines.read()
+            except KeyboardInterrupt:  # at the prompt: leave
+                self._write(self.out, "\n")
+                return 0
+            if text is None:
+                if self.interactive:
+                    self._write(self.out, "\n")
+                return 0
+            text = text.strip()
+            if not text:
+                continue
+            command = slash.parse(text)
+            if isinstance(command, slash.UnknownSlash):
+                self._write(self.err, command.message() + "\n")
+            elif isinstance(command, slash.Slash):
+                if command.name == "quit":
+                    return 0
+                self._command(command, db_path)
+            elif not self._turn(self._say(text)) and not self.interactive:
+                return EXIT_FAILED
+
+    # -- turns -----------------------------------------------------------------------------------
+
+    def _say(self, text: str) -> Callable[[Watcher], Awaitable[TurnEnd]]:
+        async def say(watcher: Watcher) -> TurnEnd:
+            return await self.core.say(text, watcher)
+
+        return say
+
+    def _turn(self, start: Callable[[Watcher], Awaitable[TurnEnd | None]]) -> bool:
+        """Run a turn and show how it ended; False when it failed."""
+        width = shutil.get_terminal_size().columns
+        view = TurnView(self.style, show_thinking=self.options.show_thinking, width=width)
+        end = self.link.turn(start, ScreenWatch(view, self.out))
+        if isinstance(end, Stopped):
+            self._write(self.out, view.stopped())
+        elif isinstance(end, TurnOutcome):
+            shown = view.finished(end)
+            self._write(self.out, shown.out)
+            self._write(self.err, shown.err)
+            return end.failure is None
+        return True
+
+    # -- the rest --------------------------------------------------------------------------------
+
+    def _command(self, command: slash.Slash, db_path: Path) -> None:
+        match command.name:
+            case "help":
+                self._write(self.out, slash.HELP + "\n")
+            case "new":
+                name = command.argument or slash.new_session_name(datetime.now())
+                try:
+                    session = self.link.call(self.core.new_session, name)
+                except LoopdError as exc:
+                    self._write(self.err, f"loopd: {exc}\n")
+                    return
+                self._write(self.out, f"new session {session.name!r} (slot {session.slot})\n")
+            case "sessions":
+                listing, problem = io.StringIO(), io.StringIO()
+                list_sessions(db_path, listing, problem)
+                self._write(self.out, listing.getvalue())
+                self._write(self.err, problem.getvalue())
+                self._write(self.out, f"(this chat: {self.core.session.name})\n")
+            case "perf":
+                self._write(self.out, self.link.call(self.core.perf_text) + "\n")
+
+    def _welcome(self, log_path: Path | None) -> None:
+        """One line on a terminal: the session, how to get help and leave, where the logs go."""
+        if not self.interactive:
+            if log_path is not None:
+                self._write(self.err, f"loopd: logs go to {log_path}\n")
+            return
+        session = self.core.session
+        line = (
+            f"loopd chat: session {session.name!r} on slot {session.slot}. /help for commands; "
+            "Ctrl-C stops a turn; Ctrl-D leaves."
+        )
+        if log_path is not None:
+            line += f"\nlogs: {log_path}"
+        dim, reset = (DIM, RESET) if self.err.isatty() else ("", "")
+        self._write(self.err, f"{dim}{line}{reset}\n")
+
+    @staticmethod
+    def _write(stream: TextIO, text: str) -> None:
+        if text:
+            stream.write(text)
+            stream.flush()

@@ -1,0 +1,210 @@
+"""The event-loop side of ``loopd chat`` and ``loopd run``: one session's turns, each of which the
+terminal watches as it goes and may stop.
+
+The engine reports a turn through its status callback (throttled for a thread's post; here every
+status passes, so the answer appears as the server streams it) and runs tool calls through a
+``ToolRunner``; ``TerminalRuntime`` wraps both for the ``Watcher`` of the turn under way. A stop
+cancels the turn (the engine then closes the stream, which frees the slot on the server, and
+records the request as broken) and writes the stop record that a thread's ``stop`` writes
+(``loopd.turnstop``).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, replace
+from typing import Any, Protocol
+
+import anyio
+
+from loopd.chat.status import InLine
+from loopd.config import Settings
+from loopd.engine.stream import Status
+from loopd.engine.turn import ToolRunner, Turn, TurnOutcome
+from loopd.errors import LoopdError, ServerRejected
+from loopd.perfreport import format_summary, perf_records, summarize
+from loopd.sessionlog.records import Session, fresh_external_key
+from loopd.sessions import Runtime
+from loopd.turnstop import record_stop, was_stopped
+from loopd.wire.assemble import ToolCall
+
+log = logging.getLogger(__name__)
+
+
+class Watcher(Protocol):
+    """Told what a turn does, on the event loop, as it happens."""
+
+    def status(self, status: Status) -> None: ...
+
+    def in_line(self, in_line: InLine) -> None: ...
+
+    def tool_started(self, call: ToolCall) -> None: ...
+
+    def tool_finished(self, call: ToolCall, result: str) -> None: ...
+
+
+@dataclass(frozen=True)
+class Stopped:
+    """The turn was stopped (Ctrl-C); ``seq`` is the stop record's entry."""
+
+    seq: int
+
+
+TurnEnd = TurnOutcome | Stopped
+
+
+@dataclass
+class WatchedTools:
+    """The session's tools, with the watcher told of each call and its result."""
+
+    inner: ToolRunner
+    watcher: Watcher
+
+    async def run(self, session: str, call: ToolCall) -> str:
+        self.watcher.tool_started(call)
+        result = await self.inner.run(session, call)
+        self.watcher.tool_finished(call, result)
+        return result
+
+
+@dataclass
+class TerminalRuntime(Runtime):
+    """The shared runtime, with each turn shown to the terminal's watcher."""
+
+    watcher: Watcher | None = None
+
+    def turn(self, session: Session, report: Callable[[Status], None]) -> Turn:
+        turn = super().turn(session, report)
+        # Every status goes through: each is one small write to the terminal, and the answer
+        # should appear as it is written, not in half-second jumps.
+        turn.limits = replace(turn.limits, status_interval_s=0.0)
+        if self.watcher is not None and turn.tools is not None:
+            turn.tools = WatchedTools(turn.tools, self.watcher)
+        return turn
+
+
+class ChatCore:
+    """One terminal's session on the runtime; every method runs on the event loop."""
+
+    def __init__(self, runtime: TerminalRuntime, session: Session, who: str) -> None:
+        self.runtime = runtime
+        self.session = session
+        self.who = who  # who a stop is recorded for: the local user
+        self._scope: anyio.CancelScope | None = None
+        self._stopping = False
+        self._closing = anyio.Event()
+
+    @classmethod
+    async def open(cls, settings: Settings, session_name: str, who: str) -> ChatCore:
+        runtime = TerminalRuntime.open(settings)
+        assert isinstance(runtime, TerminalRuntime)  # Runtime.open builds its own class
+        try:
+            healthy = await runtime.client.health()
+            session = runtime.ensure_session(session_name) if healthy else None
+        except BaseException:
+            await runtime.aclose()
+            raise
+        if session is None:
+            await runtime.aclose()
+            raise ServerRejected(settings.infer_url, 503, "/health is not ok")
+        return cls(runtime, session, who)
+
+    async def serve(self) -> None:
+        """Until ``close``: while the user types, a session's prompt is read back into its slot
+        after a restart or a compaction (LOOPD_PREWARM); a turn cancels a prewarm at once."""
+        try:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(self.runtime.keep_warm, [self.session.name])
+                await self._closing.wait()
+                tg.cancel_scope.cancel()
+        finally:
+            with anyio.CancelScope(shield=True):
+                await self.runtime.aclose()
+
+    def close(self) -> None:
+        self._closing.set()
+
+    # -- turns -----------------------------------------------------------------------------------
+
+    async def say(self, text: str, watcher: Watcher) -> TurnEnd:
+        """Store the user's message and run the turn that answers it."""
+        self._stopping = False
+        name = self.session.name
+        await self.runtime.append_user(name, text, external_key=fresh_external_key())
+        end = await self._watched(watcher, lambda: self._run_turn(watcher))
+        assert end is not None  # a turn that ran has an outcome, or was stopped
+        return end
+
+    async def resume(self, watcher: Watcher) -> TurnEnd | None:
+        """The turn a previous run left pending, unless a person stopped it; None when there is
+        none to run."""
+        self._stopping = False
+        state = self.runtime.log.state(self.session.name)
+        if not (state.pending_turn or state.interrupted_calls) or was_stopped(state):
+            return None
+        log.info("resuming the pending turn of %s", self.session.name)
+
+        async def resume() -> TurnOutcome | None:
+            return await self.runtime.resume(self.session, watcher.status)
+
+        return await self._watched(watcher, resume)
+
+    def stop(self) -> None:
+        """Stop the turn under way (or the one about to start)."""
+        self._stopping = True
+        if self._scope is not None:
+            self._scope.cancel()
+
+    async def _run_turn(self, watcher: Watcher) -> TurnOutcome:
+        slot = self.session.slot
+
+        def on_position(ahead: int) -> None:
+            watcher.in_line(InLine(slot, ahead))
+
+        return await self.runtime.run_turn(self.session, watcher.status, on_position)
+
+    async def _watched(
+        self, watcher: Watcher, run: Callable[[], Awaitable[TurnOutcome | None]]
+    ) -> TurnEnd | None:
+        outcome: TurnOutcome | None = None
+        scope = self._scope = anyio.CancelScope()
+        self.runtime.watcher = watcher
+        try:
+            with scope:
+                if self._stopping:
+                    scope.cancel()
+                outcome = await run()
+        finally:
+            self._scope, self.runtime.watcher = None, None
+        if scope.cancelled_caught:
+            entry = record_stop(self.runtime.log, self.session.name, self.who)
+            log.info("turn of %s stopped by @%s", self.session.name, self.who)
+            return Stopped(entry.seq)
+        return outcome
+
+    # -- the / commands --------------------------------------------------------------------------
+
+    def new_session(self, name: str) -> Session:
+        if any(session.name == name for session in self.runtime.log.sessions()):
+            raise SessionExists(name)
+        self.session = self.runtime.ensure_session(name)
+        return self.session
+
+    def perf_text(self) -> str:
+        requests = self.runtime.log.requests(self.session.name)
+        return format_summary(f"session {self.session.name}", summarize(requests))
+
+    def last_request_id(self) -> int:
+        requests = self.runtime.log.requests(self.session.name)
+        return requests[-1].id if requests else 0
+
+    def perf_since(self, request_id: int) -> list[dict[str, Any]]:
+        """The perf records of the session's requests after ``request_id``."""
+        requests = [r for r in self.runtime.log.requests(self.session.name) if r.id > request_id]
+        return perf_records(self.session.name, requests)
+
+
+class SessionExists(LoopdError):
+    def __init__(self, name: str) -> None:
+        super().__init__(f"a session {name!r} exists already; /new takes a name not used yet")

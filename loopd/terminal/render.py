@@ -1,0 +1,235 @@
+"""What a turn looks like in a terminal, as text. Pure: the shell feeds it what happened (the
+engine's statuses, each tool call and its result, the turn's end) and writes what it returns.
+
+With ``Style.TERMINAL`` (stdout is a terminal) the answer appears as it is written; thinking is
+dimmed and folded into one line that ends as a one-line summary (``show_thinking``: written out
+whole, dimmed); each tool call gets a line with its name and short arguments, then one with the
+start of its result; while the turn waits or reads the prompt, one transient line says so, in the
+wording every surface uses (``loopd.chat.status.phase_words``). With ``Style.PLAIN`` (stdout is a
+file or a pipe) nothing is written during the turn and the answer is written whole at its end, so
+a script reading stdout gets the answers and nothing else.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from enum import Enum
+
+from loopd.chat.status import InLine, in_line_words, phase_words
+from loopd.engine.stream import Phase, Status
+from loopd.engine.turn import TurnOutcome
+
+DIM = "\x1b[2m"
+BOLD = "\x1b[1m"
+RESET = "\x1b[0m"
+CLEAR_LINE = "\r\x1b[2K"  # back to the line's start, and erase it
+
+_ARGUMENT_CHARS = 40  # each argument value of a tool call line, at most
+_ELLIPSIS = "…"
+
+
+class Style(Enum):
+    TERMINAL = "terminal"
+    PLAIN = "plain"
+
+
+@dataclass(frozen=True)
+class Shown:
+    """What to write when a turn ends: ``out`` to stdout, ``err`` (a failure's line) to stderr."""
+
+    out: str
+    err: str = ""
+
+
+def fit(text: str, width: int) -> str:
+    """``text`` on one line, cut to ``width`` characters with a mark when it was longer."""
+    flat = " ".join(text.split())
+    if len(flat) <= width:
+        return flat
+    return flat[: max(width - 1, 0)] + _ELLIPSIS
+
+
+def tail(text: str, width: int) -> str:
+    """The end of ``text`` on one line, at most ``width`` characters (a mark when cut)."""
+    flat = " ".join(text.split())
+    if len(flat) <= width:
+        return flat
+    return _ELLIPSIS + flat[len(flat) - max(width - 1, 0) :]
+
+
+def short_arguments(arguments: str, width: int) -> str:
+    """A tool call's JSON arguments as ``name=value, ...`` on one line (the raw text when they are
+    not a JSON object)."""
+    try:
+        parsed = json.loads(arguments)
+    except ValueError:
+        return fit(arguments, width)
+    if not isinstance(parsed, dict):
+        return fit(arguments, width)
+    parts = [
+        f"{key}={fit(json.dumps(value, ensure_ascii=False), _ARGUMENT_CHARS)}"
+        for key, value in parsed.items()
+    ]
+    return fit(", ".join(parts), width)
+
+
+def short_result(result: str, width: int) -> str:
+    """The first line of a tool's result, and how many lines followed."""
+    lines = [line for line in result.splitlines() if line.strip()]
+    if not lines:
+        return "(empty)"
+    more = f" (+{len(lines) - 1} lines)" if len(lines) > 1 else ""
+    return fit(lines[0], max(width - len(more), 10)) + more
+
+
+class TurnView:
+    """One turn's rendering; each method returns the text to write (possibly empty).
+
+    It keeps track of the screen: a transient line (a status, the folded thinking) is erased
+    before anything lasting is written, and a lasting line left open (an answer still being
+    written) is ended before a tool line or a status.
+    """
+
+    def __init__(self, style: Style, *, show_thinking: bool = False, width: int = 80) -> None:
+        self.style = style
+        self.show_thinking = show_thinking
+        self.width = max(width, 20)
+        self._transient = False  # a transient line is on screen
+        self._open = False  # the cursor is after lasting text, not at a line's start
+        self._answer = ""  # the current request's answer, as written so far
+        self._thought = ""  # the current request's thinking, as seen so far
+        self._thought_tokens = 0
+        self._thought_written = 0  # show_thinking: characters of it written
+
+    # -- during the turn ------------------------------------------------------------------------
+
+    def status(self, status: Status) -> str:
+        if self.style is Style.PLAIN:
+            return ""
+        match status.phase:
+            case Phase.THINKING:
+                return self._thinking(status)
+            case Phase.ANSWERING:
+                return self._answering(status.text)
+            case _:
+                return self._settle_thinking() + self._transient_line(phase_words(status))
+
+    def in_line(self, in_line: InLine) -> str:
+        """Waiting for the session's slot behind other sessions of this process."""
+        if self.style is Style.PLAIN or not in_line.ahead:
+            return ""
+        return self._transient_line(in_line_words(in_line))
+
+    def tool_started(self, name: str, arguments: str) -> str:
+        if self.style is Style.PLAIN:
+            return ""
+        room = self.width - len(name) - 4
+        line = f"{BOLD}• {name}{RESET}{DIM}({short_arguments(arguments, room)}){RESET}\n"
+        return self._settle_thinking() + self._lasting(line, own_line=True)
+
+    def tool_finished(self, result: str) -> str:
+        if self.style is Style.PLAIN:
+            return ""
+        # The next request's answer starts from nothing.
+        self._answer = ""
+        line = f"{DIM}  └ {short_result(result, self.width - 4)}{RESET}\n"
+        return self._lasting(line, own_line=True)
+
+    # -- the end ---------------------------------------------------------------------------------
+
+    def finished(self, outcome: TurnOutcome) -> Shown:
+        notices = "".join(f"[loopd] {notice}\n" for notice in outcome.notices)
+        err = f"loopd: {outcome.failure}\n" if outcome.failure is not None else ""
+        if self.style is Style.PLAIN:
+            if outcome.failure is not None:
+                return Shown(notices, err)
+            return Shown(notices + (outcome.answer or "(no answer)") + "\n")
+        out = self._settle_thinking() + self._clear()
+        if outcome.failure is None:
+            out += self._rest_of_answer(outcome.answer or "")
+            if not self._answer:
+                out += f"{DIM}(the model gave an empty answer){RESET}\n"
+        out += self._end_line()
+        if notices:
+            out += f"{DIM}{notices}{RESET}"
+        return Shown(out, err)
+
+    def stopped(self) -> str:
+        """The turn was cancelled (Ctrl-C)."""
+        if self.style is Style.PLAIN:
+            return ""
+        line = f"{DIM}[stopped: the turn was cancelled, and is recorded as stopped]{RESET}\n"
+        return self._settle_thinking() + self._clear() + self._end_line() + line
+
+    # -- pieces ----------------------------------------------------------------------------------
+
+    def _thinking(self, status: Status) -> str:
+        self._thought, self._thought_tokens = status.text, status.tokens or 0
+        if self.show_thinking:
+            new = self._thought[self._thought_written :]
+            if not new:
+                return ""
+            out = self._clear()
+            if self._thought_written == 0:
+                out += self._end_line()
+            self._thought_written = len(self._thought)
+            self._open = not new.endswith("\n")
+            return out + f"{DIM}{new}{RESET}"
+        head = f"thinking ({self._thought_tokens} tokens): "
+        return self._transient_line(head + tail(self._thought, self.width - len(head) - 1))
+
+    def _settle_thinking(self) -> str:
+        """The thinking of the request, once it is over: its one-line summary (folded), or the
+        end of its last line (whole)."""
+        if not self._thought:
+            return ""
+        tokens, thought = self._thought_tokens, self._thought
+        self._thought, self._thought_tokens, self._thought_written = "", 0, 0
+        if self.show_thinking:
+            return self._end_line()
+        head = f"thought for {tokens} tokens: "
+        line = f"{DIM}{head}{fit(thought, self.width - len(head) - 1)}{RESET}\n"
+        return self._lasting(line, own_line=True)
+
+    def _answering(self, text: str) -> str:
+        out = self._settle_thinking()
+        if not text.startswith(self._answer):
+            # Another request's answer (a tool round the view was not told of): a new line.
+            out += self._clear() + self._end_line()
+            self._answer = ""
+        return out + self._rest_of_answer(text)
+
+    def _rest_of_answer(self, text: str) -> str:
+        if text.startswith(self._answer):
+            new = text[len(self._answer) :]
+        else:  # the outcome's answer is not what streamed: write it whole, on its own line
+            new, self._answer = text, ""
+            if self._open:
+                new = "\n" + new
+        if not new:
+            return ""
+        self._answer = text
+        return self._lasting(new)
+
+    def _transient_line(self, words: str) -> str:
+        out = self._end_line() if not self._transient else ""
+        self._transient = True
+        return out + f"{CLEAR_LINE}{DIM}[{fit(words, self.width - 3)}]{RESET}"
+
+    def _lasting(self, text: str, *, own_line: bool = False) -> str:
+        out = self._clear() + (self._end_line() if own_line else "")
+        self._open = not text.endswith("\n")
+        return out + text
+
+    def _clear(self) -> str:
+        if not self._transient:
+            return ""
+        self._transient = False
+        return CLEAR_LINE
+
+    def _end_line(self) -> str:
+        if not self._open:
+            return ""
+        self._open = False
+        return "\n"

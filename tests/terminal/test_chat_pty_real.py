@@ -1,0 +1,120 @@
+"""``loopd chat`` in a real pseudo-terminal against the real llama-server: the answer is on screen
+while it is still being generated, Ctrl-C mid-turn frees the slot at once and the chat goes on
+(and the stopped turn is not answered when the chat starts again), arrow keys edit the line, and a
+pasted two-line message is one turn."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from loopd.sessionlog.records import EntryKind, RequestKind
+from loopd.turnstop import STOPPED
+from loopd_dev import devserver
+from tests.terminal.support import (
+    ANSWER_TEXT,
+    PROMPT,
+    array_digest,
+    content,
+    entries,
+    loopd_env,
+    matched,
+    of_kind,
+    quit_chat,
+    requests,
+    slot_busy,
+    spawn_chat,
+    split_array,
+    until,
+)
+from tests.test_cli import run_loopd
+
+pytestmark = pytest.mark.real_server
+
+MODEL = devserver.PLAIN_MODEL
+STORY = "Write a very long story about a dragon and a knight, with many chapters."
+
+
+def test_answer_streams_and_ctrl_c_stops_the_turn_only(
+    real_server: devserver.RunningServer, tmp_path: Path
+) -> None:
+    env = loopd_env(real_server.url, tmp_path, max_tokens="2000", temperature="0", think_cap="0")
+    chat = spawn_chat(env)
+    chat.expect_exact(PROMPT)
+    chat.send(STORY + "\r")
+
+    # The answer's first words are on screen...
+    chat.expect(ANSWER_TEXT % 30)
+    on_screen = matched(chat)
+    # ...while the turn is still under way: no answer in the log, the slot still generating.
+    assert of_kind(entries(tmp_path, "tty"), EntryKind.ASSISTANT) == []
+    assert slot_busy(real_server.url, MODEL), "the turn ended before the words were checked"
+
+    chat.sendintr()
+    chat.expect_exact("[stopped")
+    freed_in = until(lambda: not slot_busy(real_server.url, MODEL), "the slot to be free", 5.0)
+    chat.expect_exact(PROMPT)
+
+    log = entries(tmp_path, "tty")
+    cancelled, stop = of_kind(log, EntryKind.BROKEN)
+    assert content(cancelled).startswith(on_screen.strip()), (on_screen, content(cancelled))
+    assert stop.fields.reason is not None
+    assert stop.fields.reason.startswith(f"{STOPPED}@")  # what a thread's stop writes
+    assert freed_in < 2.0
+
+    # The chat goes on.
+    chat.send("Say hello.\r")
+    chat.expect_exact(PROMPT)
+    assert quit_chat(chat) == 0
+    assert len(of_kind(entries(tmp_path, "tty"), EntryKind.ASSISTANT)) == 1
+    turns_before_restart = len(requests(tmp_path, "tty"))
+
+    # Stopped again, now with nothing after it: a new start does not answer it.
+    chat = spawn_chat(env)
+    chat.expect_exact(PROMPT)
+    chat.send(STORY + "\r")
+    chat.expect(ANSWER_TEXT % 10)
+    chat.sendintr()
+    chat.expect_exact("[stopped")
+    chat.expect_exact(PROMPT)
+    assert quit_chat(chat) == 0
+    stopped_requests = requests(tmp_path, "tty")
+    assert len(stopped_requests) == turns_before_restart + 1
+
+    # The log export is exactly the messages the stopped request sent (nothing came after it).
+    export = run_loopd(["log", "export", "tty", "--format", "openai"], env)
+    assert export.returncode == 0, export.stderr
+    sent = stopped_requests[-1].record
+    assert array_digest(split_array(export.stdout)) == sent.messages_sha256
+    assert len(split_array(export.stdout)) == sent.message_count
+
+    chat = spawn_chat(env)
+    chat.expect_exact(PROMPT)  # the start is over: a pending turn would have run before this
+    assert len(requests(tmp_path, "tty")) == len(stopped_requests)
+    assert quit_chat(chat) == 0
+
+
+def test_arrow_keys_edit_the_line_and_a_paste_is_one_message(
+    real_server: devserver.RunningServer, tmp_path: Path
+) -> None:
+    env = loopd_env(real_server.url, tmp_path, max_tokens="16", temperature="0", think_cap="0")
+    chat = spawn_chat(env)
+    chat.expect_exact(PROMPT)
+    # "Say helo." then two steps left (before "o."), then the missing "l".
+    chat.send("Say helo.\x1b[D\x1b[Dl\r")
+    chat.expect_exact(PROMPT)
+    # A paste as a terminal sends it: between the bracketed-paste marks, a newline inside.
+    chat.send("\x1b[200~Name a colour.\nThen name a fruit.\x1b[201~")
+    chat.send("\r")
+    chat.expect_exact(PROMPT)
+    # Up arrow: the last one-line message from history, sent again.
+    chat.send("\x1b[A\x1b[A\r")
+    chat.expect_exact(PROMPT)
+    assert quit_chat(chat) == 0
+
+    users = [content(e) for e in of_kind(entries(tmp_path, "tty"), EntryKind.USER)]
+    assert users == ["Say hello.", "Name a colour.\nThen name a fruit.", "Say hello."]
+    kinds = [r.record.kind for r in requests(tmp_path, "tty")]
+    assert kinds == [RequestKind.TURN] * 3, "one turn per message, the paste included"
+    assert (tmp_path / "chat_history").read_text().splitlines() == ["Say hello.", "Say hello."]

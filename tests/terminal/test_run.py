@@ -1,0 +1,159 @@
+"""``loopd run "PROMPT"``: the answer on stdout, ``--json``, and each documented exit status; and
+``loopd log export --format openai`` byte for byte against what the last request sent."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from loopd.sessionlog.records import EntryKind
+from loopd.terminal.oneshot import EXIT_ANSWERED, EXIT_CANNOT, EXIT_NO_ANSWER, EXIT_STOPPED
+from loopd.turnstop import STOPPED
+from loopd_dev import devserver
+from loopd_dev.fakes.llama import Pace, ScriptedReply, ScriptedToolCall, Trigger
+from tests.terminal.support import (
+    LOOPD,
+    array_digest,
+    entries,
+    fake_env,
+    fake_llama,
+    loopd_env,
+    of_kind,
+    requests,
+    split_array,
+    until,
+)
+from tests.test_cli import run_loopd
+
+ANSWER = "Two files: a.txt and b.txt."
+
+
+def test_run_prints_the_answer_and_exits_0(tmp_path: Path) -> None:
+    with fake_llama() as server:
+        server.script(ScriptedReply(content=ANSWER))
+        result = run_loopd(
+            ["run", "What is here?", "--session", "s"],
+            fake_env(server, tmp_path),
+        )
+    assert result.returncode == EXIT_ANSWERED, result.stderr
+    assert result.stdout == ANSWER + "\n"
+    assert "Traceback" not in result.stderr
+
+
+def test_run_json_has_the_answer_the_tool_calls_and_the_perf_records(tmp_path: Path) -> None:
+    with fake_llama() as server:
+        server.script(
+            ScriptedReply(
+                reasoning="Look first.",
+                tool_calls=(ScriptedToolCall("list_dir", '{"path": "."}', "call_1"),),
+            ),
+            ScriptedReply(content=ANSWER),
+        )
+        result = run_loopd(["run", "What is here?", "--json"], fake_env(server, tmp_path))
+    assert result.returncode == EXIT_ANSWERED, result.stderr
+    record = json.loads(result.stdout)
+    assert record["ended"] == "answered"
+    assert record["answer"] == ANSWER
+    assert record["failure"] is None
+    assert record["session"].startswith("run-")  # a session of its own
+    [call] = record["tool_calls"]
+    assert (call["id"], call["name"], call["arguments"]) == ("call_1", "list_dir", '{"path": "."}')
+    assert "empty directory" in call["result"]
+    assert [p["kind"] for p in record["perf"]] == ["turn", "tool_followup"]
+    stored = requests(tmp_path, record["session"])
+    assert [p["request_id"] for p in record["perf"]] == [r.id for r in stored]
+    assert all(isinstance(p["prompt_n"], int) for p in record["perf"])
+
+
+def test_run_exits_1_when_the_turn_ends_without_an_answer(tmp_path: Path) -> None:
+    with fake_llama() as server:
+        server.script(ScriptedReply(content="This answer breaks off in the middle of it."))
+        server.faults(error_mid_stream=Trigger(after=3))
+        result = run_loopd(
+            ["run", "Hello?", "--session", "s", "--json"],
+            fake_env(server, tmp_path),
+        )
+    assert result.returncode == EXIT_NO_ANSWER, result.stderr
+    record = json.loads(result.stdout)
+    assert record["ended"] == "failed"
+    assert record["answer"] is None
+    assert "error" in record["failure"]
+    assert record["perf"][0]["outcome"] == "broken"
+
+
+def test_run_exits_2_with_one_line_when_it_cannot_run(tmp_path: Path) -> None:
+    unreachable = run_loopd(["run", "Hello?"], loopd_env("http://127.0.0.1:1", tmp_path))
+    assert unreachable.returncode == EXIT_CANNOT
+    assert len(unreachable.stderr.strip().splitlines()) == 1, unreachable.stderr
+    assert "127.0.0.1:1" in unreachable.stderr
+    empty = run_loopd(["run", "  "], loopd_env("http://127.0.0.1:1", tmp_path))
+    assert empty.returncode == EXIT_CANNOT
+    assert empty.stderr == (
+        "loopd: run: the prompt is empty; give the message to send (or - for stdin)\n"
+    )
+
+
+def test_run_reads_the_prompt_from_stdin(tmp_path: Path) -> None:
+    with fake_llama() as server:
+        server.script(ScriptedReply(content=ANSWER))
+        result = run_loopd(
+            ["run", "-", "--session", "s"],
+            fake_env(server, tmp_path),
+            stdin="A question\nover two lines.\n",
+        )
+    assert result.returncode == EXIT_ANSWERED, result.stderr
+    [user] = of_kind(entries(tmp_path, "s"), EntryKind.USER)
+    assert json.loads(user.message or "")["content"] == "A question\nover two lines."
+
+
+def test_ctrl_c_stops_the_run_records_the_stop_and_exits_130(tmp_path: Path) -> None:
+    with fake_llama(Pace(tokens_per_second=20)) as server:
+        server.script(ScriptedReply(content="word " * 400))
+        process = subprocess.Popen(
+            [*LOOPD, "run", "Talk for a while.", "--session", "s"],
+            env=fake_env(server, tmp_path),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        until(lambda: server.chat_requests() == 1, "the turn's request", 30)
+        process.send_signal(signal.SIGINT)
+        out, err = process.communicate(timeout=30)
+    assert process.returncode == EXIT_STOPPED, err
+    assert out == ""
+    # Logs are JSON lines on stderr here (not a terminal); the last line is the run's own.
+    assert err.splitlines()[-1] == "loopd: run: stopped (Ctrl-C); the turn is recorded as stopped"
+    stop = of_kind(entries(tmp_path, "s"), EntryKind.BROKEN)[-1]
+    assert (stop.fields.reason or "").startswith(f"{STOPPED}@")
+
+
+@pytest.mark.real_server
+def test_run_and_log_export_openai_on_the_real_server(
+    real_server: devserver.RunningServer, tmp_path: Path
+) -> None:
+    env = loopd_env(real_server.url, tmp_path, max_tokens="40", temperature="0", think_cap="0")
+    first = run_loopd(["run", "Say hello.", "--session", "real"], env)
+    assert first.returncode == EXIT_ANSWERED, first.stderr
+    assert first.stdout.strip()
+    second = run_loopd(["run", "Name a colour.", "--session", "real", "--json"], env)
+    assert second.returncode == EXIT_ANSWERED, second.stderr
+    record = json.loads(second.stdout)
+    assert record["ended"] == "answered"
+    assert record["tool_calls"] == []
+    [perf] = record["perf"]
+    assert perf["kind"] == "turn"
+    assert perf["cache_n"] > 0, "the second turn reuses the first's prompt"
+
+    export = run_loopd(["log", "export", "--format", "openai"], env)  # the last session
+    assert export.returncode == 0, export.stderr
+    messages = split_array(export.stdout)
+    last = requests(tmp_path, "real")[-1].record
+    # The array is the last request's messages byte for byte, then the answer it got.
+    assert array_digest(messages[: last.message_count]) == last.messages_sha256
+    answer = of_kind(entries(tmp_path, "real"), EntryKind.ASSISTANT)[-1]
+    assert messages[last.message_count :] == [answer.message]
+    assert json.loads(messages[-1])["content"] == record["answer"]
