@@ -20,6 +20,7 @@ from tests.contract.contract_kit import (
     chat_body,
     complete,
     cost,
+    hybrid_resume_point,
     is_processing,
     stream,
 )
@@ -155,8 +156,15 @@ async def test_m_per_token_predicted_n_counts_real_tokens(target: Target, record
         answer = await client.post_json(
             "/tokenize", {"model": endpoint.model, "content": result.assembler.content}, 30
         )
-    extra = result.timings.predicted_n - len(answer["tokens"])
-    assert extra in (0, 1), f"predicted_n {result.timings.predicted_n}, answer {answer}"
+    predicted = result.timings.predicted_n
+    if target.hybrid:
+        # The dummy vocabulary writes each token as its id in hex (1 or 2 characters) and reads
+        # text back in 5-byte pieces, so the answer cannot be tokenized back to a count.
+        length = len(result.assembler.content)
+        assert predicted <= length <= 2 * predicted, f"predicted_n {predicted}, {length} chars"
+    else:
+        extra = predicted - len(answer["tokens"])
+        assert extra in (0, 1), f"predicted_n {predicted}, answer {answer}"
     record(
         "m",
         target.kind,
@@ -189,7 +197,9 @@ async def test_k_control_call_ends_thinking_and_costs_one_turn(
         endpoint,
         messages,
         id_slot=slot,
-        max_tokens=48,
+        # The hybrid model writes 48 tokens in a few milliseconds, before a control call can
+        # arrive; it never ends its thinking or its answer by itself.
+        max_tokens=1000 if target.hybrid else 48,
         reasoning_control=True,
         timings_per_token=True,
     )
@@ -207,7 +217,8 @@ async def test_k_control_call_ends_thinking_and_costs_one_turn(
     messages += [capped.replay(), user("And plus one?")]
     following = await complete(endpoint, messages, id_slot=slot, max_tokens=4)
     prompt_before = capped.timings.cache_n + capped.timings.prompt_n
-    assert following.timings.cache_n >= prompt_before - 1, "more than the capped turn was re-read"
+    kept_at_least = hybrid_resume_point(capped) if target.hybrid else prompt_before - 1
+    assert following.timings.cache_n >= kept_at_least, "more than the capped turn was re-read"
     reread = carried_forward(capped) - following.timings.cache_n
     assert following.timings.prompt_n <= capped.timings.predicted_n + 40
     record(
