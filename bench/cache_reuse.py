@@ -94,6 +94,8 @@ class CacheRow:
     naive_prompt_n: int
     label: Label
     counted_matches_server: bool  # prompt_tokens == loopd's cache_n + prompt_n
+    # Tokens the server re-read from before the divergence: a hybrid model's checkpoint.
+    before_divergence: int = 0
 
     @property
     def over_ideal(self) -> int:
@@ -370,7 +372,15 @@ async def rows(
                     loopd_prompt_n=ours.prompt_n,
                     naive_cache_n=theirs.cache_n,
                     naive_prompt_n=theirs.prompt_n,
-                    label=label(index, found, capped, retokenized),
+                    label=label(
+                        index,
+                        found,
+                        capped,
+                        retokenized,
+                        text_kept=previous is not None and prompt.text.startswith(previous.text),
+                        before_divergence=found.shared - ours.cache_n,
+                    ),
+                    before_divergence=max(found.shared - ours.cache_n, 0) if index else 0,
                     counted_matches_server=len(prompt.tokens) == ours.cache_n + ours.prompt_n,
                 )
             )

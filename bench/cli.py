@@ -1,8 +1,11 @@
 """``python -m bench``: run every benchmark and write the report (what ``make bench`` does).
 
 Order: the micro-benchmarks first (they need no server and are the most sensitive to load), then
-the real llama-server is started once, on a Unix socket, with its three presets, for the cache
-(both thinking templates) and switching benchmarks. The report goes to
+the real llama-server is started once, on a Unix socket, with four presets, for the cache (both
+SmolLM2 thinking templates and the hybrid preset) and switching (the plain and the hybrid
+preset) benchmarks, logging at trace level so the hybrid's turns say what the server did. Then
+two benchmarks with routers of their own: pinning on a unified pool (``bench/pool.py``) and where
+a hybrid model's cache goes (``bench/hybrid.py``). The report goes to
 ``bench/results/<date>.md`` with a plot per template beside it.
 """
 
@@ -19,11 +22,12 @@ from pathlib import Path
 
 import anyio
 
-from bench import cache_reuse, overhead, parsers, switching
+from bench import cache_reuse, hybrid, overhead, parsers, pool, switching
 from bench.errors import BenchError
 from bench.machine import describe, load_average
 from bench.plot import prompt_n_plot
 from bench.report import Results, render
+from bench.serverlog import LogFollower
 from bench.sse_reference import REFERENCE_LIBRARY, library_parser, reference_parser
 from loopd_dev import devserver
 
@@ -31,9 +35,11 @@ log = logging.getLogger("bench")
 
 RESULTS = Path(__file__).resolve().parent / "results"
 # Twice the default context: the naive client's last prompts of the session run past 4k tokens.
-# Three presets at once: the plain one (thread switching) and the two thinking templates (cache).
-LAYOUT = devserver.ServerLayout(ctx_size=16384, models_max=3)
-CACHE_PRESETS = (devserver.THINKING_MODEL, devserver.EVERY_TURN_MODEL)
+# Four presets at once: the plain one (thread switching), the two thinking templates (cache) and
+# the hybrid one (both).
+LAYOUT = devserver.ServerLayout(ctx_size=16384, models_max=4)
+CACHE_PRESETS = (devserver.THINKING_MODEL, devserver.EVERY_TURN_MODEL, devserver.HYBRID_MODEL)
+SWITCHING_PRESETS = (devserver.PLAIN_MODEL, devserver.HYBRID_MODEL)
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -114,21 +120,29 @@ def _with_server(results: Results, args: argparse.Namespace) -> Results:
             socket_path=work / "llama.sock",
             load=(devserver.PLAIN_MODEL, *CACHE_PRESETS),
             layout=LAYOUT,
+            extra_args=("-lv", "4"),
         )
         try:
-            caches, samples = anyio.run(_server_benchmarks, server.url, work)
+            caches, samples = anyio.run(
+                _server_benchmarks, server.url, work, LogFollower(server.log_path)
+            )
         finally:
             server.stop()
+        log.info("pinning on a unified pool (a router of its own)")
+        pool_layouts, pool_requests = pool.run(work / "pool", args.cache_dir)
+        log.info("where a hybrid model's cache goes (a router of its own)")
+        hybrid_rows = hybrid.run(work / "hybrid", args.cache_dir)
     plot_files = []
     for cache in caches:
         plot_file = f"{results.date}-prompt-n-{cache.settings.model}.png"
         prompt_n_plot(cache.rows, args.out / plot_file, cache.settings.model)
         plot_files.append(plot_file)
+    plain = [s for s in samples if s.model == devserver.PLAIN_MODEL]
     cpu = [
         overhead.cpu_share(
             "plain preset, whole turns (switching benchmark)",
-            [s.cpu_s for s in samples],
-            [s.wall_s for s in samples],
+            [s.cpu_s for s in plain],
+            [s.wall_s for s in plain],
         ),
         overhead.cpu_share(
             "thinking presets, the model's answers (cache benchmark)",
@@ -137,33 +151,50 @@ def _with_server(results: Results, args: argparse.Namespace) -> Results:
             [s.predicted_n for cache in caches for s in cache.loopd_model_steps],
         ),
     ]
+    hybrid_layout = devserver.SlotLayout()
     server_text = (
         f"llama.cpp build {devserver.LLAMA_BUILD} `llama-server` in router mode on a Unix "
-        f"socket, {devserver.MODEL_FILE} on the CPU, presets `{devserver.PLAIN_MODEL}`, "
-        f"`{devserver.THINKING_MODEL}` and `{devserver.EVERY_TURN_MODEL}`, "
-        f"{LAYOUT.parallel} slots of {LAYOUT.ctx_size // LAYOUT.parallel:,} tokens each, "
-        f"host prompt cache {LAYOUT.cache_ram_mib} MiB, {LAYOUT.threads} threads"
+        f"socket (trace log, `-lv 4`), on the CPU: {devserver.MODEL_FILE} as presets "
+        f"`{devserver.PLAIN_MODEL}`, `{devserver.THINKING_MODEL}` and "
+        f"`{devserver.EVERY_TURN_MODEL}`, {LAYOUT.parallel} slots of "
+        f"{LAYOUT.ctx_size // LAYOUT.parallel:,} tokens each; {devserver.HYBRID_MODEL_FILE} as "
+        f"`{devserver.HYBRID_MODEL}`, {hybrid_layout.parallel} slots on one unified "
+        f"{hybrid_layout.ctx_size:,}-token pool; host prompt cache {LAYOUT.cache_ram_mib} MiB, "
+        f"{LAYOUT.threads} threads"
     )
     return replace(
         results,
         server=server_text,
         caches=caches,
         switching=switching.summarize(samples),
+        switching_turns=[s for s in samples if s.model == devserver.HYBRID_MODEL],
         cpu=cpu,
         plot_files=plot_files,
+        pool_layouts=pool_layouts,
+        pool=pool_requests,
+        hybrid=hybrid_rows,
     )
 
 
 async def _server_benchmarks(
-    url: str, work: Path
+    url: str, work: Path, server_log: LogFollower
 ) -> tuple[list[cache_reuse.CacheResult], list[switching.TurnSample]]:
     caches = []
     for model in CACHE_PRESETS:
         log.info("cache reuse on %s: the scripted session through loopd, then naive", model)
         settings = cache_reuse.SessionSettings(model=model)
         caches.append(await cache_reuse.run(url, work / f"cache-{model}", settings))
-    log.info("thread switching")
-    samples = await switching.run(url, work / "switching")
+    samples = []
+    for model in SWITCHING_PRESETS:
+        log.info("thread switching on %s", model)
+        hybrid_preset = model == devserver.HYBRID_MODEL
+        samples += await switching.run(
+            url,
+            work / f"switching-{model}",
+            model=model,
+            server_log=server_log if hybrid_preset else None,
+            hybrid=hybrid_preset,
+        )
     return caches, samples
 
 

@@ -35,6 +35,12 @@ class Label(StrEnum):
     TEMPLATE_REWRITE = "template drops reasoning"
     CAPPED = "after a capped reply"
     RETOKENIZED = "reply tokenized anew"
+    # The template kept the previous prompt's text, but its last tokens came out differently
+    # once text followed (the hybrid preset's dummy tokenizer cuts text into 5-byte pieces).
+    TAIL_TOKENIZED = "prompt's last piece tokenized anew"
+    # The prompt diverged inside what the server held, and a hybrid model's server could only
+    # go back to a checkpoint before that point (docs/production-shape.md).
+    CHECKPOINT = "resumed at a checkpoint"
 
 
 def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
@@ -50,6 +56,7 @@ class Ideal:
     new_tokens: int
     shared: int  # tokens of this prompt the server holds from the previous request
     rewritten: bool  # the template changed text the previous request had sent
+    shared_previous: int = 0  # the previous prompt's length in tokens (0 for the first)
 
 
 def ideal(
@@ -70,7 +77,7 @@ def ideal(
     rewritten = shared < len(previous) or not reply_rendered
     if not rewritten:
         shared = min(len(current), shared + carried_reply)
-    return Ideal(len(current) - shared, shared, rewritten)
+    return Ideal(len(current) - shared, shared, rewritten, len(previous))
 
 
 def reply_tokenized_anew(previous_tokens: int, carried_reply: int, server_cache_n: int) -> bool:
@@ -85,15 +92,30 @@ def reply_tokenized_anew(previous_tokens: int, carried_reply: int, server_cache_
     return carried_reply > 0 and previous_tokens <= server_cache_n < previous_tokens + carried_reply
 
 
-def label(index: int, found: Ideal, previous_capped: bool, retokenized: bool = False) -> Label:
+def label(
+    index: int,
+    found: Ideal,
+    previous_capped: bool,
+    retokenized: bool = False,
+    *,
+    text_kept: bool = False,
+    before_divergence: int = 0,
+) -> Label:
+    """The request's cause, the most certain first. ``text_kept``: the previous prompt's text
+    is a prefix of this one's, so a divergence inside it is the tokenizer's, not the template's;
+    ``before_divergence``: tokens the server re-read before the divergence (a checkpoint)."""
     if index == 0:
         return Label.FIRST
     if previous_capped:
         return Label.CAPPED
+    if found.rewritten and text_kept and found.shared < found.shared_previous:
+        return Label.TAIL_TOKENIZED
     if found.rewritten:
         return Label.TEMPLATE_REWRITE
     if retokenized:
         return Label.RETOKENIZED
+    if before_divergence > TOLERANCE:
+        return Label.CHECKPOINT
     return Label.NONE
 
 
