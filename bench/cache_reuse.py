@@ -31,6 +31,7 @@ from bench.ideal import (
     label,
     reply_rendered,
     reply_tokenized_anew,
+    resumed_before_divergence,
 )
 from bench.naive import NaiveHarness
 from bench.script import SCRIPT, SYSTEM_TEXT, TOOLS, ScriptedCall, UserTurn
@@ -360,6 +361,11 @@ async def rows(
             retokenized = previous is not None and reply_tokenized_anew(
                 len(previous.tokens), carried, ours.cache_n
             )
+            before_divergence = (
+                resumed_before_divergence(found, len(previous.tokens), retokenized, ours.cache_n)
+                if previous is not None
+                else 0
+            )
             table.append(
                 CacheRow(
                     index=index + 1,
@@ -378,9 +384,9 @@ async def rows(
                         capped,
                         retokenized,
                         text_kept=previous is not None and prompt.text.startswith(previous.text),
-                        before_divergence=found.shared - ours.cache_n,
+                        before_divergence=before_divergence,
                     ),
-                    before_divergence=max(found.shared - ours.cache_n, 0) if index else 0,
+                    before_divergence=before_divergence,
                     counted_matches_server=len(prompt.tokens) == ours.cache_n + ours.prompt_n,
                 )
             )

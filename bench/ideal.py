@@ -23,6 +23,10 @@ import httpx
 
 from bench.errors import BenchError
 
+# A hybrid model's server resumes a prompt that diverged inside what the slot holds at its
+# checkpoint this many tokens before the end of the previous prompt (docs/production-shape.md).
+CHECKPOINT_BEFORE_END = 4
+
 # loopd's target: prompt_n within this many tokens of the ideal on unlabelled requests. The
 # server always re-evaluates the last token it generated (it was sampled, never decoded), and
 # a reply cut short gets an end-of-turn marker from the template that the model never wrote.
@@ -84,12 +88,25 @@ def reply_tokenized_anew(previous_tokens: int, carried_reply: int, server_cache_
     """The server kept the previous prompt but not all of the reply generated after it.
 
     A reply replayed byte for byte renders as the same text, but its tokens as generated can
-    differ from that text tokenized again (whitespace generated as two tokens tokenizes as one):
+    differ from that text tokenized again (whitespace generated as two tokens tokenizes as one;
+    the hybrid preset's dummy tokenizer writes tokens as hex that tokenizes to other tokens):
     the server then re-reads the reply from there, which no client that sends text avoids. Seen
-    from the server's ``cache_n`` landing inside the reply; a client that changed its prompt
-    diverges before the reply, which this does not cover.
+    from the server's ``cache_n`` landing inside the reply, or, on a hybrid model, at its
+    checkpoint just before the reply; a client that changed its prompt diverges before the
+    reply, which this does not cover.
     """
-    return carried_reply > 0 and previous_tokens <= server_cache_n < previous_tokens + carried_reply
+    low = previous_tokens - CHECKPOINT_BEFORE_END
+    return carried_reply > 0 and low <= server_cache_n < previous_tokens + carried_reply
+
+
+def resumed_before_divergence(
+    found: Ideal, previous_tokens: int, retokenized: bool, server_cache_n: int
+) -> int:
+    """Tokens the server read again from before the point where the prompt diverged from what
+    it held: a hybrid model's checkpoint. The divergence is the ideal's shared prefix, or, when
+    the reply was tokenized anew, at least the previous prompt's end."""
+    divergence = previous_tokens if retokenized and not found.rewritten else found.shared
+    return max(divergence - server_cache_n, 0)
 
 
 def label(

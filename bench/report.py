@@ -310,7 +310,12 @@ def _cache_section(cache: CacheResult, plot_file: str | None, *, first: bool) ->
             "reasoning); *reply tokenized anew* (the server kept the previous prompt but only part "
             "of the model's reply: replayed byte for byte, the reply's text tokenizes differently "
             "from the tokens the model generated, for example whitespace generated as two tokens "
-            "that tokenizes as one; no client that sends text avoids it).",
+            "that tokenizes as one; no client that sends text avoids it); *prompt's last piece "
+            "tokenized anew* (the previous prompt's text is still there, but its last token came "
+            "out differently once text followed: the hybrid preset's dummy tokenizer cuts text "
+            "into 5-byte pieces); *resumed at a checkpoint* (the hybrid model's server went back "
+            "to the checkpoint 4 tokens before the previous prompt's end, before the point where "
+            "the prompt diverged; shown after another label as *resumed N tokens earlier*).",
         ]
     else:
         lines += ["- The same script, scripted replies, ideal and labels as above."]
@@ -388,8 +393,15 @@ def _cache_cells(row: CacheRow) -> list[object]:
         over,
         f"{row.naive_cache_n:,}",
         f"{row.naive_prompt_n:,}",
-        row.label.value,
+        _why(row),
     ]
+
+
+def _why(row: CacheRow) -> str:
+    """The row's label, and a checkpoint resume on top of another cause."""
+    if row.label in (Label.CHECKPOINT, Label.NONE) or row.before_divergence <= TOLERANCE:
+        return row.label.value
+    return f"{row.label.value}; resumed {row.before_divergence} tokens earlier, at a checkpoint"
 
 
 def _cost_section(r: Results) -> list[str]:

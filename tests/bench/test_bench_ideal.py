@@ -11,6 +11,7 @@ from bench.ideal import (
     label,
     reply_rendered,
     reply_tokenized_anew,
+    resumed_before_divergence,
 )
 from loopd.engine.client import InferenceClient, make_async_client
 from loopd.engine.request import RequestSettings, Sampling, build_body
@@ -105,3 +106,15 @@ async def test_counted_tokens_match_what_the_server_processed() -> None:
     assert timings is not None
     assert len(prompt.tokens) == timings.cache_n + timings.prompt_n
     assert "Hi there" in prompt.text
+
+
+def test_a_hybrid_model_resumes_a_reply_tokenized_anew_at_its_checkpoint() -> None:
+    """The previous prompt was 100 tokens and the model generated 30: a pure transformer keeps
+    the prompt and part of the reply, a hybrid one goes back to 4 tokens before the prompt's end."""
+    assert reply_tokenized_anew(100, 30, 110)
+    assert reply_tokenized_anew(100, 30, 96)
+    assert not reply_tokenized_anew(100, 30, 0)  # a cold cache is not the reply's doing
+    assert not reply_tokenized_anew(100, 0, 96)  # a scripted reply was never generated
+    found = ideal(list(range(140)), list(range(100)), carried_reply=30)
+    assert resumed_before_divergence(found, 100, True, 96) == 4
+    assert resumed_before_divergence(found, 100, False, 96) == 34
