@@ -127,7 +127,7 @@ async def test_d_unified_pool_pinned_and_unpinned_sessions(pool: Pool, record: R
     held, pinned = await two_requests_with_another_between(
         pool, f"{tag}-pinned", 0, other_session, 1
     )
-    long_prompt = opening(f"{tag}-client", words=300)
+    long_prompt = opening(f"{tag}-client", words=80)
     held_l, pinned_l = await two_requests_with_another_between(
         pool, f"{tag}-pinned-long", 0, long_prompt, 3
     )
@@ -135,7 +135,7 @@ async def test_d_unified_pool_pinned_and_unpinned_sessions(pool: Pool, record: R
         pool, f"{tag}-unpinned", -1, opening(f"{tag}-other-u"), -1
     )
     held_ul, unpinned_l = await two_requests_with_another_between(
-        pool, f"{tag}-unpinned-long", -1, opening(f"{tag}-client-u", words=300), -1
+        pool, f"{tag}-unpinned-long", -1, opening(f"{tag}-client-u", words=80), -1
     )
 
     def kept(held_tokens: int, cache_n: int) -> bool:

@@ -47,12 +47,14 @@ FINDINGS = (
     Finding(
         "d-pin",
         "(d) two sessions, two slots",
-        "A session always uses the same slot.",
+        "Slots of their own keep a pinned session's cache; production's unified pool does not, "
+        "so loopd does not pin (docs/production-shape.md).",
     ),
     Finding(
         "d-evict",
         "(d) eviction and the host prompt cache",
-        "Threads may share a slot; moving a session to another slot costs a full re-read.",
+        "A session pushed out comes back from the host cache; a pinned one only on its own "
+        "slot, an unpinned one wherever the server places it.",
     ),
     Finding(
         "d-unified",
