@@ -55,6 +55,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--offline", action="store_true", help="only the benchmarks that need no server"
     )
+    parser.add_argument(
+        "--production-shape",
+        action="store_true",
+        help="of the server benchmarks, only those about production's shape: the hybrid "
+        "preset's cache reuse and switching, pinning on a unified pool, the hybrid model's losses",
+    )
     args = parser.parse_args(argv)
     if args.repeats < 1:
         parser.error("--repeats must be at least 1")
@@ -111,6 +117,9 @@ def run(args: argparse.Namespace) -> Path:
 
 
 def _with_server(results: Results, args: argparse.Namespace) -> Results:
+    shape_only = args.production_shape
+    cache_presets = (devserver.HYBRID_MODEL,) if shape_only else CACHE_PRESETS
+    switching_presets = (devserver.HYBRID_MODEL,) if shape_only else SWITCHING_PRESETS
     with tempfile.TemporaryDirectory(prefix="bench-") as tmp:
         work = Path(tmp)
         log.info("starting llama-server (build %d)", devserver.LLAMA_BUILD)
@@ -118,13 +127,18 @@ def _with_server(results: Results, args: argparse.Namespace) -> Results:
             work / "server",
             args.cache_dir,
             socket_path=work / "llama.sock",
-            load=(devserver.PLAIN_MODEL, *CACHE_PRESETS),
+            load=tuple(dict.fromkeys((*switching_presets, *cache_presets))),
             layout=LAYOUT,
             extra_args=("-lv", "4"),
         )
         try:
             caches, samples = anyio.run(
-                _server_benchmarks, server.url, work, LogFollower(server.log_path)
+                _server_benchmarks,
+                server.url,
+                work,
+                LogFollower(server.log_path),
+                cache_presets,
+                switching_presets,
             )
         finally:
             server.stop()
@@ -138,29 +152,40 @@ def _with_server(results: Results, args: argparse.Namespace) -> Results:
         prompt_n_plot(cache.rows, args.out / plot_file, cache.settings.model)
         plot_files.append(plot_file)
     plain = [s for s in samples if s.model == devserver.PLAIN_MODEL]
-    cpu = [
-        overhead.cpu_share(
-            "plain preset, whole turns (switching benchmark)",
-            [s.cpu_s for s in plain],
-            [s.wall_s for s in plain],
-        ),
-        overhead.cpu_share(
-            "thinking presets, the model's answers (cache benchmark)",
-            [s.cpu_s for cache in caches for s in cache.loopd_model_steps],
-            [s.wall_s for cache in caches for s in cache.loopd_model_steps],
-            [s.predicted_n for cache in caches for s in cache.loopd_model_steps],
-        ),
+    thinking = [
+        s for c in caches if c.settings.model != devserver.HYBRID_MODEL for s in c.loopd_model_steps
     ]
+    cpu = []
+    if plain:
+        cpu.append(
+            overhead.cpu_share(
+                "plain preset, whole turns (switching benchmark)",
+                [s.cpu_s for s in plain],
+                [s.wall_s for s in plain],
+            )
+        )
+    if thinking:
+        cpu.append(
+            overhead.cpu_share(
+                "thinking presets, the model's answers (cache benchmark)",
+                [s.cpu_s for s in thinking],
+                [s.wall_s for s in thinking],
+                [s.predicted_n for s in thinking],
+            )
+        )
     hybrid_layout = devserver.SlotLayout()
+    smollm2 = (
+        f"{devserver.MODEL_FILE} as presets `{devserver.PLAIN_MODEL}`, "
+        f"`{devserver.THINKING_MODEL}` and `{devserver.EVERY_TURN_MODEL}`, {LAYOUT.parallel} "
+        f"slots of {LAYOUT.ctx_size // LAYOUT.parallel:,} tokens each; "
+    )
     server_text = (
         f"llama.cpp build {devserver.LLAMA_BUILD} `llama-server` in router mode on a Unix "
-        f"socket (trace log, `-lv 4`), on the CPU: {devserver.MODEL_FILE} as presets "
-        f"`{devserver.PLAIN_MODEL}`, `{devserver.THINKING_MODEL}` and "
-        f"`{devserver.EVERY_TURN_MODEL}`, {LAYOUT.parallel} slots of "
-        f"{LAYOUT.ctx_size // LAYOUT.parallel:,} tokens each; {devserver.HYBRID_MODEL_FILE} as "
-        f"`{devserver.HYBRID_MODEL}`, {hybrid_layout.parallel} slots on one unified "
-        f"{hybrid_layout.ctx_size:,}-token pool; host prompt cache {LAYOUT.cache_ram_mib} MiB, "
-        f"{LAYOUT.threads} threads"
+        f"socket (trace log, `-lv 4`), on the CPU: {'' if shape_only else smollm2}"
+        f"{devserver.HYBRID_MODEL_FILE} as `{devserver.HYBRID_MODEL}`, "
+        f"{hybrid_layout.parallel} slots on one unified {hybrid_layout.ctx_size:,}-token pool; "
+        f"host prompt cache {LAYOUT.cache_ram_mib} MiB, {LAYOUT.threads} threads"
+        + (" (`--production-shape`: only the production shape's benchmarks)" if shape_only else "")
     )
     return replace(
         results,
@@ -177,15 +202,19 @@ def _with_server(results: Results, args: argparse.Namespace) -> Results:
 
 
 async def _server_benchmarks(
-    url: str, work: Path, server_log: LogFollower
+    url: str,
+    work: Path,
+    server_log: LogFollower,
+    cache_presets: tuple[str, ...] = CACHE_PRESETS,
+    switching_presets: tuple[str, ...] = SWITCHING_PRESETS,
 ) -> tuple[list[cache_reuse.CacheResult], list[switching.TurnSample]]:
     caches = []
-    for model in CACHE_PRESETS:
+    for model in cache_presets:
         log.info("cache reuse on %s: the scripted session through loopd, then naive", model)
         settings = cache_reuse.SessionSettings(model=model)
         caches.append(await cache_reuse.run(url, work / f"cache-{model}", settings))
     samples = []
-    for model in SWITCHING_PRESETS:
+    for model in switching_presets:
         log.info("thread switching on %s", model)
         hybrid_preset = model == devserver.HYBRID_MODEL
         samples += await switching.run(

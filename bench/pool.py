@@ -42,6 +42,9 @@ log = logging.getLogger("bench.pool")
 SLOTS = 4
 ROUNDS = 3
 SESSION_COUNTS = (2, 4, 6)
+# Words of each session's first message and of another client's long prompt. SmolLM2 gets
+# fewer: on a loaded 2-core machine it reads 5 to 40 tokens a second, the hybrid thousands.
+WORDS = {"hybrid": (60, 400), "dense": (30, 100)}
 # Cache reuse within this many tokens of what the session left in the server counts as kept.
 TOLERANCE = 2
 # A hybrid model resumes at the checkpoint 4 tokens before the end of the previous prompt when
@@ -412,7 +415,8 @@ def run(
             runner = PoolRunner(client, LogFollower(server.log_path))
             requests: list[PoolRequest] = []
             for layout in layouts:
-                requests += run_layout(runner, layout, counts)
+                words, other_words = WORDS[layout.model]
+                requests += run_layout(runner, layout, counts, words, other_words)
     finally:
         server.stop()
     return layouts, requests
