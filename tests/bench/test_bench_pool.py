@@ -5,6 +5,7 @@ from __future__ import annotations
 from bench import hybrid, pool
 from bench.report import render
 from bench.serverlog import ServerSteps
+from bench.switching import TurnSample
 from tests.bench.results_support import results
 
 PINNED = "pinned, own slots"
@@ -118,3 +119,27 @@ def test_the_report_has_the_pool_and_hybrid_sections() -> None:
     assert "Four sessions on `pool-qwen35moe-unified`" in text
     assert "## Where a hybrid model's cache goes" in text
     assert "| hybrid | scripted | 2 | 56 | 32 | 31 | 28 | 28 | checkpoint |" in text
+
+
+def test_the_hybrid_switching_turns_show_loopds_cause_and_the_servers() -> None:
+    turn = TurnSample(
+        "qwen35moe",
+        2,
+        "s1",
+        2,
+        True,
+        96,
+        30,
+        4,
+        0.1,
+        0.2,
+        0.01,
+        loopd_cause="unexplained",
+        server_says="restored from the host prompt cache; resumed at the checkpoint at 96",
+    )
+    text = render(results(switching_turns=[turn]))
+    assert "Every turn on the hybrid preset" in text
+    assert (
+        "| 2 | s1 | 2 | 96 | 4 | unexplained | restored from the host prompt cache; "
+        "resumed at the checkpoint at 96 |" in text
+    )
