@@ -10,13 +10,17 @@ measured, and the slot then holds exactly that prompt), in three ways of choosin
 - *unpinned*: ``id_slot`` -1, the server picks the slot (by prompt similarity, else the least
   recently used one, restoring from the host cache);
 
-and a fourth scenario, *another client's long prompt*: one session, pinned to slot 0 or
-unpinned, and between its turns another client's long, unrelated prompt (pinned to slot 3, or
-unpinned).
+the same three ways with four *young sessions sharing a system text* (their prompts begin with
+the same system text, as loopd's share their system text and tools, and their own part is still
+shorter than it); and a fourth scenario, *another client's long prompt*: one session, pinned to
+slot 0 or unpinned, and between its turns another client's long, unrelated prompt (pinned to
+slot 3, or unpinned).
 
-Each runs on six server layouts: the dense SmolLM2 and the hybrid ``qwen35moe``, each on a
+Each runs on eight server layouts: the dense SmolLM2 and the hybrid ``qwen35moe``, each on a
 unified pool as the server starts by default (``--kv-unified``, ``--cache-idle-slots`` on), on a
-unified pool with ``--no-cache-idle-slots``, and on four slots of their own (no ``--kv-unified``).
+unified pool with ``--no-cache-idle-slots``, on one with ``--slot-prompt-similarity 0`` (the
+server always takes the least recently used slot and consults the host cache), and on four slots
+of their own (no ``--kv-unified``).
 The server runs with ``-lv 4``; every request's cause is read from what the server logged for it
 (``bench/serverlog.py``): which path chose the slot, whether the host cache restored a prompt,
 which checkpoint a hybrid model resumed from, which idle slots a launch cleared.
@@ -45,6 +49,12 @@ SESSION_COUNTS = (2, 4, 6)
 # Words of each session's first message and of another client's long prompt. SmolLM2 gets
 # fewer: on a loaded 2-core machine it reads 5 to 40 tokens a second, the hybrid thousands.
 WORDS = {"hybrid": (60, 400), "dense": (30, 100)}
+# The *shared system text* scenarios: four young sessions whose prompts begin with the same
+# system text (as loopd's sessions share their system text and tools) and whose own part is
+# still shorter than it.
+SHARED = ", shared system text"
+SHARED_WORDS = {"hybrid": 150, "dense": 80}
+OWN_WORDS = {"hybrid": 40, "dense": 20}
 # Cache reuse within this many tokens of what the session left in the server counts as kept.
 TOLERANCE = 2
 # A hybrid model resumes at the checkpoint 4 tokens before the end of the previous prompt when
@@ -68,11 +78,12 @@ class Layout:
 
 
 def layouts_and_presets(prov: devserver.Provisioned) -> list[tuple[Layout, devserver.Preset]]:
-    """The six layouts as router presets. Both models use ChatML (no thinking): the replies are
+    """The eight layouts as router presets. Both models use ChatML (no thinking): the replies are
     scripted, so only what the server keeps is measured. SmolLM2's pool is smaller (its KV cache
     takes about 23 KB a token; the hybrid's, with one attention layer, about 1 KB)."""
     chatml = (("chat-template", "chatml"),)
     no_idle = (("cache-idle-slots", "false"),)
+    no_sim = (("slot-prompt-similarity", "0"),)
     out: list[tuple[Layout, devserver.Preset]] = []
     for model, label, pool in (("hybrid", "qwen35moe", 16384), ("dense", "smollm2", 8192)):
         unified = devserver.SlotLayout(ctx_size=pool, parallel=SLOTS, kv_unified=True)
@@ -80,6 +91,7 @@ def layouts_and_presets(prov: devserver.Provisioned) -> list[tuple[Layout, devse
         for suffix, flags, layout, extra, default in (
             ("unified", "--kv-unified (idle slots cached and cleared)", unified, (), True),
             ("unified-keep", "--kv-unified --no-cache-idle-slots", unified, no_idle, False),
+            ("unified-lru", "--kv-unified --slot-prompt-similarity 0", unified, no_sim, False),
             ("split", "-np 4, no --kv-unified", split, (), False),
         ):
             name = f"pool-{label}-{suffix}"
@@ -123,9 +135,12 @@ class PoolRequest:
         return self.held > 0 and not self.kept and not self.to_checkpoint
 
 
-def explain(steps: ServerSteps, held: int, cache_n: int, hybrid: bool) -> str:
+def explain(
+    steps: ServerSteps, held: int, cache_n: int, hybrid: bool, other_in_slot: bool = False
+) -> str:
     """Why this request reused ``cache_n`` of the ``held`` tokens its session left, from what the
-    server logged. Every loss gets a cause; "unreadable" only when the log did not say."""
+    server logged. Every loss gets a cause; "unreadable" only when the log did not say.
+    ``other_in_slot``: the slot that ran it last held another session's prompt."""
     if held == 0:
         return "first request"
     if not steps.readable:
@@ -136,6 +151,11 @@ def explain(steps: ServerSteps, held: int, cache_n: int, hybrid: bool) -> str:
         where = (
             "pinned slot empty: cleared when a task launched on another slot "
             "(--cache-idle-slots on a unified pool); a pinned request gets no restore"
+        )
+    elif other_in_slot and not steps.cache_updated:
+        where = (
+            "slot held another session's prompt sharing the system text: the server kept that "
+            "shared part (half or more of the slot) and did not look in the host cache"
         )
     elif cache_n > TOLERANCE:
         where = "kept in its slot"
@@ -201,6 +221,23 @@ def document(tag: str, words: int) -> str:
     return f"Report {tag}: " + " ".join(rng.choice(_WORDS) for _ in range(words)) + "."
 
 
+class SlotOwners:
+    """Whose prompt each slot holds, from the server's log: the session that ran there last,
+    until a launch clears the slot."""
+
+    def __init__(self) -> None:
+        self.owner: dict[int, str] = {}
+
+    def other_than(self, steps: ServerSteps, session: str) -> bool:
+        """Did the slot that ran this request hold another session's prompt? Then record it."""
+        before = None if steps.pinned_slot_empty else self.owner.get(steps.slot or 0)
+        for slot in (*steps.cleared, *steps.purged):
+            self.owner.pop(slot, None)
+        if steps.slot is not None:
+            self.owner[steps.slot] = session
+        return before is not None and before != session
+
+
 def turns(
     runner: PoolRunner,
     layout: Layout,
@@ -208,18 +245,23 @@ def turns(
     count: int,
     slot_of: Callable[[int], int],
     words: int,
+    system: str | None = None,
 ) -> list[PoolRequest]:
-    """``count`` sessions taking turns for ``ROUNDS`` rounds, each pinned as ``slot_of`` says."""
+    """``count`` sessions taking turns for ``ROUNDS`` rounds, each pinned as ``slot_of`` says;
+    with ``system``, every session's prompt begins with that same system text."""
     tag = f"{layout.name}/{scenario}/{count}"
+    shared = [{"role": "system", "content": system}] if system else []
     conversations = [
-        [{"role": "user", "content": document(f"{tag}/{i}", words) + " Summarise it."}]
+        [*shared, {"role": "user", "content": document(f"{tag}/{i}", words) + " Summarise it."}]
         for i in range(count)
     ]
     held = [0] * count
+    owners = SlotOwners()
     out = []
     for round_number in range(1, ROUNDS + 1):
         for i, messages in enumerate(conversations):
             cache_n, prompt_n, steps = runner.send(layout.name, messages, slot_of(i))
+            other = owners.other_than(steps, f"S{i}")
             out.append(
                 PoolRequest(
                     layout=layout.name,
@@ -232,7 +274,7 @@ def turns(
                     held=held[i],
                     cache_n=cache_n,
                     prompt_n=prompt_n,
-                    cause=explain(steps, held[i], cache_n, layout.model == "hybrid"),
+                    cause=explain(steps, held[i], cache_n, layout.model == "hybrid", other),
                     checkpoint=steps.checkpoint,
                 )
             )
@@ -330,6 +372,10 @@ def run_layout(
     for scenario, slot_of in SCENARIOS.items():
         for count in counts:
             out += turns(runner, layout, scenario, count, slot_of, words)
+    system = "You are loopd. " + document("system text and tools", SHARED_WORDS[layout.model])
+    for scenario, slot_of in SCENARIOS.items():
+        shared = f"{scenario}{SHARED}"
+        out += turns(runner, layout, shared, SLOTS, slot_of, OWN_WORDS[layout.model], system)
     for session_slot, other_slot in ((0, SLOTS - 1), (-1, -1)):
         out += long_prompts(runner, layout, session_slot, other_slot, words, other_words)
     log.info("pool: %s done, %d requests", layout.name, len(out))
@@ -391,7 +437,7 @@ def short_cause(cause: str) -> str:
 
 
 def start_server(workdir: Path, cache_dir: Path) -> tuple[devserver.RunningServer, list[Layout]]:
-    """A router of its own with the six layouts, logging at trace level."""
+    """A router of its own with the eight layouts, logging at trace level."""
     prov = devserver.Provisioned.in_cache(cache_dir)
     pairs = layouts_and_presets(prov)
     server = devserver.start(

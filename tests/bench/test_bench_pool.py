@@ -143,3 +143,21 @@ def test_the_hybrid_switching_turns_show_loopds_cause_and_the_servers() -> None:
         "| 2 | s1 | 2 | 96 | 4 | unexplained | restored from the host prompt cache; "
         "resumed at the checkpoint at 96 |" in text
     )
+
+
+def test_slot_owners_follow_launches_and_clearing() -> None:
+    owners = pool.SlotOwners()
+    assert not owners.other_than(ServerSteps(task=1, slot=0), "S0")
+    assert not owners.other_than(ServerSteps(task=2, slot=0), "S0")
+    assert owners.other_than(ServerSteps(task=3, slot=0), "S1")
+    # S2 launches on slot 1 and the launch clears slot 0, which S1 held.
+    assert not owners.other_than(ServerSteps(task=4, slot=1, cleared={0: 90}), "S2")
+    assert not owners.other_than(ServerSteps(task=5, slot=0), "S0")
+
+
+def test_a_slot_another_session_held_with_the_shared_part_kept_says_so() -> None:
+    steps = ServerSteps(task=7, slot=0, selected_by="LCP similarity")
+    cause = pool.explain(steps, 235, 186, hybrid=False, other_in_slot=True)
+    assert cause.startswith("slot held another session's prompt sharing the system text")
+    restored = ServerSteps(task=8, slot=0, selected_by="LRU", cache_updated=True, cache_loaded=True)
+    assert pool.explain(restored, 235, 235, False, True) == "restored from the host prompt cache"
