@@ -136,23 +136,27 @@ class PoolRequest:
 
 
 def explain(
-    steps: ServerSteps, held: int, cache_n: int, hybrid: bool, other_in_slot: bool = False
+    steps: ServerSteps, held: int, cache_n: int, hybrid: bool, slot_held: str = "unknown"
 ) -> str:
     """Why this request reused ``cache_n`` of the ``held`` tokens its session left, from what the
     server logged. Every loss gets a cause; "unreadable" only when the log did not say.
-    ``other_in_slot``: the slot that ran it last held another session's prompt."""
+    ``slot_held``: what the slot that ran it held before (``SlotOwners``): "own", "other"
+    (another session's prompt), "empty" (cleared by a launch), or "unknown"."""
     if held == 0:
         return "first request"
     if not steps.readable:
         return "unreadable: the server's log had no lines for this request"
-    if steps.cache_loaded:
+    lost = cache_n < held - CHECKPOINT_BEFORE_END
+    if steps.cache_loaded and lost:
+        where = "restored a prompt from the host cache that shares only part of this one"
+    elif steps.cache_loaded:
         where = "restored from the host prompt cache"
-    elif steps.pinned_slot_empty:
+    elif steps.pinned_slot_empty or (slot_held == "empty" and steps.selected_by == "id"):
         where = (
             "pinned slot empty: cleared when a task launched on another slot "
             "(--cache-idle-slots on a unified pool); a pinned request gets no restore"
         )
-    elif other_in_slot and not steps.cache_updated:
+    elif slot_held == "other" and not steps.cache_updated:
         where = (
             "slot held another session's prompt sharing the system text: the server kept that "
             "shared part (half or more of the slot) and did not look in the host cache"
@@ -227,15 +231,26 @@ class SlotOwners:
 
     def __init__(self) -> None:
         self.owner: dict[int, str] = {}
+        self.cleared: set[int] = set()
 
-    def other_than(self, steps: ServerSteps, session: str) -> bool:
-        """Did the slot that ran this request hold another session's prompt? Then record it."""
-        before = None if steps.pinned_slot_empty else self.owner.get(steps.slot or 0)
-        for slot in (*steps.cleared, *steps.purged):
-            self.owner.pop(slot, None)
-        if steps.slot is not None:
-            self.owner[steps.slot] = session
-        return before is not None and before != session
+    def held(self, steps: ServerSteps, session: str) -> str:
+        """What the slot that ran this request held before it ("own", "other", "empty",
+        "unknown"); then record what the request did to the slots."""
+        slot = steps.slot
+        if slot is None:
+            return "unknown"
+        if steps.pinned_slot_empty or slot in self.cleared:
+            before = "empty"
+        elif slot in self.owner:
+            before = "own" if self.owner[slot] == session else "other"
+        else:
+            before = "unknown"
+        for other in (*steps.cleared, *steps.purged):
+            self.owner.pop(other, None)
+            self.cleared.add(other)
+        self.owner[slot] = session
+        self.cleared.discard(slot)
+        return before
 
 
 def turns(
@@ -261,7 +276,7 @@ def turns(
     for round_number in range(1, ROUNDS + 1):
         for i, messages in enumerate(conversations):
             cache_n, prompt_n, steps = runner.send(layout.name, messages, slot_of(i))
-            other = owners.other_than(steps, f"S{i}")
+            slot_held = owners.held(steps, f"S{i}")
             out.append(
                 PoolRequest(
                     layout=layout.name,
@@ -274,7 +289,7 @@ def turns(
                     held=held[i],
                     cache_n=cache_n,
                     prompt_n=prompt_n,
-                    cause=explain(steps, held[i], cache_n, layout.model == "hybrid", other),
+                    cause=explain(steps, held[i], cache_n, layout.model == "hybrid", slot_held),
                     checkpoint=steps.checkpoint,
                 )
             )

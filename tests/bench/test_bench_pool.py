@@ -147,17 +147,28 @@ def test_the_hybrid_switching_turns_show_loopds_cause_and_the_servers() -> None:
 
 def test_slot_owners_follow_launches_and_clearing() -> None:
     owners = pool.SlotOwners()
-    assert not owners.other_than(ServerSteps(task=1, slot=0), "S0")
-    assert not owners.other_than(ServerSteps(task=2, slot=0), "S0")
-    assert owners.other_than(ServerSteps(task=3, slot=0), "S1")
+    assert owners.held(ServerSteps(task=1, slot=0), "S0") == "unknown"
+    assert owners.held(ServerSteps(task=2, slot=0), "S0") == "own"
+    assert owners.held(ServerSteps(task=3, slot=0), "S1") == "other"
     # S2 launches on slot 1 and the launch clears slot 0, which S1 held.
-    assert not owners.other_than(ServerSteps(task=4, slot=1, cleared={0: 90}), "S2")
-    assert not owners.other_than(ServerSteps(task=5, slot=0), "S0")
+    assert owners.held(ServerSteps(task=4, slot=1, cleared={0: 90}), "S2") == "unknown"
+    assert owners.held(ServerSteps(task=5, slot=0), "S0") == "empty"
+    assert owners.held(ServerSteps(task=6), "S0") == "unknown"
+
+
+def test_a_pinned_slot_cleared_without_the_scan_saying_so_is_still_named() -> None:
+    """With --slot-prompt-similarity 0 the server skips the scan that logs an empty slot."""
+    steps = ServerSteps(task=9, slot=0, selected_by="id")
+    assert pool.explain(steps, 100, 0, False, "empty").startswith("pinned slot empty")
+    loaded = ServerSteps(task=9, slot=0, selected_by="LRU", cache_updated=True, cache_loaded=True)
+    assert pool.explain(loaded, 100, 0, False, "empty").startswith(
+        "restored a prompt from the host cache that shares only part"
+    )
 
 
 def test_a_slot_another_session_held_with_the_shared_part_kept_says_so() -> None:
     steps = ServerSteps(task=7, slot=0, selected_by="LCP similarity")
-    cause = pool.explain(steps, 235, 186, hybrid=False, other_in_slot=True)
+    cause = pool.explain(steps, 235, 186, hybrid=False, slot_held="other")
     assert cause.startswith("slot held another session's prompt sharing the system text")
     restored = ServerSteps(task=8, slot=0, selected_by="LRU", cache_updated=True, cache_loaded=True)
-    assert pool.explain(restored, 235, 235, False, True) == "restored from the host prompt cache"
+    assert pool.explain(restored, 235, 235, False, "other") == "restored from the host prompt cache"
