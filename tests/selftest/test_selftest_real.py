@@ -203,6 +203,8 @@ async def test_the_hybrid_preset_and_its_pool(
         tools_text=load_tools_spec(CORE_TOOLS_FILE).text,
     )
     assert [line.split(" (slot")[0] for line in failing_lines(report)] == expected_failures
+    assert report.idle_slots_cleared is (not expected_failures)
+    assert report.to_json()["pool"] == {"idle_slots_cleared": report.idle_slots_cleared}
     cache = {r.name: r for r in report.results}["cache probe"]
     assert cache.ok
     assert "resumed at the checkpoint 4 tokens before the end" in cache.detail
