@@ -19,7 +19,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import anyio
-import httpx
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -29,6 +28,7 @@ from starlette.routing import Route
 from brokerd.bodies import BodyRefused, BodyRules, ClientGone, read_body
 from brokerd.tools.arguments import nests_deeper
 from brokerd.tools.audit import AuditLogError
+from brokerd.tools.builtins import WebTransport
 from brokerd.tools.errors import CallConflictError, RequestError
 from brokerd.tools.service import ToolBroker
 from brokerd.tools.settings import BrokerSettings
@@ -81,7 +81,7 @@ def parse_body(model: type[Body], raw: bytes) -> Body:
 def create_broker_app(
     settings: BrokerSettings,
     *,
-    transport: httpx.AsyncBaseTransport | None = None,
+    transport: WebTransport | None = None,
     hidden: Sequence[Path] = (),
     bodies: BodyRules | None = None,
     mcp: "Sequence[McpServerConfig]" = (),

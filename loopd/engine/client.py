@@ -23,6 +23,7 @@ import httpx
 
 from loopd.engine.liveness import slot_busy
 from loopd.errors import (
+    ConnectionDropped,
     InferenceError,
     ServerRejected,
     ServerUnreachable,
@@ -94,6 +95,8 @@ def _translated(exc: httpx.HTTPError, url: str, stage: _Stage) -> InferenceError
         return StreamBroken(
             f"llama-server at {url} closed the connection before answering: {reason}"
         )
+    if isinstance(exc, httpx.RemoteProtocolError):
+        return ConnectionDropped(url, reason)
     if isinstance(exc, httpx.TransportError):
         return ServerUnreachable(url, reason)
     return InferenceError(f"llama-server at {url} sent an answer that could not be read: {reason}")
