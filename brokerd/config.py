@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Annotated, Final, Literal
 
 from pydantic import Field, field_validator
-from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+from pydantic_settings import SettingsConfigDict
 
 from brokerd.mcp.config import McpServers
 from brokerd.proxy.chatpolicy import valid_entry
@@ -28,7 +28,7 @@ CONFIG_FILE_VARIABLE: Final = f"{ENV_PREFIX}CONFIG"
 DEFAULT_SOCKET_DIR: Final = Path("/run/brokerd")
 
 
-class BrokerdSettings(BaseSettings):
+class BrokerdSettings(configload.FileSettings):
     model_config = SettingsConfigDict(
         env_prefix=ENV_PREFIX,
         env_nested_delimiter=NESTED_DELIMITER,
@@ -124,17 +124,6 @@ class BrokerdSettings(BaseSettings):
         if value is not None:
             parse_upstream(value)  # its ValueError names what is wrong; pydantic adds the field
         return value
-
-    @classmethod
-    def settings_customise_sources(
-        cls,
-        settings_cls: type[BaseSettings],
-        init_settings: PydanticBaseSettingsSource,
-        env_settings: PydanticBaseSettingsSource,
-        dotenv_settings: PydanticBaseSettingsSource,
-        file_secret_settings: PydanticBaseSettingsSource,
-    ) -> tuple[PydanticBaseSettingsSource, ...]:
-        return configload.environment_then_file(settings_cls, init_settings, env_settings)
 
 
 def setting_name(*path: str) -> str:

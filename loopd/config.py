@@ -22,7 +22,6 @@ from pydantic import BaseModel, Field, field_validator, model_validator
 from pydantic_settings import (
     BaseSettings,
     NoDecode,
-    PydanticBaseSettingsSource,
     SettingsConfigDict,
 )
 
@@ -42,7 +41,7 @@ def _default_state_dir() -> Path:
     return Path.home() / ".local" / "state" / "loopd"
 
 
-class Settings(BaseSettings):
+class Settings(configload.FileSettings):
     """Everything loopd can be told. Field descriptions become the README tables."""
 
     # LOOPD_MM_URL is mm.url: a table's key follows "MM_" unsplit (mm.allowed_users stays whole).
@@ -236,17 +235,6 @@ class Settings(BaseSettings):
     @property
     def workspaces(self) -> Path:
         return self.workspace_dir or self.state_dir / "workspaces"
-
-    @classmethod
-    def settings_customise_sources(
-        cls,
-        settings_cls: type[BaseSettings],
-        init_settings: PydanticBaseSettingsSource,
-        env_settings: PydanticBaseSettingsSource,
-        dotenv_settings: PydanticBaseSettingsSource,
-        file_secret_settings: PydanticBaseSettingsSource,
-    ) -> tuple[PydanticBaseSettingsSource, ...]:
-        return configload.environment_then_file(settings_cls, init_settings, env_settings)
 
 
 # The answer's room below max_tokens once the thinking is capped: a short answer or a tool call of
