@@ -48,6 +48,10 @@ class RelayError(Exception):
     """loopd's page could not be relayed; the message says why (for the 502 and the log)."""
 
 
+class RelayBusy(RelayError):
+    """``MAX_AT_ONCE`` relays are under way already (answered 503)."""
+
+
 @dataclass(frozen=True)
 class Relayed:
     body: bytes
@@ -78,22 +82,23 @@ def socket_by_descriptor(path: Path) -> Iterator[str]:
 
 
 class LoopdRelay:
-    def __init__(self, socket_path: Path) -> None:
+    def __init__(self, socket_path: Path, *, timeout_s: float = TIMEOUT_S) -> None:
         self.socket_path = socket_path
+        self.timeout_s = timeout_s
         self._slots = anyio.Semaphore(MAX_AT_ONCE)
 
     async def fetch(self, page: str) -> Relayed:
         """brokerd's ``page`` (a key of ``PAGES``) as loopd serves it."""
         loopd_path, content_type = PAGES[page]
         if self._slots.value == 0:
-            raise RelayError(f"{MAX_AT_ONCE} reads of loopd's metrics are already under way")
+            raise RelayBusy(f"{MAX_AT_ONCE} reads of loopd's metrics are already under way")
         async with self._slots:
             try:
-                with anyio.fail_after(TIMEOUT_S):
+                with anyio.fail_after(self.timeout_s):
                     body = await self._get(loopd_path)
             except TimeoutError:
                 raise RelayError(
-                    f"loopd's metrics socket did not answer in {TIMEOUT_S:g} s"
+                    f"loopd's metrics socket did not answer in {self.timeout_s:g} s"
                 ) from None
         return Relayed(body, content_type)
 

@@ -21,7 +21,7 @@ from starlette.routing import Route
 
 from brokerd.config import BrokerdSettings, ConfigError
 from brokerd.observe.metrics import BROKERD_METRICS, BrokerdMetrics
-from brokerd.observe.relay import PAGES, LoopdRelay, RelayError
+from brokerd.observe.relay import PAGES, LoopdRelay, RelayBusy, RelayError
 from loopd.observe.address import Address, UnixAddress, parse_address
 from loopd.observe.serving import MetricsServeError, serve_http
 
@@ -44,7 +44,8 @@ def create_metrics_app(
             page = await relay.fetch(request.url.path)
         except RelayError as exc:
             logger.warning("relaying loopd's %s failed: %s", request.url.path, exc)
-            return PlainTextResponse(f"{exc}\n", status_code=502)
+            status = 503 if isinstance(exc, RelayBusy) else 502
+            return PlainTextResponse(f"{exc}\n", status_code=status)
         return Response(page.body, headers=page.headers(), media_type=page.content_type)
 
     async def to_loopd_folder(request: Request) -> Response:
