@@ -134,7 +134,8 @@ table { border-collapse: collapse; } td, th { padding: .3em .8em; text-align: le
 th { background: #eef; } tr:nth-child(even) td { background: #f7f7fa; }
 .busy { color: #fff; background: #c60; padding: 0 .4em; border-radius: 3px; }
 .idle { color: #fff; background: #393; padding: 0 .4em; border-radius: 3px; }
-.muted { color: #777; } code { font-size: .95em; }
+.muted { color: #777; } code { font-size: .95em; } td { white-space: nowrap; }
+td.plot svg { vertical-align: middle; }
 """
 
 
@@ -202,11 +203,22 @@ def _sessions_table(sessions: Sequence[SessionView]) -> str:
         hit = "" if s.hit_rate is None else f"{s.hit_rate:.0%}"
         rows.append(
             f"<tr><td><code>{e(s.name)}</code></td><td>{s.slot}</td>"
-            f"<td>{e(s.last_turn_at or '')}</td><td>{s.requests}</td><td>{hit}</td>"
-            f"<td>{sparkline(s.prompt_n)}</td><td>{e(s.phase or '')}</td></tr>"
+            f"<td>{e(when(s.last_turn_at))}</td><td>{s.requests}</td><td>{hit}</td>"
+            f'<td class="plot">{sparkline(s.prompt_n)}</td><td>{e(s.phase or "")}</td></tr>'
         )
     rows.append("</table>")
     return "".join(rows)
+
+
+def when(stamp: str | None) -> str:
+    """A stored time (ISO, with its offset) as ``2026-05-01 12:00:07Z``."""
+    if not stamp:
+        return ""
+    try:
+        moment = datetime.fromisoformat(stamp).astimezone(UTC)
+    except ValueError:
+        return stamp
+    return moment.strftime("%Y-%m-%d %H:%M:%SZ")
 
 
 def sparkline(values: Sequence[int], width: int = 180, height: int = 36) -> str:
