@@ -72,6 +72,7 @@ def open_runtime(llama: Path, broker_url: str, state: Path) -> Runtime:
             state_dir=state,
             temperature=0.0,
             max_tokens=512,
+            think_cap=0,  # no cap: 512 tokens leave a capped reasoning no room to answer
         )
     )
 

@@ -27,7 +27,7 @@ def _run(db: Path, *argv: str) -> tuple[int, str, str]:
     perfreport.register(parser.add_subparsers())
     args = parser.parse_args(["perf", *argv])
     out, err = io.StringIO(), io.StringIO()
-    code: int = args.run(args, db, out, err)
+    code = perfreport.run(args, db, out, err)
     return code, out.getvalue(), err.getvalue()
 
 
