@@ -298,3 +298,36 @@ async def test_stalled_relays_do_not_pile_up(sockets: Path) -> None:
             third = await client.get("/loopd/metrics")
     assert third.status_code == 503
     assert sorted(results) == [502, 502]
+
+
+class FakeServer:
+    def __init__(self, state: str, tools: int, attempts: int) -> None:
+        self.state, self.tools, self.attempts = state, [object()] * tools, attempts
+
+
+class FakeServers:
+    def __init__(self, **servers: FakeServer) -> None:
+        self.servers = servers
+
+
+def test_mcp_servers_state_is_read_at_each_scrape() -> None:
+    from brokerd.observe.metrics import BrokerdMetrics
+
+    metrics = BrokerdMetrics()
+    servers = FakeServers(files=FakeServer("up", 3, 1), web=FakeServer("starting", 0, 0))
+    metrics.watch_mcp(servers)  # type: ignore[arg-type]
+
+    def state(server: str, value: str) -> float | None:
+        return metrics.registry.get_sample_value(
+            "brokerd_mcp_server_state", {"server": server, "state": value}
+        )
+
+    assert (state("files", "up"), state("files", "down"), state("web", "starting")) == (1, 0, 1)
+    tools = metrics.registry.get_sample_value("brokerd_mcp_server_tools", {"server": "files"})
+    assert tools == 3
+    servers.servers["files"].state, servers.servers["files"].attempts = "down", 2
+    assert (state("files", "up"), state("files", "down")) == (0, 1)
+    connects = {"server": "files"}
+    assert metrics.registry.get_sample_value("brokerd_mcp_server_connects_total", connects) == 2
+    del servers
+    assert state("files", "down") is None, "servers that are gone are forgotten"
