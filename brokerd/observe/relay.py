@@ -26,10 +26,13 @@ from pathlib import Path
 from typing import Final
 
 import anyio
-import httpx
+import anyio.abc
+import h11
 from prometheus_client import CONTENT_TYPE_LATEST
 
 MAX_BYTES: Final = 8 * 1024 * 1024
+MAX_HEAD_BYTES: Final = 16 * 1024  # a status line and headers larger than this are refused
+READ_BYTES: Final = 64 * 1024
 TIMEOUT_S: Final = 5.0
 MAX_AT_ONCE: Final = 2
 PAGE_POLICY: Final = (
@@ -103,28 +106,45 @@ class LoopdRelay:
         return Relayed(body, content_type)
 
     async def _get(self, path: str) -> bytes:
-        with socket_by_descriptor(self.socket_path) as uds:
-            transport = httpx.AsyncHTTPTransport(uds=uds)
-            async with httpx.AsyncClient(
-                transport=transport, base_url="http://loopd", trust_env=False
-            ) as client:
+        with socket_by_descriptor(self.socket_path) as target:
+            try:
+                stream = await anyio.connect_unix(target)
+            except OSError as exc:
+                raise RelayError(f"loopd's metrics socket: {exc.strerror or exc}") from None
+            async with stream:
                 try:
-                    return await _read(client, path)
-                except httpx.HTTPError as exc:
+                    return await _exchange(stream, path)
+                except (OSError, anyio.BrokenResourceError, h11.ProtocolError) as exc:
                     raise RelayError(
                         f"loopd's metrics socket: {exc or type(exc).__name__}"
                     ) from None
 
 
-async def _read(client: httpx.AsyncClient, path: str) -> bytes:
-    async with client.stream("GET", path, headers={"Accept-Encoding": "identity"}) as response:
-        if response.status_code != 200:
-            raise RelayError(f"loopd answered {response.status_code} for {path}")
-        if response.headers.get("content-encoding", "identity") != "identity":
-            raise RelayError("loopd's answer is encoded; brokerd relays plain bodies only")
-        body = bytearray()
-        async for chunk in response.aiter_raw():
-            body += chunk
+async def _exchange(stream: anyio.abc.ByteStream, path: str) -> bytes:
+    """One ``GET path`` over ``stream`` (h11, strict about what comes back); the body."""
+    connection = h11.Connection(h11.CLIENT, max_incomplete_event_size=MAX_HEAD_BYTES)
+    headers = [("Host", "loopd"), ("Accept-Encoding", "identity"), ("Connection", "close")]
+    await stream.send(connection.send(h11.Request(method="GET", target=path, headers=headers)))
+    await stream.send(connection.send(h11.EndOfMessage()))
+    body = bytearray()
+    while True:
+        event = connection.next_event()
+        if event is h11.NEED_DATA:
+            try:
+                connection.receive_data(await stream.receive(READ_BYTES))
+            except anyio.EndOfStream:
+                connection.receive_data(b"")
+        elif isinstance(event, h11.Response):
+            if event.status_code != 200:
+                raise RelayError(f"loopd answered {event.status_code} for {path}")
+            encoding = dict(event.headers).get(b"content-encoding", b"identity")
+            if encoding.lower() != b"identity":
+                raise RelayError("loopd's answer is encoded; brokerd relays plain bodies only")
+        elif isinstance(event, h11.Data):
+            body += event.data
             if len(body) > MAX_BYTES:
                 raise RelayError(f"loopd's answer for {path} is over {MAX_BYTES} bytes")
-        return bytes(body)
+        elif isinstance(event, h11.EndOfMessage):
+            return bytes(body)
+        elif isinstance(event, h11.ConnectionClosed):
+            raise RelayError(f"loopd closed the connection before its answer for {path} ended")

@@ -6,7 +6,7 @@ being passed down through the engine. Three things read it:
 
 - ``ContextFields``, a logging filter: every line logged inside a scope gets ``session`` and
   ``request_id`` as fields (JSON fields in the JSON format), beside the line's own;
-- the httpx event hooks of loopd's two clients (``inference_hooks``, ``broker_hooks``): each
+- the event hooks of loopd's two HTTP clients (``inference_hooks``, ``broker_hooks``): each
   request sent inside a scope carries ``X-Loopd-Request`` and ``X-Loopd-Session``; brokerd logs
   them next to its own fields (``brokerd.observe``), so the two daemons' lines join on the id;
 - the broker hook also notes brokerd's answer (its HTTP status and the call's ``status``) for the
@@ -22,9 +22,7 @@ from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
-from typing import Any, Final
-
-import httpx
+from typing import Any, Final, Protocol
 
 REQUEST_HEADER: Final = "X-Loopd-Request"
 SESSION_HEADER: Final = "X-Loopd-Session"
@@ -105,7 +103,33 @@ class ContextFields(logging.Filter):
         return True
 
 
-async def _add_headers(request: httpx.Request) -> None:
+class _Headers(Protocol):
+    def __setitem__(self, key: str, value: str) -> None: ...
+
+    def get(self, key: str, default: Any = None) -> Any: ...
+
+
+class _Request(Protocol):
+    """What the request hook touches of the client's request (httpx's, in the transports)."""
+
+    @property
+    def headers(self) -> _Headers: ...
+
+
+class _Response(Protocol):
+    @property
+    def headers(self) -> _Headers: ...
+
+    @property
+    def status_code(self) -> int: ...
+
+    @property
+    def is_success(self) -> bool: ...
+
+    async def aread(self) -> bytes: ...
+
+
+async def _add_headers(request: _Request) -> None:
     scope = current()
     if scope is None:
         return
@@ -116,7 +140,7 @@ async def _add_headers(request: httpx.Request) -> None:
     scope.sent = True
 
 
-async def _note_answer(response: httpx.Response) -> None:
+async def _note_answer(response: _Response) -> None:
     scope = current()
     if scope is None or scope.request_id is None:
         return

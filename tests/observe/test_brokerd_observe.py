@@ -202,6 +202,13 @@ async def huge(stream: SocketStream) -> None:
         await stream.send(chunk)
 
 
+async def endless_head(stream: SocketStream) -> None:
+    await stream.send(b"HTTP/1.1 200 OK\r\nX-Pad: ")
+    for _ in range(64):  # 4 MiB of one header, never ended
+        await stream.send(b"a" * 65536)
+    await anyio.sleep_forever()
+
+
 async def silent(stream: SocketStream) -> None:
     await anyio.sleep_forever()
 
@@ -217,8 +224,10 @@ async def silent(stream: SocketStream) -> None:
             502,
             "relays plain bodies only",
         ),
+        (endless_head, 502, "loopd's metrics socket"),
+        (answering(b"SSH-2.0-OpenSSH\r\n\r\n"), 502, "loopd's metrics socket"),
     ],
-    ids=["huge", "silent", "500", "encoded"],
+    ids=["huge", "silent", "500", "encoded", "huge head", "not http"],
 )
 async def test_a_hostile_answer_is_not_relayed(
     sockets: Path, handler: Handler, status: int, says: str
