@@ -93,7 +93,9 @@ class Circumstances:
     pool_clears_idle_slots: bool = False
     slot_shared: bool = False  # pinned: another loopd session ran on this slot since
     other_session_ran: bool = False  # unpinned: another loopd session's request ran since
-    shared_head: int = 0  # at most this many tokens are shared by every session of the epoch
+    # At most this many tokens are shared by every session of the epoch (an upper bound: the
+    # system text and tools at a token per byte).
+    shared_head: int = 0
     template_drops_reasoning: bool = False
     resend: bool = False  # the same messages as the previous request, sent again
     ubatch: int = DEFAULT_UBATCH
@@ -185,7 +187,9 @@ def _cause(
         if nothing_kept:
             return LossCause.COLD
     else:
-        if around.other_session_ran and cache_n <= around.shared_head:
+        # Exactly the previous prompt's checkpoint: the session's own state came back (from the
+        # host cache), whatever else ran; the head is only a bound.
+        if around.other_session_ran and cache_n <= around.shared_head and not checkpoint:
             return LossCause.SHARED_HEAD
         if nothing_kept:
             return LossCause.NOT_IN_HOST_CACHE

@@ -131,6 +131,10 @@ def test_a_request_the_server_places_has_the_pools_causes() -> None:
     for kept in (0, 96, 120):
         head = cache_loss(prev(), epoch_id=1, slot=0, cache_n=kept, around=others)
         assert head.cause is LossCause.SHARED_HEAD, kept
+    # Within the head, but exactly its own previous prompt's second checkpoint (522 - 4 - 512):
+    # its state came back from the host cache.
+    own = cache_loss(prev(cache_n=505), epoch_id=1, slot=0, cache_n=6, around=others)
+    assert own.cause is LossCause.CHECKPOINT
     # More than the head came back: the session's own part was reused, look further.
     past = cache_loss(prev(capped=True), epoch_id=1, slot=0, cache_n=150, around=others)
     assert past.cause is LossCause.CAPPED_TURN
