@@ -257,7 +257,7 @@ TEMPLATES = {
     THINKING_MODEL: "the Qwen3.5-4B template: the model thinks, tools are rendered before the "
     "system text, earlier reasoning is dropped at each new user message",
     EVERY_TURN_MODEL: "the same template changed in one condition to render every assistant "
-    "turn's reasoning, as the production template does (seed finding (e))",
+    "turn's reasoning, as the production template does (docs/design, behaviour (e))",
     HYBRID_MODEL: "the tiny random-weight qwen35moe (production's architecture: recurrent and "
     "attention layers, MoE) on production's layout, four slots on one unified pool, with the "
     "every-turn reasoning template; its tokenizer is a dummy, see the hybrid section",

@@ -41,6 +41,7 @@ from loopd.chat.threads import Threads
 from loopd.config import Settings
 from loopd.errors import LoopdError
 from loopd.exceptiongroups import sole_kind
+from loopd.observe.server import serve_runtime
 from loopd.selftest.expected import DEFAULT_DIR
 from loopd.selftest.run import SelftestReport, format_report, run_selftest
 from loopd.serverchange import ServerChange, server_change, status_record
@@ -201,6 +202,8 @@ async def run_daemon(
                 watch.on_restored = threads.resume_all  # the turns that waited run now
                 tg.start_soon(watch.run)
             tg.start_soon(runtime.keep_warm, threads.session_names())
+            if settings.metrics_addr is not None:
+                await tg.start(serve_runtime, runtime, settings.metrics_addr)
             tg.start_soon(adapter.run)
             task_status.started(Daemon(runtime, state, client, threads, adapter, watch))
 

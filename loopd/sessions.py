@@ -26,6 +26,10 @@ from loopd.engine.request import RequestSettings, Sampling
 from loopd.engine.stream import Limits, StatusCallback
 from loopd.engine.turn import Turn, TurnOutcome
 from loopd.errors import LoopdError
+from loopd.observe.context import request_scope
+from loopd.observe.live import LiveTurns
+from loopd.observe.metrics import METRICS
+from loopd.observe.toolcalls import tool_call
 from loopd.scheduler import PositionCallback, Scheduler
 from loopd.selftest.expected import DEFAULT_DIR, ExpectationsError, load_expectation
 from loopd.selftest.template import TemplateAnswer
@@ -35,6 +39,7 @@ from loopd.sessionlog.store import SessionLog
 from loopd.tools.broker_client import BrokerClient
 from loopd.tools.command import Sandbox, detect_sandbox
 from loopd.tools.core import (
+    BROKER_TOOL_NAMES,
     ToolContext,
     ToolResult,
     is_broker_tool,
@@ -87,9 +92,10 @@ class SessionTools:
         return ctx
 
     async def run(self, session: str, call: ToolCall) -> str:
-        if is_broker_tool(call.name):
-            return await self._broker(session, call)
-        return (await self.run_core(session, call.name, call.arguments)).text
+        with tool_call(session, call, {*self.spec.names, *BROKER_TOOL_NAMES}) as seen:
+            if is_broker_tool(call.name):
+                return seen.result(await self._broker(session, call))
+            return seen.result(await self.run_core(session, call.name, call.arguments))
 
     async def run_core(self, session: str, name: str, arguments: str) -> ToolResult:
         """A core tool call in the session's workspace (``loopd tools call`` runs this too)."""
@@ -155,6 +161,7 @@ class Runtime:
     budget: ServerBudget = field(init=False)
     prewarmer: Prewarmer = field(init=False)
     prewarm_plan: PrewarmPlan = field(default_factory=PrewarmPlan)
+    live: LiveTurns = field(default_factory=LiveTurns)  # the turns under way (loopd.observe)
     _idle_slots: set[int] = field(default_factory=set)
     _idle_wake: anyio.Event | None = None
     # Set by ``know_server`` (``loopd serve`` passes the self-test's answers); until then the
@@ -297,7 +304,10 @@ class Runtime:
     async def prewarm(self, session: Session) -> PrewarmResult:
         """Read the session's prompt into its idle slot (LOOPD_PREWARM); see engine.prewarm."""
         settings = self.turn(session, lambda status: None).settings
-        return await self.prewarmer.prewarm(session, settings)
+        with request_scope(session.name):
+            result = await self.prewarmer.prewarm(session, settings)
+        METRICS.prewarm_ended(result)
+        return result
 
     async def run_turn(
         self,
@@ -310,16 +320,17 @@ class Runtime:
         self.prewarmer.preempt_all()
         self.prewarm_plan.drop(session.name)
         view = self._view()
-        async with self.scheduler.slot(session.name, session.slot, on_position):
-            # The plan learns what the slot holds before the slot is released (and seen idle).
-            try:
-                outcome = await self.turn(session, report).run()
-            finally:
-                self.prewarm_plan.used(session.name, session.slot)
-            # Placed by the server, the compacted epoch waits in its host cache: nothing to read.
-            if outcome.compacted and view.placement.pinned:
-                self.prewarm_plan.want(session.name, session.slot)
-            return outcome
+        with self.live.turn(session.name, session.slot, report, on_position) as live:
+            async with self.scheduler.slot(session.name, session.slot, live.on_position):
+                # The plan learns what the slot holds before the slot is released (and seen idle).
+                try:
+                    outcome = await self.turn(session, live.report).run()
+                finally:
+                    self.prewarm_plan.used(session.name, session.slot)
+                # Placed by the server, the compacted epoch waits in its host cache: no read.
+                if outcome.compacted and view.placement.pinned:
+                    self.prewarm_plan.want(session.name, session.slot)
+                return live.finished(outcome)
 
     # -- prewarm on idle slots -------------------------------------------------------------------
 

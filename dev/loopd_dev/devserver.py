@@ -9,7 +9,7 @@ router serves two presets of the same GGUF, as the production deployment is a ro
   ``<think>`` in the generation prompt, so the model thinks and the reasoning control call works.
   It drops earlier turns' reasoning once a new user message follows;
 - ``smollm2-think-all``: the same template changed in one condition to render the reasoning of
-  every assistant turn, as the production template does (seed finding (e)); the benchmarks
+  every assistant turn, as the production template does (docs/design, behaviour (e)); the benchmarks
   measure cache reuse on both.
 - ``qwen35moe``: the production shape (docs/production-shape.md). A tiny random-weight model of
   the production model's architecture (``qwen35moe``: linear-attention and full-attention layers,

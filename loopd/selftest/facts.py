@@ -16,7 +16,7 @@ from loopd.wire.events import Progress, StreamEvent, Timings
 
 
 class MalformedAnswer(ValueError):
-    """A server answer that does not have the shape the protocol reference gives it."""
+    """A server answer that does not have the shape llama-server's API gives it."""
 
 
 @dataclass(frozen=True)

@@ -24,7 +24,6 @@ from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
 import anyio
-import httpx
 from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt
 
 from loopd.config import Settings
@@ -32,7 +31,7 @@ from loopd.engine.client import InferenceClient
 from loopd.engine.placement import PinSlots, decide_placement
 from loopd.engine.request import RequestSettings, Sampling, build_body
 from loopd.engine.stream import Limits, RequestResult, run_request
-from loopd.errors import InferenceError, ServerUnreachable
+from loopd.errors import ConnectionDropped, InferenceError, ServerUnreachable
 from loopd.selftest import template
 from loopd.selftest.facts import (
     CacheProbe,
@@ -70,9 +69,7 @@ T = TypeVar("T")
 
 def _dropped(exc: BaseException) -> bool:
     """A pooled connection closed before the server answered: the request never reached it."""
-    return isinstance(exc, ServerUnreachable) and isinstance(
-        exc.__cause__, httpx.RemoteProtocolError
-    )
+    return isinstance(exc, ConnectionDropped)
 
 
 async def _idempotent(call: Callable[[], Awaitable[T]]) -> T:
@@ -343,8 +340,6 @@ async def _stream_once(client: InferenceClient, config: ProbeConfig, tokens: int
         failure = f"no complete stream within {config.first_byte_s + config.silence_s:g} s"
     except InferenceError as exc:
         failure = str(exc)
-    except httpx.TransportError as exc:
-        failure = f"the stream broke: {exc or type(exc).__name__}"
     probe = tally.result(slot, control, failure)
     log.info(
         "selftest request",

@@ -41,7 +41,7 @@ Record = Callable[..., None]
 
 def keep_template(workdir: Path) -> Path:
     """The devserver's every-turn-reasoning template (Qwen3.5's with one condition changed, as
-    the seed's production template renders every turn's reasoning), written into ``workdir``."""
+    the production template renders every turn's reasoning), written into ``workdir``."""
     prov = devserver.Provisioned.in_cache(devserver.default_cache_dir())
     original = (prov.templates / devserver.THINKING_TEMPLATE).read_text(encoding="utf-8")
     path = workdir / "keep-reasoning.jinja"

@@ -6,7 +6,7 @@ production's layout: four slots on one unified pool) and on the fake:
 
 - ``plain``: no thinking (the real one: SmolLM2's own template, which renders no tools);
 - ``keep``: thinks and renders every assistant turn's reasoning, and renders tools at the top
-  (the real one: ``devserver.every_turn_reasoning`` of Qwen3.5's template, as the seed's model's
+  (the real one: ``devserver.every_turn_reasoning`` of Qwen3.5's template, as the production model's
   template does);
 - ``drop``: thinks and drops the reasoning of turns before the last user message (the real one:
   llama.cpp's Qwen3.5 template).

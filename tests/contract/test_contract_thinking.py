@@ -21,7 +21,8 @@ from tests.contract.contract_kit import (
 pytestmark = pytest.mark.anyio
 
 SYSTEM = "You answer questions about gardening."
-# Tools as in the seed's measurement; they also sit above the system text the edit changes.
+# Tools as in the production measurement (docs/design, behaviour (e)); they also sit above the
+# system text the edit changes.
 
 
 def opening(system: str = SYSTEM) -> list[Message]:
