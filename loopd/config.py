@@ -147,8 +147,9 @@ class Settings(configload.FileSettings):
         description="Thinking tokens allowed per request before loopd ends the reasoning with "
         "the control call; `0` sets no cap (a model that does not think, or a `max_tokens` too "
         "small to leave an answer room). 6144 is below the production server's own "
-        "`reasoning-budget` of 8192, so loopd's cap fires first and its end of the reasoning is "
-        "the one recorded; it must leave 1024 tokens below `max_tokens`.",
+        "`reasoning-budget` of 8192 (docs/production-shape.md), so loopd's cap fires first and "
+        "its end of the reasoning is the one recorded; it must leave 1024 tokens below "
+        "`max_tokens`.",
     )
     max_tokens: int = Field(
         default=12288,
