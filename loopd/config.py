@@ -28,6 +28,7 @@ from pydantic_settings import (
 from loopd import configload
 from loopd.chat.config import ChatSettings
 from loopd.configload import Rule
+from loopd.engine.placement import PinSlots
 from loopd.observe.address import check_address
 
 # The core tools array ships inside the package, so an installed wheel finds it wherever it lives.
@@ -96,7 +97,33 @@ class Settings(configload.FileSettings):
     slots: Annotated[tuple[int, ...], NoDecode] = Field(
         default=(0,),
         description="The harness's slots on the server, a comma list (e.g. `0,1`). A session "
-        "keeps one slot for life.",
+        "keeps one for life, as its slot where sessions are pinned, else as its lane: one turn "
+        "per lane runs at once.",
+    )
+    pin_slots: PinSlots = Field(
+        default=PinSlots.AUTO,
+        description="Send each session's requests to its slot (`yes`), or let the server place "
+        "each one (`no`: `id_slot` -1, restored from its host prompt cache). `auto` pins only "
+        "where idle slots keep their prompt: the self-test's slot pool check (`loopd serve`), "
+        "else the one recorded in the model's expectations, else not pinned. On a unified pool "
+        "with `--cache-idle-slots` (the server's default) a pinned session kept 0 % of its "
+        "cache once another slot ran, an unpinned one 97 to 100 % (docs/production-shape.md). "
+        "Unpinned, `LOOPD_SLOTS` are lanes: how many turns run at once.",
+    )
+    pool_requests: int = Field(
+        default=2,
+        ge=1,
+        description="Long requests to expect at once on a shared KV pool (a unified pool, "
+        "known where the self-test found idle slots cleared): a session compacts at "
+        "`compact_at` of the pool divided by this, so that it fits beside another long request "
+        "(two on production: loopd and one other client). 1: the whole pool.",
+    )
+    selftest_every_s: float = Field(
+        default=300.0,
+        gt=0,
+        description="While the server differs from the recorded expectations, `loopd serve` "
+        "runs the self-test again this often, and serves again once it passes; while it "
+        "matches, it checks the build, model, template and slots this often (no requests).",
     )
     first_byte_s: float = Field(
         default=900.0,
@@ -120,8 +147,9 @@ class Settings(configload.FileSettings):
         description="Thinking tokens allowed per request before loopd ends the reasoning with "
         "the control call; `0` sets no cap (a model that does not think, or a `max_tokens` too "
         "small to leave an answer room). 6144 is below the production server's own "
-        "`reasoning-budget` of 8192, so loopd's cap fires first and its end of the reasoning is "
-        "the one recorded; it must leave 1024 tokens below `max_tokens`.",
+        "`reasoning-budget` of 8192 (docs/production-shape.md), so loopd's cap fires first and "
+        "its end of the reasoning is the one recorded; it must leave 1024 tokens below "
+        "`max_tokens`.",
     )
     max_tokens: int = Field(
         default=12288,
@@ -144,8 +172,9 @@ class Settings(configload.FileSettings):
         default=0.75,
         gt=0,
         lt=1,
-        description="Share of a slot's context past which the next turn first compacts the "
-        "conversation into a new epoch.",
+        description="Share of a slot's context (on a shared pool: of a session's share of it, "
+        "`LOOPD_POOL_REQUESTS`) past which the next turn first compacts the conversation into a "
+        "new epoch.",
     )
     summary_max_tokens: int = Field(
         default=512, ge=32, description="`max_tokens` of the compaction request (summary)."

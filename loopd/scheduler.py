@@ -1,9 +1,11 @@
 """Shares the harness's slots between sessions: one generation per slot at a time.
 
-A session is pinned to one slot for life (moving it costs a full re-read: docs/design, behaviour
-(d), measured by tests/contract/test_contract_slots.py), so sessions on one slot wait for each
-other in FIFO order, while different slots run at once. FIFO is also the fairness rule: a session
-that just ran and comes back joins the end of the line, behind every session already waiting.
+A session keeps one slot for life (moving a pinned session costs a full re-read: docs/design,
+behaviour (d), measured by tests/contract/test_contract_slots.py), so sessions on one slot wait
+for each other in FIFO order, while different slots run at once. FIFO is also the fairness rule: a
+session that just ran and comes back joins the end of the line, behind every session already
+waiting. Where the server places requests itself (``loopd.engine.placement``) a slot here is a
+*lane*: the lanes bound how many of loopd's turns run at once, the same way.
 """
 
 from __future__ import annotations
@@ -86,6 +88,10 @@ class Scheduler:
     def holder(self, slot: int) -> str | None:
         line = self._lines.get(slot)
         return None if line is None else line.holder
+
+    def idle(self) -> bool:
+        """Nothing holds or waits for any slot."""
+        return all(line.holder is None and not line.waiting for line in self._lines.values())
 
     def _release(self, line: _Line) -> None:
         line.holder = None

@@ -1,8 +1,17 @@
 """``loopd serve``: the daemon. Mattermost threads drive sessions until SIGINT or SIGTERM.
 
-Startup: open the runtime and the chat state, ask Mattermost who the bot is, deliver answers a
-crash left unposted and resume pending turns (derived from the log), start prewarming idle slots
-(LOOPD_PREWARM), then connect and listen.
+Startup: run the self-test (unless ``--skip-selftest``), open the runtime and the chat state, ask
+Mattermost who the bot is, deliver answers a crash left unposted and resume pending turns
+(derived from the log), start prewarming idle slots (LOOPD_PREWARM), then connect and listen.
+The self-test's answers go to the engine: whether sessions are pinned to slots, whether the pool
+is shared, whether the template drops past reasoning (``Runtime.know_server``).
+
+When the server differs from the recorded expectations (at startup, or found by the check every
+``LOOPD_SELFTEST_EVERY_S``) the daemon stays up in a *server changed* state: each thread that asks
+gets one line saying so, the log and the status file (``server-status.json`` in the state folder)
+say what differs, and the self-test runs again until it passes; then the waiting turns run
+(``loopd.serverchange``). An unreachable server at startup still ends it with status 2.
+
 Shutdown cancels one task group; a turn cut short is recorded by the engine and resumed on the
 next start.
 """
@@ -10,12 +19,14 @@ next start.
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import signal
 import sys
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from contextlib import AsyncExitStack
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 
 import anyio
@@ -32,13 +43,111 @@ from loopd.errors import LoopdError
 from loopd.exceptiongroups import sole_kind
 from loopd.observe.server import serve_runtime
 from loopd.selftest.expected import DEFAULT_DIR
-from loopd.selftest.run import format_report, run_selftest
+from loopd.selftest.run import SelftestReport, format_report, run_selftest
+from loopd.serverchange import ServerChange, server_change, status_record
 from loopd.sessionlog.backup import hold_state
 from loopd.sessions import Runtime
 from loopd.statedir import check_state_dir
 from loopd.tools.spec import load_tools_spec
 
 log = logging.getLogger(__name__)
+
+
+STATUS_FILE = "server-status.json"
+
+
+@dataclass
+class ServerWatch:
+    """Keeps the engine in step with the self-test: its answers while the server matches, the
+    *server changed* state while it does not, and a check every ``selftest_every_s``."""
+
+    settings: Settings
+    runtime: Runtime
+    expected_dir: Path = DEFAULT_DIR
+    on_restored: Callable[[], Awaitable[None]] = field(default_factory=lambda: _nothing)
+    checks: int = 0  # completed re-checks, for tests and the log
+
+    @property
+    def change(self) -> ServerChange | None:
+        return self.runtime.server_change
+
+    def start(self, report: SelftestReport) -> None:
+        """Take the startup self-test's report (it was reachable)."""
+        if report.ok:
+            self._matches(report)
+        else:
+            self._differs(report)
+
+    async def run(self) -> None:
+        """Check again every ``selftest_every_s`` until cancelled."""
+        while True:
+            await anyio.sleep(self.settings.selftest_every_s)
+            try:
+                await self.check()
+            except LoopdError as exc:  # an expectations file that cannot be read, say
+                log.error("the server check failed: %s", exc)  # noqa: TRY400 (one line, no trace)
+            self.checks += 1
+
+    async def check(self) -> None:
+        """One check: the whole self-test while the server differs; while it matches, the
+        layout checks (no request reaches a slot), and the whole self-test when they fail."""
+        if self.change is None:
+            quick = await self._selftest(live=False)
+            if quick.unreachable or quick.ok:
+                return
+        report = await self._selftest(live=True)
+        if report.unreachable:
+            log.warning("the server check could not reach %s; checking again later", report.url)
+        elif report.ok and self.change is not None:
+            self._matches(report)
+            await self.on_restored()
+        elif not report.ok:
+            self._differs(report)
+
+    async def _selftest(self, *, live: bool) -> SelftestReport:
+        tools_text = self.runtime.spec.text
+        return await run_selftest(
+            self.settings, tools_text=tools_text, expected_dir=self.expected_dir, live=live
+        )
+
+    def _matches(self, report: SelftestReport) -> None:
+        if self.change is not None:
+            log.info("the server at %s matches the recorded expectations again", report.url)
+        self.runtime.server_change = None
+        self.runtime.know_server(
+            idle_slots_cleared=report.idle_slots_cleared,
+            keeps_past_reasoning=report.keeps_past_reasoning,
+            expected_dir=self.expected_dir,
+        )
+        self._write_status(None)
+
+    def _differs(self, report: SelftestReport) -> None:
+        change = server_change(report.results)
+        assert change is not None  # the report failed
+        if self.change is not None and change.key == self.change.key:
+            log.warning("the server still differs (%s)", "; ".join(change.lines))
+            return
+        self.runtime.server_change = change
+        log.error(change.log_line(report.url, self.settings.selftest_every_s))
+        self._write_status(change)
+
+    def _write_status(self, change: ServerChange | None) -> None:
+        record = status_record(
+            change,
+            url=self.settings.infer_url,
+            model=self.settings.model,
+            since=datetime.now(UTC).isoformat(timespec="seconds"),
+            every_s=self.settings.selftest_every_s,
+        )
+        path = self.settings.state_dir / STATUS_FILE
+        try:
+            path.write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
+        except OSError as exc:
+            log.warning("could not write %s: %s", path, exc)
+
+
+async def _nothing() -> None:
+    return None
 
 
 @dataclass
@@ -50,12 +159,18 @@ class Daemon:
     client: MattermostClient
     threads: Threads
     adapter: ChatAdapter
+    watch: ServerWatch | None = None
 
 
 async def run_daemon(
-    settings: Settings, *, task_status: TaskStatus[Daemon] = anyio.TASK_STATUS_IGNORED
+    settings: Settings,
+    *,
+    report: SelftestReport | None = None,
+    expected_dir: Path = DEFAULT_DIR,
+    task_status: TaskStatus[Daemon] = anyio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Run until cancelled; ``task_status`` gets the daemon once it is listening."""
+    """Run until cancelled; ``task_status`` gets the daemon once it is listening. ``report``:
+    the startup self-test's (None: skipped, and the server is not checked again)."""
     chat = settings.mm
     async with AsyncExitStack() as stack:
         # One daemon per state folder: a second one would answer every thread twice, and a
@@ -63,6 +178,10 @@ async def run_daemon(
         stack.enter_context(hold_state(settings.state_dir))
         runtime = Runtime.open(settings)
         stack.push_async_callback(runtime.aclose)
+        watch = None
+        if report is not None:
+            watch = ServerWatch(settings, runtime, expected_dir)
+            watch.start(report)
         state = ChatState.open(settings.state_dir / "chat.db")
         stack.callback(state.close)
         client = MattermostClient(
@@ -79,21 +198,26 @@ async def run_daemon(
             threads = Threads(runtime, outbox, state, chat, tg)
             adapter = ChatAdapter(client, state, runtime, threads, outbox, chat, bot)
             await threads.resume_all()
+            if watch is not None:
+                watch.on_restored = threads.resume_all  # the turns that waited run now
+                tg.start_soon(watch.run)
             tg.start_soon(runtime.keep_warm, threads.session_names())
             if settings.metrics_addr is not None:
                 await tg.start(serve_runtime, runtime, settings.metrics_addr)
             tg.start_soon(adapter.run)
-            task_status.started(Daemon(runtime, state, client, threads, adapter))
+            task_status.started(Daemon(runtime, state, client, threads, adapter, watch))
 
 
-async def serve(settings: Settings) -> int:
+async def serve(
+    settings: Settings, report: SelftestReport | None = None, expected_dir: Path = DEFAULT_DIR
+) -> int:
     """The daemon's life. A loopd error that ends it (at startup: a bad tools file, a token file
     it cannot read, Mattermost refusing the bot) is raised bare, for the command line's one line;
     the task groups would otherwise wrap it."""
     try:
         async with anyio.create_task_group() as tg:
             tg.start_soon(_cancel_on_signal, tg.cancel_scope.cancel)
-            await run_daemon(settings)
+            await run_daemon(settings, report=report, expected_dir=expected_dir)
     except ExceptionGroup as group:
         if (error := sole_kind(group, LoopdError)) is None:
             raise
@@ -111,23 +235,35 @@ async def _cancel_on_signal(cancel: Callable[[], None]) -> None:
 
 def handler(args: argparse.Namespace, settings: Settings) -> int:
     check_state_dir(settings.state_dir, create=True)
+    report = None
     if args.skip_selftest:
         log.warning("the self-test was skipped (--skip-selftest): the server is not checked")
     else:
-        status = anyio.run(startup_selftest, settings, args.expected_dir)
-        if status != 0:
-            return status
-    return anyio.run(serve, settings)
+        report = anyio.run(startup_selftest, settings, args.expected_dir)
+        if report.unreachable:
+            return report.exit_status
+    return anyio.run(serve, settings, report, args.expected_dir)
 
 
-async def startup_selftest(settings: Settings, expected_dir: Path = DEFAULT_DIR) -> int:
-    """The self-test ``loopd serve`` runs first; a server that differs from the recorded one is
-    refused, with the report (one line per check) on stderr."""
+async def startup_selftest(settings: Settings, expected_dir: Path = DEFAULT_DIR) -> SelftestReport:
+    """The self-test ``loopd serve`` runs first. An unreachable server is refused (the report,
+    one line per check, on stderr); one that differs from the recorded expectations starts the
+    daemon in the *server changed* state (the report on stderr too)."""
     tools_text = load_tools_spec(settings.tools_file).text
     report = await run_selftest(settings, tools_text=tools_text, expected_dir=expected_dir)
-    if report.exit_status != 0:
+    if report.unreachable:
         print(format_report(report), file=sys.stderr)
-        print("loopd serve: refusing to start: the self-test failed", file=sys.stderr)
+        print(
+            "loopd serve: refusing to start: the self-test failed (the server is unreachable)",
+            file=sys.stderr,
+        )
+    elif not report.ok:
+        print(format_report(report), file=sys.stderr)
+        print(
+            "loopd serve: the server differs from the recorded expectations: starting anyway; "
+            "threads are told it changed until the self-test passes",
+            file=sys.stderr,
+        )
     else:
         log.info(
             "self-test passed for %s at %s (expectations %s)",
@@ -135,7 +271,7 @@ async def startup_selftest(settings: Settings, expected_dir: Path = DEFAULT_DIR)
             report.url,
             report.expectations,
         )
-    return report.exit_status
+    return report
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

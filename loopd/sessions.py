@@ -19,6 +19,7 @@ from loopd.config import Settings
 from loopd.engine.budget import BudgetRules, ServerBudget
 from loopd.engine.client import InferenceClient
 from loopd.engine.compaction import Compactor
+from loopd.engine.placement import Placement, decide_placement
 from loopd.engine.prewarm import Prewarmer, PrewarmOutcome, PrewarmResult
 from loopd.engine.prewarm_plan import PrewarmPlan, restart_wants
 from loopd.engine.request import RequestSettings, Sampling
@@ -30,6 +31,9 @@ from loopd.observe.live import LiveTurns
 from loopd.observe.metrics import METRICS
 from loopd.observe.toolcalls import tool_call
 from loopd.scheduler import PositionCallback, Scheduler
+from loopd.selftest.expected import DEFAULT_DIR, ExpectationsError, load_expectation
+from loopd.selftest.template import TemplateAnswer
+from loopd.serverchange import ServerChange
 from loopd.sessionlog.records import Appended, Session
 from loopd.sessionlog.store import SessionLog
 from loopd.tools.broker_client import BrokerClient
@@ -122,6 +126,29 @@ class SessionTools:
         return await self.broker.call_tool(session, call.id, name, inner_text)
 
 
+@dataclass(frozen=True)
+class ServerView:
+    """What the engine was told about the server: where requests go, and whether its template
+    drops past reasoning (the cache-loss rule's ``template_drops_reasoning``)."""
+
+    placement: Placement
+    keeps_past_reasoning: TemplateAnswer = TemplateAnswer.UNKNOWN
+
+    @property
+    def template_drops_reasoning(self) -> bool:
+        return self.keeps_past_reasoning is TemplateAnswer.NO
+
+
+def recorded_pool_answer(model: str, expected_dir: Path = DEFAULT_DIR) -> bool | None:
+    """``idle_slots_cleared`` as the model's expectations file records it; None when there is
+    no file, it records nothing, or it cannot be read (the self-test reports that itself)."""
+    try:
+        expected = load_expectation(model, expected_dir)
+    except ExpectationsError:
+        return None
+    return expected.idle_slots_cleared if expected is not None else None
+
+
 @dataclass
 class Runtime:
     settings: Settings
@@ -137,6 +164,12 @@ class Runtime:
     live: LiveTurns = field(default_factory=LiveTurns)  # the turns under way (loopd.observe)
     _idle_slots: set[int] = field(default_factory=set)
     _idle_wake: anyio.Event | None = None
+    # Set by ``know_server`` (``loopd serve`` passes the self-test's answers); until then the
+    # recorded expectations decide where requests go (``loopd.engine.placement``).
+    server: ServerView | None = None
+    # Set while the server differs from the recorded expectations (``loopd serve``): the front
+    # end then tells each thread so instead of running its turn (``loopd.serverchange``).
+    server_change: ServerChange | None = None
 
     def __post_init__(self) -> None:
         self.budget = ServerBudget(self.client)
@@ -193,8 +226,47 @@ class Runtime:
             )
         return session
 
+    # -- what the server is -----------------------------------------------------------------------
+
+    def know_server(
+        self,
+        *,
+        idle_slots_cleared: bool | None,
+        keeps_past_reasoning: TemplateAnswer = TemplateAnswer.UNKNOWN,
+        expected_dir: Path = DEFAULT_DIR,
+    ) -> ServerView:
+        """Take the self-test's answers (None / UNKNOWN where it did not run or could not tell):
+        pinning (``loopd.engine.placement``), the shared pool's budget, the template's verdict."""
+        placement = decide_placement(
+            self.settings.pin_slots,
+            selftest=idle_slots_cleared,
+            recorded=recorded_pool_answer(self.settings.model, expected_dir),
+        )
+        view = ServerView(placement, keeps_past_reasoning)
+        self.server = view
+        self.budget.shared = placement.shared_pool
+        self.budget.requests = self.settings.pool_requests
+        log.info(
+            "requests %s (%s); the shared pool %s; the template keeps past reasoning: %s",
+            "pinned to each session's slot" if placement.pinned else "placed by the server",
+            placement.why,
+            f"is planned as {self.settings.pool_requests} requests' share"
+            if placement.shared_pool
+            else "is not known to be shared",
+            keeps_past_reasoning.value,
+        )
+        return view
+
+    def _view(self) -> ServerView:
+        """The server as told, or, without a self-test (``loopd chat``, ``--skip-selftest``),
+        as the recorded expectations say (the template's verdict then unknown)."""
+        if self.server is None:
+            return self.know_server(idle_slots_cleared=None)
+        return self.server
+
     def turn(self, session: Session, report: StatusCallback) -> Turn:
         s = self.settings
+        view = self._view()
         return Turn(
             session=session.name,
             slot=session.slot,
@@ -202,7 +274,7 @@ class Runtime:
             log=self.log,
             settings=RequestSettings(
                 model=s.model,
-                slot=session.slot,
+                slot=view.placement.id_slot(session.slot),
                 max_tokens=s.max_tokens,
                 sampling=Sampling(s.temperature, s.top_p, s.top_k, s.min_p),
             ),
@@ -212,6 +284,9 @@ class Runtime:
             tools=self.tools,
             report=report,
             gate=Compactor(self.budget, self.budget_rules()),
+            template_drops_reasoning=view.template_drops_reasoning,
+            pinned=view.placement.pinned,
+            pool_clears_idle_slots=view.placement.idle_slots_cleared is True,
         )
 
     def budget_rules(self) -> BudgetRules:
@@ -241,8 +316,10 @@ class Runtime:
         on_position: PositionCallback = lambda ahead: None,
     ) -> TurnOutcome:
         """A turn, once the session's slot is free (FIFO behind other sessions on it)."""
-        self.prewarmer.preempt(session.slot)  # real work: a prewarm on the slot gives way
+        # Real work: every prewarm gives way (one beside a turn slows both; engine.prewarm).
+        self.prewarmer.preempt_all()
         self.prewarm_plan.drop(session.name)
+        view = self._view()
         with self.live.turn(session.name, session.slot, report, on_position) as live:
             async with self.scheduler.slot(session.name, session.slot, live.on_position):
                 # The plan learns what the slot holds before the slot is released (and seen idle).
@@ -250,7 +327,8 @@ class Runtime:
                     outcome = await self.turn(session, live.report).run()
                 finally:
                     self.prewarm_plan.used(session.name, session.slot)
-                if outcome.compacted:
+                # Placed by the server, the compacted epoch waits in its host cache: no read.
+                if outcome.compacted and view.placement.pinned:
                     self.prewarm_plan.want(session.name, session.slot)
                 return live.finished(outcome)
 
@@ -277,8 +355,9 @@ class Runtime:
             await self._idle_wake.wait()
 
     def _slot_idle(self, slot: int) -> None:
-        if self._idle_wake is not None:
-            self._idle_slots.add(slot)
+        # A prewarm waits for the whole engine to be idle; then every slot's may run.
+        if self._idle_wake is not None and self.scheduler.idle():
+            self._idle_slots.update(self.settings.slots)
             self._idle_wake.set()
 
     def _want_after_restart(self, names: Collection[str]) -> None:

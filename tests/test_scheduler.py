@@ -111,3 +111,24 @@ async def test_a_slot_released_with_nobody_waiting_is_announced_idle() -> None:
     assert idle == [0]  # once, after b: not when a passed the slot on
     await turn("c", 1)
     assert idle == [0, 1]
+
+
+async def test_idle_means_nothing_holds_or_waits_for_any_slot() -> None:
+    scheduler = Scheduler()
+    assert scheduler.idle()
+    release = anyio.Event()
+    seen: list[bool] = []
+
+    async def hold(session: str, slot: int) -> None:
+        async with scheduler.slot(session, slot):
+            await release.wait()
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(hold, "a", 0)
+        await anyio.wait_all_tasks_blocked()
+        seen.append(scheduler.idle())  # a holds slot 0
+        tg.start_soon(hold, "b", 0)
+        await anyio.wait_all_tasks_blocked()
+        release.set()
+    seen.append(scheduler.idle())
+    assert seen == [False, True]

@@ -198,7 +198,12 @@ class Threads:
                     await self._release_held(session)
                     state = self.runtime.log.state(session)
                     if state.pending_turn or state.interrupted_calls:
-                        await self._turn(session)
+                        if (change := self.runtime.server_change) is not None:
+                            # The turn waits for the server to pass the self-test (loopd.serve);
+                            # the thread hears so once per change.
+                            await self._tell(session, change.key, change.thread_line)
+                        else:
+                            await self._turn(session)
                     if self.state.held(session):
                         self._dirty.add(session)  # what came meanwhile gets its own turn
                 except* LoopdError:
@@ -209,6 +214,12 @@ class Threads:
         finally:
             self._workers.discard(session)
             self._waiting.pop(session, None)  # nothing of this thread waits any more
+
+    async def _tell(self, name: str, key: str, line: str) -> None:
+        channel = self.state.thread_channel(root_of(name))
+        if channel is not None:
+            key = f"{name}#server-changed:{key}"
+            await self.outbox.post_once(key, channel, root_of(name), line)
 
     async def _release_held(self, session: str) -> None:
         """Held messages into the log, in arrival order (no turn runs now)."""

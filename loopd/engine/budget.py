@@ -17,6 +17,13 @@ tests/reliability/test_server_faults.py). loopd keeps well below that:
   under the threshold can always still send its compaction request. A longer input is cut, with a
   visible note saying so, before it is ever sent.
 
+On a shared pool (a unified KV pool: every slot reports the whole pool as its ``n_ctx``, and the
+requests running at once share it) the budget's context is a share of the pool: the pool divided
+by how many long requests to expect at once (``LOOPD_POOL_REQUESTS``, two on production: loopd and
+one other client). A session that alone filled 75 % of the pool could not run beside any other long
+request, and overflowing the pool fails every request running (docs/production-shape.md, "What
+loopd's engine must change", item 5; ``loopd.engine.pool``).
+
 The decisions are pure functions; ``ServerBudget`` is the thin I/O shell that asks the server.
 """
 
@@ -165,18 +172,39 @@ async def fit_input(text: str, cap: int, count: TokenCount, what: str = "this me
         keep = int(keep * 0.8)
 
 
+def context_share(pool: int, *, shared: bool, requests: int) -> int:
+    """The context one session may plan with: the whole slot, or on a shared pool its share."""
+    return max(pool // max(requests, 1), 1) if shared else pool
+
+
 class ServerBudget:
     """Asks the server what the budget needs: the slot's context and exact token counts.
 
-    ``n_ctx`` is read once from ``/props`` (the figure the self-test checks) and kept; a caller
-    that already knows it (from the self-test) passes it in.
+    The slot's context is read once from ``/props`` (the figure the self-test checks) and kept;
+    a caller that already knows it (from the self-test) passes it in. ``shared`` and
+    ``requests`` say whether it is a pool shared by the requests running at once, and by how
+    many long ones (``context_share``).
     """
 
-    def __init__(self, client: InferenceClient, *, n_ctx: int | None = None) -> None:
+    def __init__(
+        self,
+        client: InferenceClient,
+        *,
+        n_ctx: int | None = None,
+        shared: bool = False,
+        requests: int = 1,
+    ) -> None:
         self.client = client
         self._n_ctx = n_ctx
+        self.shared = shared
+        self.requests = requests
 
     async def n_ctx(self) -> int:
+        """The context the budget plans with (``context_share`` of the slot's)."""
+        return context_share(await self.pool(), shared=self.shared, requests=self.requests)
+
+    async def pool(self) -> int:
+        """The slot's whole context as the server reports it (on a unified pool: the pool)."""
         if self._n_ctx is None:
             props = await self.client.props()
             settings = props.get("default_generation_settings")

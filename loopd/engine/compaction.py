@@ -23,6 +23,7 @@ import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
+from loopd.engine import pool
 from loopd.engine.budget import (
     MESSAGE_OVERHEAD,
     BudgetRules,
@@ -35,6 +36,7 @@ from loopd.engine.budget import (
     upper_bound_tokens,
 )
 from loopd.engine.request import build_body
+from loopd.engine.stream import Phase, Status
 from loopd.engine.turn import Turn, TurnOutcome
 from loopd.errors import InferenceError
 from loopd.sessionlog.records import (
@@ -228,7 +230,8 @@ class Compactor:
         return input_cap(n_ctx, self.rules, INSTRUCTION_TOKENS)
 
     async def before_request(self, turn: Turn, kind: RequestKind, outcome: TurnOutcome) -> None:
-        """Compact first when the next request would not fit (see ``budget``)."""
+        """Compact first when the next request would not fit (see ``budget``); on a shared
+        pool, then wait while it would not fit beside the requests running (``pool``)."""
         epoch = turn.log.current_epoch(turn.session)
         entries = _epoch_entries(turn, epoch)
         try:
@@ -239,7 +242,30 @@ class Compactor:
             return
         if plan is not None:
             size, why = plan
-            await self.compact(turn, outcome, epoch, entries, size=size, why=why)
+            epoch = await self.compact(turn, outcome, epoch, entries, size=size, why=why)
+        if self.budget.shared:
+            await self.room_in_pool(turn, epoch)
+
+    async def room_in_pool(self, turn: Turn, epoch: Epoch) -> None:
+        """Wait (shown as queued) while the prompt and its answer's room would not fit in what
+        the busy slots leave of the pool; at most the first-byte limit, then send anyway."""
+        try:
+            n_ctx, whole = await self.budget.n_ctx(), await self.budget.pool()
+        except InferenceError:
+            return  # the request itself meets the server and says what is wrong
+        needed = (await self.size(turn, epoch)).tokens + self.rules.answer_room(n_ctx)
+        needed += self.rules.margin
+        if needed > whole:
+            return  # an upper bound past the whole pool: waiting could not help
+        fits = await pool.wait_for(
+            turn.client,
+            lambda slots: pool.fits_beside(needed, whole, slots),
+            limit_s=turn.limits.first_byte_s,
+            poll_s=turn.limits.slots_poll_s,
+            on_wait=lambda: turn.report(Status(Phase.QUEUED)),
+        )
+        if not fits:
+            log.warning("%s: the shared pool stayed full; sending anyway", turn.session)
 
     async def _plan(
         self, turn: Turn, kind: RequestKind, epoch: Epoch, entries: list[Entry]

@@ -6,7 +6,8 @@ even a status line (measured in tests/contract/test_contract_stream.py by
 byte says nothing by itself, so the engine polls ``/slots`` (and ``/health`` when ``/slots`` tells
 nothing) and asks these rules what each poll means:
 
-- the slot busy: queued behind another task; keep waiting, up to the first-byte limit;
+- the slot busy (for a request the server places, every slot busy): queued behind another task;
+  keep waiting, up to the first-byte limit;
 - ``/slots`` and ``/health`` both failing: the server is gone; fail now;
 - ``/slots`` hanging while ``/health`` answers: stuck (a sleeping model reloading blocks ``/slots``
   too); keep waiting, and say so;
@@ -123,9 +124,17 @@ def slot_busy(slots: Sequence[Mapping[str, Any]], slot: int) -> bool:
     return any(s.get("id") == slot and s.get("is_processing") for s in slots)
 
 
-def slots_verdict(slots: Sequence[Mapping[str, Any]], slot: int) -> Queued | Waiting:
-    """What a listed ``/slots`` means for a request pinned to ``slot``."""
-    return Queued() if slot_busy(slots, slot) else Waiting()
+def every_slot_busy(slots: Sequence[Mapping[str, Any]]) -> bool:
+    """Whether ``/slots`` shows every slot processing a request (and lists at least one)."""
+    return bool(slots) and all(s.get("is_processing") for s in slots)
+
+
+def slots_verdict(slots: Sequence[Mapping[str, Any]], slot: int | None) -> Queued | Waiting:
+    """What a listed ``/slots`` means for a request pinned to ``slot``, or, for None, one the
+    server places: that waits only while every slot is busy (build 11434 defers it then, as it
+    defers a pinned one behind its busy slot; docs/production-shape.md, item 2)."""
+    busy = every_slot_busy(slots) if slot is None else slot_busy(slots, slot)
+    return Queued() if busy else Waiting()
 
 
 def health_verdict(slots: Unlisted, health_answers: bool) -> Waiting | Stuck | Gone:

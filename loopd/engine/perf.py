@@ -8,16 +8,35 @@ everything generated after it, less the one token the server always re-evaluates
 docs/contract.md). The gap between that expectation and the real ``cache_n`` is the cache loss; a
 known cause is named, and a cold cache is a normal, recorded event, never an error
 (``tests/engine/test_turn_fake.py::test_a_cold_server_labels_its_loss``).
+
+A hybrid model (a recurrent state beside the attention layers, production's ``qwen35moe``) cannot
+cut its state back to an arbitrary token: a prompt that diverges from what the slot holds resumes
+at the latest checkpoint before the divergence, and the server keeps one 4 tokens (and one
+4 + ubatch tokens) before the end of every prompt it reads (docs/production-shape.md, "How the
+server keeps a session's cache"). Such a loss is said as *resumed at a checkpoint*, beside the
+cause of the divergence when one is known (a capped turn, a broken one, dropped reasoning).
+
+Where requests are not pinned to a slot (a unified pool that clears idle slots), the server
+places each request and restores it from its host prompt cache; the causes then differ from a
+pinned slot's (``Circumstances``).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import StrEnum
+from typing import Final
 
 # The server may re-evaluate a token or two at the boundary (a forced re-evaluation of the last
 # prompt token, a template joining differently at the end of a turn); losses up to this are noise.
-LOSS_TOLERANCE = 2
+LOSS_TOLERANCE: Final = 2
+# A hybrid model's server checkpoints the recurrent state this many tokens before the end of every
+# prompt it reads, and again a micro-batch earlier (build 11434's server-context.cpp,
+# ``checkpoint_offsets``; docs/production-shape.md). A prompt sent again unchanged must
+# re-evaluate its last token, so it resumes at the first of them.
+CHECKPOINT_BEFORE_END: Final = 4
+# The server's default micro-batch (``--ubatch-size``), the distance to the second checkpoint.
+DEFAULT_UBATCH: Final = 512
 
 
 class LossCause(StrEnum):
@@ -30,6 +49,16 @@ class LossCause(StrEnum):
     COLD = "cold server or eviction"
     OTHER_SLOT = "slot changed"
     SHARED_SLOT = "another session used the slot"
+    # Pinned requests on a pool that clears idle slots: any other slot's task launch clears it,
+    # and a pinned request is not restored from the host cache.
+    SLOT_CLEARED = "slot cleared by the unified pool"
+    # Unpinned requests: the server would have restored the prompt from its host cache.
+    NOT_IN_HOST_CACHE = "not in the host cache (server restarted, model unloaded or evicted)"
+    # Unpinned requests: the server placed the request on a slot holding another session's prompt
+    # that shares the system text and tools, kept that shared head and did not look in the host
+    # cache (docs/production-shape.md, "shared system text").
+    SHARED_HEAD = "another session's prompt in the slot: only the shared system text kept"
+    CHECKPOINT = "resumed at a checkpoint"
     UNEXPLAINED = "unexplained"
 
 
@@ -46,6 +75,30 @@ class PrevRequest:
     capped: bool
     had_reasoning: bool
     request_id: int = 0  # its row in the log, to ask what else ran on the slot since
+    messages_sha256: str = ""  # what it sent, to recognise the same prompt sent again
+
+    @property
+    def prompt_end(self) -> int:
+        """The tokens of its prompt: where the server last checkpointed a hybrid state."""
+        return self.cache_n + self.prompt_n
+
+
+@dataclass(frozen=True)
+class Circumstances:
+    """What else the rule knows about the request, besides the previous one."""
+
+    pinned: bool = True  # sent with the session's slot as ``id_slot``; else -1
+    # The self-test found that a slot's prompt is cleared once another slot runs (unified pool,
+    # ``--cache-idle-slots``): a pinned request there keeps nothing after any other task.
+    pool_clears_idle_slots: bool = False
+    slot_shared: bool = False  # pinned: another loopd session ran on this slot since
+    other_session_ran: bool = False  # unpinned: another loopd session's request ran since
+    # At most this many tokens are shared by every session of the epoch (an upper bound: the
+    # system text and tools at a token per byte).
+    shared_head: int = 0
+    template_drops_reasoning: bool = False
+    resend: bool = False  # the same messages as the previous request, sent again
+    ubatch: int = DEFAULT_UBATCH
 
 
 @dataclass(frozen=True)
@@ -53,6 +106,20 @@ class Loss:
     expected: int
     lost: int
     cause: LossCause
+    at_checkpoint: bool = False  # resumed at a hybrid model's checkpoint
+
+    @property
+    def label(self) -> str:
+        """The cause as recorded: ``at_checkpoint`` said beside a cause it does not replace."""
+        if self.at_checkpoint and self.cause not in (LossCause.CHECKPOINT, LossCause.NONE):
+            return f"{self.cause.value}, {LossCause.CHECKPOINT.value}"
+        return self.cause.value
+
+
+def at_checkpoint(prev: PrevRequest, cache_n: int, ubatch: int = DEFAULT_UBATCH) -> bool:
+    """``cache_n`` is where a hybrid model's server checkpointed the previous prompt."""
+    end = prev.prompt_end - CHECKPOINT_BEFORE_END
+    return cache_n > 0 and cache_n in (end, end - ubatch)
 
 
 def cache_loss(
@@ -63,6 +130,7 @@ def cache_loss(
     cache_n: int,
     template_drops_reasoning: bool = False,
     slot_shared: bool = False,
+    around: Circumstances | None = None,
 ) -> Loss:
     """Expected reuse minus the real ``cache_n``, with the most likely cause.
 
@@ -70,17 +138,30 @@ def cache_loss(
     what it generated, as the server last held them. The cause is what best explains a
     shortfall, the most certain first. ``slot_shared``: another session's request (loopd's
     own, as its log shows) ran on the slot since the previous request, so the slot held another
-    prompt and only the host prompt cache could have kept this one.
+    prompt and only the host prompt cache could have kept this one. ``around`` holds the rest
+    (``template_drops_reasoning`` and ``slot_shared`` are its fields, kept as arguments for
+    a pinned request's callers).
     """
+    if around is None:
+        around = Circumstances(
+            slot_shared=slot_shared, template_drops_reasoning=template_drops_reasoning
+        )
     if prev is None:
         return Loss(0, 0, LossCause.FIRST)
     expected = prev.cache_n + prev.prompt_n + (prev.predicted_n if prev.complete else 0) - 1
     expected = max(expected, 0)
     lost = max(expected - cache_n, 0)
+    checkpoint = at_checkpoint(prev, cache_n, around.ubatch)
+    # Noise, and a resend's checkpoint, are recorded as no loss (``expected_reuse`` and
+    # ``cache_n`` stay in the record): a loss in the record always has a named cause.
     if lost <= LOSS_TOLERANCE:
-        return Loss(expected, lost, LossCause.NONE)
-    cause = _cause(prev, epoch_id, slot, cache_n, template_drops_reasoning, slot_shared)
-    return Loss(expected, lost, cause)
+        return Loss(expected, 0, LossCause.NONE)
+    if around.resend and cache_n >= prev.prompt_end - CHECKPOINT_BEFORE_END:
+        # The same prompt again resumes at its checkpoint on a hybrid model: accepted, as the
+        # self-test's cache probe accepts it.
+        return Loss(expected, 0, LossCause.NONE, at_checkpoint=checkpoint)
+    cause = _cause(prev, epoch_id, slot, cache_n, around, checkpoint)
+    return Loss(expected, lost, cause, at_checkpoint=checkpoint)
 
 
 def _cause(
@@ -88,23 +169,36 @@ def _cause(
     epoch_id: int,
     slot: int,
     cache_n: int,
-    template_drops_reasoning: bool,
-    slot_shared: bool,
+    around: Circumstances,
+    checkpoint: bool,
 ) -> LossCause:
     if prev.epoch_id != epoch_id:
         return LossCause.NEW_EPOCH
-    if prev.slot != slot:
-        return LossCause.OTHER_SLOT
-    if slot_shared:
-        return LossCause.SHARED_SLOT
-    # Nothing reused at all: the server lost the slot's cache (a model unload, a restart, an
-    # eviction). A broken or capped turn costs only what follows the previous prompt.
-    if cache_n <= LOSS_TOLERANCE:
-        return LossCause.COLD
+    nothing_kept = cache_n <= LOSS_TOLERANCE
+    if around.pinned:
+        if prev.slot != slot:
+            return LossCause.OTHER_SLOT
+        if nothing_kept and around.pool_clears_idle_slots:
+            return LossCause.SLOT_CLEARED
+        if around.slot_shared:
+            return LossCause.SHARED_SLOT
+        # Nothing reused at all: the server lost the slot's cache (a model unload, a restart, an
+        # eviction). A broken or capped turn costs only what follows the previous prompt.
+        if nothing_kept:
+            return LossCause.COLD
+    else:
+        # Exactly the previous prompt's checkpoint: the session's own state came back (from the
+        # host cache), whatever else ran; the head is only a bound.
+        if around.other_session_ran and cache_n <= around.shared_head and not checkpoint:
+            return LossCause.SHARED_HEAD
+        if nothing_kept:
+            return LossCause.NOT_IN_HOST_CACHE
     if not prev.complete:
         return LossCause.BROKEN_TURN
     if prev.capped:
         return LossCause.CAPPED_TURN
-    if template_drops_reasoning and prev.had_reasoning:
+    if around.template_drops_reasoning and prev.had_reasoning:
         return LossCause.TEMPLATE_DROPS_REASONING
+    if checkpoint:
+        return LossCause.CHECKPOINT
     return LossCause.UNEXPLAINED

@@ -14,14 +14,21 @@ The stored messages end with the model's last answer, which the server takes as 
 continue: it renders that answer without its end-of-turn marker, which is a prefix of how the
 next request renders it. Everything up to the answer's last token is reused.
 
-A prewarm only ever uses idle time:
+A prewarm only ever uses idle time, of the whole engine and of the whole server: it is a task
+launch like any other, which on a unified pool saves and clears every idle slot, and a second
+active slot roughly halves generation for everyone (docs/production-shape.md, item 6):
 
-- it starts only when no session holds the slot in loopd's scheduler and the server does not show
-  the slot busy (another client's request), and never for a session with a turn pending;
+- it starts only when no turn of loopd's runs or waits on any slot (the scheduler), the server
+  shows no slot busy (another client's request), and never for a session with a turn pending;
 - it holds the slot through the scheduler, so a turn of any session on the slot waits for it, and
-  ``preempt`` cancels it at once: closing the connection frees the slot on the server (measured by
+  ``preempt`` cancels it at once (a turn on any slot preempts every prewarm): closing the
+  connection frees the slot on the server (measured by
   ``test_l_closing_the_stream_frees_the_slot_within_a_second`` in tests/contract/), so the turn
   waits only for that.
+
+Where requests are placed by the server (``id_slot`` -1, ``loopd.engine.placement``) the prewarm
+is too: the session's prompt then lives in the host prompt cache between its turns, and a prewarm
+helps only when the host cache lost it (a restart, a model unload).
 
 It is recorded as a ``prewarm`` request (message count and digest of what it sent, the server's
 counts), never as an entry: its one generated token is not part of the conversation.
@@ -124,6 +131,10 @@ class Prewarmer:
         scope.cancel()
         return True
 
+    def preempt_all(self) -> bool:
+        """Cancel every prewarm running; True when there was one."""
+        return any([self.preempt(slot) for slot in list(self._running)])
+
     def running(self, slot: int) -> bool:
         return slot in self._running
 
@@ -136,6 +147,8 @@ class Prewarmer:
         # the scheduler hands a free slot over at once.
         if self.scheduler.holder(session.slot) is not None:
             return PrewarmResult(PrewarmOutcome.SKIPPED, "the slot is in use")
+        if not self.scheduler.idle():
+            return PrewarmResult(PrewarmOutcome.SKIPPED, "a turn of loopd's runs or waits")
         async with self.scheduler.slot(f"prewarm:{session.name}", session.slot):
             with anyio.CancelScope() as scope:
                 self._running[session.slot] = scope
@@ -150,14 +163,16 @@ class Prewarmer:
             return "prewarm is off"
         if self.scheduler.holder(session.slot) is not None:
             return "the slot is in use"
+        if not self.scheduler.idle():
+            return "a turn of loopd's runs or waits"
         if not self.log.state(session.name).idle:
             return "a turn is pending"
         try:
-            busy = await self.client.slot_busy(session.slot)
+            slots = await self.client.slots()
         except InferenceError as exc:
             return f"/slots failed: {exc}"
-        if busy:
-            return "the server's slot is busy with another client"
+        if any(slot.get("is_processing") for slot in slots):
+            return "the server is busy with another client's request"
         return ""
 
     async def _send(self, session: Session, settings: RequestSettings) -> PrewarmResult:

@@ -13,9 +13,15 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Final
 
 from loopd.jsonbytes import dumps
 from loopd.sessionlog.replay import messages_array
+
+# ``id_slot`` for a request the server places itself: the idle slot whose prompt shares most with
+# it, restored from the host prompt cache when that slot holds another one
+# (docs/production-shape.md, "Choosing the slot").
+ANY_SLOT: Final = -1
 
 
 @dataclass(frozen=True)
@@ -33,7 +39,7 @@ class RequestSettings:
     """Everything in a chat request that is not the conversation itself."""
 
     model: str
-    slot: int
+    slot: int  # sent as ``id_slot``: the session's slot where sessions are pinned, else ANY_SLOT
     max_tokens: int
     sampling: Sampling = Sampling()
     stream: bool = True
@@ -42,9 +48,10 @@ class RequestSettings:
 def settings_head(settings: RequestSettings) -> str:
     """The fixed fields, in a fixed order, so that every request's head is the same bytes.
 
-    Each request pins its slot, asks for the prompt cache, sends the sampling settings (the
-    server's own defaults differ) and streams with progress and per-token timings: the liveness
-    rules and the thinking cap read those (``loopd.engine.liveness``, ``loopd.engine.thinkcap``).
+    Each request names its slot (or lets the server place it), asks for the prompt cache, sends
+    the sampling settings (the server's own defaults differ) and streams with progress and
+    per-token timings: the liveness rules and the thinking cap read those
+    (``loopd.engine.liveness``, ``loopd.engine.thinkcap``).
     """
     fields = {
         "model": settings.model,

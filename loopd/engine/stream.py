@@ -53,6 +53,8 @@ from loopd.engine.liveness import (
     slots_verdict,
     worth_waiting_out,
 )
+from loopd.engine.pool import is_pool_full
+from loopd.engine.request import ANY_SLOT
 from loopd.engine.thinkcap import Close, SendControl, ThinkCap, control_answer
 from loopd.errors import (
     InferenceError,
@@ -134,6 +136,7 @@ class Failure(StrEnum):
     THINK_RUNAWAY = "think_runaway"
     CANCELLED = "cancelled"
     BAD_TOOL_CALL = "bad_tool_call"  # a tool call whose arguments are not JSON (cut at max_tokens)
+    POOL_FULL = "pool_full"  # a shared KV pool ran out (500 "Context size has been exceeded.")
 
 
 # Failures after which nothing the model made was lost, and another attempt may well succeed.
@@ -186,7 +189,14 @@ def retry_safe(result: RequestResult) -> bool:
     Safe means nothing is committed yet: the model produced nothing (no delta arrived), and the
     request was not refused for what it is (4xx) or already waited out (a 503 past its wait).
     """
-    if result.complete or result.output_seen:
+    if result.complete:
+        return False
+    if result.failure is Failure.POOL_FULL:
+        # Not the session's doing: the requests running at once outgrew the shared pool. What
+        # streamed before is recorded as broken (never replayed) and no tool call ran, so the
+        # same request can go again once the pool has room (``loopd.engine.pool``).
+        return True
+    if result.output_seen:
         return False
     if result.failure is Failure.REJECTED:
         status = result.status_code or 0
@@ -270,7 +280,8 @@ class _SlotWatch:
 
     async def _verdict(self, answer: SlotsAnswer) -> Verdict:
         if isinstance(answer, SlotsListed):
-            return slots_verdict(answer.slots, self.slot)
+            # A request the server places waits only while every slot is busy.
+            return slots_verdict(answer.slots, None if self.slot == ANY_SLOT else self.slot)
         return health_verdict(answer, await self._health_answers())
 
     async def _slots(self) -> SlotsAnswer:
@@ -341,7 +352,8 @@ async def stream_into(
                 reader = _Reader(client, EventStream(answer), limits, throttled, result)
                 await reader.read()
     except ServerRejected as exc:
-        result.fail(Failure.REJECTED, str(exc))
+        failure = Failure.POOL_FULL if is_pool_full(exc.message) else Failure.REJECTED
+        result.fail(failure, str(exc))
         result.status_code, result.error_type = exc.status, exc.error_type
     except ServerUnreachable as exc:
         result.fail(Failure.UNREACHABLE, str(exc))
@@ -507,8 +519,9 @@ def _classify_end(client: InferenceClient, result: RequestResult) -> None:
         return
     asm = result.assembler
     if asm.server_error is not None:
+        pool_full = is_pool_full(asm.server_error.message)
         result.fail(
-            Failure.SERVER_ERROR,
+            Failure.POOL_FULL if pool_full else Failure.SERVER_ERROR,
             f"llama-server at {client.url} reported an error mid-stream: "
             f"{asm.server_error.message}",
         )

@@ -31,13 +31,17 @@ from tenacity import (
     wait_exponential,
 )
 
+from loopd.engine import pool
+from loopd.engine.budget import upper_bound_tokens
 from loopd.engine.client import InferenceClient
-from loopd.engine.perf import Loss, LossCause, PrevRequest, cache_loss
+from loopd.engine.perf import Circumstances, Loss, LossCause, PrevRequest, cache_loss
 from loopd.engine.request import RequestSettings, build_body
 from loopd.engine.stream import (
     Failure,
     Limits,
+    Phase,
     RequestResult,
+    Status,
     StatusCallback,
     retry_safe,
     stream_into,
@@ -46,7 +50,7 @@ from loopd.jsonbytes import dumps
 from loopd.observe.context import request_scope
 from loopd.observe.metrics import METRICS
 from loopd.sessionlog.chain import messages_digest
-from loopd.sessionlog.records import Perf, Request, RequestKind, RequestRecord
+from loopd.sessionlog.records import Epoch, Perf, Request, RequestKind, RequestRecord
 from loopd.sessionlog.store import SessionLog
 from loopd.wire.assemble import ToolCall
 
@@ -146,13 +150,20 @@ def previous_request(requests: Sequence[Request]) -> PrevRequest | None:
             capped=perf.capped,
             had_reasoning=bool(perf.extra.get("had_reasoning")),
             request_id=request.id,
+            messages_sha256=record.messages_sha256,
         )
     return None
 
 
 @dataclass
 class Turn:
-    """Everything a turn needs; it holds no conversation state of its own."""
+    """Everything a turn needs; it holds no conversation state of its own.
+
+    ``slot`` is the session's slot, recorded with every request; ``settings.slot`` is what goes
+    out as ``id_slot``: the same where sessions are pinned, else ``ANY_SLOT`` (the server places
+    the request; ``loopd.engine.placement``). ``pinned`` and ``pool_clears_idle_slots`` tell the
+    cache-loss rule which causes are possible.
+    """
 
     session: str
     slot: int
@@ -165,6 +176,8 @@ class Turn:
     template_drops_reasoning: bool = False
     report: StatusCallback = field(default=lambda status: None)
     gate: ContextGate | None = None
+    pinned: bool = True
+    pool_clears_idle_slots: bool = False
 
     async def run(self) -> TurnOutcome:
         outcome = TurnOutcome(answer=None)
@@ -194,9 +207,14 @@ class Turn:
         """``step`` until it completes or another attempt would not be safe; every attempt is
         recorded (in ``outcome.requests`` too)."""
 
+        last: list[Attempt] = []
+
         async def step() -> Attempt:
+            if last and last[-1].result.failure is Failure.POOL_FULL:
+                await self.wait_for_idle_pool()
             attempt = await self.step(kind)
             outcome.requests.append(attempt.record)
+            last.append(attempt)
             return attempt
 
         retrying = AsyncRetrying(
@@ -208,6 +226,19 @@ class Turn:
         )
         attempt: Attempt = await retrying(step)
         return attempt
+
+    async def wait_for_idle_pool(self) -> None:
+        """After a pool-full failure: wait (shown as queued) until no slot runs a request, so
+        that the same request does not meet the same full pool; at most the first-byte limit."""
+        ready = await pool.wait_for(
+            self.client,
+            pool.all_idle,
+            limit_s=self.limits.first_byte_s,
+            poll_s=self.limits.slots_poll_s,
+            on_wait=lambda: self.report(Status(Phase.QUEUED)),
+        )
+        if not ready:
+            log.warning("%s: the pool stayed busy; sending again anyway", self.session)
 
     async def step(self, kind: RequestKind) -> Attempt:
         """One request, built from the log, streamed, and recorded however it ended."""
@@ -221,13 +252,13 @@ class Turn:
                     result,
                     self.client,
                     body,
-                    slot=self.slot,
+                    slot=self.settings.slot,
                     limits=self.limits,
                     report=self.report,
                 )
             finally:
                 # Synchronous, so a cancellation going on cannot interrupt it.
-                record = self._record(kind, epoch.number, messages, result)
+                record = self._record(kind, epoch, messages, result)
         return Attempt(record, result)
 
     async def execute(self, calls: Sequence[ToolCall]) -> None:
@@ -241,16 +272,17 @@ class Turn:
             self.log.append_tool_result(self.session, tool_call_id=call.id, content=text)
 
     def _record(
-        self, kind: RequestKind, epoch: int, messages: list[str], result: RequestResult
+        self, kind: RequestKind, epoch: Epoch, messages: list[str], result: RequestResult
     ) -> RequestRecord:
         """Append the assistant entry (or the broken one) with the request's record."""
+        digest = messages_digest(messages)
         record = RequestRecord(
             kind=kind,
             slot=self.slot,
-            epoch=epoch,
+            epoch=epoch.number,
             message_count=len(messages),
-            messages_sha256=messages_digest(messages),
-            perf=request_perf(result, self._loss(epoch, result)),
+            messages_sha256=digest,
+            perf=request_perf(result, self._loss(epoch, digest, result)),
         )
         message = dumps(result.assembler.message().to_wire())
         if result.complete:
@@ -263,21 +295,39 @@ class Turn:
         METRICS.request_recorded(record)
         return record
 
-    def _loss(self, epoch: int, result: RequestResult) -> Loss:
+    def _loss(self, epoch: Epoch, digest: str, result: RequestResult) -> Loss:
         timings = result.assembler.timings
         if timings is None:
             return Loss(0, 0, LossCause.NONE)  # it broke before the server said anything
         prev = previous_request(self.log.requests(self.session))
-        shared = prev is not None and self.log.slot_used_since(
-            self.slot, prev.request_id, besides=self.session
-        )
         return cache_loss(
             prev,
-            epoch_id=epoch,
+            epoch_id=epoch.number,
             slot=self.slot,
             cache_n=timings.cache_n,
+            around=self._circumstances(prev, epoch, digest),
+        )
+
+    def _circumstances(self, prev: PrevRequest | None, epoch: Epoch, digest: str) -> Circumstances:
+        """What the log knows about what ran since ``prev``, for the cache-loss rule."""
+        if prev is None:
+            return Circumstances(pinned=self.pinned)
+        # Pinned: what ran on this slot; placed by the server: what ran anywhere (another
+        # session's prompt may have been restored into the slot this one held).
+        others = self.log.slot_used_since(
+            self.slot if self.pinned else None, prev.request_id, besides=self.session
+        )
+        return Circumstances(
+            pinned=self.pinned,
+            pool_clears_idle_slots=self.pool_clears_idle_slots,
+            slot_shared=others and self.pinned,
+            other_session_ran=others and not self.pinned,
+            # Every session of the epoch begins with its system text and tools; the bound counts
+            # a token per byte, as the budget does.
+            shared_head=upper_bound_tokens(epoch.tools_text)
+            + upper_bound_tokens(epoch.system_text),
             template_drops_reasoning=self.template_drops_reasoning,
-            slot_shared=shared,
+            resend=digest == prev.messages_sha256,
         )
 
 
@@ -303,7 +353,7 @@ def request_perf(result: RequestResult, loss: Loss) -> Perf:
         thinking_tokens=asm.thinking_tokens,
         capped=result.capped,
         cache_loss=loss.lost,
-        cache_loss_cause=loss.cause.value or None,
+        cache_loss_cause=loss.label or None,
         extra=_perf_extra(result, loss),
     )
 

@@ -56,7 +56,12 @@ class RuntimeCollector(Collector):
             "loopd_turns_in_line", "Turns waiting for their slot in loopd's line."
         )
         in_line.add_metric([], float(sum(not turn.holding for turn in live)))
-        return [busy, active, in_line]
+        changed = GaugeMetricFamily(
+            "loopd_server_changed",
+            "1 while the server differs from the recorded expectations (threads wait).",
+        )
+        changed.add_metric([], 0.0 if self.runtime.server_change is None else 1.0)
+        return [busy, active, in_line, changed]
 
 
 def create_app(runtime: Runtime, metrics: LoopdMetrics = METRICS) -> Starlette:

@@ -10,17 +10,15 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from loopd.engine.perf import LOSS_TOLERANCE
+from loopd.engine.perf import CHECKPOINT_BEFORE_END, LOSS_TOLERANCE
+from loopd.engine.request import ANY_SLOT
 from loopd.selftest.expected import ExpectationsError, ModelExpectation, build_number
 from loopd.selftest.facts import ServerFacts
 from loopd.selftest.template import TemplateAnswer, template_sha256
 
 NOT_RECORDED = "(not recorded: run `loopd selftest --record`)"
-# A hybrid model's server checkpoints the recurrent state 4 tokens before the end of every prompt
-# it reads. A prompt sent again must re-evaluate at least its last token, and the recurrent state
-# cannot be stepped back by one token, so the repeat resumes at that checkpoint
-# (docs/production-shape.md; build 11434's server-context.cpp, ``checkpoint_offsets``).
-CHECKPOINT_BEFORE_END = 4
+# A prompt sent again on a hybrid model resumes at the checkpoint ``CHECKPOINT_BEFORE_END`` tokens
+# before its end (``loopd.engine.perf``, where the turn engine accepts the same for a resend).
 
 
 @dataclass(frozen=True)
@@ -130,13 +128,14 @@ def check_harness_slots(facts: ServerFacts) -> CheckResult:
 
 
 def check_cache(facts: ServerFacts) -> CheckResult:
-    """5. A request repeated on a harness slot reuses the first one's prompt."""
+    """5. A request repeated reuses the first one's prompt: on a harness slot, or where the
+    server places it when loopd will not pin (the pool probe's answer)."""
     name = "cache probe"
     probe = facts.cache
     if probe is None:
         want = "the second request reuses the first's prompt"
         return _not_run(name, want, facts.why_missing("cache"))
-    where = f"slot {probe.slot}"
+    where = f"slot {probe.slot}" if probe.slot != ANY_SLOT else "placed by the server"
     if probe.first_prompt_tokens is None or probe.second_cache_n is None:
         return CheckResult(name, False, "two completed requests", "failed", probe.failure)
     floor = max(probe.first_prompt_tokens - 1 - LOSS_TOLERANCE, 0)
@@ -232,8 +231,8 @@ def template_info(facts: ServerFacts) -> list[CheckResult]:
     ]
 
 
-def run_checks(facts: ServerFacts, expected: ModelExpectation | None) -> list[CheckResult]:
-    """Every check, in the order they are printed."""
+def layout_checks(facts: ServerFacts, expected: ModelExpectation | None) -> list[CheckResult]:
+    """The checks that need no live request: build, model, template, context and slots."""
     return [
         check_server(facts, expected),
         check_model(facts),
@@ -241,6 +240,13 @@ def run_checks(facts: ServerFacts, expected: ModelExpectation | None) -> list[Ch
         check_context(facts, expected),
         check_slot_count(facts, expected),
         check_harness_slots(facts),
+    ]
+
+
+def run_checks(facts: ServerFacts, expected: ModelExpectation | None) -> list[CheckResult]:
+    """Every check, in the order they are printed."""
+    return [
+        *layout_checks(facts, expected),
         check_cache(facts),
         check_pool(facts, expected),
         check_stream(facts),

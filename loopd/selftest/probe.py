@@ -1,10 +1,11 @@
 """The self-test's I/O shell: ask the server, fill in ``ServerFacts``. Judging is in ``checks.py``.
 
 Every request uses loopd's own client and request builder, so what is probed is what loopd sends.
-Live requests go only to a harness slot (the first of ``LOOPD_SLOTS``) and are logged with kind
-``selftest``. They are short on purpose and carry no tools: the cache and stream probes test the
-server's mechanics, and a tools array would make them slow on a CPU. The tools array is exercised
-by the render probe, which costs no generation.
+Live requests go only to a harness slot (the first of ``LOOPD_SLOTS``), except the cache probe's
+where loopd will not pin (the pool probe's answer: they then go as the engine's will, placed by
+the server), and are logged with kind ``selftest``. They are short on purpose and carry no
+tools: the cache and stream probes test the server's mechanics, and a tools array would make
+them slow on a CPU. The tools array is exercised by the render probe, which costs no generation.
 
 The router sometimes closes a kept-alive connection after proxying a response without saying so,
 and the next request on that pooled connection fails with "Server disconnected without sending a
@@ -27,6 +28,7 @@ from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt
 
 from loopd.config import Settings
 from loopd.engine.client import InferenceClient
+from loopd.engine.placement import PinSlots, decide_placement
 from loopd.engine.request import RequestSettings, Sampling, build_body
 from loopd.engine.stream import Limits, RequestResult, run_request
 from loopd.errors import ConnectionDropped, InferenceError, ServerUnreachable
@@ -94,6 +96,7 @@ class ProbeConfig:
     small_call_s: float
     cache_probe_tokens: int = 4
     stream_probe_tokens: int = 32
+    pin_slots: PinSlots = PinSlots.AUTO  # the cache probe sends its requests as the engine will
 
     @classmethod
     def from_settings(cls, settings: Settings, tools_text: str) -> ProbeConfig:
@@ -106,6 +109,7 @@ class ProbeConfig:
             first_byte_s=settings.first_byte_s,
             silence_s=settings.silence_s,
             small_call_s=settings.connect_s,
+            pin_slots=settings.pin_slots,
         )
 
     def request(self, model: str, max_tokens: int | None = None) -> RequestSettings:
@@ -117,10 +121,14 @@ class ProbeConfig:
         )
 
 
-async def gather_facts(connect: ClientFactory, config: ProbeConfig) -> ServerFacts:
+async def gather_facts(
+    connect: ClientFactory, config: ProbeConfig, *, live: bool = True
+) -> ServerFacts:
     """Ask the server everything the checks need; never raises for what the server does.
 
     ``connect`` opens a new client for the configured URL and model (see the module's note).
+    Without ``live``, only what costs no generation and no render: health, the listing,
+    ``/props`` and ``/slots`` (``loopd serve`` checks that much every few minutes).
     """
     async with connect() as client:
         facts = ServerFacts(
@@ -143,6 +151,8 @@ async def gather_facts(connect: ClientFactory, config: ProbeConfig) -> ServerFac
             facts.missing.update(dict.fromkeys(_ALL_FACTS, f"{client.model} is not served"))
             return facts
         await _gather_layout(client, config, facts)
+    if not live:
+        return facts
     await _gather_live(connect, config, facts)
     async with connect() as client:
         facts.render = await probe_render(client, config)
@@ -172,8 +182,11 @@ async def _gather_live(connect: ClientFactory, config: ProbeConfig, facts: Serve
         facts.missing["cache"] = facts.missing["stream"] = f"not run: {why}"
         facts.missing["pool"] = f"not run: {why}"
         return
-    facts.cache = await probe_cache(connect, config)
     facts.pool = await probe_pool(connect, config, other_slot(config, facts.slots))
+    # The cache probe sends as the engine will, which the pool probe's answer decides.
+    cleared = facts.pool.cleared if not facts.pool.failure else None
+    placement = decide_placement(config.pin_slots, selftest=cleared, recorded=None)
+    facts.cache = await probe_cache(connect, config, placement.id_slot(slot))
     facts.stream = await probe_stream(connect, config)
 
 
@@ -199,18 +212,21 @@ async def probe_slots(client: InferenceClient, limit_s: float) -> tuple[SlotInfo
     return parse_slots(await _idempotent(lambda: client.slots(limit_s)))
 
 
-async def probe_cache(connect: ClientFactory, config: ProbeConfig) -> CacheProbe:
-    """The same short request twice on a harness slot; the second should find it cached."""
-    slot = config.harness_slots[0]
+async def probe_cache(
+    connect: ClientFactory, config: ProbeConfig, slot: int | None = None
+) -> CacheProbe:
+    """The same short request twice on a harness slot (or, for ``ANY_SLOT``, where the server
+    places it); the second should find it cached."""
+    slot = config.harness_slots[0] if slot is None else slot
     limits = Limits(
         first_byte_s=config.first_byte_s,
         silence_s=config.silence_s,
         think_cap=config.cache_probe_tokens + 1,  # never reached: the probe has no cap to test
     )
-    first = await _cache_request(connect, config, limits, "cache probe 1")
+    first = await _cache_request(connect, config, limits, "cache probe 1", slot=slot)
     if first.assembler.timings is None or not first.complete:
         return CacheProbe(slot, failure=f"first request: {_failure(first)}")
-    second = await _cache_request(connect, config, limits, "cache probe 2")
+    second = await _cache_request(connect, config, limits, "cache probe 2", slot=slot)
     t1, t2 = first.assembler.timings, second.assembler.timings
     if t2 is None or not second.complete:
         return CacheProbe(slot, t1.cache_n + t1.prompt_n, failure=f"second: {_failure(second)}")

@@ -533,14 +533,15 @@ class SessionLog:
             )
         return [rows.request_from_row(row) for row in found]
 
-    def slot_used_since(self, slot: int, request_id: int, *, besides: str) -> bool:
-        """Whether a request of a session other than ``besides`` ran on ``slot`` after the
-        request ``request_id`` (the slot then held another prompt for a while)."""
+    def slot_used_since(self, slot: int | None, request_id: int, *, besides: str) -> bool:
+        """Whether a request of a session other than ``besides`` ran on ``slot`` (None: on any
+        slot) after the request ``request_id`` (the slot then held another prompt for a while)."""
         with self._reading():
             target = self.get_session(besides)
             row = self._conn.execute(
-                "SELECT 1 FROM requests WHERE slot = ? AND id > ? AND session_id != ? LIMIT 1",
-                (slot, request_id, target.id),
+                "SELECT 1 FROM requests WHERE (? IS NULL OR slot = ?) AND id > ? "
+                "AND session_id != ? LIMIT 1",
+                (slot, slot, request_id, target.id),
             ).fetchone()
         return row is not None
 

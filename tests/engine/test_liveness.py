@@ -46,6 +46,13 @@ def test_listed_slots_mean_queued_or_waiting() -> None:
     assert slots_verdict(SLOTS, 0) == Waiting()
 
 
+def test_a_request_the_server_places_is_queued_only_while_every_slot_is_busy() -> None:
+    assert slots_verdict(SLOTS, None) == Waiting(), "slot 0 is idle: the server takes it"
+    every = [{"id": 0, "is_processing": True}, {"id": 1, "is_processing": True}]
+    assert slots_verdict(every, None) == Queued()
+    assert slots_verdict([], None) == Waiting(), "no slots listed says nothing"
+
+
 @pytest.mark.parametrize(
     ("slots", "problem"),
     [

@@ -1,6 +1,6 @@
 """The cache-loss rule: expected reuse after exact replay, and the named causes of a loss."""
 
-from loopd.engine.perf import LossCause, PrevRequest, cache_loss
+from loopd.engine.perf import Circumstances, LossCause, PrevRequest, cache_loss
 
 
 def prev(**overrides: object) -> PrevRequest:
@@ -68,3 +68,88 @@ def test_another_session_on_the_slot_explains_a_loss_before_a_cold_server() -> N
     assert cache_loss(prev(), epoch_id=2, slot=0, cache_n=0, slot_shared=True).cause is (
         LossCause.NEW_EPOCH
     )
+
+
+# -- a hybrid model's checkpoints, and requests the server places (docs/production-shape.md) ---
+
+
+def test_a_loss_back_to_the_checkpoint_before_the_previous_prompts_end_is_named() -> None:
+    # The hybrid preset's 10-turn chat: each cache_n was the previous prompt's end less 4.
+    before = prev(cache_n=829, prompt_n=50, predicted_n=40)
+    loss = cache_loss(before, epoch_id=1, slot=0, cache_n=875)
+    assert (loss.expected, loss.lost, loss.cause) == (918, 43, LossCause.CHECKPOINT)
+    assert loss.label == "resumed at a checkpoint"
+    # The second checkpoint, a micro-batch earlier.
+    earlier = cache_loss(before, epoch_id=1, slot=0, cache_n=875 - 512)
+    assert (earlier.cause, earlier.at_checkpoint) == (LossCause.CHECKPOINT, True)
+    # One token off either is not a checkpoint.
+    off = cache_loss(before, epoch_id=1, slot=0, cache_n=874)
+    assert (off.cause, off.at_checkpoint) == (LossCause.UNEXPLAINED, False)
+
+
+def test_a_known_cause_stays_first_with_the_checkpoint_said_beside_it() -> None:
+    capped = cache_loss(prev(capped=True), epoch_id=1, slot=0, cache_n=218)
+    assert capped.cause is LossCause.CAPPED_TURN
+    assert capped.label == "previous turn was capped, resumed at a checkpoint"
+    dropped = cache_loss(
+        prev(had_reasoning=True), epoch_id=1, slot=0, cache_n=218, template_drops_reasoning=True
+    )
+    assert dropped.label == "template drops reasoning, resumed at a checkpoint"
+    # Not at the checkpoint: the cause alone.
+    assert cache_loss(prev(capped=True), epoch_id=1, slot=0, cache_n=150).label == (
+        "previous turn was capped"
+    )
+
+
+def test_the_same_prompt_sent_again_may_resume_at_its_checkpoint() -> None:
+    broke = prev(complete=False, messages_sha256="same")
+    # Expected: the prompt less the token the server re-reads (221); a hybrid resumes at 218.
+    resent = cache_loss(broke, epoch_id=1, slot=0, cache_n=218, around=Circumstances(resend=True))
+    assert (resent.expected, resent.lost, resent.cause) == (221, 0, LossCause.NONE)
+    # Not a resend: the same figures are a loss, with its causes.
+    other = cache_loss(broke, epoch_id=1, slot=0, cache_n=218)
+    assert (other.lost, other.label) == (3, "previous request broke, resumed at a checkpoint")
+    # A resend that lost more than the checkpoint is still a loss.
+    worse = cache_loss(broke, epoch_id=1, slot=0, cache_n=100, around=Circumstances(resend=True))
+    assert (worse.lost, worse.cause) == (121, LossCause.BROKEN_TURN)
+
+
+def test_a_loss_is_recorded_only_with_a_cause() -> None:
+    noise = cache_loss(prev(), epoch_id=1, slot=0, cache_n=243)
+    assert (noise.lost, noise.label) == (0, "")
+
+
+UNPINNED = Circumstances(pinned=False, shared_head=120)
+
+
+def test_a_request_the_server_places_has_the_pools_causes() -> None:
+    # Nothing came back and no other session ran: the host cache lost it.
+    cold = cache_loss(prev(), epoch_id=1, slot=0, cache_n=0, around=UNPINNED)
+    assert (cold.lost, cold.cause) == (245, LossCause.NOT_IN_HOST_CACHE)
+    # Another session ran meanwhile, and only the shared head came back (or nothing of it).
+    others = Circumstances(pinned=False, shared_head=120, other_session_ran=True)
+    for kept in (0, 96, 120):
+        head = cache_loss(prev(), epoch_id=1, slot=0, cache_n=kept, around=others)
+        assert head.cause is LossCause.SHARED_HEAD, kept
+    # Within the head, but exactly its own previous prompt's second checkpoint (522 - 4 - 512):
+    # its state came back from the host cache.
+    own = cache_loss(prev(cache_n=505), epoch_id=1, slot=0, cache_n=6, around=others)
+    assert own.cause is LossCause.CHECKPOINT
+    # More than the head came back: the session's own part was reused, look further.
+    past = cache_loss(prev(capped=True), epoch_id=1, slot=0, cache_n=150, around=others)
+    assert past.cause is LossCause.CAPPED_TURN
+    # A lane is not a slot: its number says nothing of where the server put the request.
+    moved = cache_loss(prev(slot=1), epoch_id=1, slot=0, cache_n=218, around=UNPINNED)
+    assert moved.cause is LossCause.CHECKPOINT
+
+
+def test_a_pinned_slot_on_a_pool_that_clears_idle_slots() -> None:
+    clears = Circumstances(pool_clears_idle_slots=True, slot_shared=True)
+    cleared = cache_loss(prev(), epoch_id=1, slot=0, cache_n=0, around=clears)
+    assert cleared.cause is LossCause.SLOT_CLEARED
+    # Something kept: the slot was not cleared; another session on it explains the rest.
+    partly = cache_loss(prev(), epoch_id=1, slot=0, cache_n=150, around=clears)
+    assert partly.cause is LossCause.SHARED_SLOT
+    # A server that keeps idle slots: an empty slot is a cold server.
+    kept = cache_loss(prev(), epoch_id=1, slot=0, cache_n=0)
+    assert kept.cause is LossCause.COLD

@@ -401,6 +401,8 @@ def test_retry_safe_needs_a_failure_without_output_and_not_a_4xx() -> None:
     assert not retry_safe(result(Failure.REJECTED, 503))
     for never in (Failure.FIRST_BYTE_TIMEOUT, Failure.THINK_RUNAWAY, Failure.CANCELLED):
         assert not retry_safe(result(never))
+    # A full shared pool: nothing of the partial answer is kept, so it may go again.
+    assert retry_safe(result(Failure.POOL_FULL, 500, output=True))
 
 
 def test_status_throttle_passes_new_phases_at_once_and_figures_at_most_per_interval() -> None:

@@ -41,6 +41,8 @@ def _runtime(server: Served, state: Path, **overrides: Any) -> Runtime:
         "max_tokens": 16,
         "think_cap": 0,
         "prewarm": True,
+        # The fake keeps idle slots (no unified pool): the self-test would find them kept.
+        "pin_slots": "yes",
         "compact_at": 0.5,
         "summary_max_tokens": 64,
     }

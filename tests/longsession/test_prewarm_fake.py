@@ -102,6 +102,38 @@ async def test_prewarm_is_skipped_when_off_busy_or_pending(tmp_path: Path) -> No
 
 
 @pytest.mark.anyio
+async def test_prewarm_waits_for_the_whole_engine_and_the_whole_server(tmp_path: Path) -> None:
+    """A prewarm beside any running request would slow both (a second active slot), and on a
+    unified pool its launch clears every idle slot: it runs only when nothing else does."""
+    log = open_log(tmp_path)
+    async with served() as server:
+        await _one_turn(server, log)
+        session = log.get_session(SESSION)
+        scheduler = Scheduler()
+        prewarmer = Prewarmer(server.client, log, scheduler, enabled=True)
+        async with scheduler.slot("a session on another slot", SLOT + 1):
+            other_lane = await prewarmer.prewarm(session, settings())
+        # Another client's request on the other slot of the server.
+        server.fake.faults.set(stall_before_first_byte=True)
+        async with anyio.create_task_group() as tg:
+
+            async def other_client() -> None:
+                async with server.client.stream_chat(user_body("x", id_slot=SLOT + 1)) as r:
+                    await r.aread()
+
+            tg.start_soon(other_client)
+            await eventually(lambda: server.fake.model().slots.slots[SLOT + 1].is_processing)
+            other_client_busy = await prewarmer.prewarm(session, settings())
+            server.fake.faults.set(stall_before_first_byte=False)
+        idle = await prewarmer.prewarm(session, settings())
+    assert other_lane == PrewarmResult(PrewarmOutcome.SKIPPED, "a turn of loopd's runs or waits")
+    assert other_client_busy == PrewarmResult(
+        PrewarmOutcome.SKIPPED, "the server is busy with another client's request"
+    )
+    assert idle.outcome is PrewarmOutcome.DONE
+
+
+@pytest.mark.anyio
 async def test_a_real_turn_waits_only_for_the_prewarm_to_be_cancelled(tmp_path: Path) -> None:
     log = open_log(tmp_path)
     async with served() as server:

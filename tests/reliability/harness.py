@@ -147,6 +147,7 @@ class Box:
             "workspace_dir": self.workspaces,
             "broker_url": f"unix:{self.broker_socket}",
             "slots": (0,),
+            "pin_slots": "yes",  # the fake keeps idle slots, as a self-test would find
             "first_byte_s": FAST.first_byte_s,
             "silence_s": FAST.silence_s,
             "connect_s": 2.0,
@@ -167,6 +168,7 @@ class Box:
             LOOPD_WORKSPACE_DIR=str(self.workspaces),
             LOOPD_BROKER_URL=f"unix:{self.broker_socket}",
             LOOPD_SLOTS="0",
+            LOOPD_PIN_SLOTS="yes",
             LOOPD_FIRST_BYTE_S="20",
             LOOPD_SILENCE_S="5",
             # The fake's slots hold 8192 tokens; the default max_tokens (12288) would leave a
