@@ -247,12 +247,13 @@ class Runtime:
         self.budget.shared = placement.shared_pool
         self.budget.requests = self.settings.pool_requests
         log.info(
-            "requests %s (%s); the shared pool %s; the template keeps past reasoning: %s",
+            "requests %s (%s); %s; the template keeps past reasoning: %s",
             "pinned to each session's slot" if placement.pinned else "placed by the server",
             placement.why,
-            f"is planned as {self.settings.pool_requests} requests' share"
+            f"the KV pool is shared: a request plans with {self.settings.pool_requests} "
+            "requests' share of it"
             if placement.shared_pool
-            else "is not known to be shared",
+            else "each slot has its own context",
             keeps_past_reasoning.value,
         )
         return view

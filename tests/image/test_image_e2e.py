@@ -219,7 +219,14 @@ def _configure_brokerd(walk: Walkthrough, mm_socket: Path) -> None:
 def _configure_loopd(walk: Walkthrough) -> None:
     edit_toml(
         walk.installed(".config/loopd/loopd.toml"),
-        {"model": json.dumps(devserver.PLAIN_MODEL), "slots": "[0]", "max_tokens": "48"},
+        {
+            "model": json.dumps(devserver.PLAIN_MODEL),
+            "slots": "[0]",
+            # Short answers keep the test fast; the plain model does not think, so no cap
+            # (a cap must leave the answer room below max_tokens, docs/deployment.md).
+            "max_tokens": "48",
+            "think_cap": "0",
+        },
     )
     edit_env(walk.installed(".config/loopd/loopd.env"), {"LOOPD_MM_ALLOWED_USERS": "alice"})
 

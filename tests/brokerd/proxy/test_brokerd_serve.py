@@ -84,6 +84,7 @@ async def test_serve_makes_private_sockets_and_stops_cleanly_on_sigterm(
     assert b'"level": "info"' in logged  # JSON lines: stderr is not a terminal
 
 
+@pytest.mark.usefixtures("restored_logging")
 def test_serving_chat_without_mattermost_config_is_one_clear_line(
     brokerd_environment: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
