@@ -2,7 +2,7 @@
 
 ``loopd serve`` tests each endpoint against its own recorded expectations (``expected.py``), all
 at once. An endpoint that fails is marked down with one line saying why (``down_line``) and is
-re-checked in the background (``recheck_down``, on ``loopd.endpointhealth``'s schedule); the
+re-checked in the background (``recheck_down``, on ``loopd.endpoints.health``'s schedule); the
 others serve. With no endpoint up there is nothing to serve with, and loopd refuses to start, as
 it does for the one server of the shorthand.
 """
@@ -18,7 +18,7 @@ from pathlib import Path
 import anyio
 
 from loopd.config import EndpointSettings, Settings
-from loopd.endpointhealth import EndpointHealth
+from loopd.endpoints.health import EndpointHealth
 from loopd.selftest.expected import DEFAULT_DIR, ExpectationsError
 from loopd.selftest.run import SelftestReport, format_result, run_selftest
 

@@ -11,7 +11,7 @@ import anyio
 import pytest
 
 from loopd.config import EndpointSettings, load_settings
-from loopd.endpointhealth import EndpointHealth
+from loopd.endpoints.health import EndpointHealth
 from loopd.selftest.checks import CheckResult
 from loopd.selftest.endpoints import (
     EndpointCheck,

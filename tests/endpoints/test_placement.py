@@ -2,7 +2,7 @@
 
 import pytest
 
-from loopd.placement import (
+from loopd.endpoints.placement import (
     ENDPOINT_LOST,
     EndpointLoad,
     Move,

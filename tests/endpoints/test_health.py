@@ -2,7 +2,7 @@
 
 import pytest
 
-from loopd.endpointhealth import (
+from loopd.endpoints.health import (
     EndpointHealth,
     endpoint_dead,
     needs_health_check,
