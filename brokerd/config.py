@@ -27,6 +27,7 @@ from brokerd.proxy.upstream import parse_upstream
 from brokerd.tools.settings import BrokerSettings
 from loopd import configload
 from loopd.errors import ConfigError as ConfigError  # brokerd's too: one loader, one error
+from loopd.observe.address import check_address
 
 ENV_PREFIX: Final = "BROKERD_"
 NESTED_DELIMITER: Final = "__"
@@ -176,6 +177,16 @@ class BrokerdSettings(configload.FileSettings):
         default=None, description="Tool broker settings (needed to serve broker.sock)."
     )
     log_level: Literal["debug", "info", "warning", "error"] = "info"
+    metrics_addr: Annotated[str | None, AfterValidator(check_address)] = Field(
+        default=None,
+        description="Where brokerd serves /metrics (and loopd's pages under /loopd/): "
+        "unix:/path (outside socket_dir) or 127.0.0.1:PORT. Unset: off.",
+    )
+    metrics_relay: Path | None = Field(
+        default=None,
+        description="loopd's metrics socket as the host sees it (in the loopd-state volume), "
+        "relayed at metrics_addr under /loopd/.",
+    )
     mcp: McpServers = Field(default=(), description="MCP servers whose tools the broker offers.")
 
     @field_validator("chat_allowed_teams", "chat_allowed_channels", "chat_allowed_users")

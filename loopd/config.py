@@ -40,6 +40,7 @@ from pydantic_settings import (
 from loopd import configload
 from loopd.chat.config import ChatSettings
 from loopd.configload import Rule
+from loopd.observe.address import check_address
 
 # The core tools array ships inside the package, so an installed wheel finds it wherever it lives.
 CORE_TOOLS_FILE = Path(__file__).resolve().parent / "data" / "tools.schema.json"
@@ -255,6 +256,12 @@ class Settings(configload.FileSettings):
         description="`auto` (human on a terminal, JSON lines otherwise), `human` or `json`.",
     )
     log_level: str = Field(default="INFO", description="Python logging level name.")
+    metrics_addr: Annotated[str | None, AfterValidator(check_address)] = Field(
+        default=None,
+        description="Where `loopd serve` serves `/metrics` and the status page: "
+        "`unix:/path/to.sock` (in the box: in the state folder, relayed by brokerd) or "
+        "`127.0.0.1:PORT`. Unset: off.",
+    )
     mm: ChatSettings = Field(
         default=ChatSettings(),  # frozen, so one instance may be every default
         description="The Mattermost adapter's settings (`LOOPD_MM_*`, or the file's `[mm]` table).",

@@ -30,6 +30,7 @@ from loopd.errors import (
     StreamBroken,
     StreamCut,
 )
+from loopd.observe.context import inference_hooks
 from loopd.wire.events import EventDecoder, StreamEvent
 
 CHAT_PATH = "/v1/chat/completions"
@@ -53,9 +54,14 @@ def make_async_client(url: str, connect_s: float) -> httpx.AsyncClient:
     if url.startswith("unix:"):
         transport = httpx.AsyncHTTPTransport(uds=url[len("unix:") :], limits=limits)
         return httpx.AsyncClient(
-            transport=transport, base_url="http://llama-server", timeout=timeout
+            transport=transport,
+            base_url="http://llama-server",
+            timeout=timeout,
+            event_hooks=inference_hooks(),
         )
-    return httpx.AsyncClient(base_url=url, timeout=timeout, limits=limits)
+    return httpx.AsyncClient(
+        base_url=url, timeout=timeout, limits=limits, event_hooks=inference_hooks()
+    )
 
 
 def error_message(body: bytes) -> tuple[str, str]:
