@@ -30,6 +30,7 @@ class LossCause(StrEnum):
     COLD = "cold server or eviction"
     OTHER_SLOT = "slot changed"
     SHARED_SLOT = "another session used the slot"
+    ENDPOINT_LOST = "endpoint lost"  # its server died; the session moved (loopd.endpoints)
     UNEXPLAINED = "unexplained"
 
 

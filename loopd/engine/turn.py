@@ -165,6 +165,10 @@ class Turn:
     template_drops_reasoning: bool = False
     report: StatusCallback = field(default=lambda status: None)
     gate: ContextGate | None = None
+    # Where loopd runs several servers: this one's name (recorded with each request), and the
+    # one the session left because it died, until the session's prompt is read here.
+    endpoint: str | None = None
+    moved_from: str | None = None
 
     async def run(self) -> TurnOutcome:
         outcome = TurnOutcome(answer=None)
@@ -250,7 +254,7 @@ class Turn:
             epoch=epoch,
             message_count=len(messages),
             messages_sha256=messages_digest(messages),
-            perf=request_perf(result, self._loss(epoch, result)),
+            perf=request_perf(result, self._loss(epoch, result), self.endpoint),
         )
         message = dumps(result.assembler.message().to_wire())
         if result.complete:
@@ -271,7 +275,7 @@ class Turn:
         shared = prev is not None and self.log.slot_used_since(
             self.slot, prev.request_id, besides=self.session
         )
-        return cache_loss(
+        loss = cache_loss(
             prev,
             epoch_id=epoch,
             slot=self.slot,
@@ -279,6 +283,10 @@ class Turn:
             template_drops_reasoning=self.template_drops_reasoning,
             slot_shared=shared,
         )
+        if self.moved_from is not None:  # this server just read the moved session's prompt
+            self.moved_from = None
+            return Loss(loss.expected, loss.lost, LossCause.ENDPOINT_LOST)
+        return loss
 
 
 def _last_attempt(state: RetryCallState) -> Attempt:
@@ -288,7 +296,7 @@ def _last_attempt(state: RetryCallState) -> Attempt:
     return attempt
 
 
-def request_perf(result: RequestResult, loss: Loss) -> Perf:
+def request_perf(result: RequestResult, loss: Loss, endpoint: str | None = None) -> Perf:
     """The request's perf record: the server's counters, the engine's times, the cache loss."""
     asm, t = result.assembler, result.assembler.timings
     return Perf(
@@ -304,7 +312,7 @@ def request_perf(result: RequestResult, loss: Loss) -> Perf:
         capped=result.capped,
         cache_loss=loss.lost,
         cache_loss_cause=loss.cause.value or None,
-        extra=_perf_extra(result, loss),
+        extra=_perf_extra(result, loss) | ({"endpoint": endpoint} if endpoint else {}),
     )
 
 
