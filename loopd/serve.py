@@ -10,10 +10,12 @@ next start.
 from __future__ import annotations
 
 import argparse
+import functools
 import logging
 import signal
 import sys
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Mapping
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,6 +33,7 @@ from loopd.config import Settings
 from loopd.errors import LoopdError
 from loopd.exceptiongroups import sole_kind
 from loopd.observe.server import serve_runtime
+from loopd.selftest.endpoints import check_all, down_line, endpoint_checker, health_after
 from loopd.selftest.expected import DEFAULT_DIR
 from loopd.selftest.run import format_report, run_selftest
 from loopd.sessionlog.backup import hold_state
@@ -53,9 +56,15 @@ class Daemon:
 
 
 async def run_daemon(
-    settings: Settings, *, task_status: TaskStatus[Daemon] = anyio.TASK_STATUS_IGNORED
+    settings: Settings,
+    *,
+    expected_dir: Path = DEFAULT_DIR,
+    down: Mapping[str, str] = {},
+    task_status: TaskStatus[Daemon] = anyio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Run until cancelled; ``task_status`` gets the daemon once it is listening."""
+    """Run until cancelled; ``task_status`` gets the daemon once it is listening. With
+    ``[[endpoint]]`` tables, ``down`` names the endpoints the start's self-test found down
+    (re-checked against ``expected_dir``)."""
     chat = settings.mm
     async with AsyncExitStack() as stack:
         # One daemon per state folder: a second one would answer every thread twice, and a
@@ -63,6 +72,10 @@ async def run_daemon(
         stack.enter_context(hold_state(settings.state_dir))
         runtime = Runtime.open(settings)
         stack.push_async_callback(runtime.aclose)
+        if runtime.endpoints is not None:
+            runtime.endpoints.start(
+                endpoint_checker(settings, runtime.spec.text, expected_dir), down
+            )
         state = ChatState.open(settings.state_dir / "chat.db")
         stack.callback(state.close)
         client = MattermostClient(
@@ -86,14 +99,16 @@ async def run_daemon(
             task_status.started(Daemon(runtime, state, client, threads, adapter))
 
 
-async def serve(settings: Settings) -> int:
+async def serve(
+    settings: Settings, *, expected_dir: Path = DEFAULT_DIR, down: Mapping[str, str] = {}
+) -> int:
     """The daemon's life. A loopd error that ends it (at startup: a bad tools file, a token file
     it cannot read, Mattermost refusing the bot) is raised bare, for the command line's one line;
     the task groups would otherwise wrap it."""
     try:
         async with anyio.create_task_group() as tg:
             tg.start_soon(_cancel_on_signal, tg.cancel_scope.cancel)
-            await run_daemon(settings)
+            await run_daemon(settings, expected_dir=expected_dir, down=down)
     except ExceptionGroup as group:
         if (error := sole_kind(group, LoopdError)) is None:
             raise
@@ -111,13 +126,38 @@ async def _cancel_on_signal(cancel: Callable[[], None]) -> None:
 
 def handler(args: argparse.Namespace, settings: Settings) -> int:
     check_state_dir(settings.state_dir, create=True)
+    down: dict[str, str] = {}
     if args.skip_selftest:
         log.warning("the self-test was skipped (--skip-selftest): the server is not checked")
+    elif settings.has_endpoint_tables:
+        status, down = anyio.run(startup_endpoints, settings, args.expected_dir)
+        if status != 0:
+            return status
     else:
         status = anyio.run(startup_selftest, settings, args.expected_dir)
         if status != 0:
             return status
-    return anyio.run(serve, settings)
+    return anyio.run(functools.partial(serve, settings, expected_dir=args.expected_dir, down=down))
+
+
+async def startup_endpoints(
+    settings: Settings, expected_dir: Path = DEFAULT_DIR
+) -> tuple[int, dict[str, str]]:
+    """Every endpoint's self-test, at once: each one down gets one line and is re-checked once
+    loopd serves; with none up, loopd refuses to start, as for the shorthand's one server.
+    Returns the exit status and the endpoints down (name -> why)."""
+    tools_text = load_tools_spec(settings.tools_file).text
+    checks = await check_all(
+        settings.endpoints(), endpoint_checker(settings, tools_text, expected_dir)
+    )
+    health_after(checks, time.monotonic())  # logs each endpoint's result
+    down = {check.endpoint.name: check.reason for check in checks if not check.ok}
+    if len(down) < len(checks):
+        return 0, down
+    for check in checks:
+        print(format_report(check.report) if check.report else down_line(check), file=sys.stderr)
+    print("loopd serve: refusing to start: no endpoint passed its self-test", file=sys.stderr)
+    return 1, down
 
 
 async def startup_selftest(settings: Settings, expected_dir: Path = DEFAULT_DIR) -> int:

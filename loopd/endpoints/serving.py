@@ -97,6 +97,13 @@ class Endpoints:
         for server in self.servers.values():
             await server.client.aclose()
 
+    def start(self, check: Checker, down: Mapping[str, str]) -> None:
+        """Serve with ``check`` as the re-check, the endpoints of ``down`` (name -> why) down
+        as the start's self-tests found them."""
+        self.check = check
+        for name, reason in down.items():
+            self.fleet.health.mark_down(name, reason, time.monotonic())
+
     def on_up(self, listener: Callable[[str], None]) -> None:
         """Call ``listener(name)`` when a down endpoint passes its re-check."""
         self._up_listeners.append(listener)
