@@ -160,7 +160,7 @@ class Endpoints:
                 down = ", ".join(placement.down)
                 return TurnOutcome(
                     answer=None,
-                    failure=f"no endpoint is up ({down}); the message waits for one to return",
+                    failure=f"no endpoint is up ({down})",
                 )
             name = placement.to if isinstance(placement, Move) else placement.endpoint
             server = self.servers[name]
