@@ -13,6 +13,7 @@ from anyio.abc import TaskStatus
 
 from brokerd.cli import main
 from brokerd.config import BrokerdSettings, InferenceEndpoint, Secrets
+from brokerd.observe.middleware import Instrumented
 from brokerd.serve import (
     Endpoint,
     ServeError,
@@ -152,6 +153,12 @@ def test_each_endpoint_table_is_one_inference_socket_and_its_key_is_hidden(
         ("infer-gpu2", "infer-gpu2.sock"),
     ]
     assert sock_dir / "gpu1.key" in own_paths(settings)
+    # Each is counted under its own socket's name, by the inference routes.
+    app = endpoints[0].app
+    assert isinstance(app, Instrumented)
+    assert app.socket == "infer-gpu1"
+    assert app.route("POST", "/v1/chat/completions") == "/v1/chat/completions"
+    assert app.route("POST", "/slots/0") == "other"
 
 
 async def serve_briefly(
