@@ -17,6 +17,7 @@ The engine's own records of these numbers (``Limits``, ``BudgetRules``) take the
 
 from __future__ import annotations
 
+import json
 import logging
 import sys
 from pathlib import Path
@@ -122,7 +123,21 @@ def _unique_endpoint_names(
     return endpoints
 
 
-EndpointTables = Annotated[tuple[EndpointSettings, ...], AfterValidator(_unique_endpoint_names)]
+def _parse_endpoint_tables(value: Any) -> Any:
+    """The environment's ``LOOPD_ENDPOINT``: JSON, as the tables would be written, or empty for
+    none (what a dump of the default gives); the file's tables pass as they are."""
+    if isinstance(value, str):
+        return json.loads(value) if value.strip() else ()
+    return value
+
+
+# NoDecode: an empty LOOPD_ENDPOINT is no tables, not a JSON error.
+EndpointTables = Annotated[
+    tuple[EndpointSettings, ...],
+    NoDecode,
+    BeforeValidator(_parse_endpoint_tables),
+    AfterValidator(_unique_endpoint_names),
+]
 # The shorthand's settings; none of them may be set beside [[endpoint]] tables.
 SHORTHAND_SETTINGS: Final = ("infer_url", "model", "slots")
 

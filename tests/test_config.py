@@ -352,3 +352,12 @@ def test_a_bad_endpoint_table_is_one_line(
         load_settings()
     assert "\n" not in str(error.value)
     assert problem.format(config=config) in str(error.value)
+
+
+def test_an_empty_endpoint_variable_is_no_tables(monkeypatch: pytest.MonkeyPatch) -> None:
+    # What a dump of the default settings gives, as a child process's environment.
+    monkeypatch.setenv("LOOPD_ENDPOINT", "")
+    assert load_settings().endpoint == ()
+    monkeypatch.setenv("LOOPD_ENDPOINT", "[{")
+    with pytest.raises(ConfigError, match=r"^LOOPD_ENDPOINT: Expecting property name"):
+        load_settings()
