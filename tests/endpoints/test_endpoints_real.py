@@ -6,6 +6,9 @@ answered twice; the server started again passes its re-check and new sessions re
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -135,3 +138,23 @@ async def test_sessions_spread_survive_a_killed_server_and_reach_it_again(
         assert _roles(runtime, "s5") == ["user", "assistant"]
     finally:
         await runtime.aclose()
+    verified, listed = _loopd(tmp_path, "log", "verify"), _loopd(tmp_path, "sessions")
+    print(verified.stdout, listed.stdout, sep="")  # what the commands say, for the record
+    assert verified.returncode == 0, verified.stderr
+    assert verified.stdout.endswith("5 session(s), hash chain and replay identity hold\n")
+    rows = [line.split()[:2] for line in listed.stdout.splitlines()[1:]]
+    assert rows == [["s1", "b"], ["s2", "b"], ["s3", "b"], ["s4", "b"], ["s5", "a"]]
+
+
+def _loopd(state: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """The ``loopd`` command line on the test's state folder."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LOOPD_")}
+    env["LOOPD_STATE_DIR"] = str(state)
+    return subprocess.run(
+        [sys.executable, "-m", "loopd", *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
