@@ -17,7 +17,7 @@ from loopd.config import load_settings
 from loopd.sessionlog.records import fresh_external_key
 from loopd.sessionlog.verify import verify
 from loopd.sessions import Runtime
-from loopd_dev.fakes.llama import FakeLlama, serve_fake_llama
+from loopd_dev.fakes.llama import FakeLlama, Trigger, serve_fake_llama
 
 pytestmark = pytest.mark.anyio
 
@@ -30,6 +30,7 @@ class Fake:
 
     scope: anyio.CancelScope
     gone: anyio.Event
+    llama: FakeLlama
 
     async def kill(self) -> None:
         self.scope.cancel()
@@ -37,10 +38,10 @@ class Fake:
 
 
 async def _serve(socket: Path, *, task_status: TaskStatus[Fake]) -> None:
-    fake = Fake(anyio.CancelScope(), anyio.Event())
+    fake = Fake(anyio.CancelScope(), anyio.Event(), FakeLlama())
     try:
         with fake.scope:
-            async with serve_fake_llama(FakeLlama(), uds=socket):
+            async with serve_fake_llama(fake.llama, uds=socket):
                 task_status.started(fake)
                 await anyio.sleep_forever()
     finally:
@@ -105,5 +106,26 @@ async def test_a_dead_servers_sessions_move_once_and_with_none_up_the_turn_says_
 
             await fakes["b"].kill()
             assert await _turn(runtime, "s2", "anyone?") == "failed: no endpoint is up (a, b)"
+        finally:
+            await runtime.aclose()
+
+
+async def test_a_cut_stream_from_a_server_still_answering_moves_nothing(tmp_path: Path) -> None:
+    async with two_fakes() as (folder, fakes):
+        runtime = _runtime(folder, tmp_path)
+        try:
+            assert not (await _turn(runtime, "s1", "hello") or "").startswith("failed")
+            fakes["a"].llama.faults.set(drop_mid_stream=Trigger(after=2))
+            cut = await _turn(runtime, "s1", "again")
+            assert cut is not None
+            assert cut.startswith("failed"), cut
+            assert runtime.endpoints is not None
+            assert runtime.endpoints.fleet.health.is_up("a")  # busy or flaky, not dead
+            fakes["a"].llama.faults.clear()
+            assert not (await _turn(runtime, "s1", "once more") or "").startswith("failed")
+            where = {r[0] for r in _endpoints(runtime, "s1")}
+            causes = {r[2] for r in _endpoints(runtime, "s1")}
+            assert where == {"a"}
+            assert "endpoint lost" not in causes
         finally:
             await runtime.aclose()
