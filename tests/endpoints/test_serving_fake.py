@@ -6,7 +6,7 @@ from __future__ import annotations
 import tempfile
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import anyio
@@ -14,10 +14,11 @@ import pytest
 from anyio.abc import TaskStatus
 
 from loopd.config import load_settings
+from loopd.engine.stream import Phase, Status
 from loopd.sessionlog.records import fresh_external_key
 from loopd.sessionlog.verify import verify
 from loopd.sessions import Runtime
-from loopd_dev.fakes.llama import FakeLlama, Trigger, serve_fake_llama
+from loopd_dev.fakes.llama import FakeLlama, RunningFake, Trigger, serve_fake_llama
 
 pytestmark = pytest.mark.anyio
 
@@ -28,20 +29,24 @@ MODEL = "fake-model"
 class Fake:
     """A fake llama-server served in a task of its own; ``kill`` ends it (its server dies)."""
 
-    scope: anyio.CancelScope
-    gone: anyio.Event
     llama: FakeLlama
+    scope: anyio.CancelScope = field(default_factory=anyio.CancelScope)
+    gone: anyio.Event = field(default_factory=anyio.Event)
+    running: RunningFake | None = None
 
     async def kill(self) -> None:
+        assert self.running is not None
+        self.running.kill()  # every connection closed and every request dropped, at once
         self.scope.cancel()
         await self.gone.wait()  # its socket is closed
 
 
 async def _serve(socket: Path, *, task_status: TaskStatus[Fake]) -> None:
-    fake = Fake(anyio.CancelScope(), anyio.Event(), FakeLlama())
+    fake = Fake(FakeLlama())
     try:
         with fake.scope:
-            async with serve_fake_llama(fake.llama, uds=socket):
+            async with serve_fake_llama(fake.llama, uds=socket) as running:
+                fake.running = running
                 task_status.started(fake)
                 await anyio.sleep_forever()
     finally:
@@ -127,5 +132,40 @@ async def test_a_cut_stream_from_a_server_still_answering_moves_nothing(tmp_path
             causes = {r[2] for r in _endpoints(runtime, "s1")}
             assert where == {"a"}
             assert "endpoint lost" not in causes
+        finally:
+            await runtime.aclose()
+
+
+async def test_a_server_killed_mid_stream_the_turn_answers_on_the_other(tmp_path: Path) -> None:
+    async with two_fakes() as (folder, fakes):
+        runtime = _runtime(folder, tmp_path)
+        try:
+            assert not (await _turn(runtime, "s1", "hello") or "").startswith("failed")
+            fakes["a"].llama.faults.set(stall_mid_stream=Trigger(after=1))
+            streaming = anyio.Event()
+
+            def report(status: Status) -> None:
+                if status.phase not in (Phase.WAITING, Phase.QUEUED):  # a data event came
+                    streaming.set()
+
+            session = runtime.ensure_session("s1")
+            runtime.log.append_user("s1", "a long story", external_key=fresh_external_key())
+            answers: list[str | None] = []
+
+            async def turn() -> None:
+                answers.append((await runtime.run_turn(session, report)).answer)
+
+            with anyio.fail_after(30):
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(turn)
+                    await streaming.wait()  # a's stream has begun, and stalls after its first event
+                    await fakes["a"].kill()
+            assert answers[0] is not None
+            s1 = _endpoints(runtime, "s1")
+            # The cut stream, and the attempts that found nothing answering, are broken on a;
+            # the turn answered on b, with the one re-read recorded.
+            assert {r[:2] for r in s1[1:-1]} == {("a", "broken")}
+            assert s1[-1] == ("b", "complete", "endpoint lost")
+            assert verify(runtime.log) == []
         finally:
             await runtime.aclose()
