@@ -4,8 +4,9 @@ Order: the micro-benchmarks first (they need no server and are the most sensitiv
 the real llama-server is started once, on a Unix socket, with four presets, for the cache (both
 SmolLM2 thinking templates and the hybrid preset) and switching (the plain and the hybrid
 preset) benchmarks, logging at trace level so the hybrid's turns say what the server did. Then
-two benchmarks with routers of their own: pinning on a unified pool (``bench/pool.py``) and where
-a hybrid model's cache goes (``bench/hybrid.py``). The report goes to
+benchmarks with routers of their own: pinning on a unified pool (``bench/pool.py``), where a
+hybrid model's cache goes (``bench/hybrid.py``) and placement across two endpoints
+(``bench/placement.py``). The report goes to
 ``bench/results/<date>.md`` with a plot per template beside it.
 """
 
@@ -22,7 +23,7 @@ from pathlib import Path
 
 import anyio
 
-from bench import cache_reuse, hybrid, overhead, parsers, pool, switching
+from bench import cache_reuse, hybrid, overhead, parsers, placement, pool, switching
 from bench.errors import BenchError
 from bench.machine import describe, load_average
 from bench.plot import prompt_n_plot
@@ -146,6 +147,10 @@ def _with_server(results: Results, args: argparse.Namespace) -> Results:
         pool_layouts, pool_requests = pool.run(work / "pool", args.cache_dir)
         log.info("where a hybrid model's cache goes (a router of its own)")
         hybrid_rows = hybrid.run(work / "hybrid", args.cache_dir)
+        placement_runs = None
+        if not shape_only:
+            log.info("placement across endpoints (two routers of their own)")
+            placement_runs = placement.run(work / "placement", args.cache_dir)
     plot_files = []
     for cache in caches:
         plot_file = f"{results.date}-prompt-n-{cache.settings.model}.png"
@@ -198,6 +203,7 @@ def _with_server(results: Results, args: argparse.Namespace) -> Results:
         pool_layouts=pool_layouts,
         pool=pool_requests,
         hybrid=hybrid_rows,
+        placement=placement_runs,
     )
 
 

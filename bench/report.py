@@ -16,6 +16,8 @@ from bench.machine import Machine
 from bench.memory import MemorySample
 from bench.overhead import CpuShare, LogCost
 from bench.parsers import ParserRow
+from bench.placement import PlacementRun
+from bench.placement import section as placement_section
 from bench.pool import Layout, PoolRequest, PoolSummary, summarize
 from bench.stats import Spread
 from bench.switching import SwitchRow, TurnSample
@@ -53,6 +55,7 @@ class Results:
     pool_layouts: list[Layout] = field(default_factory=list)
     pool: list[PoolRequest] | None = None
     hybrid: list[HybridRow] | None = None
+    placement: list[PlacementRun] | None = None  # sessions across endpoints (bench/placement.py)
 
 
 @dataclass(frozen=True)
@@ -93,6 +96,8 @@ def render(results: Results) -> str:
     lines += ["", *_switching_section(results), ""]
     lines += [*_pool_section(results), ""]
     lines += [*_hybrid_section(results), ""]
+    if results.placement:
+        lines += [*placement_section(results.placement, results.date), ""]
     return "\n".join(lines)
 
 

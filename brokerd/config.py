@@ -4,15 +4,21 @@ The file is named by ``BROKERD_CONFIG``; nested settings use ``__`` in variable 
 ``BROKERD_BROKER__AUDIT_DB``) or a ``[broker]`` table in the file. Secrets never sit in the
 settings themselves: the settings name files, read once at startup by ``read_secrets``.
 
+The inference proxy serves one llama-server (``inference_url`` and its ``inference_*`` rules, on
+``infer.sock``) or several: one ``[[endpoint]]`` table each, served on ``infer-NAME.sock``, each
+with its own URL, key file, slots and models. The two forms do not mix (rule
+``one_inference_form``).
+
 The settings are loaded by ``loopd.configload``, as loopd's are: the same sources, the same refusal
 of an unknown ``BROKERD_*`` variable (with the likely name), the same one-line ``ConfigError``.
 """
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated, Final, Literal
+from typing import Annotated, Final, Literal, Self
 
-from pydantic import AfterValidator, Field, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic_settings import SettingsConfigDict
 
 from brokerd.mcp.config import McpServers
@@ -27,6 +33,64 @@ ENV_PREFIX: Final = "BROKERD_"
 NESTED_DELIMITER: Final = "__"
 CONFIG_FILE_VARIABLE: Final = f"{ENV_PREFIX}CONFIG"
 DEFAULT_SOCKET_DIR: Final = Path("/run/brokerd")
+# An endpoint's name is part of its socket's file name (infer-NAME.sock) and of loopd's config.
+ENDPOINT_NAME_PATTERN: Final = r"^[a-z0-9][a-z0-9_-]{0,31}$"
+SlotId = Annotated[int, Field(ge=0)]
+
+
+def _checked_upstream(value: str) -> str:
+    parse_upstream(value)  # its ValueError names what is wrong; pydantic adds the field
+    return value
+
+
+class InferenceEndpoint(BaseModel):
+    """One llama-server the box may reach, on its own socket ``infer-NAME.sock``; the slot and
+    model rules are this server's alone."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    name: str = Field(
+        pattern=ENDPOINT_NAME_PATTERN, description="Names the socket: infer-NAME.sock."
+    )
+    url: Annotated[str, AfterValidator(_checked_upstream)] = Field(
+        description="llama-server: http://host:port, https://..., or unix:/path/to.sock."
+    )
+    key_file: Path | None = Field(
+        default=None, description="File holding this server's API key, if it has one."
+    )
+    inference_slots: tuple[SlotId, ...] = Field(
+        default=(), description="Slot ids the box may name on this server (empty: any, and -1)."
+    )
+    inference_models: tuple[str, ...] = Field(
+        default=(), description="Model ids the box may name on this server (empty: any)."
+    )
+
+    @property
+    def socket_name(self) -> str:
+        return f"infer-{self.name}.sock"
+
+
+def _unique_endpoint_names(
+    endpoints: tuple[InferenceEndpoint, ...],
+) -> tuple[InferenceEndpoint, ...]:
+    seen: set[str] = set()
+    for endpoint in endpoints:
+        if endpoint.name in seen:
+            raise ValueError(f"two [[endpoint]] tables are named {endpoint.name!r}")
+        seen.add(endpoint.name)
+    return endpoints
+
+
+InferenceEndpoints = Annotated[
+    tuple[InferenceEndpoint, ...], AfterValidator(_unique_endpoint_names)
+]
+# The settings of the single-endpoint form; none of them may be set beside [[endpoint]] tables.
+SINGLE_ENDPOINT_SETTINGS: Final = (
+    "inference_url",
+    "inference_slots",
+    "inference_models",
+    "inference_key_file",
+)
 
 
 class BrokerdSettings(configload.FileSettings):
@@ -44,7 +108,7 @@ class BrokerdSettings(configload.FileSettings):
         default="http://127.0.0.1:8080",
         description="llama-server: http://host:port, https://..., or unix:/path/to.sock.",
     )
-    inference_slots: tuple[Annotated[int, Field(ge=0)], ...] = Field(
+    inference_slots: tuple[SlotId, ...] = Field(
         default=(),
         description=(
             "Slot ids the box may name as id_slot (empty: any, and -1). When set, a request "
@@ -56,6 +120,12 @@ class BrokerdSettings(configload.FileSettings):
     )
     inference_key_file: Path | None = Field(
         default=None, description="File holding llama-server's API key, if it has one."
+    )
+    endpoint: InferenceEndpoints = Field(
+        default=(),
+        description="Several llama-servers, one [[endpoint]] table each (name, url, key_file, "
+        "inference_slots, inference_models), each served on infer-NAME.sock; instead of "
+        "inference_url and its settings.",
     )
     mattermost_url: str | None = Field(
         default=None, description="Mattermost base URL (needed to serve chat.sock)."
@@ -132,9 +202,22 @@ class BrokerdSettings(configload.FileSettings):
     @field_validator("inference_url", "mattermost_url")
     @classmethod
     def _upstream_url(cls, value: str | None) -> str | None:
-        if value is not None:
-            parse_upstream(value)  # its ValueError names what is wrong; pydantic adds the field
-        return value
+        return _checked_upstream(value) if value is not None else None
+
+    @model_validator(mode="after")
+    def _one_inference_form(self) -> Self:
+        mixed = [name for name in SINGLE_ENDPOINT_SETTINGS if name in self.model_fields_set]
+        if self.endpoint and mixed:
+            raise ValueError(
+                f"contradictory settings (one_inference_form): {', '.join(mixed)} with "
+                "[[endpoint]] tables; give each server's settings in its own table"
+            )
+        return self
+
+    def inference_endpoints(self) -> tuple[InferenceEndpoint | None, ...]:
+        """The servers the inference proxy serves: the ``[[endpoint]]`` tables, or None for the
+        single server of ``inference_url`` (served on ``infer.sock``)."""
+        return self.endpoint or (None,)
 
 
 def setting_name(*path: str) -> str:
@@ -155,9 +238,12 @@ class Secrets:
 
     inference_key: str | None
     bot_token: str | None
+    # Each [[endpoint]]'s key, by the endpoint's name (only those with a key file).
+    endpoint_keys: Mapping[str, str] = field(default_factory=dict)
 
     def values(self) -> list[str]:
-        return [secret for secret in (self.inference_key, self.bot_token) if secret]
+        keys = [self.inference_key, self.bot_token, *self.endpoint_keys.values()]
+        return [secret for secret in keys if secret]
 
 
 def read_secret(path: Path, setting: str) -> str:
@@ -179,6 +265,13 @@ def read_secrets(settings: BrokerdSettings) -> Secrets:
     return Secrets(
         inference_key=_secret(key_file, "inference_key_file"),
         bot_token=_secret(token_file, "mattermost_token_file"),
+        endpoint_keys={
+            endpoint.name: read_secret(
+                endpoint.key_file, f"{setting_name('endpoint')} {endpoint.name}: key_file"
+            )
+            for endpoint in settings.endpoint
+            if endpoint.key_file is not None
+        },
     )
 
 

@@ -32,6 +32,7 @@ from brokerd.config import (
     CONFIG_FILE_VARIABLE,
     BrokerdSettings,
     ConfigError,
+    InferenceEndpoint,
     Secrets,
     setting_name,
 )
@@ -86,35 +87,61 @@ def socket_path(settings: BrokerdSettings, service: Service) -> Path:
 def build_endpoints(
     settings: BrokerdSettings, secrets: Secrets, services: Sequence[Service] = SERVICES
 ) -> list[Endpoint]:
-    """The apps to serve; ``ConfigError`` naming the field a requested service is missing."""
+    """The apps to serve; ``ConfigError`` naming the field a requested service is missing.
+    ``infer`` is one socket per inference endpoint (``infer.sock`` for the single form)."""
     limits = ConnectionLimits(settings.max_connections_per_socket, settings.header_timeout_s)
-    # One budget for the bodies of all three sockets: they share one process's memory.
+    # One budget for the bodies of every socket: they share one process's memory.
     bodies = BodyRules(BodyBudget(settings.body_memory_bytes), settings.body_timeout_s)
-    return [
-        Endpoint(
-            service,
-            socket_path(settings, service),
-            instrument(service, _build_app(settings, secrets, service, bodies)),
-            limits,
+    endpoints: list[Endpoint] = []
+    for service in services:
+        if service == "infer":
+            endpoints.extend(
+                _inference_endpoint(settings, secrets, upstream, bodies, limits)
+                for upstream in settings.inference_endpoints()
+            )
+        else:
+            path = socket_path(settings, service)
+            app = instrument(service, _build_app(settings, secrets, service, bodies))
+            endpoints.append(Endpoint(service, path, app, limits))
+    return endpoints
+
+
+def _inference_endpoint(
+    settings: BrokerdSettings,
+    secrets: Secrets,
+    server: InferenceEndpoint | None,
+    bodies: BodyRules,
+    limits: ConnectionLimits,
+) -> Endpoint:
+    """One inference socket: for an ``[[endpoint]]`` table, or (None) for ``inference_url``.
+    Each socket reaches its own server only, under that server's slot and model rules."""
+    if server is None:
+        name, url, key = "infer", settings.inference_url, secrets.inference_key
+        policy = InferencePolicy(
+            frozenset(settings.inference_slots), frozenset(settings.inference_models)
         )
-        for service in services
-    ]
+        path = socket_path(settings, "infer")
+    else:
+        name, url, key = f"infer-{server.name}", server.url, secrets.endpoint_keys.get(server.name)
+        policy = InferencePolicy(
+            frozenset(server.inference_slots),
+            frozenset(server.inference_models),
+            endpoint=server.name,
+        )
+        path = settings.socket_dir / server.socket_name
+    app = create_inference_app(
+        parse_upstream(url),
+        api_key=key,
+        policy=policy,
+        body_cap=settings.body_cap_bytes,
+        bodies=bodies,
+    )
+    return Endpoint(name, path, instrument(name, app), limits)
 
 
 def _build_app(
     settings: BrokerdSettings, secrets: Secrets, service: Service, bodies: BodyRules
 ) -> ASGIApp:
-    if service == "infer":
-        upstream = parse_upstream(settings.inference_url)
-        return create_inference_app(
-            upstream,
-            api_key=secrets.inference_key,
-            policy=InferencePolicy(
-                frozenset(settings.inference_slots), frozenset(settings.inference_models)
-            ),
-            body_cap=settings.body_cap_bytes,
-            bodies=bodies,
-        )
     if service == "chat":
         if settings.mattermost_url is None:
             raise ConfigError(f"{setting_name('mattermost_url')}: required to serve chat.sock")
@@ -155,6 +182,7 @@ def own_paths(settings: BrokerdSettings) -> list[Path]:
     and its config file (the audit log is added by the broker itself)."""
     paths = [settings.socket_dir]
     paths += [p for p in (settings.inference_key_file, settings.mattermost_token_file) if p]
+    paths += [endpoint.key_file for endpoint in settings.endpoint if endpoint.key_file]
     if config_file := os.environ.get(CONFIG_FILE_VARIABLE):
         paths.append(Path(config_file))
     return paths

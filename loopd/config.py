@@ -7,18 +7,31 @@ table (``LOOPD_MM_URL`` or ``url`` under ``[mm]`` in the file), a ``ChatSettings
 listed in the README's tables; ``loopd config --table`` prints them from this model so the two
 cannot drift.
 
+The servers loopd places sessions on are ``endpoints()``: the file's ``[[endpoint]]`` tables
+(``name``, ``url``, ``model``, ``slots``), or else the one server that ``infer_url``, ``model``
+and ``slots`` describe (the shorthand); the two forms do not mix (rule ``one_endpoint_form``).
+
 The engine's own records of these numbers (``Limits``, ``BudgetRules``) take their defaults from
 ``DEFAULTS``, so each default is written once, here.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import sys
 from pathlib import Path
 from typing import Annotated, Any, Final, Self
 
-from pydantic import AfterValidator, BaseModel, Field, field_validator, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    field_validator,
+    model_validator,
+)
 from pydantic_settings import (
     BaseSettings,
     NoDecode,
@@ -41,6 +54,93 @@ def _default_cache_dir() -> Path:
 
 def _default_state_dir() -> Path:
     return Path.home() / ".local" / "state" / "loopd"
+
+
+def check_server_url(value: str) -> str:
+    """A server URL as loopd takes it: ``unix:/path``, or ``http(s)://...`` without a trailing
+    slash."""
+    if value.startswith("unix:"):
+        if not value[len("unix:") :]:
+            raise ValueError("unix: URL needs a socket path, e.g. unix:/run/loopd/infer.sock")
+        return value
+    if value.startswith(("http://", "https://")):
+        return value.rstrip("/")
+    raise ValueError("must start with http://, https:// or unix:")
+
+
+def parse_slot_list(value: Any) -> Any:
+    """``"0,1"`` (the environment's form) or a lone id as a tuple; a list passes as it is."""
+    if isinstance(value, str):
+        parts = [p.strip() for p in value.split(",") if p.strip()]
+        if not parts:
+            raise ValueError("needs at least one slot id")
+        if not all(p.isdigit() for p in parts):
+            raise ValueError("must be a comma list of slot ids, e.g. 0,1")
+        return tuple(int(p) for p in parts)
+    if isinstance(value, int):
+        return (value,)
+    return value
+
+
+def check_slot_list(value: tuple[int, ...]) -> tuple[int, ...]:
+    if not value or any(s < 0 for s in value) or len(set(value)) != len(value):
+        raise ValueError("slot ids must be distinct non-negative integers")
+    return value
+
+
+# NoDecode: the environment gives "0,1", not JSON; the validators parse it.
+SlotList = Annotated[
+    tuple[int, ...], NoDecode, BeforeValidator(parse_slot_list), AfterValidator(check_slot_list)
+]
+ServerURL = Annotated[str, AfterValidator(check_server_url)]
+# A name is part of file names (the endpoint's recorded expectations) and of log lines.
+ENDPOINT_NAME_PATTERN: Final = r"^[a-z0-9][a-z0-9_-]{0,31}$"
+# The name of the one server the shorthand settings (infer_url, model, slots) describe.
+SHORTHAND_ENDPOINT: Final = "default"
+
+
+class EndpointSettings(BaseModel):
+    """One llama-server loopd places sessions on: a ``[[endpoint]]`` table of the file."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str = Field(pattern=ENDPOINT_NAME_PATTERN, description="How loopd names the server.")
+    url: ServerURL = Field(
+        description="The server (or brokerd's `infer-NAME.sock`): `http://host:port` or "
+        "`unix:/path`."
+    )
+    model: str = Field(description="Model id sent in every request to this server.")
+    slots: SlotList = Field(default=(0,), description="The harness's slots on this server.")
+
+
+def _unique_endpoint_names(
+    endpoints: tuple[EndpointSettings, ...],
+) -> tuple[EndpointSettings, ...]:
+    seen: set[str] = set()
+    for endpoint in endpoints:
+        if endpoint.name in seen:
+            raise ValueError(f"two [[endpoint]] tables are named {endpoint.name!r}")
+        seen.add(endpoint.name)
+    return endpoints
+
+
+def _parse_endpoint_tables(value: Any) -> Any:
+    """The environment's ``LOOPD_ENDPOINT``: JSON, as the tables would be written, or empty for
+    none (what a dump of the default gives); the file's tables pass as they are."""
+    if isinstance(value, str):
+        return json.loads(value) if value.strip() else ()
+    return value
+
+
+# NoDecode: an empty LOOPD_ENDPOINT is no tables, not a JSON error.
+EndpointTables = Annotated[
+    tuple[EndpointSettings, ...],
+    NoDecode,
+    BeforeValidator(_parse_endpoint_tables),
+    AfterValidator(_unique_endpoint_names),
+]
+# The shorthand's settings; none of them may be set beside [[endpoint]] tables.
+SHORTHAND_SETTINGS: Final = ("infer_url", "model", "slots")
 
 
 class Settings(configload.FileSettings):
@@ -93,8 +193,7 @@ class Settings(configload.FileSettings):
         default="unix:/run/loopd/broker.sock",
         description="brokerd's tool broker: `unix:/path` or `http://host:port`.",
     )
-    # NoDecode: the environment gives "0,1", not JSON; the validator below parses it.
-    slots: Annotated[tuple[int, ...], NoDecode] = Field(
+    slots: SlotList = Field(
         default=(0,),
         description="The harness's slots on the server, a comma list (e.g. `0,1`). A session "
         "keeps one for life, as its slot where sessions are pinned, else as its lane: one turn "
@@ -124,6 +223,12 @@ class Settings(configload.FileSettings):
         description="While the server differs from the recorded expectations, `loopd serve` "
         "runs the self-test again this often, and serves again once it passes; while it "
         "matches, it checks the build, model, template and slots this often (no requests).",
+    )
+    endpoint: EndpointTables = Field(
+        default=(),
+        description="Several servers, one `[[endpoint]]` table each in the file (`name`, `url`, "
+        "`model`, `slots`), instead of `LOOPD_INFER_URL`, `LOOPD_MODEL` and `LOOPD_SLOTS` (the "
+        "one-server shorthand). A session stays on its server while that server is up.",
     )
     first_byte_s: float = Field(
         default=900.0,
@@ -206,37 +311,10 @@ class Settings(configload.FileSettings):
         description="The Mattermost adapter's settings (`LOOPD_MM_*`, or the file's `[mm]` table).",
     )
 
-    @field_validator("slots", mode="before")
-    @classmethod
-    def _parse_slots(cls, value: Any) -> Any:
-        if isinstance(value, str):
-            parts = [p.strip() for p in value.split(",") if p.strip()]
-            if not parts:
-                raise ValueError("needs at least one slot id")
-            if not all(p.isdigit() for p in parts):
-                raise ValueError("must be a comma list of slot ids, e.g. 0,1")
-            return tuple(int(p) for p in parts)
-        if isinstance(value, int):
-            return (value,)
-        return value
-
-    @field_validator("slots")
-    @classmethod
-    def _check_slots(cls, value: tuple[int, ...]) -> tuple[int, ...]:
-        if not value or any(s < 0 for s in value) or len(set(value)) != len(value):
-            raise ValueError("slot ids must be distinct non-negative integers")
-        return value
-
     @field_validator("infer_url", "broker_url")
     @classmethod
     def _check_url(cls, value: str) -> str:
-        if value.startswith("unix:"):
-            if not value[len("unix:") :]:
-                raise ValueError("unix: URL needs a socket path, e.g. unix:/run/loopd/infer.sock")
-            return value
-        if value.startswith(("http://", "https://")):
-            return value.rstrip("/")
-        raise ValueError("must start with http://, https:// or unix:")
+        return check_server_url(value)
 
     @field_validator("log_level")
     @classmethod
@@ -257,6 +335,33 @@ class Settings(configload.FileSettings):
     def _follow_rules(self) -> Self:
         configload.check_rules(self, RULES)
         return self
+
+    def endpoints(self) -> tuple[EndpointSettings, ...]:
+        """The servers, in the order given: the ``[[endpoint]]`` tables, or the shorthand's one
+        server (named ``default``)."""
+        if self.endpoint:
+            return self.endpoint
+        shorthand = EndpointSettings(
+            name=SHORTHAND_ENDPOINT, url=self.infer_url, model=self.model, slots=self.slots
+        )
+        return (shorthand,)
+
+    @property
+    def has_endpoint_tables(self) -> bool:
+        """Whether the servers come from ``[[endpoint]]`` tables (not the shorthand)."""
+        return bool(self.endpoint)
+
+    def for_endpoint(self, endpoint: EndpointSettings) -> Settings:
+        """These settings as the one-server form for ``endpoint``: what the code that talks to
+        one server (the self-test, a turn) reads as ``infer_url``, ``model`` and ``slots``."""
+        return self.model_copy(
+            update={
+                "infer_url": endpoint.url,
+                "model": endpoint.model,
+                "slots": endpoint.slots,
+                "endpoint": (),
+            }
+        )
 
     @property
     def stream_think_cap(self) -> int:
@@ -288,8 +393,20 @@ def _think_cap_leaves_answer_room(settings: Settings) -> str | None:
     )
 
 
+def _one_endpoint_form(settings: Settings) -> str | None:
+    mixed = [name for name in SHORTHAND_SETTINGS if name in settings.model_fields_set]
+    if not settings.endpoint or not mixed:
+        return None
+    named = ", ".join(f"{name} (LOOPD_{name.upper()})" for name in mixed)
+    return (
+        f"{named} set beside [[endpoint]] tables: give each server's url, model and slots in "
+        "its own table"
+    )
+
+
 RULES: Final[tuple[Rule[Settings], ...]] = (
     Rule("think_cap_leaves_answer_room", _think_cap_leaves_answer_room),
+    Rule("one_endpoint_form", _one_endpoint_form),
 )
 
 # Every default, as one typed object (no source is read): the engine's records of these numbers

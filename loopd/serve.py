@@ -19,11 +19,13 @@ next start.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import logging
 import signal
 import sys
-from collections.abc import Awaitable, Callable
+import time
+from collections.abc import Awaitable, Callable, Mapping
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -42,6 +44,7 @@ from loopd.config import Settings
 from loopd.errors import LoopdError
 from loopd.exceptiongroups import sole_kind
 from loopd.observe.server import serve_runtime
+from loopd.selftest.endpoints import check_all, down_line, endpoint_checker, health_after
 from loopd.selftest.expected import DEFAULT_DIR
 from loopd.selftest.run import SelftestReport, format_report, run_selftest
 from loopd.serverchange import ServerChange, server_change, status_record
@@ -167,10 +170,13 @@ async def run_daemon(
     *,
     report: SelftestReport | None = None,
     expected_dir: Path = DEFAULT_DIR,
+    down: Mapping[str, str] = {},
     task_status: TaskStatus[Daemon] = anyio.TASK_STATUS_IGNORED,
 ) -> None:
     """Run until cancelled; ``task_status`` gets the daemon once it is listening. ``report``:
-    the startup self-test's (None: skipped, and the server is not checked again)."""
+    the startup self-test's (None: skipped, and the server is not checked again). With
+    ``[[endpoint]]`` tables, ``down`` names the endpoints the start's self-test found down
+    (re-checked against ``expected_dir``)."""
     chat = settings.mm
     async with AsyncExitStack() as stack:
         # One daemon per state folder: a second one would answer every thread twice, and a
@@ -182,6 +188,10 @@ async def run_daemon(
         if report is not None:
             watch = ServerWatch(settings, runtime, expected_dir)
             watch.start(report)
+        if runtime.endpoints is not None:
+            runtime.endpoints.start(
+                endpoint_checker(settings, runtime.spec.text, expected_dir), down
+            )
         state = ChatState.open(settings.state_dir / "chat.db")
         stack.callback(state.close)
         client = MattermostClient(
@@ -209,7 +219,11 @@ async def run_daemon(
 
 
 async def serve(
-    settings: Settings, report: SelftestReport | None = None, expected_dir: Path = DEFAULT_DIR
+    settings: Settings,
+    report: SelftestReport | None = None,
+    *,
+    expected_dir: Path = DEFAULT_DIR,
+    down: Mapping[str, str] = {},
 ) -> int:
     """The daemon's life. A loopd error that ends it (at startup: a bad tools file, a token file
     it cannot read, Mattermost refusing the bot) is raised bare, for the command line's one line;
@@ -217,7 +231,7 @@ async def serve(
     try:
         async with anyio.create_task_group() as tg:
             tg.start_soon(_cancel_on_signal, tg.cancel_scope.cancel)
-            await run_daemon(settings, report=report, expected_dir=expected_dir)
+            await run_daemon(settings, report=report, expected_dir=expected_dir, down=down)
     except ExceptionGroup as group:
         if (error := sole_kind(group, LoopdError)) is None:
             raise
@@ -236,13 +250,40 @@ async def _cancel_on_signal(cancel: Callable[[], None]) -> None:
 def handler(args: argparse.Namespace, settings: Settings) -> int:
     check_state_dir(settings.state_dir, create=True)
     report = None
+    down: dict[str, str] = {}
     if args.skip_selftest:
         log.warning("the self-test was skipped (--skip-selftest): the server is not checked")
+    elif settings.has_endpoint_tables:
+        status, down = anyio.run(startup_endpoints, settings, args.expected_dir)
+        if status != 0:
+            return status
     else:
         report = anyio.run(startup_selftest, settings, args.expected_dir)
         if report.unreachable:
             return report.exit_status
-    return anyio.run(serve, settings, report, args.expected_dir)
+    return anyio.run(
+        functools.partial(serve, settings, report, expected_dir=args.expected_dir, down=down)
+    )
+
+
+async def startup_endpoints(
+    settings: Settings, expected_dir: Path = DEFAULT_DIR
+) -> tuple[int, dict[str, str]]:
+    """Every endpoint's self-test, at once: each one down gets one line and is re-checked once
+    loopd serves; with none up, loopd refuses to start, as for the shorthand's one server.
+    Returns the exit status and the endpoints down (name -> why)."""
+    tools_text = load_tools_spec(settings.tools_file).text
+    checks = await check_all(
+        settings.endpoints(), endpoint_checker(settings, tools_text, expected_dir)
+    )
+    health_after(checks, time.monotonic())  # logs each endpoint's result
+    down = {check.endpoint.name: check.reason for check in checks if not check.ok}
+    if len(down) < len(checks):
+        return 0, down
+    for check in checks:
+        print(format_report(check.report) if check.report else down_line(check), file=sys.stderr)
+    print("loopd serve: refusing to start: no endpoint passed its self-test", file=sys.stderr)
+    return 1, down
 
 
 async def startup_selftest(settings: Settings, expected_dir: Path = DEFAULT_DIR) -> SelftestReport:

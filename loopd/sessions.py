@@ -16,6 +16,7 @@ from pathlib import Path
 import anyio
 
 from loopd.config import Settings
+from loopd.endpoints.serving import Endpoints
 from loopd.engine.budget import BudgetRules, ServerBudget
 from loopd.engine.client import InferenceClient
 from loopd.engine.compaction import Compactor
@@ -31,6 +32,7 @@ from loopd.observe.live import LiveTurns
 from loopd.observe.metrics import METRICS
 from loopd.observe.toolcalls import tool_call
 from loopd.scheduler import PositionCallback, Scheduler
+from loopd.selftest.endpoints import endpoint_checker
 from loopd.selftest.expected import DEFAULT_DIR, ExpectationsError, load_expectation
 from loopd.selftest.template import TemplateAnswer
 from loopd.serverchange import ServerChange
@@ -162,6 +164,7 @@ class Runtime:
     prewarmer: Prewarmer = field(init=False)
     prewarm_plan: PrewarmPlan = field(default_factory=PrewarmPlan)
     live: LiveTurns = field(default_factory=LiveTurns)  # the turns under way (loopd.observe)
+    endpoints: Endpoints | None = None  # the servers of [[endpoint]] tables (loopd.endpoints)
     _idle_slots: set[int] = field(default_factory=set)
     _idle_wake: anyio.Event | None = None
     # Set by ``know_server`` (``loopd serve`` passes the self-test's answers); until then the
@@ -184,7 +187,8 @@ class Runtime:
         spec = load_tools_spec(settings.tools_file)
         session_log = SessionLog.open(settings.db_path)
         migrate_legacy_workspaces(settings.workspaces, [s.name for s in session_log.sessions()])
-        client = InferenceClient(settings.infer_url, settings.model, connect_s=settings.connect_s)
+        one = settings.for_endpoint(settings.endpoints()[0])  # the shorthand, or the first table
+        client = InferenceClient(one.infer_url, one.model, connect_s=settings.connect_s)
         tools = SessionTools(
             workspaces=settings.workspaces,
             spec=spec,
@@ -193,10 +197,16 @@ class Runtime:
             protected=(settings.state_dir, settings.tools_file.parent / "loopd.toml"),
             unsandboxed_commands=settings.unsandboxed_commands,
         )
-        return cls(settings, session_log, client, spec, tools)
+        endpoints = None
+        if settings.has_endpoint_tables:
+            checker = endpoint_checker(settings, spec.text)
+            endpoints = Endpoints.open(settings, session_log, checker)
+        return cls(settings, session_log, client, spec, tools, endpoints=endpoints)
 
     async def aclose(self) -> None:
         await self.client.aclose()
+        if self.endpoints is not None:
+            await self.endpoints.aclose()
         await self.tools.broker.aclose()
         self.log.close()
 
@@ -317,6 +327,8 @@ class Runtime:
         on_position: PositionCallback = lambda ahead: None,
     ) -> TurnOutcome:
         """A turn, once the session's slot is free (FIFO behind other sessions on it)."""
+        if self.endpoints is not None:
+            return await self.endpoints.run_turn(self, session, report, on_position)
         # Real work: every prewarm gives way (one beside a turn slows both; engine.prewarm).
         self.prewarmer.preempt_all()
         self.prewarm_plan.drop(session.name)
@@ -338,7 +350,11 @@ class Runtime:
     async def keep_warm(self, restarted: Collection[str] = ()) -> None:
         """Prewarm wanted sessions whenever their slot falls idle, until cancelled; returns at
         once when LOOPD_PREWARM is off. ``restarted``: the front end's sessions, of which each
-        slot's most recently active one is read back first (see engine.prewarm_plan)."""
+        slot's most recently active one is read back first (see engine.prewarm_plan).
+        With several endpoints, this re-checks the down ones instead (loopd.endpoints.serving)."""
+        if self.endpoints is not None:
+            await self.endpoints.watch()
+            return
         if not self.prewarmer.enabled:
             return
         self._want_after_restart(restarted)

@@ -271,3 +271,93 @@ def test_readme_tables_match_the_models() -> None:
 def test_a_log_level_is_taken_in_any_case(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("LOOPD_LOG_LEVEL", "debug")
     assert load_settings().log_level == "DEBUG"
+
+
+TWO_ENDPOINTS = """
+[[endpoint]]
+name = "gpu1"
+url = "unix:/run/loopd/infer-gpu1.sock"
+model = "qwen"
+slots = [0, 1]
+
+[[endpoint]]
+name = "gpu2"
+url = "http://gpu2:8080/"
+model = "qwen"
+"""
+
+
+def test_endpoint_tables_are_the_servers(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    config = tmp_path / "loopd.toml"
+    config.write_text(TWO_ENDPOINTS)
+    monkeypatch.setenv("LOOPD_CONFIG", str(config))
+    settings = load_settings()
+    assert settings.has_endpoint_tables
+    assert [(e.name, e.url, e.model, e.slots) for e in settings.endpoints()] == [
+        ("gpu1", "unix:/run/loopd/infer-gpu1.sock", "qwen", (0, 1)),
+        ("gpu2", "http://gpu2:8080", "qwen", (0,)),
+    ]
+    one = settings.for_endpoint(settings.endpoints()[1])
+    assert (one.infer_url, one.model, one.slots, one.endpoints()[0].name) == (
+        "http://gpu2:8080",
+        "qwen",
+        (0,),
+        "default",
+    )
+
+
+def test_the_one_server_variables_are_the_shorthand(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("LOOPD_INFER_URL", "unix:/run/loopd/infer.sock")
+    monkeypatch.setenv("LOOPD_MODEL", "qwen")
+    monkeypatch.setenv("LOOPD_SLOTS", "2,3")
+    settings = load_settings()
+    assert not settings.has_endpoint_tables
+    assert [(e.name, e.url, e.model, e.slots) for e in settings.endpoints()] == [
+        ("default", "unix:/run/loopd/infer.sock", "qwen", (2, 3))
+    ]
+
+
+@pytest.mark.parametrize(
+    ("variables", "extra", "problem"),
+    [
+        (
+            {"LOOPD_MODEL": "x"},
+            "",
+            "contradictory settings (one_endpoint_form): model (LOOPD_MODEL) set beside "
+            "[[endpoint]] tables",
+        ),
+        ({}, '[[endpoint]]\nname = "gpu1"\nurl = "http://x"\nmodel = "m"\n', "named 'gpu1'"),
+        (
+            {},
+            '[[endpoint]]\nname = "gpu3"\nurl = "ftp://x"\nmodel = "m"\nslots = [-1]\n',
+            "`endpoint[2].url` in {config}: must start with http://, https:// or unix:; "
+            "`endpoint[2].slots` in {config}: slot ids must be distinct non-negative integers",
+        ),
+        ({}, '[[endpoint]]\nname = "gpu3"\nurl = "http://x"\n', "`endpoint[2].model`"),
+    ],
+)
+def test_a_bad_endpoint_table_is_one_line(
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+    variables: dict[str, str],
+    extra: str,
+    problem: str,
+) -> None:
+    config = tmp_path / "loopd.toml"
+    config.write_text(TWO_ENDPOINTS + extra)
+    monkeypatch.setenv("LOOPD_CONFIG", str(config))
+    for name, value in variables.items():
+        monkeypatch.setenv(name, value)
+    with pytest.raises(ConfigError) as error:
+        load_settings()
+    assert "\n" not in str(error.value)
+    assert problem.format(config=config) in str(error.value)
+
+
+def test_an_empty_endpoint_variable_is_no_tables(monkeypatch: pytest.MonkeyPatch) -> None:
+    # What a dump of the default settings gives, as a child process's environment.
+    monkeypatch.setenv("LOOPD_ENDPOINT", "")
+    assert load_settings().endpoint == ()
+    monkeypatch.setenv("LOOPD_ENDPOINT", "[{")
+    with pytest.raises(ConfigError, match=r"^LOOPD_ENDPOINT: Expecting property name"):
+        load_settings()

@@ -54,7 +54,8 @@ class Instrumented:
         self.socket = socket
         self.app = app
         self.metrics = metrics
-        self.route = ROUTES.get(socket, broker_route)
+        # infer-NAME (one socket per inference endpoint) takes infer's routes.
+        self.route = ROUTES.get(socket.split("-", 1)[0], broker_route)
 
     def __getattr__(self, name: str) -> object:
         # The wrapped app's attributes (``state``) stay reachable, as a Starlette app's are.

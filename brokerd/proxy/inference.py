@@ -9,7 +9,9 @@ The server is shared, so brokerd's config also bounds what the box may use of it
 (``InferencePolicy``): a chat request must name one of ``inference_slots`` as its ``id_slot``, and
 every request that names a model (body ``model``, or a ``model`` query parameter) one of
 ``inference_models``; empty lists allow any. ``id_slot`` -1 or absent is refused while slots are
-set: llama-server then picks any idle slot, which may be another client's.
+set: llama-server then picks any idle slot, which may be another client's. With several servers
+(``[[endpoint]]`` tables) each socket is one server's, under that server's rules: a model or slot
+the box is given on another server only is refused here, and the refusal names this one.
 """
 
 import json
@@ -96,10 +98,16 @@ MAX_BODY_DEPTH: Final = 256
 
 @dataclass(frozen=True)
 class InferencePolicy:
-    """The slots and models the box may use on the shared server; empty means any."""
+    """The slots and models the box may use on the shared server; empty means any.
+    ``endpoint``: the server's name when brokerd serves several (it is named in refusals)."""
 
     slots: frozenset[int] = frozenset()
     models: frozenset[str] = frozenset()
+    endpoint: str | None = None
+
+    @property
+    def where(self) -> str:
+        return f" on endpoint {self.endpoint}" if self.endpoint is not None else ""
 
 
 def body_refusal(policy: InferencePolicy, method: str, path: str, body: bytes) -> Refused | None:
@@ -116,12 +124,17 @@ def body_refusal(policy: InferencePolicy, method: str, path: str, body: bytes) -
         return Refused(400, f"brokerd refuses {method} {path}: the body nests too deeply")
     if policy.models and value.get("model") not in policy.models:
         allowed = ", ".join(sorted(policy.models))
-        return Refused(403, f"brokerd refuses model {value.get('model')!r}: allowed {allowed}")
+        return Refused(
+            403, f"brokerd refuses model {value.get('model')!r}{policy.where}: allowed {allowed}"
+        )
     if policy.slots and (method, path) in SLOT_ROUTES:
         slot = value.get("id_slot")
         if not (isinstance(slot, int) and not isinstance(slot, bool) and slot in policy.slots):
             allowed = ", ".join(str(s) for s in sorted(policy.slots))
-            return Refused(403, f"brokerd refuses id_slot {slot!r}: a request must name {allowed}")
+            return Refused(
+                403,
+                f"brokerd refuses id_slot {slot!r}{policy.where}: a request must name {allowed}",
+            )
     return None
 
 
@@ -134,9 +147,8 @@ def query_refusal(policy: InferencePolicy, query: bytes) -> str | None:
         if unquote_plus(name.decode("latin-1")) == "model":
             model = unquote_plus(value.decode("latin-1"))
             if model not in policy.models:
-                return (
-                    f"brokerd refuses model {model!r}: allowed {', '.join(sorted(policy.models))}"
-                )
+                allowed = ", ".join(sorted(policy.models))
+                return f"brokerd refuses model {model!r}{policy.where}: allowed {allowed}"
     return None
 
 
@@ -182,7 +194,7 @@ def create_inference_app(
     body_cap: int = DEFAULT_BODY_CAP,
     bodies: BodyRules | None = None,
 ) -> Starlette:
-    """The Starlette app served on ``infer.sock``.
+    """The Starlette app served on ``infer.sock`` (or one server's ``infer-NAME.sock``).
 
     Every request gets a fresh upstream connection. llama-server's router can drop a kept-alive
     connection without answering the next request sent on it (seen when that request came a few

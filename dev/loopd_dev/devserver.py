@@ -261,6 +261,13 @@ class RunningServer:
                 self.process.kill()
                 self.process.wait()
 
+    def kill(self) -> None:
+        """Kill the router and its model children at once (SIGKILL to its process group, which
+        it leads: ``start_new_session``), as a crashed box goes: no request is finished."""
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.process.pid, signal.SIGKILL)
+        self.process.wait()
+
     def log_tail(self, lines: int = 30) -> str:
         try:
             text = self.log_path.read_text(errors="replace")

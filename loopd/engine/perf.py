@@ -59,6 +59,7 @@ class LossCause(StrEnum):
     # cache (docs/production-shape.md, "shared system text").
     SHARED_HEAD = "another session's prompt in the slot: only the shared system text kept"
     CHECKPOINT = "resumed at a checkpoint"
+    ENDPOINT_LOST = "endpoint lost"  # its server died; the session moved (loopd.endpoints)
     UNEXPLAINED = "unexplained"
 
 

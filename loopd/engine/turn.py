@@ -178,6 +178,10 @@ class Turn:
     gate: ContextGate | None = None
     pinned: bool = True
     pool_clears_idle_slots: bool = False
+    # Where loopd runs several servers: this one's name (recorded with each request), and the
+    # one the session left because it died, until the session's prompt is read here.
+    endpoint: str | None = None
+    moved_from: str | None = None
 
     async def run(self) -> TurnOutcome:
         outcome = TurnOutcome(answer=None)
@@ -282,7 +286,7 @@ class Turn:
             epoch=epoch.number,
             message_count=len(messages),
             messages_sha256=digest,
-            perf=request_perf(result, self._loss(epoch, digest, result)),
+            perf=request_perf(result, self._loss(epoch, digest, result), self.endpoint),
         )
         message = dumps(result.assembler.message().to_wire())
         if result.complete:
@@ -300,13 +304,17 @@ class Turn:
         if timings is None:
             return Loss(0, 0, LossCause.NONE)  # it broke before the server said anything
         prev = previous_request(self.log.requests(self.session))
-        return cache_loss(
+        loss = cache_loss(
             prev,
             epoch_id=epoch.number,
             slot=self.slot,
             cache_n=timings.cache_n,
             around=self._circumstances(prev, epoch, digest),
         )
+        if self.moved_from is not None:  # this server just read the moved session's prompt
+            self.moved_from = None
+            return Loss(loss.expected, loss.lost, LossCause.ENDPOINT_LOST)
+        return loss
 
     def _circumstances(self, prev: PrevRequest | None, epoch: Epoch, digest: str) -> Circumstances:
         """What the log knows about what ran since ``prev``, for the cache-loss rule."""
@@ -338,7 +346,7 @@ def _last_attempt(state: RetryCallState) -> Attempt:
     return attempt
 
 
-def request_perf(result: RequestResult, loss: Loss) -> Perf:
+def request_perf(result: RequestResult, loss: Loss, endpoint: str | None = None) -> Perf:
     """The request's perf record: the server's counters, the engine's times, the cache loss."""
     asm, t = result.assembler, result.assembler.timings
     return Perf(
@@ -354,7 +362,7 @@ def request_perf(result: RequestResult, loss: Loss) -> Perf:
         capped=result.capped,
         cache_loss=loss.lost,
         cache_loss_cause=loss.label or None,
-        extra=_perf_extra(result, loss),
+        extra=_perf_extra(result, loss) | ({"endpoint": endpoint} if endpoint else {}),
     )
 
 

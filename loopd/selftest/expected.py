@@ -1,9 +1,13 @@
-"""What loopd expects of llama-server, per model: load, save and diff the expectations file.
+"""What loopd expects of llama-server, per endpoint: load, save and diff the expectations file.
 
-One JSON file per model under ``loopd/data/expected/`` (in the repository, reviewed like code).
 The values are what the server reported when someone last recorded them on purpose with
-``loopd selftest --record``; the self-test refuses a server that differs. Pure, apart from the
-two functions that read and write the file.
+``loopd selftest --record``; the self-test refuses a server that differs. They are keyed by
+endpoint: ``endpoints/<name>.json`` under the folder holds what the server of the
+``[[endpoint]]`` table ``name`` reported, since two servers of one model may differ (context,
+slots, build). An endpoint with no file of its own is checked against its model's file,
+``<model>.json`` (the files in ``loopd/data/expected/``, in the repository and reviewed like
+code), and the one-server shorthand (``LOOPD_INFER_URL``) always is. Pure, apart from the
+functions that read and write the files.
 """
 
 from __future__ import annotations
@@ -34,6 +38,11 @@ class ModelExpectation(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     model: str = Field(description="The model id loopd sends (router mode selects by it).")
+    endpoint: str | None = Field(
+        default=None,
+        description="The `[[endpoint]]` whose server this records; None: any server of the "
+        "model (a per-model file).",
+    )
     build: int = Field(description="llama.cpp build number, the digits of `build_info`.")
     build_info: str = Field(description="`/props` build_info as recorded, for people to read.")
     template_sha256: str = Field(description="See `loopd.selftest.template.template_sha256`.")
@@ -76,13 +85,63 @@ def build_number(build_info: str) -> int | None:
     return int(match.group(1)) if match else None
 
 
+ENDPOINTS_FOLDER = "endpoints"
+
+
 def expectation_path(model: str, directory: Path = DEFAULT_DIR) -> Path:
+    """The model's file: what any server of ``model`` is expected to report."""
     return directory / f"{_UNSAFE.sub('_', model)}.json"
 
 
+def endpoint_expectation_path(endpoint: str, directory: Path = DEFAULT_DIR) -> Path:
+    """The endpoint's file: what the server of the ``[[endpoint]]`` table is expected to report
+    (endpoint names are safe in a file name: ``loopd.config.ENDPOINT_NAME_PATTERN``)."""
+    return directory / ENDPOINTS_FOLDER / f"{_UNSAFE.sub('_', endpoint)}.json"
+
+
+def record_path(model: str, endpoint: str | None, directory: Path = DEFAULT_DIR) -> Path:
+    """Where ``--record`` writes: the endpoint's file, or the model's for the shorthand."""
+    if endpoint is None:
+        return expectation_path(model, directory)
+    return endpoint_expectation_path(endpoint, directory)
+
+
+def find_expectation(
+    model: str, endpoint: str | None, directory: Path = DEFAULT_DIR
+) -> tuple[ModelExpectation | None, Path]:
+    """The expectation the self-test checks the endpoint's server against, and its file: the
+    endpoint's own when recorded, else the model's. (None, where ``--record`` would write it)
+    when neither was ever recorded."""
+    if endpoint is not None:
+        path = endpoint_expectation_path(endpoint, directory)
+        own = _read(path)
+        if own is not None:
+            if own.endpoint != endpoint:
+                raise ExpectationsError(
+                    f"{path}: records endpoint {own.endpoint!r}, not {endpoint!r}"
+                )
+            if own.model != model:
+                raise ExpectationsError(
+                    f"{path}: records model {own.model!r}, but endpoint {endpoint} now serves "
+                    f"{model!r}; record it again (loopd selftest --record --endpoint {endpoint})"
+                )
+            return own, path
+    fallback = load_expectation(model, directory)
+    if fallback is not None:
+        return fallback, expectation_path(model, directory)
+    return None, record_path(model, endpoint, directory)
+
+
 def load_expectation(model: str, directory: Path = DEFAULT_DIR) -> ModelExpectation | None:
-    """The recorded expectation for ``model``, or None when none was ever recorded."""
+    """The recorded expectation of the model's file, or None when none was ever recorded."""
     path = expectation_path(model, directory)
+    expectation = _read(path)
+    if expectation is not None and expectation.model != model:
+        raise ExpectationsError(f"{path}: records model {expectation.model!r}, not {model!r}")
+    return expectation
+
+
+def _read(path: Path) -> ModelExpectation | None:
     try:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
@@ -90,22 +149,22 @@ def load_expectation(model: str, directory: Path = DEFAULT_DIR) -> ModelExpectat
     except (OSError, UnicodeDecodeError) as exc:
         raise ExpectationsError(f"{path}: cannot read the expectations file: {exc}") from exc
     try:
-        expectation = ModelExpectation.model_validate_json(text)
+        return ModelExpectation.model_validate_json(text)
     except ValidationError as exc:
         first = exc.errors()[0]
         where = ".".join(str(p) for p in first["loc"]) or "file"
         raise ExpectationsError(f"{path}: {where}: {first['msg']}") from exc
-    if expectation.model != model:
-        raise ExpectationsError(f"{path}: records model {expectation.model!r}, not {model!r}")
-    return expectation
 
 
 def save_expectation(expectation: ModelExpectation, directory: Path = DEFAULT_DIR) -> Path:
-    """Write the file (stable key order, one field a line, so a change reads well in a diff)."""
-    path = expectation_path(expectation.model, directory)
-    text = json.dumps(expectation.model_dump(), indent=2, sort_keys=False) + "\n"
+    """Write the file (stable key order, one field a line, so a change reads well in a diff):
+    the endpoint's when the expectation names one, else the model's."""
+    path = record_path(expectation.model, expectation.endpoint, directory)
+    # A model's file has no endpoint key, as it had before endpoints were recorded.
+    fields = expectation.model_dump(exclude={"endpoint"} if expectation.endpoint is None else None)
+    text = json.dumps(fields, indent=2, sort_keys=False) + "\n"
     try:
-        directory.mkdir(parents=True, exist_ok=True)
+        path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(".json.tmp")
         tmp.write_text(text, encoding="utf-8")
         tmp.replace(path)

@@ -23,8 +23,7 @@ from loopd.selftest.expected import (
     DEFAULT_DIR,
     FieldChange,
     diff_expectations,
-    expectation_path,
-    load_expectation,
+    find_expectation,
     save_expectation,
 )
 from loopd.selftest.facts import ServerFacts
@@ -53,6 +52,7 @@ class SelftestReport:
     facts: ServerFacts
     recording: Recording | None = None
     notes: list[str] = field(default_factory=list)
+    endpoint: str | None = None  # the [[endpoint]] table tested; None: the shorthand's server
 
     @property
     def ok(self) -> bool:
@@ -85,6 +85,7 @@ class SelftestReport:
         """The machine-readable report (``loopd selftest --json``)."""
         template = self.facts.template
         return {
+            "endpoint": self.endpoint,
             "model": self.model,
             "url": self.url,
             "ok": self.ok,
@@ -130,10 +131,14 @@ async def run_selftest(
     record: bool = False,
     expected_dir: Path = DEFAULT_DIR,
     live: bool = True,
+    endpoint: str | None = None,
 ) -> SelftestReport:
     """Probe the server at ``settings.infer_url`` for ``model`` (default ``settings.model``).
 
-    With ``record``, the expectation file is first rewritten from what the server reports now,
+    ``endpoint`` names the ``[[endpoint]]`` table the server is (``settings`` then its one-server
+    form, ``Settings.for_endpoint``): its expectations are the endpoint's own file, or else the
+    model's (``find_expectation``). With ``record``, the expectation file is first rewritten
+    from what the server reports now (the endpoint's file, or the model's for the shorthand),
     so the checks then compare against the new values and the live probes still run. Without
     ``live``, only the layout checks run (``layout_checks``: no request reaches a slot).
     Raises ``ExpectationsError`` for an expectations file that cannot be read or written.
@@ -146,27 +151,29 @@ async def run_selftest(
         return InferenceClient(settings.infer_url, model, connect_s=settings.connect_s)
 
     facts = await gather_facts(connect, config, live=live)
-    expected = load_expectation(model, expected_dir)
+    expected, expectations = find_expectation(model, endpoint, expected_dir)
     recording = None
     if record and facts.health.reachable:
-        new = expectation_from_facts(facts)
+        new = expectation_from_facts(facts).model_copy(update={"endpoint": endpoint})
         changes = diff_expectations(expected, new)
-        path = save_expectation(new, expected_dir)
-        recording, expected = Recording(path, changes), new
+        expectations = save_expectation(new, expected_dir)
+        recording, expected = Recording(expectations, changes), new
     return SelftestReport(
         model=model,
         url=settings.infer_url,
-        expectations=expectation_path(model, expected_dir),
+        expectations=expectations,
         results=run_checks(facts, expected) if live else layout_checks(facts, expected),
         facts=facts,
         recording=recording,
         notes=notes,
+        endpoint=endpoint,
     )
 
 
 def format_report(report: SelftestReport) -> str:
     """The human report: a header, one line per check, the recording's diff, a verdict."""
-    lines = [f"loopd selftest: {report.model} at {report.url}"]
+    where = f"endpoint {report.endpoint}: " if report.endpoint is not None else ""
+    lines = [f"loopd selftest: {where}{report.model} at {report.url}"]
     lines.append(f"expectations: {report.expectations}")
     if report.recording is not None:
         lines.append(f"recorded {report.recording.path}:")

@@ -158,7 +158,12 @@ def _no_session(db_path: Path, session: str) -> UnknownSessionError:
 def list_sessions(db_path: Path, out: TextIO, err: TextIO = sys.stderr) -> int:
     try:
         with existing_log(db_path) as log:
-            out.write(f"{'SESSION':<32} {'SLOT':>4} {'EPOCH':>5} {'ENTRIES':>7}  STATE\n")
+            # Where loopd runs several servers, each session's endpoint (that of its latest
+            # request) and its slot there; the one-server log keeps its columns.
+            placed = log.last_endpoints() if log is not None else {}
+            slots = log.endpoint_slots() if log is not None else {}
+            where = f"{'ENDPOINT':<12} " if placed else ""
+            out.write(f"{'SESSION':<32} {where}{'SLOT':>4} {'EPOCH':>5} {'ENTRIES':>7}  STATE\n")
             if log is None:
                 return 0
             states = {state.session: state for state in log.pending_states()}
@@ -172,8 +177,13 @@ def list_sessions(db_path: Path, out: TextIO, err: TextIO = sys.stderr) -> int:
                     label = f"interrupted tool calls: {ids}"
                 else:
                     label = "pending turn" if state.pending_turn else "idle"
+                slot = session.slot
+                if placed:
+                    endpoint = placed[session.name][0] if session.name in placed else "-"
+                    slot = slots.get((session.name, endpoint), slot)
+                    where = f"{endpoint:<12} "
                 out.write(
-                    f"{session.name:<32} {session.slot:>4} {epoch:>5} {len(entries):>7}  {label}\n"
+                    f"{session.name:<32} {where}{slot:>4} {epoch:>5} {len(entries):>7}  {label}\n"
                 )
     except LogError as exc:
         err.write(f"loopd: {exc}\n")

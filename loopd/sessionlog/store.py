@@ -605,6 +605,32 @@ class SessionLog:
             ).fetchall()
         return {name: last_id for name, last_id in found}
 
+    def last_endpoints(self) -> dict[str, tuple[str, str]]:
+        """Each session that sent a request naming its endpoint (``extra["endpoint"]``, where
+        loopd runs several servers), with the endpoint of its latest such request and when that
+        request was recorded: where its cache is."""
+        with self._reading():
+            found = self._conn.execute(
+                "SELECT s.name, json_extract(r.extra, '$.endpoint'), r.created_at"
+                " FROM requests r JOIN sessions s ON s.id = r.session_id"
+                " WHERE r.id IN (SELECT max(id) FROM requests"
+                "  WHERE json_type(extra, '$.endpoint') = 'text' GROUP BY session_id)"
+            ).fetchall()
+        return {name: (endpoint, created_at) for name, endpoint, created_at in found}
+
+    def endpoint_slots(self) -> dict[tuple[str, str], int]:
+        """(session, endpoint) -> the slot of the session's latest request on that endpoint,
+        for each request naming its endpoint: the slot the session keeps there."""
+        with self._reading():
+            found = self._conn.execute(
+                "SELECT s.name, json_extract(r.extra, '$.endpoint'), r.slot"
+                " FROM requests r JOIN sessions s ON s.id = r.session_id"
+                " WHERE r.id IN (SELECT max(id) FROM requests"
+                "  WHERE json_type(extra, '$.endpoint') = 'text'"
+                "  GROUP BY session_id, json_extract(extra, '$.endpoint'))"
+            ).fetchall()
+        return {(name, endpoint): slot for name, endpoint, slot in found}
+
     def pending_states(self) -> list[SessionState]:
         """The state of every session, for a restart."""
         with self._reading():

@@ -148,9 +148,24 @@ def check_requests(
 ) -> list[Problem]:
     problems: list[Problem] = []
     by_epoch: dict[int, list[Request]] = {}
+    # Where loopd runs several servers, a request names its endpoint, and the session keeps one
+    # slot on each endpoint it ran on (loopd.endpoints.serving): the first one it used there.
+    endpoint_slots: dict[str, int] = {}
     for request in requests:
         record = request.record
-        if record.kind in _SLOT_BOUND_KINDS and record.slot != session.slot:
+        endpoint = record.perf.extra.get("endpoint")
+        if record.kind in _SLOT_BOUND_KINDS and isinstance(endpoint, str):
+            slot = endpoint_slots.setdefault(endpoint, record.slot)
+            if record.slot != slot:
+                problems.append(
+                    Problem(
+                        session.name,
+                        f"request {request.id}",
+                        f"sent to slot {record.slot} on endpoint {endpoint}; the session's slot "
+                        f"there is {slot}",
+                    )
+                )
+        elif record.kind in _SLOT_BOUND_KINDS and record.slot != session.slot:
             problems.append(
                 Problem(
                     session.name,

@@ -11,7 +11,7 @@ import httpx
 import pytest
 import respx
 
-from loopd.config import load_settings
+from loopd.config import EndpointSettings, load_settings
 from loopd.selftest.commands import register, selftest
 from loopd.selftest.expected import DEFAULT_DIR
 
@@ -89,3 +89,42 @@ def test_output_goes_to_out_only(tmp_path: Path, as_json: bool) -> None:
         assert json.loads(out.getvalue())["exit_status"] == 2
     else:
         assert out.getvalue().splitlines()[-1].startswith("FAIL: 0 of ")
+
+
+def two_endpoints(tmp_path: Path) -> dict[str, object]:
+    return {
+        "endpoint": tuple(
+            EndpointSettings(name=name, url=f"unix:{tmp_path / name}.sock", model="smollm2")
+            for name in ("gpu1", "gpu2")
+        ),
+        "connect_s": 1.0,
+    }
+
+
+def test_every_endpoint_is_tested_and_named(tmp_path: Path) -> None:
+    out = io.StringIO()
+    status = selftest(
+        load_settings(**two_endpoints(tmp_path)), as_json=True, out=out, expected_dir=tmp_path
+    )
+    reports = json.loads(out.getvalue())
+    assert status == 2
+    assert [(r["endpoint"], r["url"], r["exit_status"]) for r in reports] == [
+        ("gpu1", f"unix:{tmp_path / 'gpu1'}.sock", 2),
+        ("gpu2", f"unix:{tmp_path / 'gpu2'}.sock", 2),
+    ]
+    # Nothing recorded for either: a record would write each endpoint's own file.
+    assert [r["expectations"] for r in reports] == [
+        str(tmp_path / "endpoints" / "gpu1.json"),
+        str(tmp_path / "endpoints" / "gpu2.json"),
+    ]
+
+
+def test_one_endpoint_is_tested_by_name_and_an_unknown_name_is_one_line(tmp_path: Path) -> None:
+    settings = load_settings(**two_endpoints(tmp_path))
+    out = io.StringIO()
+    assert selftest(settings, endpoint="gpu2", out=out, expected_dir=tmp_path) == 2
+    assert out.getvalue().startswith(f"loopd selftest: endpoint gpu2: smollm2 at unix:{tmp_path}")
+    assert "gpu1" not in out.getvalue()
+    err = io.StringIO()
+    assert selftest(settings, endpoint="gpu3", out=io.StringIO(), err=err) == 2
+    assert err.getvalue() == "loopd selftest: no endpoint named 'gpu3' (endpoints: gpu1, gpu2)\n"

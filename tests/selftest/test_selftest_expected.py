@@ -15,7 +15,9 @@ from loopd.selftest.expected import (
     ModelExpectation,
     build_number,
     diff_expectations,
+    endpoint_expectation_path,
     expectation_path,
+    find_expectation,
     load_expectation,
     save_expectation,
 )
@@ -94,6 +96,36 @@ def test_a_file_recording_another_model_is_refused(tmp_path: Path) -> None:
     (tmp_path / "org_model_Q4.json").rename(tmp_path / "other.json")
     with pytest.raises(ExpectationsError, match="records model 'org/model:Q4', not 'other'"):
         load_expectation("other", tmp_path)
+
+
+def test_an_endpoints_own_file_comes_before_its_models(tmp_path: Path) -> None:
+    """Expectations are keyed by endpoint: two servers of one model may differ."""
+    model_file = save_expectation(EXPECTATION, tmp_path)
+    assert "endpoint" not in json.loads(model_file.read_text())  # as model files always were
+    gpu2 = EXPECTATION.model_copy(update={"endpoint": "gpu2", "n_ctx_per_slot": 8192})
+    assert save_expectation(gpu2, tmp_path) == tmp_path / "endpoints" / "gpu2.json"
+    assert find_expectation("org/model:Q4", "gpu2", tmp_path) == (
+        gpu2,
+        endpoint_expectation_path("gpu2", tmp_path),
+    )
+    # An endpoint with no file of its own, and the shorthand's server, read the model's file.
+    assert find_expectation("org/model:Q4", "gpu1", tmp_path) == (EXPECTATION, model_file)
+    assert find_expectation("org/model:Q4", None, tmp_path) == (EXPECTATION, model_file)
+
+
+def test_nothing_recorded_points_at_where_a_record_goes(tmp_path: Path) -> None:
+    assert find_expectation("m", "gpu1", tmp_path) == (None, tmp_path / "endpoints" / "gpu1.json")
+    assert find_expectation("m", None, tmp_path) == (None, tmp_path / "m.json")
+
+
+def test_an_endpoint_file_for_another_model_asks_for_a_new_record(tmp_path: Path) -> None:
+    save_expectation(EXPECTATION.model_copy(update={"endpoint": "gpu1"}), tmp_path)
+    with pytest.raises(ExpectationsError, match="now serves 'qwen'; record it again") as error:
+        find_expectation("qwen", "gpu1", tmp_path)
+    assert "loopd selftest --record --endpoint gpu1" in str(error.value)
+    (tmp_path / "endpoints" / "gpu1.json").rename(tmp_path / "endpoints" / "gpu3.json")
+    with pytest.raises(ExpectationsError, match="records endpoint 'gpu1', not 'gpu3'"):
+        find_expectation("org/model:Q4", "gpu3", tmp_path)
 
 
 def test_diff_names_each_changed_field_and_cap() -> None:

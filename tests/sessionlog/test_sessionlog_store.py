@@ -1,6 +1,7 @@
 """The store: exact storage, idempotent intake, epochs, append-only rows, requests."""
 
 import sqlite3
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -231,3 +232,27 @@ def test_what_else_ran_on_a_slot_since_a_request(log: SessionLog) -> None:
     other = log.record_request("thread-2", request_for(log, "thread-2"))
     assert log.slot_used_since(0, mine.id, besides=S)
     assert not log.slot_used_since(0, other.id, besides="thread-2")  # nothing after it
+
+
+def test_each_sessions_last_endpoint_is_its_latest_request_naming_one(log: SessionLog) -> None:
+    log.ensure_session("thread-2", 0)
+    log.start_epoch("thread-2", reason="start", tools_text=TOOLS, system_text=SYSTEM)
+
+    def on(session: str, endpoint: object) -> None:
+        record = request_for(log, session)
+        extra = {} if endpoint is None else {"endpoint": endpoint}
+        log.record_request(session, replace(record, perf=Perf(outcome="ok", extra=extra)))
+
+    assert log.last_endpoints() == {}
+    on(S, None)  # one server, nothing named
+    on(S, "gpu1")
+    on("thread-2", "gpu1")
+    on(S, "gpu2")  # moved
+    on(S, None)
+    on("thread-2", 7)  # not a name
+    found = log.last_endpoints()
+    assert {name: endpoint for name, (endpoint, _) in found.items()} == {
+        S: "gpu2",
+        "thread-2": "gpu1",
+    }
+    assert all(created for _, created in found.values())

@@ -4,6 +4,7 @@ import argparse
 import io
 import json
 import sqlite3
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -18,6 +19,7 @@ from loopd.sessionlog.commands import (
     show_log,
     verify_log,
 )
+from loopd.sessionlog.records import Perf
 from loopd.sessionlog.verify import verify
 from tests.sessionlog.sessionlog_support import assistant_text, request_for
 
@@ -157,3 +159,27 @@ def test_register_wires_the_commands(
         assert capsys.readouterr().err == "", argv
     with pytest.raises(SystemExit):
         parser.parse_args(["log"])
+
+
+def _answered_on(log: SessionLog, text: str, endpoint: str, slot: int) -> None:
+    """One turn whose request ran on ``endpoint``'s ``slot`` (loopd with [[endpoint]] tables)."""
+    log.append_user(S, text, external_key=f"key-{text}")
+    record = replace(request_for(log, S), slot=slot, perf=Perf(extra={"endpoint": endpoint}))
+    log.append_assistant(S, assistant_text(f"re {text}"), request=record)
+
+
+def test_a_session_keeps_one_slot_on_each_endpoint(db_path: Path, log: SessionLog) -> None:
+    _answered_on(log, "one", "a", 1)
+    _answered_on(log, "two", "b", 0)  # moved: another endpoint, its own slot there
+    _answered_on(log, "three", "b", 0)
+    assert verify(log) == []
+    out = io.StringIO()
+    assert list_sessions(db_path, out) == 0
+    header, row = out.getvalue().splitlines()
+    assert header.split()[:3] == ["SESSION", "ENDPOINT", "SLOT"]
+    assert row.split()[:3] == [S, "b", "0"]
+
+    _answered_on(log, "four", "b", 1)
+    [problem] = verify(log)
+    assert problem.detail == "sent to slot 1 on endpoint b; the session's slot there is 0"
+    assert log.endpoint_slots() == {(S, "a"): 1, (S, "b"): 1}

@@ -140,3 +140,98 @@ def test_an_unreadable_secret_file_named_in_the_environment_names_the_variable(
     monkeypatch.setenv("BROKERD_MATTERMOST_TOKEN_FILE", str(tmp_path / "absent"))
     with pytest.raises(ConfigError, match=r"^BROKERD_MATTERMOST_TOKEN_FILE: cannot read"):
         read_secrets(load_settings())
+
+
+TWO_ENDPOINTS = """
+[[endpoint]]
+name = "gpu1"
+url = "http://gpu1:8080"
+inference_slots = [0, 1]
+inference_models = ["qwen"]
+
+[[endpoint]]
+name = "gpu2"
+url = "unix:/run/llama/gpu2.sock"
+key_file = "{key}"
+"""
+
+
+def test_endpoint_tables_are_the_servers_and_each_key_is_read(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    key = tmp_path / "gpu2.key"
+    key.write_text("secret-two\n")
+    config = tmp_path / "brokerd.toml"
+    config.write_text(TWO_ENDPOINTS.format(key=key))
+    monkeypatch.setenv("BROKERD_CONFIG", str(config))
+    settings = load_settings()
+    gpu1, gpu2 = settings.inference_endpoints()
+    assert gpu1 is not None
+    assert gpu2 is not None
+    assert (gpu1.name, gpu1.url, gpu1.inference_slots, gpu1.inference_models) == (
+        "gpu1",
+        "http://gpu1:8080",
+        (0, 1),
+        ("qwen",),
+    )
+    assert (gpu2.socket_name, gpu2.inference_slots, gpu2.inference_models) == (
+        "infer-gpu2.sock",
+        (),
+        (),
+    )
+    secrets = read_secrets(settings)
+    assert secrets.endpoint_keys == {"gpu2": "secret-two"}
+    assert secrets.values() == ["secret-two"]
+
+
+def test_without_endpoint_tables_the_single_server_is_served() -> None:
+    assert load_settings().inference_endpoints() == (None,)
+
+
+@pytest.mark.parametrize(
+    ("extra", "problem"),
+    [
+        (
+            'inference_url = "http://gpu0:8080"\n',
+            "contradictory settings (one_inference_form): inference_url with [[endpoint]] tables",
+        ),
+        (
+            "[[endpoint]]\nname = 'gpu1'\nurl = 'http://other:8080'\n",
+            "two [[endpoint]] tables are named 'gpu1'",
+        ),
+        (
+            "[[endpoint]]\nname = 'gpu3'\nurl = 'ftp://gpu3'\n",
+            "`endpoint[2].url` in {config}: expected http://, https:// or unix:/path",
+        ),
+        (
+            "[[endpoint]]\nname = '../x'\nurl = 'http://gpu3'\n",
+            "`endpoint[2].name` in {config}: String should match pattern",
+        ),
+        (
+            "[[endpoint]]\nname = 'gpu3'\nurl = 'http://gpu3'\nmodels = ['x']\n",
+            "unknown setting `endpoint[2].models` in {config}",
+        ),
+    ],
+)
+def test_a_bad_endpoint_table_is_one_line(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, extra: str, problem: str
+) -> None:
+    config = tmp_path / "brokerd.toml"
+    # A top-level key must come before the first table.
+    top, tables = (extra, "") if extra.startswith("inference_url") else ("", extra)
+    config.write_text(top + TWO_ENDPOINTS.format(key=tmp_path / "k") + tables)
+    monkeypatch.setenv("BROKERD_CONFIG", str(config))
+    with pytest.raises(ConfigError) as error:
+        load_settings()
+    assert "\n" not in str(error.value)
+    assert problem.format(config=config) in str(error.value)
+
+
+def test_an_unreadable_endpoint_key_names_the_endpoint(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    config = tmp_path / "brokerd.toml"
+    config.write_text(TWO_ENDPOINTS.format(key=tmp_path / "absent"))
+    monkeypatch.setenv("BROKERD_CONFIG", str(config))
+    with pytest.raises(ConfigError, match=r"^BROKERD_ENDPOINT gpu2: key_file: cannot read"):
+        read_secrets(load_settings())

@@ -12,8 +12,16 @@ import pytest
 from anyio.abc import TaskStatus
 
 from brokerd.cli import main
-from brokerd.config import BrokerdSettings, Secrets
-from brokerd.serve import Endpoint, ServeError, bind_unix_socket, build_endpoints, serve
+from brokerd.config import BrokerdSettings, InferenceEndpoint, Secrets
+from brokerd.observe.middleware import Instrumented
+from brokerd.serve import (
+    Endpoint,
+    ServeError,
+    bind_unix_socket,
+    build_endpoints,
+    own_paths,
+    serve,
+)
 from brokerd.tools.settings import BrokerSettings
 from tests.brokerd.proxy.proxy_support import raw_request
 
@@ -129,6 +137,29 @@ async def test_all_three_sockets_are_served_from_one_process(sock_dir: Path) -> 
     assert "error" in str(infer.json())
     assert "status_code" in str(chat.json())
     assert not any(endpoint.path.exists() for endpoint in endpoints)
+
+
+def test_each_endpoint_table_is_one_inference_socket_and_its_key_is_hidden(
+    sock_dir: Path,
+) -> None:
+    servers = (
+        InferenceEndpoint(name="gpu1", url="http://gpu1:8080", key_file=sock_dir / "gpu1.key"),
+        InferenceEndpoint(name="gpu2", url=f"unix:{sock_dir}/gpu2.sock"),
+    )
+    settings = BrokerdSettings(socket_dir=sock_dir / "run", endpoint=servers)
+    secrets = Secrets(inference_key=None, bot_token=None, endpoint_keys={"gpu1": "k"})
+    endpoints = build_endpoints(settings, secrets, ("infer",))
+    assert [(endpoint.name, endpoint.path.name) for endpoint in endpoints] == [
+        ("infer-gpu1", "infer-gpu1.sock"),
+        ("infer-gpu2", "infer-gpu2.sock"),
+    ]
+    assert sock_dir / "gpu1.key" in own_paths(settings)
+    # Each is counted under its own socket's name, by the inference routes.
+    app = endpoints[0].app
+    assert isinstance(app, Instrumented)
+    assert app.socket == "infer-gpu1"
+    assert app.route("POST", "/v1/chat/completions") == "/v1/chat/completions"
+    assert app.route("POST", "/slots/0") == "other"
 
 
 async def serve_briefly(

@@ -55,3 +55,13 @@ def test_a_model_in_the_query_must_be_allowed() -> None:
         "brokerd refuses model 'big-model': allowed smollm2"
     )
     assert query_refusal(InferencePolicy(), b"model=anything") is None
+
+
+def test_one_endpoints_refusal_names_it() -> None:
+    gpu1 = InferencePolicy(slots=frozenset({0}), models=frozenset({"small"}), endpoint="gpu1")
+    refused = body_refusal(gpu1, *CHAT, json.dumps({"model": "large", "id_slot": 0}).encode())
+    assert refused is not None
+    assert refused.message == "brokerd refuses model 'large' on endpoint gpu1: allowed small"
+    refused = body_refusal(gpu1, *CHAT, json.dumps({"model": "small", "id_slot": 1}).encode())
+    assert refused is not None
+    assert refused.message == "brokerd refuses id_slot 1 on endpoint gpu1: a request must name 0"

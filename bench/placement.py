@@ -1,0 +1,274 @@
+"""Placement across endpoints: N threads on one and on two llama-servers, and one server lost.
+
+loopd itself runs the turns (``Runtime`` with ``[[endpoint]]`` tables, ``loopd.endpoints``), on
+two tiny real servers of this machine (the dev server's plain SmolLM2 preset, two slots each, on
+Unix sockets). Three runs, each with sessions of its own (their texts name the run, so no run
+reads another's cache):
+
+- *1 endpoint*: N threads, each T turns in a row, all the threads at once, on server ``a``;
+- *2 endpoints*: the same on ``a`` and ``b``: placement spreads the new sessions;
+- *2 endpoints, a killed*: as the second, and server ``a`` SIGKILLed (its process group, as a
+  crashed box goes) once half of the turns have answered. Its sessions move to ``b``.
+
+Per run: loopd's queue wait per turn (the turn's time less its requests' own time: waiting for a
+slot behind another session), the tokens the server read per turn (``prompt_n``, past its
+cache) and those of them it had cached before (``cache_loss``: re-read). For the lost server:
+the requests recorded ``endpoint lost``, the tokens they re-read, and the turns delayed (those
+whose requests include one that found ``a`` dead), with their extra time.
+
+``python -m bench.placement`` runs only this and appends its section to
+``bench/results/<date>.md``; ``make bench`` runs it with the others.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+
+import anyio
+
+from bench.errors import BenchError
+from loopd.config import load_settings
+from loopd.endpoints.placement import ENDPOINT_LOST
+from loopd.sessionlog.records import Request, fresh_external_key
+from loopd.sessions import Runtime
+from loopd_dev import devserver
+
+log = logging.getLogger("bench.placement")
+
+THREADS = 4
+TURNS = 4
+MAX_TOKENS = 16
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+@dataclass(frozen=True)
+class TurnSample:
+    session: str
+    wall_s: float
+    requests: tuple[Request, ...]
+
+    @property
+    def queue_wait_s(self) -> float:
+        """The turn's time not spent in its own requests: waiting for its slot."""
+        own = sum(float(r.record.perf.extra.get("duration_ms") or 0.0) for r in self.requests)
+        return max(self.wall_s - own / 1000, 0.0)
+
+    @property
+    def found_dead(self) -> bool:
+        return any(r.record.perf.extra.get("failure") == "unreachable" for r in self.requests)
+
+
+@dataclass(frozen=True)
+class PlacementRun:
+    label: str
+    endpoints: int
+    threads: int
+    turns: list[TurnSample]
+    wall_s: float
+    spread: dict[str, int]  # endpoint -> sessions whose latest request ran there
+
+    def _perfs(self) -> list[Request]:
+        return [r for t in self.turns for r in t.requests]
+
+    def queue_wait(self) -> tuple[float, float]:
+        waits = [t.queue_wait_s for t in self.turns]
+        return statistics.median(waits), max(waits)
+
+    def read_per_turn(self) -> float:
+        return sum(r.record.perf.prompt_n or 0 for r in self._perfs()) / len(self.turns)
+
+    def reread_per_turn(self) -> float:
+        return sum(r.record.perf.cache_loss or 0 for r in self._perfs()) / len(self.turns)
+
+    def lost(self) -> list[Request]:
+        return [r for r in self._perfs() if r.record.perf.cache_loss_cause == ENDPOINT_LOST]
+
+    def delayed(self) -> tuple[int, float]:
+        """Turns that found the dead server, and their median extra time over the others."""
+        hit = [t.wall_s for t in self.turns if t.found_dead]
+        rest = [t.wall_s for t in self.turns if not t.found_dead]
+        if not hit or not rest:
+            return len(hit), 0.0
+        return len(hit), statistics.median(hit) - statistics.median(rest)
+
+
+def _message(run: str, thread: int, turn: int) -> str:
+    return (
+        f"Run {run}, thread {thread}, message {turn}: tell me one short fact about the number "
+        f"{thread * 10 + turn}. Answer in one sentence."
+    )
+
+
+async def _one_run(
+    label: str,
+    servers: dict[str, devserver.RunningServer],
+    state: Path,
+    kill: str | None = None,
+) -> PlacementRun:
+    tables = [
+        {"name": name, "url": server.url, "model": devserver.PLAIN_MODEL, "slots": (0, 1)}
+        for name, server in servers.items()
+    ]
+    settings = load_settings(
+        endpoint=tables, state_dir=state, temperature=0.0, max_tokens=MAX_TOKENS, think_cap=0
+    )
+    runtime = Runtime.open(settings)
+    samples: list[TurnSample] = []
+    answered = 0
+    tag = state.name  # the run's own session names
+
+    async def thread(number: int) -> None:
+        nonlocal answered
+        name = f"{tag}-t{number}"
+        session = runtime.ensure_session(name)
+        for turn in range(TURNS):
+            runtime.log.append_user(
+                name, _message(label, number, turn), external_key=fresh_external_key()
+            )
+            before = len(runtime.log.requests(name))
+            started = time.monotonic()
+            outcome = await runtime.run_turn(session, lambda status: None)
+            wall = time.monotonic() - started
+            if outcome.answer is None:
+                raise BenchError(f"{label}: {name} turn {turn} failed: {outcome.failure}")
+            samples.append(TurnSample(name, wall, tuple(runtime.log.requests(name)[before:])))
+            answered += 1
+            if kill is not None and answered == THREADS * TURNS // 2:
+                log.info("%s: killing server %s", label, kill)
+                servers[kill].kill()
+
+    started = time.monotonic()
+    try:
+        async with anyio.create_task_group() as tg:
+            for number in range(THREADS):
+                tg.start_soon(thread, number)
+        spread: dict[str, int] = {}
+        for where, _ in runtime.log.last_endpoints().values():
+            spread[where] = spread.get(where, 0) + 1
+    finally:
+        await runtime.aclose()
+    return PlacementRun(label, len(servers), THREADS, samples, time.monotonic() - started, spread)
+
+
+def run(work: Path, cache_dir: Path) -> list[PlacementRun]:
+    """The three runs, on two routers of their own started under ``work``."""
+    servers: dict[str, devserver.RunningServer] = {}
+    try:
+        for name in ("a", "b"):
+            folder = work / name
+            servers[name] = devserver.start(folder, cache_dir, socket_path=folder / "llama.sock")
+        runs = [
+            anyio.run(_one_run, "1 endpoint", {"a": servers["a"]}, work / "one"),
+            anyio.run(_one_run, "2 endpoints", servers, work / "two"),
+            anyio.run(_one_run, "2 endpoints, a killed", servers, work / "killed", "a"),
+        ]
+    finally:
+        for server in servers.values():
+            server.stop()
+    return runs
+
+
+def section(runs: Sequence[PlacementRun], date: str) -> list[str]:
+    """The Markdown section of the report."""
+    lines = [
+        "## Placement across endpoints",
+        "",
+        f"Measured {date} by `{COMMAND}` (or `make bench`): bench/placement.py. loopd runs "
+        f"{THREADS} threads of {TURNS} turns each, all at once, on two real llama-servers of "
+        f"this machine (build {devserver.LLAMA_BUILD}, `{devserver.PLAIN_MODEL}`, 2 slots each, "
+        f"Unix sockets; `max_tokens` {MAX_TOKENS}, temperature 0). Queue wait: the turn's time "
+        "less its requests' own (waiting behind another session for a slot). Read: tokens the "
+        "server read past its cache (`prompt_n`); re-read: those it had cached before "
+        "(`cache_loss`); in the run that loses a server, the waits between the attempts that find "
+        "it dead count as queue wait too. Times depend on the machine's load, and the two servers "
+        "share its CPUs, so a run's time does not halve with two; token counts are exact.",
+        "",
+    ]
+    rows = []
+    for r in runs:
+        median, worst = r.queue_wait()
+        where = ", ".join(f"{name}: {count}" for name, count in sorted(r.spread.items()))
+        rows.append(
+            (
+                r.label,
+                len(r.turns),
+                where,
+                f"{median:.2f} / {worst:.2f}",
+                f"{r.read_per_turn():.1f}",
+                f"{r.reread_per_turn():.1f}",
+                f"{r.wall_s:.1f}",
+            )
+        )
+    lines += _table(
+        [
+            "Run",
+            "Turns",
+            "Sessions by endpoint (at the end)",
+            "Queue wait per turn, s (median / max)",
+            "Read tokens per turn",
+            "Re-read tokens per turn",
+            "Run, s",
+        ],
+        rows,
+    )
+    for r in runs:
+        lost = r.lost()
+        if "killed" not in r.label:
+            continue
+        delayed, extra = r.delayed()
+        moved = sorted({t.session for t in r.turns for q in t.requests if q in lost})
+        lines += [
+            "",
+            f"Losing an endpoint ({r.label}): {len(lost)} requests recorded `endpoint lost` "
+            f"({', '.join(moved) or 'none'}; one per session that moved), re-reading "
+            f"{sum(q.record.perf.cache_loss or 0 for q in lost):,} tokens the lost server had "
+            f"cached; {delayed} turn(s) delayed by finding the server dead (its requests' "
+            f"attempts, then the move), by {extra:.1f} s (median) over the other turns. No turn "
+            "failed: every message was answered once.",
+        ]
+    return lines
+
+
+COMMAND = "python -m bench.placement"
+
+
+def _table(header: Sequence[str], rows: Sequence[Sequence[object]]) -> list[str]:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines.extend("| " + " | ".join(str(cell) for cell in row) + " |" for row in rows)
+    return lines
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run only this benchmark and append its section to the day's report."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)
+    logging.getLogger("loopd").setLevel(logging.ERROR)
+    parser = argparse.ArgumentParser(prog="python -m bench.placement", description=__doc__)
+    parser.add_argument("--out", type=Path, default=RESULTS, help="folder for the report")
+    parser.add_argument("--cache-dir", type=Path, default=devserver.default_cache_dir())
+    args = parser.parse_args(argv)
+    date = datetime.now().strftime("%Y-%m-%d")
+    try:
+        with tempfile.TemporaryDirectory(prefix="bpl") as tmp:
+            runs = run(Path(tmp), args.cache_dir)
+    except (devserver.DevServerError, BenchError) as exc:
+        sys.stderr.write(f"bench failed: {exc}\n")
+        return 2
+    path: Path = args.out / f"{date}.md"
+    before = path.read_text(encoding="utf-8") if path.exists() else f"# loopd benchmarks, {date}\n"
+    path.write_text(before.rstrip("\n") + "\n\n" + "\n".join(section(runs, date)) + "\n")
+    log.info("placement section appended to %s", path)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,222 @@
+"""Turns on several servers: the I/O shell around ``Fleet`` (placement and health, pure).
+
+Each ``[[endpoint]]`` table gets its own client, context budget and slot queue. A turn is placed
+(``Fleet.place``) and run on its endpoint like a one-server turn, its requests naming the endpoint
+in the log. When a turn ends without an answer in a way that shows its server dead, not busy
+(``health.endpoint_dead``: nothing answers, or the stream was cut and ``/health`` no longer
+answers), the endpoint is marked down and the same turn is placed again at once: the session moves
+to an endpoint that is up, and its first request there, which re-reads the whole prompt, is
+recorded with the cause ``endpoint lost``. The log is the truth, so the moved turn sends the
+conversation as stored: the user's message is answered once, on the new endpoint. A down endpoint
+is self-tested again in the background (``selftest.endpoints.recheck_down``); once it passes, new
+sessions are placed on it again. Sessions that moved stay where they are (their cache is there).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Mapping, Sequence
+from contextlib import AsyncExitStack
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING
+
+from loopd.config import EndpointSettings, Settings
+from loopd.endpoints.fleet import Fleet
+from loopd.endpoints.health import endpoint_dead, needs_health_check
+from loopd.endpoints.placement import Move, NowhereUp
+from loopd.engine.budget import ServerBudget
+from loopd.engine.client import InferenceClient
+from loopd.engine.compaction import Compactor
+from loopd.engine.stream import StatusCallback
+from loopd.engine.turn import TurnOutcome
+from loopd.errors import LoopdError
+from loopd.scheduler import PositionCallback, Scheduler
+from loopd.selftest.endpoints import Checker, recheck_down
+from loopd.sessionlog.records import Session
+from loopd.sessionlog.store import SessionLog
+
+if TYPE_CHECKING:
+    from loopd.sessions import Runtime
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Server:
+    """One endpoint's client, budget (its own ``n_ctx``) and slot queue."""
+
+    endpoint: EndpointSettings
+    client: InferenceClient
+    budget: ServerBudget = field(init=False)
+    scheduler: Scheduler = field(default_factory=Scheduler)
+
+    def __post_init__(self) -> None:
+        self.budget = ServerBudget(self.client)
+
+    @property
+    def name(self) -> str:
+        return self.endpoint.name
+
+
+def choose_server_slot(slots: Sequence[int], taken: Sequence[int]) -> int:
+    """The slot of a server with the fewest of its sessions (lowest id on a tie)."""
+    return min(slots, key=lambda slot: (taken.count(slot), slot))
+
+
+class Endpoints:
+    """The servers of an ``[[endpoint]]`` configuration, and where each session's turns run."""
+
+    def __init__(
+        self,
+        servers: Sequence[Server],
+        fleet: Fleet,
+        check: Checker | None = None,
+        slots: Mapping[tuple[str, str], int] = {},
+    ) -> None:
+        """``slots``: ``SessionLog.endpoint_slots()``, the slot each session keeps on each
+        endpoint it ran on."""
+        self.servers: dict[str, Server] = {server.name: server for server in servers}
+        self.fleet = fleet
+        self.check = check
+        self._slots = dict(slots)  # (session, endpoint) -> its slot there
+        self._up_listeners: list[Callable[[str], None]] = []
+
+    @classmethod
+    def open(
+        cls, settings: Settings, session_log: SessionLog, check: Checker | None = None
+    ) -> Endpoints:
+        servers = [
+            Server(e, InferenceClient(e.url, e.model, connect_s=settings.connect_s))
+            for e in settings.endpoints()
+        ]
+        fleet = Fleet([s.name for s in servers], placed=session_log.last_endpoints())
+        return cls(servers, fleet, check, session_log.endpoint_slots())
+
+    async def aclose(self) -> None:
+        for server in self.servers.values():
+            await server.client.aclose()
+
+    def start(self, check: Checker, down: Mapping[str, str]) -> None:
+        """Serve with ``check`` as the re-check, the endpoints of ``down`` (name -> why) down
+        as the start's self-tests found them."""
+        self.check = check
+        for name, reason in down.items():
+            self.fleet.health.mark_down(name, reason, time.monotonic())
+
+    def on_up(self, listener: Callable[[str], None]) -> None:
+        """Call ``listener(name)`` when a down endpoint passes its re-check."""
+        self._up_listeners.append(listener)
+
+    def slot_on(self, server: Server, session: str) -> int:
+        """The session's slot on ``server``: the one it had there, else the one fewest of the
+        sessions now placed there use."""
+        key = (session, server.name)
+        slot = self._slots.get(key)
+        if slot is None or slot not in server.endpoint.slots:
+            taken = [
+                slot
+                for (other, where), slot in self._slots.items()
+                if where == server.name and self.fleet.endpoint_of(other) == where
+            ]
+            slot = self._slots[key] = choose_server_slot(server.endpoint.slots, taken)
+        return slot
+
+    def where(self) -> Mapping[str, tuple[str, int]]:
+        """Each session placed since the start: its endpoint and its slot there."""
+        found = {}
+        for (session, endpoint), slot in self._slots.items():
+            if self.fleet.endpoint_of(session) == endpoint:
+                found[session] = (endpoint, slot)
+        return found
+
+    async def watch(self) -> None:
+        """Re-check down endpoints until cancelled (nothing to do without a checker)."""
+        if self.check is None:
+            return
+        await recheck_down(
+            self.fleet.health,
+            [server.endpoint for server in self.servers.values()],
+            self.check,
+            on_up=self._came_up,
+        )
+
+    def _came_up(self, name: str) -> None:
+        for listener in self._up_listeners:
+            listener(name)
+
+    async def run_turn(
+        self,
+        runtime: Runtime,
+        session: Session,
+        report: StatusCallback,
+        on_position: PositionCallback,
+    ) -> TurnOutcome:
+        """The session's turn on its endpoint; on another one if that endpoint proves dead."""
+        outcome = TurnOutcome(answer=None, failure="no endpoint is configured")
+        for _ in range(len(self.servers)):
+            placement = self.fleet.place(session.name)
+            if isinstance(placement, NowhereUp):
+                down = ", ".join(placement.down)
+                return TurnOutcome(
+                    answer=None,
+                    failure=f"no endpoint is up ({down})",
+                )
+            name = placement.to if isinstance(placement, Move) else placement.endpoint
+            server = self.servers[name]
+            moved_from = placement.lost if isinstance(placement, Move) else None
+            if moved_from is not None:
+                log.warning(
+                    "session %s moves from endpoint %s (down) to %s; its prompt is read there",
+                    session.name,
+                    moved_from,
+                    server.name,
+                )
+            outcome = await self._run_on(runtime, server, session, report, on_position, moved_from)
+            if outcome.answer is not None or not await self._proves_dead(server, outcome):
+                return outcome
+            reason = outcome.failure or "a request found it dead"
+            if self.fleet.health.mark_down(server.name, reason, time.monotonic()):
+                log.warning(
+                    "endpoint %s is down: %s; its sessions move to the others, it is re-checked "
+                    "in the background",
+                    server.name,
+                    reason,
+                )
+        return outcome
+
+    async def _run_on(
+        self,
+        runtime: Runtime,
+        server: Server,
+        session: Session,
+        report: StatusCallback,
+        on_position: PositionCallback,
+        moved_from: str | None,
+    ) -> TurnOutcome:
+        slot = self.slot_on(server, session.name)
+        with runtime.live.turn(session.name, slot, report, on_position) as live:
+            turn = runtime.turn(session, live.report)  # the one-server turn, aimed at this one
+            turn.client, turn.slot = server.client, slot
+            # Pinned or placed by the server as the runtime decided (engine.placement).
+            id_slot = slot if turn.pinned else -1
+            turn.settings = replace(turn.settings, model=server.endpoint.model, slot=id_slot)
+            turn.gate = Compactor(server.budget, runtime.budget_rules())
+            turn.endpoint, turn.moved_from = server.name, moved_from
+            async with AsyncExitStack() as held:
+                with self.fleet.waiting(server.name):
+                    await held.enter_async_context(
+                        server.scheduler.slot(session.name, slot, live.on_position)
+                    )
+                with self.fleet.running(session.name):
+                    return live.finished(await turn.run())
+        raise AssertionError("unreachable")  # pragma: no cover - the block returns
+
+    async def _proves_dead(self, server: Server, outcome: TurnOutcome) -> bool:
+        answers: bool | None = None
+        if needs_health_check(outcome.cause):
+            try:
+                answers = await server.client.health()
+            except LoopdError:
+                answers = False
+        return endpoint_dead(outcome.cause, answers)
