@@ -27,6 +27,8 @@ CONFIRM_WAIT_S = 30.0  # an armed fault has this long to be used
 # at most DISK_FULL_MAX_S: in a quiet moment loopd may write nothing at all.
 DISK_FULL_S = 4.0
 DISK_FULL_MAX_S = 15.0
+# Edits are refused at least this long, and until one was refused (a turn's status post is edited
+# every second while it runs), at most CONFIRM_WAIT_S.
 EDIT_REFUSED_S = 4.0
 BURST_429 = 6
 BURST_5XX = 3
@@ -132,15 +134,22 @@ class Chaos:
     async def _refuse_edits(self, fault: Injected) -> None:
         before = int((await self.control.faults_left())["refused_patch_requests"])
         await self.control.fault("refuse_patches", status=403)
+        refused = 0
         try:
             await anyio.sleep(EDIT_REFUSED_S)
+            with anyio.move_on_after(CONFIRM_WAIT_S):
+                while refused == 0:
+                    refused = int((await self.control.faults_left())["refused_patch_requests"])
+                    refused -= before
+                    if refused == 0:
+                        await anyio.sleep(0.5)
         finally:
             with anyio.CancelScope(shield=True):
                 await self.control.fault("refuse_patches", status=None)
-                fault.until = time.time()
+            fault.until = until = time.time()
         refused = int((await self.control.faults_left())["refused_patch_requests"]) - before
         fault.fired = refused > 0
-        fault.detail = f"{refused} edit(s) refused (403) in {EDIT_REFUSED_S:.0f} s"
+        fault.detail = f"{refused} edit(s) refused (403) in {until - fault.at:.0f} s"
 
     async def _stream(self, fault: Injected, how: str) -> None:
         hits = self.stream_faults.silent_hit if how == "silent" else self.stream_faults.slow_hit

@@ -33,11 +33,21 @@ EXIT_FAILED = 1
 EXIT_SETUP = 2
 
 
-def _calls(text: str) -> tuple[int, int]:
+def _range(text: str) -> tuple[int, int]:
     low, _, high = text.partition("-")
-    pair = (int(low), int(high or low))
-    if not 1 <= pair[0] <= pair[1] <= 20:
-        raise argparse.ArgumentTypeError("calls must be N or N-M, 1 <= N <= M <= 20")
+    try:
+        pair = (int(low), int(high or low))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not N or N-M") from None
+    if not 1 <= pair[0] <= pair[1]:
+        raise argparse.ArgumentTypeError(f"{text!r}: want 1 <= N <= M")
+    return pair
+
+
+def _calls(text: str) -> tuple[int, int]:
+    pair = _range(text)
+    if pair[1] > 20:
+        raise argparse.ArgumentTypeError("at most 20 tool calls per message")
     return pair
 
 
@@ -51,6 +61,12 @@ def parse(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--doc", type=Path, default=DOC, help="the report (a PNG goes beside it)")
     parser.add_argument("--calls", type=_calls, default=(2, 5), help="tool calls per tool message")
     parser.add_argument("--think", type=float, default=12.0, help="mean pause between messages")
+    parser.add_argument(
+        "--patience",
+        type=_range,
+        default=(45, 120),
+        help="seconds a user waits for an answer before posting again (N-M)",
+    )
     parser.add_argument("--min-tool-calls", type=int, default=50)
     parser.add_argument("--keep", action="store_true", help="keep the work folder")
     args = parser.parse_args(argv)
@@ -87,7 +103,7 @@ def main(argv: list[str] | None = None) -> int:
         threads=args.threads,
         seed=args.seed,
         workdir=workdir,
-        pace=Pace(think_s=args.think, calls=args.calls),
+        pace=Pace(think_s=args.think, patience_s=args.patience, calls=args.calls),
         min_tool_calls=args.min_tool_calls,
         command=command,
     )

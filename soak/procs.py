@@ -43,6 +43,12 @@ class Exit:
     ended_at: float
     returncode: int
     killed_by_run: bool  # the chaos (or the run's own stop) caused it
+    said: str = ""  # the end of what this run of the process wrote (its log)
+
+    @property
+    def crashed(self) -> bool:
+        """Not caused by the run, and ended by a traceback: a defect, not a clean refusal."""
+        return not self.killed_by_run and "Traceback (most recent call last)" in self.said
 
     @property
     def how(self) -> str:
@@ -76,6 +82,7 @@ class Supervised:
     async def run(self) -> None:
         try:
             while not self._stopping:
+                offset = self.log_path.stat().st_size if self.log_path.exists() else 0
                 with self.log_path.open("ab") as out:
                     self.process = await anyio.open_process(
                         list(self.argv),
@@ -98,6 +105,7 @@ class Supervised:
                         time.time(),
                         code,
                         self._stopping or self._killing == pid,
+                        _tail(self.log_path, offset),
                     )
                 )
                 if not self._stopping:
@@ -140,6 +148,16 @@ class Supervised:
             for i in range(burst, len(self.starts))
             if self.starts[i] - self.starts[i - burst] < window
         ]
+
+
+def _tail(path: Path, offset: int, limit: int = 16384) -> str:
+    """What a process wrote to ``path`` from ``offset`` on, its last ``limit`` bytes."""
+    try:
+        with path.open("rb") as log_file:
+            log_file.seek(max(offset, path.stat().st_size - limit))
+            return log_file.read().decode(errors="replace")
+    except OSError:
+        return ""
 
 
 # -- /proc -----------------------------------------------------------------------------------------
@@ -214,17 +232,16 @@ def descendants_of(pid: int) -> list[int]:
     return found
 
 
-def reap_orphans(known: set[int]) -> list[tuple[int, str]]:
-    """Collect zombies re-parented to this process (subreaper) that no one else waits for; the
-    pid and command of each, for the report."""
+def reap_orphans(known: set[int]) -> list[int]:
+    """Collect the zombies re-parented to this process (the subreaper) that no one else waits
+    for (``known``: the run's own children, which their owners wait for); their pids."""
     reaped = []
     for pid in children_of(os.getpid()):
         if pid in known or state_of(pid) != "Z":
             continue
-        command = command_of(pid)
         try:
             os.waitpid(pid, os.WNOHANG)
         except ChildProcessError:
             continue
-        reaped.append((pid, command))
+        reaped.append(pid)
     return reaped

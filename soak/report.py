@@ -89,6 +89,11 @@ class Figures:
         if self.tool_calls < self.min_tool_calls:
             out.append(f"only {self.tool_calls} tool calls ran (at least {self.min_tool_calls})")
         out += [f"start limit hit (crash loop): {hit}" for hit in self.start_limit_hits]
+        out += [
+            f"{e.name} crashed (pid {e.pid}, {e.how}): {_last_line(e.said)}"
+            for e in self.exits
+            if e.crashed
+        ]
         out += [f"process leaked: {p}" for p in self.leaked]
         out += [f"file descriptors leaked: {f}" for f in self.fd_leaks]
         if not self.drained:
@@ -104,6 +109,11 @@ class Figures:
             f"(seed {self.seed}, {self.seconds:.0f} s, {self.threads} threads, "
             f"{self.tool_calls} tool calls)"
         )
+
+
+def _last_line(text: str) -> str:
+    lines = [line for line in text.strip().splitlines() if line.strip()]
+    return lines[-1].strip()[:200] if lines else ""
 
 
 def _seconds(value: float | None) -> str:
@@ -231,7 +241,7 @@ def render(figures: Figures, plot_name: str) -> str:
         "(systemd's `Restart=always`, `RestartSec=1`). loopd's state directory is a 64 MiB "
         "tmpfs in the run's own mount namespace, which the disk-full fault fills.",
         "- Simulated users post in direct messages and channel threads: short questions, long "
-        "messages (those sessions compact: `LOOPD_COMPACT_AT=0.55`), and tool requests. The tiny "
+        "messages (those sessions compact: `LOOPD_COMPACT_AT=0.2`), and tool requests. The tiny "
         "model never calls a tool by itself, so a tool request carries `[soak-tool TAG xN wW]`, "
         "and the relay (not loopd, not brokerd) answers the turn's requests in the model's place "
         "with `find_tool`, then N `call_tool` calls of `mark_ticket`, which brokerd runs and "
@@ -253,6 +263,7 @@ def render(figures: Figures, plot_name: str) -> str:
         lines += [
             f"- {e.ended_at - f.load_start:.0f} s: {e.name} pid {e.pid} ({e.how}, "
             f"{'caused by the run' if e.killed_by_run else 'UNEXPECTED'})"
+            + ("" if e.killed_by_run else f": {_last_line(e.said)}")
             for e in sorted(f.exits, key=lambda e: e.ended_at)
         ]
         lines.append("")

@@ -123,8 +123,12 @@ def loopd_env(paths: Paths) -> dict[str, str]:
         LOOPD_SLOTS="0,1",
         LOOPD_FIRST_BYTE_S="120",
         LOOPD_SILENCE_S=str(SILENCE_S),
-        LOOPD_MAX_TOKENS="48",
-        LOOPD_COMPACT_AT="0.55",
+        # Short answers: the tiny model's text does not matter here, its turns do; on a loaded
+        # two-core machine each generated token costs a slot tens of milliseconds.
+        LOOPD_MAX_TOKENS="24",
+        # The plain template renders no tools, so a prompt is small: the long threads compact
+        # after a few of their long messages only below a fifth of the slot's 4096 tokens.
+        LOOPD_COMPACT_AT="0.2",
         LOOPD_SUMMARY_MAX_TOKENS="96",
         LOOPD_LOG_FORMAT="json",
         LOOPD_MM_URL=f"unix:{paths.run}/chat.sock",
@@ -375,7 +379,7 @@ async def _run(
             load.start_soon(thread.run, load_start, load_end)
         load.start_soon(chaos.run, plan.faults, load_start)
     print(f"soak: load over ({len(ledger.posts)} posts); waiting for the turns to end", flush=True)
-    figures.drained = await _settle(mirror, ledger, max(180.0, options.seconds * 0.5))
+    figures.drained = await _settle(mirror, ledger, max(240.0, options.seconds * 0.75))
     figures.memory = Memory(
         sampler.rss[0][1] if sampler.rss else None,
         sampler.rss[-1][1] if sampler.rss else None,
@@ -432,8 +436,7 @@ async def _follow(control: FakeControl, mirror: Mirror) -> None:
 
 async def _reap(known: set[int], orphans: list[str]) -> None:
     while True:
-        for pid, command in reap_orphans(known):
-            orphans.append(f"pid {pid}: {command}")
+        orphans.extend(f"pid {pid}" for pid in reap_orphans(known))
         await anyio.sleep(2.0)
 
 

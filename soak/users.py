@@ -95,7 +95,7 @@ class Ledger:
 @dataclass(frozen=True)
 class Pace:
     think_s: float = 12.0  # mean pause between an answer and the next message
-    patience_s: tuple[float, float] = (45.0, 120.0)  # a user waits this long, then posts anyway
+    patience_s: tuple[int, int] = (45, 120)  # a user waits this long, then posts anyway
     calls: tuple[int, int] = (2, 5)  # tool calls asked for per tool message
 
 
@@ -156,7 +156,7 @@ class SimulatedThread:
                 self.ledger.directives.append(directive)
                 return f"Please close these tickets. {directive.text()}"
             case Style.LONG:
-                words = " ".join(self.rng.choice(WORDS) for _ in range(self.rng.randint(120, 200)))
+                words = " ".join(self.rng.choice(WORDS) for _ in range(self.rng.randint(150, 250)))
                 return f"Keep these notes in mind, then name one of the words: {words}"
             case _:
                 return self.rng.choice(SHORT)
