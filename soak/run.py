@@ -126,6 +126,7 @@ def loopd_env(paths: Paths) -> dict[str, str]:
         # Short answers: the tiny model's text does not matter here, its turns do; on a loaded
         # two-core machine each generated token costs a slot tens of milliseconds.
         LOOPD_MAX_TOKENS="24",
+        LOOPD_THINK_CAP="0",  # the plain model does not think; a cap needs room above it
         # The plain template renders no tools, so a prompt is small: the long threads compact
         # after a few of their long messages only below a fifth of the slot's 4096 tokens.
         LOOPD_COMPACT_AT="0.2",
