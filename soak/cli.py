@@ -24,7 +24,8 @@ import anyio
 
 from soak.plan import make_plan
 from soak.report import latency_plot, render
-from soak.run import Options, SoakError, run_soak
+from soak.run import Options, run_soak
+from soak.stack import SoakError
 from soak.users import Pace
 
 NAMESPACE_MARK = "SOAK_IN_NAMESPACE"

@@ -63,8 +63,11 @@ class Plan:
 
 
 # Faults fall inside this share of the load phase: the first seconds let every thread start, the
-# last let the run end on a system that is not mid-fault.
+# last let the run end on a system that is not mid-fault. A run of CALM_FROM_S or more starts with
+# a longer calm, so turns without faults have a baseline to be compared with.
 FAULT_WINDOW = (0.08, 0.85)
+CALM_FROM_S = 300.0
+CALM_SHARE = 0.2
 FAULT_EVERY_S = 20.0  # one fault on average this often, once every kind has had its turn
 
 
@@ -97,12 +100,18 @@ def _style(index: int) -> Style:
             return Style.PLAIN
 
 
+def fault_window(seconds: float) -> tuple[float, float]:
+    """The share of the load phase the faults fall in."""
+    calm = CALM_SHARE if seconds >= CALM_FROM_S else FAULT_WINDOW[0]
+    return (calm, FAULT_WINDOW[1])
+
+
 def _faults(rng: random.Random, seconds: float) -> tuple[FaultPlan, ...]:
     kinds = list(FaultKind)
     rng.shuffle(kinds)
     count = max(len(kinds), round(seconds / FAULT_EVERY_S))
     kinds += [rng.choice(list(FaultKind)) for _ in range(count - len(kinds))]
-    start, end = (seconds * share for share in FAULT_WINDOW)
+    start, end = (seconds * share for share in fault_window(seconds))
     step = (end - start) / count
     return tuple(
         FaultPlan(round(start + step * i + rng.uniform(0.0, step * 0.5), 2), kind)

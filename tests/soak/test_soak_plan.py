@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from soak.plan import FAULT_WINDOW, FaultKind, Place, Style, make_plan
+from soak.plan import FaultKind, Place, Style, fault_window, make_plan
 
 
 def test_a_seed_gives_one_plan_and_another_seed_another() -> None:
@@ -14,10 +14,12 @@ def test_every_fault_kind_is_planned_even_in_a_short_run() -> None:
     for seconds in (60.0, 600.0):
         plan = make_plan(11, seconds, 10)
         assert {f.kind for f in plan.faults} == set(FaultKind)
-        low, high = (seconds * share for share in FAULT_WINDOW)
+        low, high = (seconds * share for share in fault_window(seconds))
         assert all(low <= f.at_s <= high for f in plan.faults)
         assert [f.at_s for f in plan.faults] == sorted(f.at_s for f in plan.faults)
     assert len(make_plan(11, 600, 40).faults) == 30
+    # A long run begins with a calm: the turns without faults to compare with.
+    assert min(f.at_s for f in make_plan(11, 600, 40).faults) >= 120.0
 
 
 def test_threads_spread_over_places_and_styles() -> None:
