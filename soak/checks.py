@@ -16,6 +16,7 @@ import math
 import re
 from collections import Counter
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
 from soak.mattermost import LogEntry
@@ -26,6 +27,7 @@ COMPACTION_KEY = "loopd-compaction"
 NOTICE_PREFIXES = ("full:", "files:", "refuse:", "cut:")
 STOPPED = "stopped by "
 _STATUS = re.compile(r":status(\.\d+)?$")
+_FAILED = re.compile(r"(.+)#(\d+):failed")
 
 
 @dataclass(frozen=True)
@@ -63,9 +65,9 @@ class Session:
     slot: int
     rows: tuple[Row, ...]
 
-    @property
-    def root_id(self) -> str:
-        return self.name.removeprefix("mm:")
+    @cached_property
+    def ends(self) -> list[Row]:
+        return turn_ends(self.rows)
 
 
 def turn_ends(rows: tuple[Row, ...]) -> list[Row]:
@@ -87,10 +89,12 @@ def turn_ends(rows: tuple[Row, ...]) -> list[Row]:
 
 @dataclass
 class Thread:
-    """The bot's posts of one key as the fake logged them: when each first carried the key."""
+    """The bot's posts by reply key as the fake logged them: when each key first appeared, which
+    posts carried it, and each session's error posts (seq of the failed turn, when, key)."""
 
     first_at: dict[tuple[str, int], float] = field(default_factory=dict)
     posts: dict[tuple[str, int], set[str]] = field(default_factory=dict)
+    failed: dict[str, list[tuple[int, float, str]]] = field(default_factory=dict)
 
 
 def bot_keys(entries: list[LogEntry], bot_id: str) -> Thread:
@@ -101,6 +105,8 @@ def bot_keys(entries: list[LogEntry], bot_id: str) -> Thread:
         if entry.user_id != bot_id or entry.action not in ("created", "edited") or not entry.key:
             continue
         slot = (entry.key, entry.part if entry.part is not None else 0)
+        if slot not in seen.first_at and (failed := _FAILED.fullmatch(entry.key)):
+            seen.failed.setdefault(failed[1], []).append((int(failed[2]), entry.at, entry.key))
         seen.first_at.setdefault(slot, entry.at)
         seen.posts.setdefault(slot, set()).add(entry.post_id)
     return seen
@@ -189,8 +195,7 @@ def _count_turns(
     log_keys = set()
     for session in sessions:
         previous = -1
-        ends = turn_ends(session.rows)
-        for end in ends:
+        for end in session.ends:
             asked = [r for r in session.rows if previous < r.seq < end.seq and r.user_message]
             if end.kind == "assistant":
                 verdict.answers += 1
@@ -233,7 +238,7 @@ def _cover_unstored(post: UserPost, keys: Thread) -> Coverage:
 
 
 def _cover_stored(post: UserPost, session: Session, row: Row, keys: Thread) -> Coverage:
-    end = next((e for e in turn_ends(session.rows) if e.seq > row.seq), None)
+    end = next((e for e in session.ends if e.seq > row.seq), None)
     if end is not None:
         key = f"{session.name}#{end.seq}" + ("" if end.kind == "assistant" else ":stopped")
         at = keys.first_at.get((key, 0))
@@ -248,11 +253,7 @@ def _cover_stored(post: UserPost, session: Session, row: Row, keys: Thread) -> C
 
 def _failed_after(session: Session, seq: int, keys: Thread) -> tuple[float, str] | None:
     """The first error post (``<session>#<n>:failed``, n > seq) of the session, if any."""
-    found = []
-    for (key, part), at in keys.first_at.items():
-        match = re.fullmatch(re.escape(session.name) + r"#(\d+):failed", key)
-        if part == 0 and match and int(match[1]) > seq:
-            found.append((at, key))
+    found = [(at, key) for n, at, key in keys.failed.get(session.name, []) if n > seq]
     return min(found) if found else None
 
 

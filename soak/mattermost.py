@@ -71,11 +71,14 @@ class Mirror:
     entries: list[LogEntry] = field(default_factory=list)
     bot_posts: dict[str, BotPost] = field(default_factory=dict)
     by_root: dict[str, list[str]] = field(default_factory=dict)
+    last_reply_at: dict[str, float] = field(default_factory=dict)  # per thread
 
     def apply(self, entry: LogEntry) -> None:
         self.entries.append(entry)
         if entry.user_id != self.bot_id:
             return
+        if entry.action in ("created", "edited") and _closing(entry.key):
+            self.last_reply_at[entry.root_id] = entry.at
         post = self.bot_posts.get(entry.post_id)
         if entry.action == "created" and post is None:
             self.bot_posts[entry.post_id] = BotPost(
@@ -102,11 +105,7 @@ class Mirror:
     def replied_since(self, root_id: str, since: float) -> bool:
         """A bot post that ends a turn or answers a message (not a status post or a draft) was
         made in the thread at or after ``since``."""
-        return any(
-            e.at >= since and e.root_id == root_id and _closing(e.key)
-            for e in self.entries
-            if e.user_id == self.bot_id and e.action in ("created", "edited")
-        )
+        return self.last_reply_at.get(root_id, float("-inf")) >= since
 
 
 def _closing(key: str) -> bool:
