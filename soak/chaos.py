@@ -28,7 +28,7 @@ CONFIRM_WAIT_S = 30.0  # an armed fault has this long to be used
 DISK_FULL_S = 4.0
 DISK_FULL_MAX_S = 15.0
 # Edits are refused at least this long, and until one was refused (a turn's status post is edited
-# every second while it runs), at most CONFIRM_WAIT_S.
+# every few seconds while it runs), at most CONFIRM_WAIT_S.
 EDIT_REFUSED_S = 4.0
 BURST_429 = 6
 BURST_5XX = 3

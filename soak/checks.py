@@ -7,6 +7,11 @@ when no turn ended after it, the error post of the turn that failed on it. It is
 was never stored and got no notice saying why, or when what covers it never reached its thread.
 It is *answered twice* when a reply key was posted twice, or when a turn ended in an answer with
 no new message to answer.
+
+Only a run that settled (every turn over) can call a message without its reply lost. When the run
+stopped waiting first, a message loopd still holds (stored with its turn to come, or held in
+``chat.db`` while its thread's turn ran) is *pending*: the run failed to settle, but loopd did not
+lose it.
 """
 
 from __future__ import annotations
@@ -115,7 +120,7 @@ def bot_keys(entries: list[LogEntry], bot_id: str) -> Thread:
 @dataclass
 class Coverage:
     post: UserPost
-    how: str  # answer, stopped, error, notice, lost
+    how: str  # answer, stopped, error, notice, pending, lost
     key: str = ""
     at: float | None = None
     why: str = ""
@@ -125,6 +130,7 @@ class Coverage:
 class Verdict:
     coverage: list[Coverage] = field(default_factory=list)
     lost: list[str] = field(default_factory=list)
+    pending: list[str] = field(default_factory=list)
     answered_twice: list[str] = field(default_factory=list)
     stored_twice: list[str] = field(default_factory=list)
     error_then_answered: int = 0
@@ -140,8 +146,16 @@ class Verdict:
 
 
 def check_messages(
-    ledger: Ledger, entries: list[LogEntry], bot_id: str, sessions: list[Session]
+    ledger: Ledger,
+    entries: list[LogEntry],
+    bot_id: str,
+    sessions: list[Session],
+    *,
+    settled: bool = True,
+    held: frozenset[str] = frozenset(),
 ) -> Verdict:
+    """``settled``: every turn had ended when loopd was stopped; ``held``: post ids loopd's chat
+    state still held (not yet in the log) when it was stopped."""
     verdict = Verdict()
     keys = bot_keys(entries, bot_id)
     post_time = {e.post_id: e.at for e in entries if e.action == "created"}
@@ -170,16 +184,28 @@ def check_messages(
                 f"{post.post_id} ({post.thread}) stored {len(places)} times"
             )
         if not places:
-            verdict.coverage.append(_cover_unstored(post, keys))
+            cover = _cover_unstored(post, keys)
+            if cover.how == "lost" and post.post_id in held:
+                cover = Coverage(post, "lost", why="held by loopd, never taken in")
+                if not settled:
+                    cover = Coverage(
+                        post, "pending", why="held by loopd for its thread's next turn"
+                    )
+            verdict.coverage.append(cover)
             continue
         session, row = places[0]
         cover = _cover_stored(post, session, row, keys)
+        if cover.how == "lost" and not settled:  # its turn, or its delivery, was still to come
+            cover = Coverage(post, "pending", cover.key, why=cover.why)
         if cover.how == "answer" and _failed_between(session, row, cover, keys):
             verdict.error_then_answered += 1
         verdict.coverage.append(cover)
     for cover in verdict.coverage:
+        line = f"{cover.post.post_id} ({cover.post.thread}): {cover.why}"
         if cover.how == "lost":
-            verdict.lost.append(f"{cover.post.post_id} ({cover.post.thread}): {cover.why}")
+            verdict.lost.append(line)
+        elif cover.how == "pending":
+            verdict.pending.append(line)
     _check_edits(verdict, ledger, sessions, keys)
     return verdict
 

@@ -60,12 +60,12 @@ def parse(argv: list[str]) -> argparse.Namespace:
         "--seed", type=int, default=int(os.environ.get("SOAK_SEED", random.randrange(1 << 31)))
     )
     parser.add_argument("--doc", type=Path, default=DOC, help="the report (a PNG goes beside it)")
-    parser.add_argument("--calls", type=_calls, default=(2, 5), help="tool calls per tool message")
-    parser.add_argument("--think", type=float, default=12.0, help="mean pause between messages")
+    parser.add_argument("--calls", type=_calls, default=(1, 4), help="tool calls per tool message")
+    parser.add_argument("--think", type=float, default=30.0, help="mean pause between messages")
     parser.add_argument(
         "--patience",
         type=_range,
-        default=(45, 120),
+        default=(180, 360),
         help="seconds a user waits for an answer before posting again (N-M)",
     )
     parser.add_argument("--min-tool-calls", type=int, default=50)

@@ -23,6 +23,19 @@ class Memory:
     peak_kib: int | None
 
 
+@dataclass(frozen=True)
+class Cpu:
+    own_s: float  # the run itself: users, chaos, relay, checks
+    children_s: float  # the stack: llama-server, brokerd, loopd, the fake (all waited for)
+    capacity_s: float  # wall time times cores
+
+    @property
+    def others_share(self) -> float:
+        """The share of the machine the run did not use (other work on it, or idle)."""
+        used = self.own_s + self.children_s
+        return max(0.0, 1.0 - used / self.capacity_s) if self.capacity_s else 0.0
+
+
 @dataclass
 class Figures:
     command: str
@@ -38,6 +51,7 @@ class Figures:
     edits_acknowledged: int = 0
     reactions: int = 0
     lost: list[str] = field(default_factory=list)
+    pending: list[str] = field(default_factory=list)
     answered_twice: list[str] = field(default_factory=list)
     stored_twice: list[str] = field(default_factory=list)
     error_then_answered: int = 0
@@ -60,6 +74,7 @@ class Figures:
     fds: dict[str, tuple[int | None, int | None]] = field(default_factory=dict)
     fd_leaks: list[str] = field(default_factory=list)
     memory: Memory = Memory(None, None, None)
+    cpu: Cpu = Cpu(0.0, 0.0, 0.0)
     latencies: list[Latency] = field(default_factory=list)
     slots: list[SlotWait] = field(default_factory=list)
     drained: bool = False
@@ -97,7 +112,10 @@ class Figures:
         out += [f"process leaked: {p}" for p in self.leaked]
         out += [f"file descriptors leaked: {f}" for f in self.fd_leaks]
         if not self.drained:
-            out.append("the system did not settle after the load (turns still running)")
+            out.append(
+                f"the system did not settle after the load: {len(self.pending)} message(s) still "
+                "waited for their turn when the run stopped waiting"
+            )
         return out
 
     def last_line(self) -> str:
@@ -174,6 +192,7 @@ def render(figures: Figures, plot_name: str) -> str:
         f"| user messages posted | {f.messages} (plus {f.stop_posts} stop replies, "
         f"{f.reactions} stop reactions, {f.edits} edits) |",
         f"| **messages lost** | **{len(f.lost)}** |",
+        f"| messages still waiting when the run stopped (it did not settle) | {len(f.pending)} |",
         f"| **answered twice** | **{len(f.answered_twice)}** |",
         f"| stored twice | {len(f.stored_twice)} |",
         f"| **tools run twice** | **{len(f.tools_twice)}** |",
@@ -200,6 +219,9 @@ def render(figures: Figures, plot_name: str) -> str:
         f"| orphans reaped during the run (sandbox processes whose parent exited first) | "
         f"{len(f.orphans)} |",
         f"| disk-full errors loopd logged | {f.disk_full_seen} |",
+        f"| CPU: the stack / the run's own (users, chaos, relay) / the machine's capacity | "
+        f"{f.cpu.children_s:.0f} s / {f.cpu.own_s:.0f} s / {f.cpu.capacity_s:.0f} s "
+        f"({f.cpu.others_share:.0%} left to other work or idle) |",
         "",
         "### Turn latency (first message posted to the reply in the thread)",
         "",

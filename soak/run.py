@@ -8,6 +8,7 @@ import json
 import logging
 import os
 import random
+import shutil
 import sqlite3
 import subprocess
 import sys
@@ -36,7 +37,7 @@ from soak.procs import (
     state_of,
 )
 from soak.relay import StreamFaults
-from soak.report import Figures, Memory
+from soak.report import Cpu, Figures, Memory
 from soak.script import MARK_TOOL
 from soak.stack import (
     SILENCE_S,
@@ -87,6 +88,7 @@ class Sampler:
 
 
 async def run_soak(options: Options, plan: Plan) -> Figures:
+    started = time.time()
     paths = Paths(options.workdir)
     mount_state(paths.state)
     become_subreaper()
@@ -114,6 +116,7 @@ async def run_soak(options: Options, plan: Plan) -> Figures:
         router.stop()
     figures.leaked = await _leaks(known)
     figures.load_after = load_average()
+    figures.cpu = _cpu(time.time() - started)
     _store_run(paths, ledger, mirror)
     _check(figures, paths, ledger, mirror)
     return figures
@@ -175,7 +178,7 @@ async def _drive(
                 load.start_soon(thread.run, load_start, load_start + options.seconds)
             load.start_soon(chaos.run, plan.faults, load_start)
         print(f"soak: load over ({len(ledger.posts)} posts); waiting for the turns to end")
-        figures.drained = await _settle(mirror, ledger, max(240.0, options.seconds * 0.75))
+        figures.drained = await _settle(mirror, ledger, max(240.0, options.seconds * 1.5))
         end = sampler.open_files()
         for service in stack.services():
             await service.stop()
@@ -247,6 +250,18 @@ async def _leaks(known: set[int]) -> list[str]:
     return [f"pid {p}: {command_of(p)}" for p in left]
 
 
+def _cpu(wall_s: float) -> Cpu:
+    """CPU time of this process (the users, the chaos, the relay) and of every process it
+    waited for (the stack), against what the machine's cores could give in ``wall_s``."""
+    times = os.times()
+    cores = len(os.sched_getaffinity(0))
+    return Cpu(
+        own_s=times.user + times.system,
+        children_s=times.children_user + times.children_system,
+        capacity_s=wall_s * cores,
+    )
+
+
 def _store_run(paths: Paths, ledger: Ledger, mirror: Mirror) -> None:
     """What the checks read, saved in the work folder (kept on failure, for a look)."""
     data = {
@@ -309,9 +324,39 @@ def _audit_started(audit: Path) -> int:
     return int(row[0])
 
 
+def read_held(state_dir: Path, sessions: list[Session]) -> frozenset[str]:
+    """Post ids ``chat.db`` still held (came while their thread's turn ran) when loopd stopped."""
+    from loopd.chat.cursor import ChatState
+
+    state = ChatState.open(state_dir / "chat.db")
+    try:
+        return frozenset(post_id for s in sessions for post_id, _ in state.held(s.name))
+    finally:
+        state.close()
+
+
+def _keep_state(paths: Paths) -> None:
+    """A copy of loopd's state beside the logs: the small file system goes with the run's mount
+    namespace, and a failed run is read from what it left."""
+    copy = paths.root / "state-copy"
+    copy.mkdir(exist_ok=True)
+    for path in paths.state.iterdir():
+        if path.is_file() and path.name.endswith((".db", ".db-wal", ".db-shm")):
+            shutil.copy2(path, copy / path.name)
+
+
 def _check(figures: Figures, paths: Paths, ledger: Ledger, mirror: Mirror) -> None:
+    _keep_state(paths)
     sessions = read_sessions(paths.state / "loopd.db")
-    verdict = checks.check_messages(ledger, mirror.entries, mirror.bot_id, sessions)
+    verdict = checks.check_messages(
+        ledger,
+        mirror.entries,
+        mirror.bot_id,
+        sessions,
+        settled=figures.drained,
+        held=read_held(paths.state, sessions),
+    )
+    figures.pending = verdict.pending
     figures.messages = sum(1 for p in ledger.posts if p.kind == "message")
     figures.stop_posts = verdict.stop_posts
     figures.edits = len(ledger.edits)

@@ -107,7 +107,6 @@ def loopd_env(paths: Paths) -> dict[str, str]:
         LOOPD_MM_URL=f"unix:{paths.run}/chat.sock",
         LOOPD_MM_ALLOWED_USERS="*",
         LOOPD_MM_ALLOWED_TEAMS="*",
-        LOOPD_MM_STATUS_INTERVAL_S="1",
         LOOPD_MM_PING_INTERVAL_S="10",
         LOOPD_MM_BACKOFF_S="1",
         LOOPD_MM_RETRY_FOR_S="60",

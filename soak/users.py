@@ -94,9 +94,9 @@ class Ledger:
 
 @dataclass(frozen=True)
 class Pace:
-    think_s: float = 12.0  # mean pause between an answer and the next message
-    patience_s: tuple[int, int] = (45, 120)  # a user waits this long, then posts anyway
-    calls: tuple[int, int] = (2, 5)  # tool calls asked for per tool message
+    think_s: float = 30.0  # mean pause between an answer and the next message
+    patience_s: tuple[int, int] = (180, 360)  # a user waits this long, then posts anyway
+    calls: tuple[int, int] = (1, 4)  # tool calls asked for per tool message
 
 
 @dataclass

@@ -253,3 +253,27 @@ def test_tools_twice_and_percentiles() -> None:
     )
     assert percentile([], 0.5) is None
     assert json.dumps(percentile([3.0], 0.99)) == "3.0"
+
+
+def test_a_run_that_did_not_settle_leaves_pending_what_loopd_still_holds() -> None:
+    run = Run()
+    run.user_post("p1", 1.0)
+    run.stored(1, "p1")  # its turn was still to come when loopd was stopped
+    run.user_post("p2", 2.0)  # held while a turn ran
+    run.user_post("p3", 3.0)  # nowhere: lost, settled or not
+    verdict = check_messages(
+        run.ledger,
+        run.entries,
+        BOT,
+        [Session(NAME, 0, tuple(run.rows))],
+        settled=False,
+        held=frozenset({"p2"}),
+    )
+    assert [line.split(" ")[0] for line in verdict.pending] == ["p1", "p2"]
+    assert verdict.lost == ["p3 (t00): never stored, and no notice said why"]
+    settled = check_messages(
+        run.ledger, run.entries, BOT, [Session(NAME, 0, tuple(run.rows))], held=frozenset({"p2"})
+    )
+    assert settled.pending == []
+    assert len(settled.lost) == 3
+    assert "p2 (t00): held by loopd, never taken in" in settled.lost
