@@ -31,6 +31,7 @@ from bench.ideal import (
     label,
     reply_rendered,
     reply_tokenized_anew,
+    resumed_before_divergence,
 )
 from bench.naive import NaiveHarness
 from bench.script import SCRIPT, SYSTEM_TEXT, TOOLS, ScriptedCall, UserTurn
@@ -94,6 +95,8 @@ class CacheRow:
     naive_prompt_n: int
     label: Label
     counted_matches_server: bool  # prompt_tokens == loopd's cache_n + prompt_n
+    # Tokens the server re-read from before the divergence: a hybrid model's checkpoint.
+    before_divergence: int = 0
 
     @property
     def over_ideal(self) -> int:
@@ -358,6 +361,11 @@ async def rows(
             retokenized = previous is not None and reply_tokenized_anew(
                 len(previous.tokens), carried, ours.cache_n
             )
+            before_divergence = (
+                resumed_before_divergence(found, len(previous.tokens), retokenized, ours.cache_n)
+                if previous is not None
+                else 0
+            )
             table.append(
                 CacheRow(
                     index=index + 1,
@@ -370,7 +378,15 @@ async def rows(
                     loopd_prompt_n=ours.prompt_n,
                     naive_cache_n=theirs.cache_n,
                     naive_prompt_n=theirs.prompt_n,
-                    label=label(index, found, capped, retokenized),
+                    label=label(
+                        index,
+                        found,
+                        capped,
+                        retokenized,
+                        text_kept=previous is not None and prompt.text.startswith(previous.text),
+                        before_divergence=before_divergence,
+                    ),
+                    before_divergence=before_divergence,
                     counted_matches_server=len(prompt.tokens) == ours.cache_n + ours.prompt_n,
                 )
             )

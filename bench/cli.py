@@ -1,8 +1,11 @@
 """``python -m bench``: run every benchmark and write the report (what ``make bench`` does).
 
 Order: the micro-benchmarks first (they need no server and are the most sensitive to load), then
-the real llama-server is started once, on a Unix socket, with its three presets, for the cache
-(both thinking templates) and switching benchmarks. The report goes to
+the real llama-server is started once, on a Unix socket, with four presets, for the cache (both
+SmolLM2 thinking templates and the hybrid preset) and switching (the plain and the hybrid
+preset) benchmarks, logging at trace level so the hybrid's turns say what the server did. Then
+two benchmarks with routers of their own: pinning on a unified pool (``bench/pool.py``) and where
+a hybrid model's cache goes (``bench/hybrid.py``). The report goes to
 ``bench/results/<date>.md`` with a plot per template beside it.
 """
 
@@ -19,11 +22,12 @@ from pathlib import Path
 
 import anyio
 
-from bench import cache_reuse, overhead, parsers, switching
+from bench import cache_reuse, hybrid, overhead, parsers, pool, switching
 from bench.errors import BenchError
 from bench.machine import describe, load_average
 from bench.plot import prompt_n_plot
 from bench.report import Results, render
+from bench.serverlog import LogFollower
 from bench.sse_reference import REFERENCE_LIBRARY, library_parser, reference_parser
 from loopd_dev import devserver
 
@@ -31,9 +35,11 @@ log = logging.getLogger("bench")
 
 RESULTS = Path(__file__).resolve().parent / "results"
 # Twice the default context: the naive client's last prompts of the session run past 4k tokens.
-# Three presets at once: the plain one (thread switching) and the two thinking templates (cache).
-LAYOUT = devserver.ServerLayout(ctx_size=16384, models_max=3)
-CACHE_PRESETS = (devserver.THINKING_MODEL, devserver.EVERY_TURN_MODEL)
+# Four presets at once: the plain one (thread switching), the two thinking templates (cache) and
+# the hybrid one (both).
+LAYOUT = devserver.ServerLayout(ctx_size=16384, models_max=4)
+CACHE_PRESETS = (devserver.THINKING_MODEL, devserver.EVERY_TURN_MODEL, devserver.HYBRID_MODEL)
+SWITCHING_PRESETS = (devserver.PLAIN_MODEL, devserver.HYBRID_MODEL)
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -48,6 +54,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument(
         "--offline", action="store_true", help="only the benchmarks that need no server"
+    )
+    parser.add_argument(
+        "--production-shape",
+        action="store_true",
+        help="of the server benchmarks, only those about production's shape: the hybrid "
+        "preset's cache reuse and switching, pinning on a unified pool, the hybrid model's losses",
     )
     args = parser.parse_args(argv)
     if args.repeats < 1:
@@ -105,6 +117,9 @@ def run(args: argparse.Namespace) -> Path:
 
 
 def _with_server(results: Results, args: argparse.Namespace) -> Results:
+    shape_only = args.production_shape
+    cache_presets = (devserver.HYBRID_MODEL,) if shape_only else CACHE_PRESETS
+    switching_presets = (devserver.HYBRID_MODEL,) if shape_only else SWITCHING_PRESETS
     with tempfile.TemporaryDirectory(prefix="bench-") as tmp:
         work = Path(tmp)
         log.info("starting llama-server (build %d)", devserver.LLAMA_BUILD)
@@ -112,58 +127,103 @@ def _with_server(results: Results, args: argparse.Namespace) -> Results:
             work / "server",
             args.cache_dir,
             socket_path=work / "llama.sock",
-            load=(devserver.PLAIN_MODEL, *CACHE_PRESETS),
+            load=tuple(dict.fromkeys((*switching_presets, *cache_presets))),
             layout=LAYOUT,
+            extra_args=("-lv", "4"),
         )
         try:
-            caches, samples = anyio.run(_server_benchmarks, server.url, work)
+            caches, samples = anyio.run(
+                _server_benchmarks,
+                server.url,
+                work,
+                LogFollower(server.log_path),
+                cache_presets,
+                switching_presets,
+            )
         finally:
             server.stop()
+        log.info("pinning on a unified pool (a router of its own)")
+        pool_layouts, pool_requests = pool.run(work / "pool", args.cache_dir)
+        log.info("where a hybrid model's cache goes (a router of its own)")
+        hybrid_rows = hybrid.run(work / "hybrid", args.cache_dir)
     plot_files = []
     for cache in caches:
         plot_file = f"{results.date}-prompt-n-{cache.settings.model}.png"
         prompt_n_plot(cache.rows, args.out / plot_file, cache.settings.model)
         plot_files.append(plot_file)
-    cpu = [
-        overhead.cpu_share(
-            "plain preset, whole turns (switching benchmark)",
-            [s.cpu_s for s in samples],
-            [s.wall_s for s in samples],
-        ),
-        overhead.cpu_share(
-            "thinking presets, the model's answers (cache benchmark)",
-            [s.cpu_s for cache in caches for s in cache.loopd_model_steps],
-            [s.wall_s for cache in caches for s in cache.loopd_model_steps],
-            [s.predicted_n for cache in caches for s in cache.loopd_model_steps],
-        ),
+    plain = [s for s in samples if s.model == devserver.PLAIN_MODEL]
+    thinking = [
+        s for c in caches if c.settings.model != devserver.HYBRID_MODEL for s in c.loopd_model_steps
     ]
+    cpu = []
+    if plain:
+        cpu.append(
+            overhead.cpu_share(
+                "plain preset, whole turns (switching benchmark)",
+                [s.cpu_s for s in plain],
+                [s.wall_s for s in plain],
+            )
+        )
+    if thinking:
+        cpu.append(
+            overhead.cpu_share(
+                "thinking presets, the model's answers (cache benchmark)",
+                [s.cpu_s for s in thinking],
+                [s.wall_s for s in thinking],
+                [s.predicted_n for s in thinking],
+            )
+        )
+    hybrid_layout = devserver.SlotLayout()
+    smollm2 = (
+        f"{devserver.MODEL_FILE} as presets `{devserver.PLAIN_MODEL}`, "
+        f"`{devserver.THINKING_MODEL}` and `{devserver.EVERY_TURN_MODEL}`, {LAYOUT.parallel} "
+        f"slots of {LAYOUT.ctx_size // LAYOUT.parallel:,} tokens each; "
+    )
     server_text = (
         f"llama.cpp build {devserver.LLAMA_BUILD} `llama-server` in router mode on a Unix "
-        f"socket, {devserver.MODEL_FILE} on the CPU, presets `{devserver.PLAIN_MODEL}`, "
-        f"`{devserver.THINKING_MODEL}` and `{devserver.EVERY_TURN_MODEL}`, "
-        f"{LAYOUT.parallel} slots of {LAYOUT.ctx_size // LAYOUT.parallel:,} tokens each, "
+        f"socket (trace log, `-lv 4`), on the CPU: {'' if shape_only else smollm2}"
+        f"{devserver.HYBRID_MODEL_FILE} as `{devserver.HYBRID_MODEL}`, "
+        f"{hybrid_layout.parallel} slots on one unified {hybrid_layout.ctx_size:,}-token pool; "
         f"host prompt cache {LAYOUT.cache_ram_mib} MiB, {LAYOUT.threads} threads"
+        + (" (`--production-shape`: only the production shape's benchmarks)" if shape_only else "")
     )
     return replace(
         results,
         server=server_text,
         caches=caches,
         switching=switching.summarize(samples),
+        switching_turns=[s for s in samples if s.model == devserver.HYBRID_MODEL],
         cpu=cpu,
         plot_files=plot_files,
+        pool_layouts=pool_layouts,
+        pool=pool_requests,
+        hybrid=hybrid_rows,
     )
 
 
 async def _server_benchmarks(
-    url: str, work: Path
+    url: str,
+    work: Path,
+    server_log: LogFollower,
+    cache_presets: tuple[str, ...] = CACHE_PRESETS,
+    switching_presets: tuple[str, ...] = SWITCHING_PRESETS,
 ) -> tuple[list[cache_reuse.CacheResult], list[switching.TurnSample]]:
     caches = []
-    for model in CACHE_PRESETS:
+    for model in cache_presets:
         log.info("cache reuse on %s: the scripted session through loopd, then naive", model)
         settings = cache_reuse.SessionSettings(model=model)
         caches.append(await cache_reuse.run(url, work / f"cache-{model}", settings))
-    log.info("thread switching")
-    samples = await switching.run(url, work / "switching")
+    samples = []
+    for model in switching_presets:
+        log.info("thread switching on %s", model)
+        hybrid_preset = model == devserver.HYBRID_MODEL
+        samples += await switching.run(
+            url,
+            work / f"switching-{model}",
+            model=model,
+            server_log=server_log if hybrid_preset else None,
+            hybrid=hybrid_preset,
+        )
     return caches, samples
 
 

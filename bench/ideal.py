@@ -23,6 +23,10 @@ import httpx
 
 from bench.errors import BenchError
 
+# A hybrid model's server resumes a prompt that diverged inside what the slot holds at its
+# checkpoint this many tokens before the end of the previous prompt (docs/production-shape.md).
+CHECKPOINT_BEFORE_END = 4
+
 # loopd's target: prompt_n within this many tokens of the ideal on unlabelled requests. The
 # server always re-evaluates the last token it generated (it was sampled, never decoded), and
 # a reply cut short gets an end-of-turn marker from the template that the model never wrote.
@@ -35,6 +39,12 @@ class Label(StrEnum):
     TEMPLATE_REWRITE = "template drops reasoning"
     CAPPED = "after a capped reply"
     RETOKENIZED = "reply tokenized anew"
+    # The template kept the previous prompt's text, but its last tokens came out differently
+    # once text followed (the hybrid preset's dummy tokenizer cuts text into 5-byte pieces).
+    TAIL_TOKENIZED = "prompt's last piece tokenized anew"
+    # The prompt diverged inside what the server held, and a hybrid model's server could only
+    # go back to a checkpoint before that point (docs/production-shape.md).
+    CHECKPOINT = "resumed at a checkpoint"
 
 
 def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
@@ -50,6 +60,7 @@ class Ideal:
     new_tokens: int
     shared: int  # tokens of this prompt the server holds from the previous request
     rewritten: bool  # the template changed text the previous request had sent
+    shared_previous: int = 0  # the previous prompt's length in tokens (0 for the first)
 
 
 def ideal(
@@ -70,30 +81,58 @@ def ideal(
     rewritten = shared < len(previous) or not reply_rendered
     if not rewritten:
         shared = min(len(current), shared + carried_reply)
-    return Ideal(len(current) - shared, shared, rewritten)
+    return Ideal(len(current) - shared, shared, rewritten, len(previous))
 
 
 def reply_tokenized_anew(previous_tokens: int, carried_reply: int, server_cache_n: int) -> bool:
     """The server kept the previous prompt but not all of the reply generated after it.
 
     A reply replayed byte for byte renders as the same text, but its tokens as generated can
-    differ from that text tokenized again (whitespace generated as two tokens tokenizes as one):
+    differ from that text tokenized again (whitespace generated as two tokens tokenizes as one;
+    the hybrid preset's dummy tokenizer writes tokens as hex that tokenizes to other tokens):
     the server then re-reads the reply from there, which no client that sends text avoids. Seen
-    from the server's ``cache_n`` landing inside the reply; a client that changed its prompt
-    diverges before the reply, which this does not cover.
+    from the server's ``cache_n`` landing inside the reply, or, on a hybrid model, at its
+    checkpoint just before the reply; a client that changed its prompt diverges before the
+    reply, which this does not cover.
     """
-    return carried_reply > 0 and previous_tokens <= server_cache_n < previous_tokens + carried_reply
+    low = previous_tokens - CHECKPOINT_BEFORE_END
+    return carried_reply > 0 and low <= server_cache_n < previous_tokens + carried_reply
 
 
-def label(index: int, found: Ideal, previous_capped: bool, retokenized: bool = False) -> Label:
+def resumed_before_divergence(
+    found: Ideal, previous_tokens: int, retokenized: bool, server_cache_n: int
+) -> int:
+    """Tokens the server read again from before the point where the prompt diverged from what
+    it held: a hybrid model's checkpoint. The divergence is the ideal's shared prefix, or, when
+    the reply was tokenized anew, at least the previous prompt's end."""
+    divergence = previous_tokens if retokenized and not found.rewritten else found.shared
+    return max(divergence - server_cache_n, 0)
+
+
+def label(
+    index: int,
+    found: Ideal,
+    previous_capped: bool,
+    retokenized: bool = False,
+    *,
+    text_kept: bool = False,
+    before_divergence: int = 0,
+) -> Label:
+    """The request's cause, the most certain first. ``text_kept``: the previous prompt's text
+    is a prefix of this one's, so a divergence inside it is the tokenizer's, not the template's;
+    ``before_divergence``: tokens the server re-read before the divergence (a checkpoint)."""
     if index == 0:
         return Label.FIRST
     if previous_capped:
         return Label.CAPPED
+    if found.rewritten and text_kept and found.shared < found.shared_previous:
+        return Label.TAIL_TOKENIZED
     if found.rewritten:
         return Label.TEMPLATE_REWRITE
     if retokenized:
         return Label.RETOKENIZED
+    if before_divergence > TOLERANCE:
+        return Label.CHECKPOINT
     return Label.NONE
 
 

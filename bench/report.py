@@ -10,14 +10,16 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from bench.cache_reuse import CUT_REPLY, CacheResult, CacheRow
+from bench.hybrid import HybridRow
 from bench.ideal import TOLERANCE, Label
 from bench.machine import Machine
 from bench.memory import MemorySample
 from bench.overhead import CpuShare, LogCost
 from bench.parsers import ParserRow
+from bench.pool import Layout, PoolRequest, PoolSummary, summarize
 from bench.stats import Spread
-from bench.switching import SwitchRow
-from loopd_dev.devserver import EVERY_TURN_MODEL, THINKING_MODEL
+from bench.switching import SwitchRow, TurnSample
+from loopd_dev.devserver import EVERY_TURN_MODEL, HYBRID_MODEL, THINKING_MODEL
 
 COMMAND = "make bench"
 NAIVE_RATIO_TARGET = 10.0
@@ -45,7 +47,12 @@ class Results:
     # The scripted session on each preset, thinking first; with the PNG of each, by position.
     caches: list[CacheResult] = field(default_factory=list)
     switching: list[SwitchRow] | None = None
+    switching_turns: list[TurnSample] = field(default_factory=list)
     plot_files: list[str] = field(default_factory=list)
+    # Pinning on a unified pool (bench/pool.py) and the hybrid model's losses (bench/hybrid.py).
+    pool_layouts: list[Layout] = field(default_factory=list)
+    pool: list[PoolRequest] | None = None
+    hybrid: list[HybridRow] | None = None
 
 
 @dataclass(frozen=True)
@@ -84,6 +91,8 @@ def render(results: Results) -> str:
     lines += _cache_sections(results)
     lines += ["", *_cost_section(results)]
     lines += ["", *_switching_section(results), ""]
+    lines += [*_pool_section(results), ""]
+    lines += [*_hybrid_section(results), ""]
     return "\n".join(lines)
 
 
@@ -248,7 +257,10 @@ TEMPLATES = {
     THINKING_MODEL: "the Qwen3.5-4B template: the model thinks, tools are rendered before the "
     "system text, earlier reasoning is dropped at each new user message",
     EVERY_TURN_MODEL: "the same template changed in one condition to render every assistant "
-    "turn's reasoning, as the production template does (seed finding (e))",
+    "turn's reasoning, as the production template does (docs/design, behaviour (e))",
+    HYBRID_MODEL: "the tiny random-weight qwen35moe (production's architecture: recurrent and "
+    "attention layers, MoE) on production's layout, four slots on one unified pool, with the "
+    "every-turn reasoning template; its tokenizer is a dummy, see the hybrid section",
 }
 
 
@@ -298,7 +310,12 @@ def _cache_section(cache: CacheResult, plot_file: str | None, *, first: bool) ->
             "reasoning); *reply tokenized anew* (the server kept the previous prompt but only part "
             "of the model's reply: replayed byte for byte, the reply's text tokenizes differently "
             "from the tokens the model generated, for example whitespace generated as two tokens "
-            "that tokenizes as one; no client that sends text avoids it).",
+            "that tokenizes as one; no client that sends text avoids it); *prompt's last piece "
+            "tokenized anew* (the previous prompt's text is still there, but its last token came "
+            "out differently once text followed: the hybrid preset's dummy tokenizer cuts text "
+            "into 5-byte pieces); *resumed at a checkpoint* (the hybrid model's server went back "
+            "to the checkpoint 4 tokens before the previous prompt's end, before the point where "
+            "the prompt diverged; shown after another label as *resumed N tokens earlier*).",
         ]
     else:
         lines += ["- The same script, scripted replies, ideal and labels as above."]
@@ -376,8 +393,15 @@ def _cache_cells(row: CacheRow) -> list[object]:
         over,
         f"{row.naive_cache_n:,}",
         f"{row.naive_prompt_n:,}",
-        row.label.value,
+        _why(row),
     ]
+
+
+def _why(row: CacheRow) -> str:
+    """The row's label, and a checkpoint resume on top of another cause."""
+    if row.label in (Label.CHECKPOINT, Label.NONE) or row.before_divergence <= TOLERANCE:
+        return row.label.value
+    return f"{row.label.value}; resumed {row.before_divergence} tokens earlier, at a checkpoint"
 
 
 def _cost_section(r: Results) -> list[str]:
@@ -465,16 +489,19 @@ def _switching_section(r: Results) -> list[str]:
     if r.switching is None:
         return [*lines, "Not run (`--offline`)."]
     lines += [
-        "1, 2 and 4 sessions on slot 0 of the plain preset, host prompt cache on (`--cache-ram`). "
-        "Each session first reads its own report (120 words), then they take turns for "
-        "two more rounds; with more than one session every later turn follows another session's "
-        "turn. *Re-read* is loopd's own cache-loss figure: the reuse an exact replay should get, "
-        "less the server's cache_n. *Before generation*: from sending to the first generated "
-        "token (queue, restoring a saved prompt, prompt processing).",
+        "1, 2 and 4 sessions pinned to slot 0 of a preset, host prompt cache on (`--cache-ram`): "
+        "the plain SmolLM2 preset (two slots of their own) and the hybrid preset (four slots on "
+        "one unified pool, production's layout). Each session first reads its own report (120 "
+        "words), then they take turns for two more rounds; with more than one session every "
+        "later turn follows another session's turn. *Re-read* is loopd's own cache-loss figure: "
+        "the reuse an exact replay should get, less the server's cache_n. *Before generation*: "
+        "from sending to the first generated token (queue, restoring a saved prompt, prompt "
+        "processing).",
         "",
     ]
     lines += table(
         [
+            "Preset",
             "Sessions on the slot",
             "Later turns",
             "Switches",
@@ -484,6 +511,7 @@ def _switching_section(r: Results) -> list[str]:
         ],
         [
             (
+                f"`{row.model}`",
                 row.sessions,
                 row.turns,
                 row.switches,
@@ -492,6 +520,160 @@ def _switching_section(r: Results) -> list[str]:
                 spread(row.prompt_phase_s, 2),
             )
             for row in r.switching
+        ],
+    )
+    explained = [t for t in r.switching_turns if t.server_says]
+    if explained:
+        lines += [
+            "",
+            "Every turn on the hybrid preset, with the cause loopd recorded (`loopd perf`) and "
+            "what the server logged for the request:",
+            "",
+        ]
+        lines += table(
+            ["Sessions", "Session", "Round", "cache_n", "Re-read", "loopd's cause", "The server"],
+            [
+                (
+                    t.sessions,
+                    t.session,
+                    t.round,
+                    t.cache_n,
+                    t.cache_loss,
+                    t.loopd_cause or "-",
+                    t.server_says,
+                )
+                for t in explained
+            ],
+        )
+    return lines
+
+
+# -- the unified pool and the hybrid model ------------------------------------------------------
+
+
+def _pool_section(r: Results) -> list[str]:
+    lines = ["## Pinning on a unified pool", ""]
+    if r.pool is None:
+        return [*lines, "Not run (`--offline`)."]
+    lines += [
+        "`bench/pool.py`: N sessions (2, 4, 6) take turns on four slots for three rounds, with "
+        "scripted replies (`max_tokens` 1, so the slot holds exactly the prompt), *pinned* each "
+        "to its own slot (i mod 4, loopd with `LOOPD_SLOTS=0,1,2,3`), all *pinned* to slot 0, "
+        "or *unpinned* (`id_slot` -1: the server picks the slot by prompt similarity, else the "
+        "least recently used one, restoring from its host cache). A fourth scenario puts "
+        "another client's long, unrelated prompt before each later turn of one session. Each "
+        "cause is what the server logged for that request (`-lv 4`, read by "
+        "`bench/serverlog.py`). *Reuse*: the later requests' cache_n over what each session "
+        "had left in the server; *kept*: within 2 tokens of it. On the hybrid model a prompt "
+        "that diverges inside what the slot holds resumes at the checkpoint 4 tokens before the "
+        "end of the previous prompt (its dummy tokenizer re-cuts the prompt's last piece once "
+        "text follows), so there a kept session shows about 97 %.",
+        "",
+    ]
+    described = {layout.name: layout for layout in r.pool_layouts}
+    rows = []
+    for summary in summarize(r.pool):
+        layout = described.get(summary.layout)
+        where = (
+            f"{layout.model}, {layout.flags}"
+            + (" **(production's default)**" if layout.production_default else "")
+            if layout is not None
+            else summary.layout
+        )
+        rows.append(_pool_cells(where, summary))
+    lines += table(
+        [
+            "Layout",
+            "Scenario",
+            "Sessions",
+            "Later requests",
+            "Kept",
+            "To the checkpoint",
+            "Reuse",
+            "Causes of the losses (requests)",
+        ],
+        rows,
+    )
+    defaults = [layout for layout in r.pool_layouts if layout.production_default]
+    for layout in defaults:
+        lines += ["", *_pool_requests(layout, r.pool)]
+    return lines
+
+
+def _pool_cells(where: str, s: PoolSummary) -> list[object]:
+    causes = "; ".join(f"{count}x {cause}" for cause, count in s.causes.items())
+    return [
+        where,
+        s.scenario,
+        s.sessions,
+        s.later,
+        s.kept,
+        s.to_checkpoint,
+        f"{s.reuse:.0%}",
+        causes or "-",
+    ]
+
+
+def _pool_requests(layout: Layout, requests: Sequence[PoolRequest]) -> list[str]:
+    """Every request of four sessions on four slots, pinned and unpinned, on one layout."""
+    chosen = [
+        q
+        for q in requests
+        if q.layout == layout.name
+        and q.sessions == 4
+        and q.scenario in ("pinned, own slots", "unpinned")
+    ]
+    lines = [
+        f"Four sessions on `{layout.name}` ({layout.model}, {layout.flags}), every request:",
+        "",
+    ]
+    lines += table(
+        ["Scenario", "Round", "Session", "id_slot", "Ran on", "Held", "cache_n", "prompt_n", "Why"],
+        [
+            (
+                q.scenario,
+                q.round,
+                q.session,
+                q.slot_sent,
+                "?" if q.slot_used is None else q.slot_used,
+                q.held,
+                q.cache_n,
+                q.prompt_n,
+                q.cause,
+            )
+            for q in chosen
+        ],
+    )
+    return lines
+
+
+def _hybrid_section(r: Results) -> list[str]:
+    lines = ["## Where a hybrid model's cache goes", ""]
+    if r.hybrid is None:
+        return [*lines, "Not run (`--offline`)."]
+    lines += [
+        "`bench/hybrid.py`: one session of five turns alone on a one-slot server (host cache "
+        "off), the tiny hybrid `qwen35moe` and SmolLM2 side by side. *Held*: what the slot held "
+        "after the previous request (prompt and generated, less the last token). *Divergence*: "
+        "the tokens this prompt shares with the previous prompt, by the server's own "
+        "`/tokenize`. Causes from those tokens and the server's log.",
+        "",
+    ]
+    lines += table(
+        ["Model", "Variant", "Turn", "Prompt", "Held", "Divergence", "cache_n", "prompt_n", "Why"],
+        [
+            (
+                row.model,
+                row.variant,
+                row.turn,
+                row.prompt_tokens,
+                row.held,
+                "-" if row.divergence is None else row.divergence,
+                row.cache_n,
+                row.prompt_n,
+                row.cause,
+            )
+            for row in r.hybrid
         ],
     )
     return lines

@@ -1,13 +1,16 @@
 """Thread switching: several sessions sharing one slot, with the server's host prompt cache on.
 
-For 1 (no switching, the control), 2 and 4 sessions on slot 0 of the plain preset, each session
+For 1 (no switching, the control), 2 and 4 sessions on slot 0 of a preset (the plain one, and the
+hybrid one on production's layout), each session
 first reads its own short report, then the sessions take turns for more rounds. From the second
 round on every turn of a shared slot follows another session's turn: a switch. Its cost is what
 the server re-read beyond the new tokens (loopd's own cache-loss figure: the reuse an exact
 replay should get, less the server's ``cache_n``) and the time before generation began.
 
 Turns go through ``Runtime.run_turn``, loopd's real path (scheduler, turn engine, session log),
-so the same turns also give loopd's CPU time as a share of each turn's wall time.
+so the same turns also give loopd's CPU time as a share of each turn's wall time. Each turn keeps
+the cause loopd recorded for its loss and, when the server logs at trace level, what the server
+says it did (``bench/serverlog.py``).
 """
 
 from __future__ import annotations
@@ -20,6 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bench.errors import BenchError
+from bench.pool import explain
+from bench.serverlog import LogFollower, parse
 from bench.stats import Spread
 from loopd.config import load_settings
 from loopd.jsonbytes import dumps
@@ -39,6 +44,7 @@ FOLLOW_UPS = ("Name one risk in it.", "And one next step?", "Who should know?")
 
 @dataclass(frozen=True)
 class TurnSample:
+    model: str
     sessions: int  # how many sessions share the slot in this run
     session: str
     round: int  # 1 = the session's first turn
@@ -49,10 +55,13 @@ class TurnSample:
     prompt_phase_s: float  # from sending until generation began
     wall_s: float
     cpu_s: float  # this process's CPU time during the turn
+    loopd_cause: str = ""  # the cause loopd recorded for the turn's cache loss
+    server_says: str = ""  # what the server logged for the turn's request ("" without a log)
 
 
 @dataclass(frozen=True)
 class SwitchRow:
+    model: str
     sessions: int
     turns: int  # turns after each session's first
     switches: int
@@ -78,10 +87,13 @@ async def run(
     counts: Sequence[int] = (1, 2, 4),
     rounds: int = 3,
     max_tokens: int = 16,
+    model: str = PLAIN_MODEL,
+    server_log: LogFollower | None = None,
+    hybrid: bool = False,
 ) -> list[TurnSample]:
     settings = load_settings(
         infer_url=url,
-        model=PLAIN_MODEL,
+        model=model,
         state_dir=state_dir,
         workspace_dir=state_dir / "workspaces",
         tools_file=_tools_file(state_dir),
@@ -97,10 +109,12 @@ async def run(
     try:
         last_on_slot: str | None = None
         for count in counts:
-            names = [f"share{count}-{index}" for index in range(count)]
+            names = [f"{model}-share{count}-{index}" for index in range(count)]
             for round_number in range(1, rounds + 1):
                 for index, name in enumerate(names):
-                    sample = await _turn(runtime, count, name, index, round_number, last_on_slot)
+                    sample = await _turn(
+                        runtime, count, name, index, round_number, last_on_slot, server_log, hybrid
+                    )
                     samples.append(sample)
                     last_on_slot = name
             log.info("switching: %d session(s) done", count)
@@ -126,11 +140,20 @@ def _tools_file(state_dir: Path) -> Path:
 
 
 async def _turn(
-    runtime: Runtime, count: int, name: str, index: int, round_number: int, last: str | None
+    runtime: Runtime,
+    count: int,
+    name: str,
+    index: int,
+    round_number: int,
+    last: str | None,
+    server_log: LogFollower | None,
+    hybrid: bool,
 ) -> TurnSample:
     session = runtime.ensure_session(name)
     text = first_message(index) if round_number == 1 else FOLLOW_UPS[(round_number - 2) % 3]
     runtime.log.append_user(name, text, external_key=f"{name}-{round_number}")
+    if server_log is not None:
+        server_log.mark()
     wall, cpu = time.perf_counter(), time.process_time()
     outcome = await runtime.run_turn(session, report=lambda status: None)
     wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
@@ -141,7 +164,14 @@ async def _turn(
         raise BenchError(f"a turn of {name} has no timings")
     duration_ms = float(perf.extra.get("duration_ms") or 0.0)
     predicted_ms = float(perf.extra.get("predicted_ms") or 0.0)
+    server_says = ""
+    if server_log is not None:
+        # One request per turn here (no tools): its lines end with its slot's release.
+        steps = parse(server_log.lines_until_release())
+        held = perf.cache_n + (perf.cache_loss or 0)
+        server_says = explain(steps, held if round_number > 1 else 0, perf.cache_n, hybrid)
     return TurnSample(
+        model=runtime.settings.model,
         sessions=count,
         session=name,
         round=round_number,
@@ -152,18 +182,22 @@ async def _turn(
         prompt_phase_s=max(duration_ms - predicted_ms, 0.0) / 1000,
         wall_s=wall,
         cpu_s=cpu,
+        loopd_cause=perf.cache_loss_cause or "",
+        server_says=server_says,
     )
 
 
 def summarize(samples: Sequence[TurnSample]) -> list[SwitchRow]:
-    """One row per session count, over the turns after each session's first."""
+    """One row per model and session count, over the turns after each session's first."""
     table = []
-    for count in sorted({sample.sessions for sample in samples}):
-        later = [s for s in samples if s.sessions == count and s.round > 1]
+    models = list(dict.fromkeys(sample.model for sample in samples))
+    for model, count in [(m, c) for m in models for c in sorted({s.sessions for s in samples})]:
+        later = [s for s in samples if s.model == model and s.sessions == count and s.round > 1]
         if not later:
             continue
         table.append(
             SwitchRow(
+                model=model,
                 sessions=count,
                 turns=len(later),
                 switches=sum(s.switched for s in later),

@@ -23,6 +23,7 @@ import anyio
 
 from brokerd.config import ConfigError, load_settings, read_secrets
 from brokerd.mcp.listing import register as register_tools
+from brokerd.observe.server import metrics_service
 from brokerd.proxy.logs import configure_logging
 from brokerd.serve import SERVICES, ServeError, build_endpoints, run
 from loopd import anyio_unix_connect
@@ -69,7 +70,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             level=logging.getLevelNamesMapping()[settings.log_level.upper()],
         )
         endpoints = build_endpoints(settings, secrets, services)
-        anyio.run(run, endpoints, settings.socket_dir)
+        anyio.run(run, endpoints, settings.socket_dir, metrics_service(settings))
     except ConfigError as exc:
         print(f"brokerd: {exc}", file=sys.stderr)
         return EXIT_CONFIG

@@ -12,8 +12,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Final, Literal
 
-from pydantic import Field, field_validator
-from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+from pydantic import AfterValidator, Field, field_validator
+from pydantic_settings import SettingsConfigDict
 
 from brokerd.mcp.config import McpServers
 from brokerd.proxy.chatpolicy import valid_entry
@@ -21,6 +21,7 @@ from brokerd.proxy.upstream import parse_upstream
 from brokerd.tools.settings import BrokerSettings
 from loopd import configload
 from loopd.errors import ConfigError as ConfigError  # brokerd's too: one loader, one error
+from loopd.observe.address import check_address
 
 ENV_PREFIX: Final = "BROKERD_"
 NESTED_DELIMITER: Final = "__"
@@ -28,7 +29,7 @@ CONFIG_FILE_VARIABLE: Final = f"{ENV_PREFIX}CONFIG"
 DEFAULT_SOCKET_DIR: Final = Path("/run/brokerd")
 
 
-class BrokerdSettings(BaseSettings):
+class BrokerdSettings(configload.FileSettings):
     model_config = SettingsConfigDict(
         env_prefix=ENV_PREFIX,
         env_nested_delimiter=NESTED_DELIMITER,
@@ -106,6 +107,16 @@ class BrokerdSettings(BaseSettings):
         default=None, description="Tool broker settings (needed to serve broker.sock)."
     )
     log_level: Literal["debug", "info", "warning", "error"] = "info"
+    metrics_addr: Annotated[str | None, AfterValidator(check_address)] = Field(
+        default=None,
+        description="Where brokerd serves /metrics (and loopd's pages under /loopd/): "
+        "unix:/path (outside socket_dir) or 127.0.0.1:PORT. Unset: off.",
+    )
+    metrics_relay: Path | None = Field(
+        default=None,
+        description="loopd's metrics socket as the host sees it (in the loopd-state volume), "
+        "relayed at metrics_addr under /loopd/.",
+    )
     mcp: McpServers = Field(default=(), description="MCP servers whose tools the broker offers.")
 
     @field_validator("chat_allowed_teams", "chat_allowed_channels", "chat_allowed_users")
@@ -124,17 +135,6 @@ class BrokerdSettings(BaseSettings):
         if value is not None:
             parse_upstream(value)  # its ValueError names what is wrong; pydantic adds the field
         return value
-
-    @classmethod
-    def settings_customise_sources(
-        cls,
-        settings_cls: type[BaseSettings],
-        init_settings: PydanticBaseSettingsSource,
-        env_settings: PydanticBaseSettingsSource,
-        dotenv_settings: PydanticBaseSettingsSource,
-        file_secret_settings: PydanticBaseSettingsSource,
-    ) -> tuple[PydanticBaseSettingsSource, ...]:
-        return configload.environment_then_file(settings_cls, init_settings, env_settings)
 
 
 def setting_name(*path: str) -> str:

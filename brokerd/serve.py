@@ -17,12 +17,15 @@ import stat
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Final, Literal
+from typing import TYPE_CHECKING, Final, Literal
 
 import anyio
 import uvicorn
 from anyio.abc import TaskStatus
 from starlette.types import ASGIApp
+
+if TYPE_CHECKING:
+    from brokerd.observe.server import MetricsService
 
 from brokerd.bodies import BodyBudget, BodyRules
 from brokerd.config import (
@@ -38,6 +41,7 @@ from brokerd.listen import (
     WatchedConnections,
     head_deadline_protocol,
 )
+from brokerd.observe.middleware import instrument
 from brokerd.proxy.chat import create_chat_app
 from brokerd.proxy.chatpolicy import ChatPolicy
 from brokerd.proxy.inference import InferencePolicy, create_inference_app
@@ -90,7 +94,7 @@ def build_endpoints(
         Endpoint(
             service,
             socket_path(settings, service),
-            _build_app(settings, secrets, service, bodies),
+            instrument(service, _build_app(settings, secrets, service, bodies)),
             limits,
         )
         for service in services
@@ -282,6 +286,7 @@ async def serve(
     stop: anyio.Event,
     *,
     graceful_shutdown_s: int = GRACEFUL_SHUTDOWN_S,
+    metrics: "MetricsService | None" = None,
     task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve every endpoint until ``stop`` is set (or one server ends), then remove the sockets.
@@ -300,6 +305,8 @@ async def serve(
                 tg.start_soon(_serve_one, server, sock, endpoint, stop)
             for server in servers:
                 await server.settled.wait()
+            if metrics is not None:
+                await tg.start(metrics)
             logger.info("ready: %s", ", ".join(str(endpoint.path) for endpoint, _ in bound))
             notify("READY=1")
             task_status.started()
@@ -336,14 +343,16 @@ async def stop_on_signal(stop: anyio.Event) -> None:
             return
 
 
-async def run(endpoints: Sequence[Endpoint], socket_dir: Path) -> None:
+async def run(
+    endpoints: Sequence[Endpoint], socket_dir: Path, metrics: "MetricsService | None" = None
+) -> None:
     """Serve until SIGINT or SIGTERM; the process's whole life. Raises ``ServeError`` bare
     (not inside the task groups' exception groups) when that is the only failure."""
     stop = anyio.Event()
     try:
         async with anyio.create_task_group() as tg:
             tg.start_soon(stop_on_signal, stop)
-            await serve(endpoints, socket_dir, stop)
+            await serve(endpoints, socket_dir, stop, metrics=metrics)
             tg.cancel_scope.cancel()
     except ExceptionGroup as group:
         if (error := sole_kind(group, ServeError)) is None:

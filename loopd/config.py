@@ -18,17 +18,17 @@ import sys
 from pathlib import Path
 from typing import Annotated, Any, Final, Self
 
-from pydantic import BaseModel, Field, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, Field, field_validator, model_validator
 from pydantic_settings import (
     BaseSettings,
     NoDecode,
-    PydanticBaseSettingsSource,
     SettingsConfigDict,
 )
 
 from loopd import configload
 from loopd.chat.config import ChatSettings
 from loopd.configload import Rule
+from loopd.observe.address import check_address
 
 # The core tools array ships inside the package, so an installed wheel finds it wherever it lives.
 CORE_TOOLS_FILE = Path(__file__).resolve().parent / "data" / "tools.schema.json"
@@ -42,7 +42,7 @@ def _default_state_dir() -> Path:
     return Path.home() / ".local" / "state" / "loopd"
 
 
-class Settings(BaseSettings):
+class Settings(configload.FileSettings):
     """Everything loopd can be told. Field descriptions become the README tables."""
 
     # LOOPD_MM_URL is mm.url: a table's key follows "MM_" unsplit (mm.allowed_users stays whole).
@@ -166,6 +166,12 @@ class Settings(BaseSettings):
         description="`auto` (human on a terminal, JSON lines otherwise), `human` or `json`.",
     )
     log_level: str = Field(default="INFO", description="Python logging level name.")
+    metrics_addr: Annotated[str | None, AfterValidator(check_address)] = Field(
+        default=None,
+        description="Where `loopd serve` serves `/metrics` and the status page: "
+        "`unix:/path/to.sock` (in the box: in the state folder, relayed by brokerd) or "
+        "`127.0.0.1:PORT`. Unset: off.",
+    )
     mm: ChatSettings = Field(
         default=ChatSettings(),  # frozen, so one instance may be every default
         description="The Mattermost adapter's settings (`LOOPD_MM_*`, or the file's `[mm]` table).",
@@ -236,17 +242,6 @@ class Settings(BaseSettings):
     @property
     def workspaces(self) -> Path:
         return self.workspace_dir or self.state_dir / "workspaces"
-
-    @classmethod
-    def settings_customise_sources(
-        cls,
-        settings_cls: type[BaseSettings],
-        init_settings: PydanticBaseSettingsSource,
-        env_settings: PydanticBaseSettingsSource,
-        dotenv_settings: PydanticBaseSettingsSource,
-        file_secret_settings: PydanticBaseSettingsSource,
-    ) -> tuple[PydanticBaseSettingsSource, ...]:
-        return configload.environment_then_file(settings_cls, init_settings, env_settings)
 
 
 # The answer's room below max_tokens once the thinking is capped: a short answer or a tool call of

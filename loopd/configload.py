@@ -102,6 +102,22 @@ def environment_then_file(
     return (init_settings, env_settings, TomlConfigSettingsSource(settings_cls, Path(config_file)))
 
 
+class FileSettings(BaseSettings):
+    """Settings read by this loader: the environment over the TOML file its ``<PREFIX>CONFIG``
+    variable names (loopd's and brokerd's both)."""
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        return environment_then_file(settings_cls, init_settings, env_settings)
+
+
 def nested_model(annotation: Any) -> type[BaseModel] | None:
     """The model a field holds as one table (``ChatSettings``, ``BrokerSettings | None``), if
     any; a list of tables (``tuple[McpServerConfig, ...]``) is one setting, not a table."""

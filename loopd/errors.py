@@ -38,6 +38,11 @@ class ServerRejected(InferenceError):
         self.error_type = error_type
 
 
+class ConnectionDropped(ServerUnreachable):
+    """A connection closed before the server answered a request: the request never reached it,
+    so one that changes nothing may be sent again."""
+
+
 class StreamBroken(InferenceError):
     """A stream began but did not complete (silence, error event, disconnect, no [DONE])."""
 

@@ -18,6 +18,8 @@ import time
 from datetime import UTC, datetime
 from typing import Any, TextIO
 
+from loopd.observe.context import ContextFields
+
 _RESERVED = frozenset(logging.LogRecord("", 0, "", 0, "", (), None).__dict__) | {"message"}
 
 
@@ -73,6 +75,7 @@ def configure_logging(fmt: str = "auto", level: str = "INFO", stream: TextIO | N
     out = stream if stream is not None else sys.stderr
     handler = logging.StreamHandler(out)
     handler.setFormatter(formatter(fmt, out))
+    handler.addFilter(ContextFields())  # the session and request id of the work under way
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())

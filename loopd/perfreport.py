@@ -11,14 +11,22 @@ Two figures need a definition:
 - *recompute per turn*: prompt tokens the server evaluated (``prompt_n``, retries and tool
   follow-ups included) over the number of turns. A turn is one set of messages sent as a
   ``turn`` request: its retries send the same bytes, so they count once.
+
+Percentiles (p50, p90, p99, nearest rank) are over the requests that have the figure: time to
+first byte, ``prompt_n``, and generated tokens per second (the server's ``predicted_per_second``).
+``--since`` keeps the requests made since a moment (``2h``, ``30m``, ``7d``, or an ISO date or
+time, UTC unless it says otherwise); ``--plot FILE.png`` draws them (``loopd.perfplot``).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
+import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -79,6 +87,9 @@ class PerfSummary:
     capped: int = 0
     broken: int = 0
     losses: dict[str, LossTally] = field(default_factory=dict)
+    ttfb_ms: list[float] = field(default_factory=list)
+    prompt_ns: list[int] = field(default_factory=list)
+    tokens_per_s: list[float] = field(default_factory=list)
 
     @property
     def hit_rate(self) -> float | None:
@@ -104,6 +115,12 @@ def summarize(requests: Sequence[Request]) -> PerfSummary:
             continue
         summary.cache_n += perf.cache_n or 0
         summary.prompt_n += perf.prompt_n or 0
+        if perf.ttfb_ms is not None:
+            summary.ttfb_ms.append(perf.ttfb_ms)
+        if perf.prompt_n is not None:
+            summary.prompt_ns.append(perf.prompt_n)
+        if perf.predicted_per_second is not None:
+            summary.tokens_per_s.append(perf.predicted_per_second)
         if record.kind is RequestKind.TURN:
             turns.add(record.messages_sha256)
         if perf.cache_loss:
@@ -132,6 +149,7 @@ def format_summary(title: str, summary: PerfSummary) -> str:
             f"  recompute per turn: {summary.recompute_per_turn:,.0f} tokens "
             f"({summary.turns} turns)"
         )
+    lines += percentile_lines(summary)
     if summary.losses:
         lines.append("  cache losses by cause:")
         for cause, tally in sorted(summary.losses.items(), key=lambda item: -item[1].tokens):
@@ -142,22 +160,99 @@ def format_summary(title: str, summary: PerfSummary) -> str:
     return "\n".join(lines)
 
 
+PERCENTILES = (50, 90, 99)
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """The nearest-rank percentile ``q`` (0-100] of ``values`` (not empty)."""
+    ordered = sorted(values)
+    rank = max(math.ceil(q / 100 * len(ordered)), 1)
+    return ordered[rank - 1]
+
+
+def percentile_lines(summary: PerfSummary) -> list[str]:
+    """One line per figure that some request has: p50, p90 and p99, and how many it is over."""
+    figures = (
+        ("time to first byte", summary.ttfb_ms, "{:,.0f} ms"),
+        ("prompt_n per request", summary.prompt_ns, "{:,.0f}"),
+        ("generated tokens/s", summary.tokens_per_s, "{:,.1f}"),
+    )
+    lines = []
+    for name, values, shape in figures:
+        if not values:
+            continue
+        parts = ", ".join(f"p{q} {shape.format(percentile(values, q))}" for q in PERCENTILES)
+        noun = "request" if len(values) == 1 else "requests"
+        lines.append(f"  {name}: {parts} ({len(values)} {noun})")
+    return lines
+
+
+_AGO = re.compile(r"(\d+(?:\.\d+)?)\s*([smhdw])")
+_UNITS = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days", "w": "weeks"}
+
+
+def parse_since(text: str, now: datetime) -> datetime:
+    """``2h``, ``30m``, ``7d`` before ``now``, or an ISO date or time (UTC unless it names its
+    offset); ``ValueError`` saying what is accepted otherwise."""
+    text = text.strip()
+    if match := _AGO.fullmatch(text):
+        amount, unit = float(match.group(1)), _UNITS[match.group(2)]
+        return now - timedelta(**{unit: amount})
+    try:
+        moment = datetime.fromisoformat(text)
+    except ValueError:
+        raise ValueError(
+            f"{text!r} is neither a span (30m, 2h, 7d) nor an ISO date or time (2026-05-01)"
+        ) from None
+    return moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)
+
+
+def made_since(requests: Iterable[Request], since: datetime | None) -> list[Request]:
+    if since is None:
+        return list(requests)
+    return [r for r in requests if datetime.fromisoformat(r.created_at) >= since]
+
+
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     perf = subparsers.add_parser("perf", help="per-request perf records: cache reuse, times")
     perf.add_argument("--session", help="one session (default: every session)")
     perf.add_argument("--json", action="store_true", help="the records as a JSON list")
+    perf.add_argument(
+        "--since", metavar="WHEN", help="only requests since WHEN: 30m, 2h, 7d or an ISO date"
+    )
+    perf.add_argument(
+        "--plot",
+        metavar="FILE.png",
+        type=Path,
+        help="draw prompt_n, cache_n, time to first byte and tokens/s per request (matplotlib)",
+    )
     perf.set_defaults(handler=log_handler(run))
 
 
 def run(args: argparse.Namespace, db_path: Path, out: TextIO, err: TextIO) -> int:
     """The ``perf`` command: 0 on success (no log yet is no sessions), 2 when the log cannot be
-    read or has no such session."""
+    read or has no such session, for a bad ``--since``, or for a plot that cannot be drawn."""
+    try:
+        since = parse_since(args.since, datetime.now(UTC)) if args.since else None
+    except ValueError as exc:
+        err.write(f"loopd: perf: --since: {exc}\n")
+        return EXIT_CANNOT
     try:
         with existing_log(db_path) as log:
             by_session = _requests(log, db_path, args.session)
     except LogError as exc:
         err.write(f"loopd: perf: {exc}\n")
         return EXIT_CANNOT
+    by_session = {name: made_since(rows, since) for name, rows in by_session.items()}
+    if args.plot is not None:
+        from loopd.perfplot import PlotError, plot_requests
+
+        try:
+            drawn = plot_requests(by_session, args.plot)
+        except PlotError as exc:
+            err.write(f"loopd: perf: --plot: {exc}\n")
+            return EXIT_CANNOT
+        err.write(f"wrote {args.plot} ({drawn} requests)\n")
     if args.json:
         records = [r for name, rows in by_session.items() for r in perf_records(name, rows)]
         out.write(json.dumps(records, indent=2, ensure_ascii=False) + "\n")

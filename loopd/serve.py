@@ -30,6 +30,7 @@ from loopd.chat.threads import Threads
 from loopd.config import Settings
 from loopd.errors import LoopdError
 from loopd.exceptiongroups import sole_kind
+from loopd.observe.server import serve_runtime
 from loopd.selftest.expected import DEFAULT_DIR
 from loopd.selftest.run import format_report, run_selftest
 from loopd.sessionlog.backup import hold_state
@@ -79,6 +80,8 @@ async def run_daemon(
             adapter = ChatAdapter(client, state, runtime, threads, outbox, chat, bot)
             await threads.resume_all()
             tg.start_soon(runtime.keep_warm, threads.session_names())
+            if settings.metrics_addr is not None:
+                await tg.start(serve_runtime, runtime, settings.metrics_addr)
             tg.start_soon(adapter.run)
             task_status.started(Daemon(runtime, state, client, threads, adapter))
 

@@ -25,12 +25,17 @@ from loopd.engine.request import RequestSettings, Sampling
 from loopd.engine.stream import Limits, StatusCallback
 from loopd.engine.turn import Turn, TurnOutcome
 from loopd.errors import LoopdError
+from loopd.observe.context import request_scope
+from loopd.observe.live import LiveTurns
+from loopd.observe.metrics import METRICS
+from loopd.observe.toolcalls import tool_call
 from loopd.scheduler import PositionCallback, Scheduler
 from loopd.sessionlog.records import Appended, Session
 from loopd.sessionlog.store import SessionLog
 from loopd.tools.broker_client import BrokerClient
 from loopd.tools.command import Sandbox, detect_sandbox
 from loopd.tools.core import (
+    BROKER_TOOL_NAMES,
     ToolContext,
     ToolResult,
     is_broker_tool,
@@ -83,9 +88,10 @@ class SessionTools:
         return ctx
 
     async def run(self, session: str, call: ToolCall) -> str:
-        if is_broker_tool(call.name):
-            return await self._broker(session, call)
-        return (await self.run_core(session, call.name, call.arguments)).text
+        with tool_call(session, call, {*self.spec.names, *BROKER_TOOL_NAMES}) as seen:
+            if is_broker_tool(call.name):
+                return seen.result(await self._broker(session, call))
+            return seen.result(await self.run_core(session, call.name, call.arguments))
 
     async def run_core(self, session: str, name: str, arguments: str) -> ToolResult:
         """A core tool call in the session's workspace (``loopd tools call`` runs this too)."""
@@ -128,6 +134,7 @@ class Runtime:
     budget: ServerBudget = field(init=False)
     prewarmer: Prewarmer = field(init=False)
     prewarm_plan: PrewarmPlan = field(default_factory=PrewarmPlan)
+    live: LiveTurns = field(default_factory=LiveTurns)  # the turns under way (loopd.observe)
     _idle_slots: set[int] = field(default_factory=set)
     _idle_wake: anyio.Event | None = None
 
@@ -222,7 +229,10 @@ class Runtime:
     async def prewarm(self, session: Session) -> PrewarmResult:
         """Read the session's prompt into its idle slot (LOOPD_PREWARM); see engine.prewarm."""
         settings = self.turn(session, lambda status: None).settings
-        return await self.prewarmer.prewarm(session, settings)
+        with request_scope(session.name):
+            result = await self.prewarmer.prewarm(session, settings)
+        METRICS.prewarm_ended(result)
+        return result
 
     async def run_turn(
         self,
@@ -233,15 +243,16 @@ class Runtime:
         """A turn, once the session's slot is free (FIFO behind other sessions on it)."""
         self.prewarmer.preempt(session.slot)  # real work: a prewarm on the slot gives way
         self.prewarm_plan.drop(session.name)
-        async with self.scheduler.slot(session.name, session.slot, on_position):
-            # The plan learns what the slot holds before the slot is released (and seen idle).
-            try:
-                outcome = await self.turn(session, report).run()
-            finally:
-                self.prewarm_plan.used(session.name, session.slot)
-            if outcome.compacted:
-                self.prewarm_plan.want(session.name, session.slot)
-            return outcome
+        with self.live.turn(session.name, session.slot, report, on_position) as live:
+            async with self.scheduler.slot(session.name, session.slot, live.on_position):
+                # The plan learns what the slot holds before the slot is released (and seen idle).
+                try:
+                    outcome = await self.turn(session, live.report).run()
+                finally:
+                    self.prewarm_plan.used(session.name, session.slot)
+                if outcome.compacted:
+                    self.prewarm_plan.want(session.name, session.slot)
+                return live.finished(outcome)
 
     # -- prewarm on idle slots -------------------------------------------------------------------
 

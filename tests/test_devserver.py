@@ -49,15 +49,60 @@ def _routers_for(socket: Path) -> list[int]:
     return found
 
 
+PROV = devserver.Provisioned(
+    Path("/b/llama-server"), Path("/t"), Path("/m.gguf"), Path("/m/qwen35moe-moe.gguf")
+)
+
+
+def sections(ini: str) -> dict[str, dict[str, str]]:
+    out: dict[str, dict[str, str]] = {}
+    current: dict[str, str] = {}
+    for line in ini.splitlines():
+        if line.startswith("["):
+            current = out.setdefault(line.strip("[]"), {})
+        elif " = " in line:
+            key, value = line.split(" = ", 1)
+            current[key] = value
+    return out
+
+
 def test_preset_names_every_model() -> None:
-    prov = devserver.Provisioned(Path("/b/llama-server"), Path("/t"), Path("/m.gguf"))
-    ini = devserver.preset_ini(prov, devserver.ServerLayout(), Path("/w/every.jinja"))
-    assert "[smollm2]" in ini
-    assert "[smollm2-think]" in ini
-    assert "chat-template-file = /t/Qwen3.5-4B.jinja" in ini
-    assert "[smollm2-think-all]" in ini
-    assert "chat-template-file = /w/every.jinja" in ini
-    assert "np = 2" in ini
+    ini = devserver.preset_ini(PROV, devserver.ServerLayout(), Path("/w/every.jinja"))
+    found = sections(ini)
+    assert found["*"]["np"] == "2"
+    assert found["smollm2"] == {"model": "/m.gguf"}
+    assert found["smollm2-think"]["chat-template-file"] == "/t/Qwen3.5-4B.jinja"
+    assert found["smollm2-think-all"]["chat-template-file"] == "/w/every.jinja"
+
+
+def test_the_hybrid_preset_is_production_shaped() -> None:
+    """Four slots on one unified pool, the every-turn template, the context the file lacks; the
+    host prompt cache and --cache-idle-slots stay as the server starts by default."""
+    hybrid = sections(devserver.preset_ini(PROV, devserver.ServerLayout(), Path("/w/every.jinja")))
+    assert hybrid["qwen35moe"] == {
+        "model": "/m/qwen35moe-moe.gguf",
+        "override-kv": "qwen35moe.context_length=int:65536",
+        "c": "16384",
+        "np": "4",
+        "kv-unified": "true",
+        "chat-template-file": "/w/every.jinja",
+    }
+
+
+def test_presets_of_the_callers_own_follow_and_override() -> None:
+    variant = devserver.hybrid_preset(
+        PROV, None, name="v", extra=(("chat-template", "chatml"), ("cache-idle-slots", "false"))
+    )
+    dense = devserver.dense_preset(
+        PROV, None, name="d", layout=devserver.SlotLayout(ctx_size=8192, kv_unified=False)
+    )
+    found = sections(
+        devserver.preset_ini(PROV, devserver.ServerLayout(), Path("/w/e.jinja"), (variant, dense))
+    )
+    assert found["v"]["chat-template"] == "chatml"
+    assert found["v"]["cache-idle-slots"] == "false"
+    assert "chat-template-file" not in found["v"]
+    assert found["d"] == {"model": "/m.gguf", "c": "8192", "np": "4", "kv-unified": "false"}
 
 
 def test_the_every_turn_template_changes_one_condition_of_the_provisioned_one() -> None:

@@ -13,6 +13,7 @@ import httpx
 from starlette.types import Receive, Scope, Send
 
 from brokerd.bodies import BodyRefused, BodyRules, ClientGone, read_body
+from brokerd.observe.metrics import BROKERD_METRICS, body_reason
 from brokerd.proxy.headers import RawHeaders, drop_query_params, filter_headers
 from brokerd.proxy.relay import ErrorBody, RelayResult, relay, send_json
 from brokerd.proxy.upstream import Upstream
@@ -85,12 +86,14 @@ class Forwarder:
         reason = self.rules.refusal(method, path, query)
         if reason is not None:
             self.logger.warning("refused %s %s", method, path)
+            BROKERD_METRICS.refused("route")
             await send_json(send, 403, self.rules.error_body(403, reason), close=True)
             return
         try:
             body = await read_body(scope, receive, self.body_cap(method, path), self.bodies)
         except BodyRefused as exc:
             self.logger.warning("refused %s %s: %s", method, path, exc)
+            BROKERD_METRICS.refused(body_reason(exc.status))
             error = self.rules.error_body(exc.status, str(exc))
             await send_json(send, exc.status, error, close=True)
             return
@@ -110,6 +113,7 @@ class Forwarder:
             refused = await self.rules.check_body(method, path, query, body)
             if refused is not None:
                 self.logger.warning("refused %s %s: %s", method, path, refused.message)
+                BROKERD_METRICS.refused("policy")
                 error = self.rules.error_body(refused.status, refused.message)
                 await send_json(send, refused.status, error)
                 return
@@ -137,13 +141,14 @@ class Forwarder:
             )
         finally:
             elapsed = time.monotonic() - started
+            fields = {
+                "status": result.status,
+                "outcome": result.outcome.value,
+                "bytes": result.body_bytes,
+                "duration_ms": round(elapsed * 1000, 1),
+            }
             self.logger.info(
-                "%s -> %s %s (%d bytes, %.3f s)",
-                what,
-                result.status,
-                result.outcome,
-                result.body_bytes,
-                elapsed,
+                "%s -> %s %s", what, result.status, result.outcome, extra={"fields": fields}
             )
 
     def _response_headers(self, headers: RawHeaders) -> RawHeaders:

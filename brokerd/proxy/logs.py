@@ -12,6 +12,7 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Final, TextIO
 
+from brokerd.observe.context import ContextFields
 from loopd.logsetup import formatter
 
 REDACTED: Final = "[redacted]"
@@ -75,6 +76,7 @@ def make_handler(stream: TextIO, *, json_lines: bool, secrets: Iterable[str]) ->
     inner = formatter("json" if json_lines else "human", stream)
     handler = logging.StreamHandler(stream)
     handler.setFormatter(RedactingFormatter(inner, secrets))
+    handler.addFilter(ContextFields())  # loopd's session and request id, with the socket
     handler.addFilter(ThrottleRepeats())
     return handler
 

@@ -19,7 +19,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import anyio
-import httpx
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -27,8 +26,11 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from brokerd.bodies import BodyRefused, BodyRules, ClientGone, read_body
+from brokerd.observe.metrics import BROKERD_METRICS, body_reason
+from brokerd.observe.toolcalls import tool_call
 from brokerd.tools.arguments import nests_deeper
 from brokerd.tools.audit import AuditLogError
+from brokerd.tools.builtins import WebTransport
 from brokerd.tools.errors import CallConflictError, RequestError
 from brokerd.tools.service import ToolBroker
 from brokerd.tools.settings import BrokerSettings
@@ -37,6 +39,7 @@ if TYPE_CHECKING:
     from brokerd.mcp.config import McpServerConfig
 
 Body = TypeVar("Body", bound=BaseModel)
+REFUSED_STATUSES = {400: "bad_request", 409: "call_conflict"}  # reasons in brokerd's metrics
 # Far more than any tool's arguments need, far less than what makes a parser recurse too deep.
 MAX_BODY_DEPTH = 64
 
@@ -81,7 +84,7 @@ def parse_body(model: type[Body], raw: bytes) -> Body:
 def create_broker_app(
     settings: BrokerSettings,
     *,
-    transport: httpx.AsyncBaseTransport | None = None,
+    transport: WebTransport | None = None,
     hidden: Sequence[Path] = (),
     bodies: BodyRules | None = None,
     mcp: "Sequence[McpServerConfig]" = (),
@@ -91,6 +94,8 @@ def create_broker_app(
     confined); ``hidden`` are brokerd's own paths that no tool may see; ``transport`` replaces
     web_fetch's network (tests only). The ``mcp`` servers run from startup to shutdown."""
     broker = ToolBroker.open(settings, transport=transport, hidden=hidden, mcp=mcp)
+    if broker.mcp:
+        BROKERD_METRICS.watch_mcp(broker.mcp)
     body_rules = bodies or BodyRules()
 
     async def read(request: Request) -> bytes:
@@ -105,7 +110,10 @@ def create_broker_app(
 
     async def call_tool(request: Request) -> Response:
         body = parse_body(CallToolBody, await read(request))
-        answer = await broker.call_tool(body.session, body.call_id, body.name, body.arguments)
+        with tool_call(body.session, body.call_id, body.name, broker.catalogue) as seen:
+            answer = seen.answered(
+                await broker.call_tool(body.session, body.call_id, body.name, body.arguments)
+            )
         payload: dict[str, str] = {"result": answer.result, "status": answer.status}
         if answer.recorded_status is not None:
             payload["recorded_status"] = answer.recorded_status
@@ -147,12 +155,15 @@ def create_broker_app(
 async def _body_refused(request: Request, exc: Exception) -> Response:
     # The rest of the body may be unread: ending the connection discards it.
     status = exc.status if isinstance(exc, BodyRefused) else 400
+    BROKERD_METRICS.refused(body_reason(status))
     headers = {"Connection": "close"}
     return JSONResponse({"error": str(exc) or "the client left"}, status, headers=headers)
 
 
 def _error_response(status_code: int) -> Callable[[Request, Exception], Awaitable[Response]]:
     async def handler(request: Request, exc: Exception) -> Response:
+        if status_code in REFUSED_STATUSES:
+            BROKERD_METRICS.refused(REFUSED_STATUSES[status_code])
         return JSONResponse({"error": str(exc)}, status_code=status_code)
 
     return handler

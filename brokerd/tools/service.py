@@ -11,7 +11,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import anyio
-import httpx
 
 from brokerd.confine import (
     ConfinementError,
@@ -21,7 +20,7 @@ from brokerd.confine import (
 )
 from brokerd.tools import wording
 from brokerd.tools.audit import AuditLog, AuditLogError
-from brokerd.tools.builtins import BUILTINS, BuiltinContext, BuiltinHandler
+from brokerd.tools.builtins import BUILTINS, BuiltinContext, BuiltinHandler, WebTransport
 from brokerd.tools.calls import (
     CallRequest,
     Conflict,
@@ -71,7 +70,7 @@ class ToolBroker:
         catalogue: Catalogue,
         audit: AuditLog,
         builtins: Mapping[str, BuiltinHandler] = BUILTINS,
-        transport: httpx.AsyncBaseTransport | None = None,
+        transport: WebTransport | None = None,
         confiner: Confiner | None = None,
         mcp: "McpServers | None" = None,
     ) -> None:
@@ -93,7 +92,7 @@ class ToolBroker:
     def open(
         cls,
         settings: BrokerSettings,
-        transport: httpx.AsyncBaseTransport | None = None,
+        transport: WebTransport | None = None,
         hidden: Sequence[Path] = (),
         mcp: "Sequence[McpServerConfig]" = (),
     ) -> "ToolBroker":

@@ -9,11 +9,17 @@ router serves two presets of the same GGUF, as the production deployment is a ro
   ``<think>`` in the generation prompt, so the model thinks and the reasoning control call works.
   It drops earlier turns' reasoning once a new user message follows;
 - ``smollm2-think-all``: the same template changed in one condition to render the reasoning of
-  every assistant turn, as the production template does (seed finding (e)); the benchmarks
+  every assistant turn, as the production template does (docs/design, behaviour (e)); the benchmarks
   measure cache reuse on both.
+- ``qwen35moe``: the production shape (docs/production-shape.md). A tiny random-weight model of
+  the production model's architecture (``qwen35moe``: linear-attention and full-attention layers,
+  MoE), written by llama.cpp's ``test-llama-archs``, served as production serves its model: four
+  slots on one unified KV pool (``--kv-unified``), the host prompt cache on, the every-turn
+  reasoning template. Its text is random and its tokenizer a dummy, but the server's hybrid
+  memory (recurrent state, context checkpoints, the host prompt cache) is the real code.
 
-Each child runs ``-np 2`` with an explicit slot count, so KV is not unified and a pinned slot keeps
-its cache (protocol reference, section 7, "Pinning vs unified KV").
+The SmolLM2 children run ``-np 2`` with an explicit slot count, so KV is not unified and a pinned
+slot keeps its cache; the ``qwen35moe`` child is unified, as production is.
 
 Run by hand: ``python -m loopd_dev.devserver --port 8080`` (or ``--socket PATH``); Ctrl-C stops it.
 """
@@ -36,11 +42,15 @@ import httpx
 
 LLAMA_BUILD = 11434
 MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+HYBRID_MODEL_FILE = "qwen35moe-moe.gguf"
 PLAIN_MODEL = "smollm2"
 THINKING_MODEL = "smollm2-think"
 THINKING_TEMPLATE = "Qwen3.5-4B.jinja"
 EVERY_TURN_MODEL = "smollm2-think-all"
 EVERY_TURN_TEMPLATE = "Qwen3.5-4B-every-turn-reasoning.jinja"
+HYBRID_MODEL = "qwen35moe"
+# The file says 256 (test-llama-archs' training context); without this every slot gets 256 tokens.
+HYBRID_CONTEXT_OVERRIDE = "qwen35moe.context_length=int:65536"
 # The one condition that limits rendered reasoning to the turns after the last user message.
 _LATEST_TURNS_ONLY = "{%- if loop.index0 > ns.last_query_index %}"
 
@@ -62,6 +72,7 @@ class Provisioned:
     binary: Path
     templates: Path
     model: Path
+    hybrid_model: Path
 
     @classmethod
     def in_cache(cls, cache_dir: Path) -> Provisioned:
@@ -70,10 +81,12 @@ class Provisioned:
             binary=server / "bin" / "llama-server",
             templates=server / "templates",
             model=cache_dir / "models" / MODEL_FILE,
+            hybrid_model=cache_dir / "models" / HYBRID_MODEL_FILE,
         )
 
     def check(self) -> None:
-        for path in (self.binary, self.model, self.templates / THINKING_TEMPLATE):
+        needed = (self.binary, self.model, self.hybrid_model, self.templates / THINKING_TEMPLATE)
+        for path in needed:
             if not path.exists():
                 raise DevServerError(f"{path} is missing: run `make llama-server` to provision it")
 
@@ -89,6 +102,88 @@ class ServerLayout:
     threads: int = 2
 
 
+@dataclass(frozen=True)
+class SlotLayout:
+    """One preset's slots. The default is the ``qwen35moe`` preset's: production's layout at a
+    small size. Production runs ``parallel = 4`` with ``kv-unified`` over one 262,144-token pool
+    (so ``/props`` reports the whole pool as every slot's ``n_ctx``); here the pool is 16,384
+    tokens, and the host prompt cache (``cache-ram``) and ``--cache-idle-slots`` stay as the
+    server starts by default. ``ctx_size`` is the whole pool, or, without ``kv_unified``, what
+    the slots share out evenly."""
+
+    ctx_size: int = 16384
+    parallel: int = 4
+    kv_unified: bool = True
+
+
+@dataclass(frozen=True)
+class Preset:
+    """One more ``--models-preset`` section: a model id and its options (flag names without the
+    dashes, values as the preset file takes them: ``kv-unified = true``)."""
+
+    name: str
+    options: tuple[tuple[str, str], ...]
+
+    def lines(self) -> list[str]:
+        return [f"[{self.name}]", *(f"{key} = {value}" for key, value in self.options), ""]
+
+
+def hybrid_preset(
+    prov: Provisioned,
+    template: Path | None,
+    *,
+    name: str = HYBRID_MODEL,
+    layout: SlotLayout = SlotLayout(),
+    extra: tuple[tuple[str, str], ...] = (),
+) -> Preset:
+    """The tiny ``qwen35moe`` model on ``layout``, with ``template`` (None: ``extra`` names one,
+    e.g. ``("chat-template", "chatml")``); ``extra`` adds or overrides flags (a variant such as
+    ``("cache-idle-slots", "false")``)."""
+    return _layout_preset(
+        name,
+        prov.hybrid_model,
+        layout,
+        template,
+        (("override-kv", HYBRID_CONTEXT_OVERRIDE),),
+        extra,
+    )
+
+
+def dense_preset(
+    prov: Provisioned,
+    template: Path | None,
+    *,
+    name: str,
+    layout: SlotLayout,
+    extra: tuple[tuple[str, str], ...] = (),
+) -> Preset:
+    """SmolLM2 (a pure transformer) on ``layout``: the hybrid's layouts for the dense model, to
+    tell what the pool does from what the hybrid memory does."""
+    return _layout_preset(name, prov.model, layout, template, (), extra)
+
+
+def _layout_preset(
+    name: str,
+    model: Path,
+    layout: SlotLayout,
+    template: Path | None,
+    own: tuple[tuple[str, str], ...],
+    extra: tuple[tuple[str, str], ...],
+) -> Preset:
+    options: dict[str, str] = {"model": str(model), **dict(own)}
+    options.update(
+        {
+            "c": str(layout.ctx_size),
+            "np": str(layout.parallel),
+            "kv-unified": "true" if layout.kv_unified else "false",
+        }
+    )
+    if template is not None:
+        options["chat-template-file"] = str(template)
+    options.update(extra)
+    return Preset(name, tuple(options.items()))
+
+
 def every_turn_reasoning(template: str) -> str:
     """The Qwen3.5 template rendering every assistant turn's reasoning, not only the latest
     turns'; refused if the template is not the one this change was written for."""
@@ -100,8 +195,14 @@ def every_turn_reasoning(template: str) -> str:
     return template.replace(_LATEST_TURNS_ONLY, "{%- if true %}")
 
 
-def preset_ini(prov: Provisioned, layout: ServerLayout, every_turn_template: Path) -> str:
-    """The ``--models-preset`` file: global flags in ``[*]``, one section per model id."""
+def preset_ini(
+    prov: Provisioned,
+    layout: ServerLayout,
+    every_turn_template: Path,
+    extra: tuple[Preset, ...] = (),
+) -> str:
+    """The ``--models-preset`` file: global flags in ``[*]``, one section per model id (a
+    section's own flags override the global ones)."""
     return "\n".join(
         [
             "version = 1",
@@ -123,6 +224,8 @@ def preset_ini(prov: Provisioned, layout: ServerLayout, every_turn_template: Pat
             f"model = {prov.model}",
             f"chat-template-file = {every_turn_template}",
             "",
+            *hybrid_preset(prov, every_turn_template).lines(),
+            *(line for preset in extra for line in preset.lines()),
         ]
     )
 
@@ -174,10 +277,14 @@ def start(
     port: int | None = None,
     layout: ServerLayout | None = None,
     extra_args: tuple[str, ...] = (),
+    presets: tuple[Preset, ...] = (),
     load: tuple[str, ...] = (PLAIN_MODEL,),
     ready_timeout: float = 120.0,
 ) -> RunningServer:
-    """Start the router and wait until the models in ``load`` answer; raise with the log tail."""
+    """Start the router and wait until the models in ``load`` answer; raise with the log tail.
+
+    ``presets`` adds model ids of the caller's own (see ``hybrid_preset``); the router's
+    command-line ``extra_args`` apply to every model, its own and these."""
     prov = Provisioned.in_cache(cache_dir)
     prov.check()
     layout = layout or ServerLayout()
@@ -188,7 +295,7 @@ def start(
         encoding="utf-8",
     )
     preset = workdir / "models.ini"
-    preset.write_text(preset_ini(prov, layout, every_turn))
+    preset.write_text(preset_ini(prov, layout, every_turn, presets))
     if socket_path is not None:
         # llama-server does not remove a stale socket file; bind would fail.
         with contextlib.suppress(FileNotFoundError):

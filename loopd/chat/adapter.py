@@ -28,6 +28,7 @@ from loopd.chat.outbox import Outbox
 from loopd.chat.rest import MattermostClient, MattermostError
 from loopd.chat.threads import CONTEXT_KEY, StopResult, Threads, session_name
 from loopd.chat.ws import NoHello, Resume, SocketLost, WsEvent, open_socket
+from loopd.observe.metrics import METRICS
 from loopd.sessionlog.errors import DiskFullError, LockedError
 from loopd.sessions import Runtime
 
@@ -122,6 +123,7 @@ class ChatAdapter:
             delay = backoff_s(failures, self.settings.backoff_s, self.settings.backoff_cap_s)
             log.info("reconnecting to Mattermost in %.1f s", delay)
             await anyio.sleep(delay)
+            METRICS.mattermost_reconnect()
 
     async def _connection(
         self, token: str | None, resume: Resume | None
@@ -196,6 +198,7 @@ class ChatAdapter:
     # -- events ----------------------------------------------------------------------------------
 
     async def on_event(self, event: WsEvent) -> None:
+        METRICS.mattermost_event(event.event)
         try:
             if event.event in ("posted", "post_edited"):
                 await self.intake(Post.from_json(event.data.get("post")))

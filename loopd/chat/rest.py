@@ -25,6 +25,7 @@ from loopd.chat.model import (
     WireFormatError,
 )
 from loopd.errors import LoopdError
+from loopd.observe.metrics import METRICS
 
 log = logging.getLogger("loopd.chat.rest")
 
@@ -115,6 +116,7 @@ class MattermostClient:
             wait=_wait(self.backoff_s, self.backoff_cap_s),
             stop=stop_after_delay(window),
             reraise=True,
+            before_sleep=lambda state: METRICS.retried("mattermost"),
         )
         try:
             async for attempt in retrying:

@@ -23,12 +23,14 @@ import httpx
 
 from loopd.engine.liveness import slot_busy
 from loopd.errors import (
+    ConnectionDropped,
     InferenceError,
     ServerRejected,
     ServerUnreachable,
     StreamBroken,
     StreamCut,
 )
+from loopd.observe.context import inference_hooks
 from loopd.wire.events import EventDecoder, StreamEvent
 
 CHAT_PATH = "/v1/chat/completions"
@@ -52,9 +54,14 @@ def make_async_client(url: str, connect_s: float) -> httpx.AsyncClient:
     if url.startswith("unix:"):
         transport = httpx.AsyncHTTPTransport(uds=url[len("unix:") :], limits=limits)
         return httpx.AsyncClient(
-            transport=transport, base_url="http://llama-server", timeout=timeout
+            transport=transport,
+            base_url="http://llama-server",
+            timeout=timeout,
+            event_hooks=inference_hooks(),
         )
-    return httpx.AsyncClient(base_url=url, timeout=timeout, limits=limits)
+    return httpx.AsyncClient(
+        base_url=url, timeout=timeout, limits=limits, event_hooks=inference_hooks()
+    )
 
 
 def error_message(body: bytes) -> tuple[str, str]:
@@ -94,6 +101,8 @@ def _translated(exc: httpx.HTTPError, url: str, stage: _Stage) -> InferenceError
         return StreamBroken(
             f"llama-server at {url} closed the connection before answering: {reason}"
         )
+    if isinstance(exc, httpx.RemoteProtocolError):
+        return ConnectionDropped(url, reason)
     if isinstance(exc, httpx.TransportError):
         return ServerUnreachable(url, reason)
     return InferenceError(f"llama-server at {url} sent an answer that could not be read: {reason}")

@@ -43,6 +43,8 @@ from loopd.engine.stream import (
     stream_into,
 )
 from loopd.jsonbytes import dumps
+from loopd.observe.context import request_scope
+from loopd.observe.metrics import METRICS
 from loopd.sessionlog.chain import messages_digest
 from loopd.sessionlog.records import Perf, Request, RequestKind, RequestRecord
 from loopd.sessionlog.store import SessionLog
@@ -202,6 +204,7 @@ class Turn:
             stop=stop_after_attempt(max(self.limits.attempts, 1)),
             wait=wait_exponential(multiplier=self.limits.retry_wait_s, max=30),
             retry_error_callback=_last_attempt,
+            before_sleep=lambda state: METRICS.retried("inference"),
         )
         attempt: Attempt = await retrying(step)
         return attempt
@@ -212,13 +215,19 @@ class Turn:
         messages = self.log.replay_messages(self.session)
         body = build_body(self.settings, epoch.tools_text, messages)
         result = RequestResult.start()
-        try:
-            await stream_into(
-                result, self.client, body, slot=self.slot, limits=self.limits, report=self.report
-            )
-        finally:
-            # Synchronous, so a cancellation going on cannot interrupt it.
-            record = self._record(kind, epoch.number, messages, result)
+        with request_scope(self.session):  # its id in the headers and the log lines
+            try:
+                await stream_into(
+                    result,
+                    self.client,
+                    body,
+                    slot=self.slot,
+                    limits=self.limits,
+                    report=self.report,
+                )
+            finally:
+                # Synchronous, so a cancellation going on cannot interrupt it.
+                record = self._record(kind, epoch.number, messages, result)
         return Attempt(record, result)
 
     async def execute(self, calls: Sequence[ToolCall]) -> None:
@@ -251,6 +260,7 @@ class Turn:
                 self.session, partial_text=message, reason=result.detail, request=record
             )
         _log_request(self.session, record)
+        METRICS.request_recorded(record)
         return record
 
     def _loss(self, epoch: int, result: RequestResult) -> Loss:

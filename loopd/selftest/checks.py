@@ -16,6 +16,11 @@ from loopd.selftest.facts import ServerFacts
 from loopd.selftest.template import TemplateAnswer, template_sha256
 
 NOT_RECORDED = "(not recorded: run `loopd selftest --record`)"
+# A hybrid model's server checkpoints the recurrent state 4 tokens before the end of every prompt
+# it reads. A prompt sent again must re-evaluate at least its last token, and the recurrent state
+# cannot be stepped back by one token, so the repeat resumes at that checkpoint
+# (docs/production-shape.md; build 11434's server-context.cpp, ``checkpoint_offsets``).
+CHECKPOINT_BEFORE_END = 4
 
 
 @dataclass(frozen=True)
@@ -83,7 +88,7 @@ def check_template(facts: ServerFacts, expected: ModelExpectation | None) -> Che
     got = f"sha256 {digest} ({size} bytes)"
     if expected is None:
         return CheckResult(name, False, want, got)
-    caps_changed = _caps_changes(expected.caps, props.caps)
+    caps_changed = _caps_changes(expected.caps, props.caps) if expected.caps is not None else []
     detail = f"caps differ: {'; '.join(caps_changed)}" if caps_changed else ""
     ok = digest == expected.template_sha256 and not caps_changed
     return CheckResult(name, ok, want, got, detail)
@@ -135,10 +140,45 @@ def check_cache(facts: ServerFacts) -> CheckResult:
     if probe.first_prompt_tokens is None or probe.second_cache_n is None:
         return CheckResult(name, False, "two completed requests", "failed", probe.failure)
     floor = max(probe.first_prompt_tokens - 1 - LOSS_TOLERANCE, 0)
+    checkpoint = probe.first_prompt_tokens - CHECKPOINT_BEFORE_END
     want = f"cache_n >= {floor} of {probe.first_prompt_tokens} prompt tokens"
     got = f"cache_n {probe.second_cache_n}, prompt_n {probe.second_prompt_n}"
-    ok = probe.second_cache_n >= floor and not probe.failure
+    at_checkpoint = probe.second_cache_n == checkpoint and checkpoint > 0
+    ok = (probe.second_cache_n >= floor or at_checkpoint) and not probe.failure
+    if at_checkpoint and not probe.failure:
+        where += (
+            f"; resumed at the checkpoint {CHECKPOINT_BEFORE_END} tokens before the end "
+            "(a hybrid model's recurrent state)"
+        )
     return CheckResult(name, ok, want, got, probe.failure or where)
+
+
+POOL_CLEARED = (
+    "a slot is cleared once another slot runs (unified pool, --cache-idle-slots): "
+    "a pinned session loses its cache"
+)
+POOL_KEPT = "a slot keeps its prompt while another slot runs"
+
+
+def check_pool(facts: ServerFacts, expected: ModelExpectation | None) -> CheckResult:
+    """5b. Does a slot keep its prompt while another slot runs? (``PoolProbe``.)"""
+    name = "slot pool"
+    recorded = expected.idle_slots_cleared if expected is not None else None
+    want = NOT_RECORDED if recorded is None else (POOL_CLEARED if recorded else POOL_KEPT)
+    probe = facts.pool
+    if probe is None:
+        return _not_run(name, want, facts.why_missing("pool"))
+    if probe.failure:
+        return CheckResult(name, False, want, "failed", probe.failure)
+    if probe.other_slot is None:
+        return CheckResult(name, recorded is False, want, POOL_KEPT, "the server has one slot")
+    cleared = probe.cleared
+    got = POOL_CLEARED if cleared else POOL_KEPT
+    detail = (
+        f"slot {probe.slot}: cache_n {probe.again_cache_n} of {probe.first_prompt_tokens} "
+        f"after a request on slot {probe.other_slot}"
+    )
+    return CheckResult(name, recorded is not None and cleared == recorded, want, got, detail)
 
 
 def check_stream(facts: ServerFacts) -> CheckResult:
@@ -202,6 +242,7 @@ def run_checks(facts: ServerFacts, expected: ModelExpectation | None) -> list[Ch
         check_slot_count(facts, expected),
         check_harness_slots(facts),
         check_cache(facts),
+        check_pool(facts, expected),
         check_stream(facts),
         check_render(facts),
         *template_info(facts),
@@ -231,6 +272,7 @@ def expectation_from_facts(facts: ServerFacts) -> ModelExpectation:
         n_ctx_per_slot=props.n_ctx_per_slot,
         total_slots=props.total_slots,
         caps=dict(props.caps),
+        idle_slots_cleared=facts.pool.cleared if facts.pool is not None else None,
     )
 
 

@@ -40,7 +40,17 @@ class ModelExpectation(BaseModel):
     template_bytes: int = Field(description="Length of `chat_template` in UTF-8 bytes.")
     n_ctx_per_slot: int = Field(description="`/props` default_generation_settings.n_ctx.")
     total_slots: int = Field(description="`/props` total_slots (the server's `--parallel`).")
-    caps: dict[str, bool] = Field(description="`/props` chat_template_caps.")
+    caps: dict[str, bool] | None = Field(
+        default=None,
+        description="`/props` chat_template_caps. None: not recorded (an expectation written "
+        "from the inference contract, which records the template's hash but not its caps).",
+    )
+    idle_slots_cleared: bool | None = Field(
+        default=None,
+        description="Whether a slot's prompt is gone once a request has run on another slot: "
+        "a unified KV pool with `--cache-idle-slots` (the server's default) saves idle slots "
+        "to the host cache and clears them at every task launch. None: not recorded.",
+    )
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ from loopd.wire.events import Progress, StreamEvent, Timings
 
 
 class MalformedAnswer(ValueError):
-    """A server answer that does not have the shape the protocol reference gives it."""
+    """A server answer that does not have the shape llama-server's API gives it."""
 
 
 @dataclass(frozen=True)
@@ -67,6 +67,34 @@ class CacheProbe:
 
 
 @dataclass(frozen=True)
+class PoolProbe:
+    """A prompt on the harness slot, another prompt on a second slot, then the first again on
+    the harness slot: is a slot's prompt still there once another slot has run?
+
+    On a unified KV pool with ``--cache-idle-slots`` (the server's default there) every task
+    launch saves the idle slots to the host cache and clears them, and a request pinned to a
+    cleared slot is not restored (docs/production-shape.md): the third request reads
+    everything again.
+    """
+
+    slot: int
+    other_slot: int | None = None  # None: the server has no other slot
+    first_prompt_tokens: int | None = None
+    again_cache_n: int | None = None
+    failure: str = ""
+
+    @property
+    def cleared(self) -> bool | None:
+        """True: the slot lost its prompt; False: kept (or nothing else can run); None: the
+        probe did not complete."""
+        if self.other_slot is None and not self.failure:
+            return False
+        if self.failure or self.first_prompt_tokens is None or self.again_cache_n is None:
+            return None
+        return self.again_cache_n * 2 < self.first_prompt_tokens
+
+
+@dataclass(frozen=True)
 class StreamProbe:
     """One streamed request with loopd's settings, and the control call sent while it ran."""
 
@@ -106,6 +134,7 @@ class ServerFacts:
     props: Props | None = None
     slots: tuple[SlotInfo, ...] | None = None
     cache: CacheProbe | None = None
+    pool: PoolProbe | None = None
     stream: StreamProbe | None = None
     render: RenderProbe | None = None
     template: TemplateProbe | None = None

@@ -19,24 +19,24 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
 import anyio
-import httpx
 from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt
 
 from loopd.config import Settings
 from loopd.engine.client import InferenceClient
 from loopd.engine.request import RequestSettings, Sampling, build_body
 from loopd.engine.stream import Limits, RequestResult, run_request
-from loopd.errors import InferenceError, ServerUnreachable
+from loopd.errors import ConnectionDropped, InferenceError, ServerUnreachable
 from loopd.selftest import template
 from loopd.selftest.facts import (
     CacheProbe,
     Health,
     Listing,
     MalformedAnswer,
+    PoolProbe,
     Props,
     RenderProbe,
     ServerFacts,
@@ -67,9 +67,7 @@ T = TypeVar("T")
 
 def _dropped(exc: BaseException) -> bool:
     """A pooled connection closed before the server answered: the request never reached it."""
-    return isinstance(exc, ServerUnreachable) and isinstance(
-        exc.__cause__, httpx.RemoteProtocolError
-    )
+    return isinstance(exc, ConnectionDropped)
 
 
 async def _idempotent(call: Callable[[], Awaitable[T]]) -> T:
@@ -152,7 +150,7 @@ async def gather_facts(connect: ClientFactory, config: ProbeConfig) -> ServerFac
     return facts
 
 
-_ALL_FACTS = ("listing", "props", "slots", "cache", "stream", "render", "template")
+_ALL_FACTS = ("listing", "props", "slots", "cache", "pool", "stream", "render", "template")
 
 
 async def _gather_layout(client: InferenceClient, config: ProbeConfig, facts: ServerFacts) -> None:
@@ -172,10 +170,11 @@ async def _gather_live(connect: ClientFactory, config: ProbeConfig, facts: Serve
     if facts.slots is None or slot not in {s.id for s in facts.slots}:
         why = facts.why_missing("slots") if facts.slots is None else f"slot {slot} does not exist"
         facts.missing["cache"] = facts.missing["stream"] = f"not run: {why}"
+        facts.missing["pool"] = f"not run: {why}"
         return
     facts.cache = await probe_cache(connect, config)
-    async with connect() as client:
-        facts.stream = await probe_stream(client, config)
+    facts.pool = await probe_pool(connect, config, other_slot(config, facts.slots))
+    facts.stream = await probe_stream(connect, config)
 
 
 async def probe_health(client: InferenceClient, limit_s: float) -> Health:
@@ -219,26 +218,89 @@ async def probe_cache(connect: ClientFactory, config: ProbeConfig) -> CacheProbe
 
 
 async def _cache_request(
-    connect: ClientFactory, config: ProbeConfig, limits: Limits, what: str
+    connect: ClientFactory,
+    config: ProbeConfig,
+    limits: Limits,
+    what: str,
+    *,
+    slot: int | None = None,
+    user_text: str = "Say OK.",
 ) -> RequestResult:
-    slot = config.harness_slots[0]
+    slot = config.harness_slots[0] if slot is None else slot
     async with connect() as client:
-        settings = config.request(client.model, config.cache_probe_tokens)
-        body = build_body(settings, "", template.first_turn(PROBE_SYSTEM_TEXT))
+        settings = replace(config.request(client.model, config.cache_probe_tokens), slot=slot)
+        body = build_body(settings, "", template.first_turn(PROBE_SYSTEM_TEXT, user_text))
         result = await run_request(client, body, slot=slot, limits=limits)
     _log_probe(what, slot, result)
     return result
 
 
-async def probe_stream(client: InferenceClient, config: ProbeConfig) -> StreamProbe:
+def other_slot(config: ProbeConfig, slots: tuple[SlotInfo, ...]) -> int | None:
+    """The slot the pool probe runs its second request on: another harness slot if loopd has
+    one, else the lowest other slot of the server; None when the server has only one."""
+    first = config.harness_slots[0]
+    candidates = [s for s in config.harness_slots[1:] if s != first]
+    candidates += sorted(s.id for s in slots if s.id != first)
+    return candidates[0] if candidates else None
+
+
+async def probe_pool(connect: ClientFactory, config: ProbeConfig, other: int | None) -> PoolProbe:
+    """A prompt on the harness slot, another on a second slot, the first again: does the harness
+    slot keep its prompt while another slot runs? (See ``PoolProbe``.) A request on the other
+    slot waits, like any pinned request, while another client's request runs there."""
+    slot = config.harness_slots[0]
+    if other is None:
+        return PoolProbe(slot)
+    limits = Limits(
+        first_byte_s=config.first_byte_s,
+        silence_s=config.silence_s,
+        think_cap=config.cache_probe_tokens + 1,
+    )
+    ask = "Pool probe: say OK."
+    first = await _cache_request(connect, config, limits, "pool probe 1", user_text=ask)
+    if first.assembler.timings is None or not first.complete:
+        return PoolProbe(slot, other, failure=f"first request: {_failure(first)}")
+    between = await _cache_request(
+        connect, config, limits, "pool probe 2", slot=other, user_text="Pool probe: say no."
+    )
+    if not between.complete:
+        return PoolProbe(slot, other, failure=f"request on slot {other}: {_failure(between)}")
+    again = await _cache_request(connect, config, limits, "pool probe 3", user_text=ask)
+    t1, t3 = first.assembler.timings, again.assembler.timings
+    if t3 is None or not again.complete:
+        return PoolProbe(slot, other, t1.cache_n + t1.prompt_n, failure=f"third: {_failure(again)}")
+    return PoolProbe(slot, other, t1.cache_n + t1.prompt_n, t3.cache_n)
+
+
+# How much longer each new attempt of the stream probe lets the answer run, and how many there
+# are: a server that writes the probe's answer before the control call arrives (the tiny hybrid
+# model writes 32 tokens in about 15 ms) is asked again for a longer one.
+STREAM_PROBE_GROWTH = 16
+STREAM_PROBE_ATTEMPTS = 3
+
+
+async def probe_stream(connect: ClientFactory, config: ProbeConfig) -> StreamProbe:
     """A streamed request with loopd's settings; the control call goes out at the first token.
 
     Read event by event rather than through ``run_request``: the probe must see every timings
     event, and send the control call whether or not the model thinks (a template without
-    thinking tags still arms the completion, and the server answers ``success``).
+    thinking tags still arms the completion, and the server answers ``success``). When the
+    answer was complete before the control call reached the server, the probe runs again with a
+    longer answer (``STREAM_PROBE_GROWTH``), each time on a client of its own.
     """
+    tokens = config.stream_probe_tokens
+    for _ in range(STREAM_PROBE_ATTEMPTS):
+        async with connect() as client:
+            probe = await _stream_once(client, config, tokens)
+        if probe.control_answer == "success" or probe.failure or not probe.complete:
+            return probe
+        tokens *= STREAM_PROBE_GROWTH
+    return probe
+
+
+async def _stream_once(client: InferenceClient, config: ProbeConfig, tokens: int) -> StreamProbe:
     slot = config.harness_slots[0]
-    settings = config.request(client.model, config.stream_probe_tokens)
+    settings = config.request(client.model, tokens)
     # A long answer, cut by max_tokens: the completion must still run when the control call
     # arrives, even on a fast server and with a model that does not think.
     body = build_body(settings, "", template.first_turn(PROBE_SYSTEM_TEXT, COUNTING))
@@ -262,12 +324,17 @@ async def probe_stream(client: InferenceClient, config: ProbeConfig) -> StreamPr
         failure = f"no complete stream within {config.first_byte_s + config.silence_s:g} s"
     except InferenceError as exc:
         failure = str(exc)
-    except httpx.TransportError as exc:
-        failure = f"the stream broke: {exc or type(exc).__name__}"
     probe = tally.result(slot, control, failure)
     log.info(
         "selftest request",
-        extra={"fields": {"kind": RequestKind.SELFTEST.value, "probe": "stream", "slot": slot}},
+        extra={
+            "fields": {
+                "kind": RequestKind.SELFTEST.value,
+                "probe": "stream",
+                "slot": slot,
+                "max_tokens": tokens,
+            }
+        },
     )
     return probe
 

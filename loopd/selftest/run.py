@@ -67,6 +67,14 @@ class SelftestReport:
         probe = self.facts.template
         return probe.keeps_past_reasoning if probe is not None else TemplateAnswer.UNKNOWN
 
+    @property
+    def idle_slots_cleared(self) -> bool | None:
+        """The pool probe's answer: True on a pool where a slot loses its prompt once another
+        slot runs, so sessions should not be pinned (docs/production-shape.md); None when the
+        probe did not complete."""
+        probe = self.facts.pool
+        return probe.cleared if probe is not None else None
+
     def to_json(self) -> dict[str, Any]:
         """The machine-readable report (``loopd selftest --json``)."""
         template = self.facts.template
@@ -87,6 +95,7 @@ class SelftestReport:
                 }
                 for r in self.results
             ],
+            "pool": {"idle_slots_cleared": self.idle_slots_cleared},
             "template": {
                 "keeps_past_reasoning": self.keeps_past_reasoning.value,
                 "tool_turn_prefix_extension": (

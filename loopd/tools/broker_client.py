@@ -15,6 +15,7 @@ from types import TracebackType
 import httpx
 
 from loopd.errors import BrokerError, BrokerUnreachable
+from loopd.observe.context import broker_hooks
 
 UNIX_PREFIX = "unix:"
 # The host name is never resolved over a Unix socket; it only fills the Host header.
@@ -50,7 +51,11 @@ class BrokerClient:
         else:
             base_url = url
         self._http = httpx.AsyncClient(
-            base_url=base_url, transport=transport, timeout=timeout, trust_env=False
+            base_url=base_url,
+            transport=transport,
+            timeout=timeout,
+            trust_env=False,
+            event_hooks=broker_hooks(),  # the request id in the headers (loopd.observe)
         )
 
     async def __aenter__(self) -> "BrokerClient":

@@ -73,7 +73,7 @@ def results(**changes: object) -> Results:
         cpu=[CpuShare("whole turns", spread(0.004))],
         server="llama.cpp build 11434 (test)",
         caches=[cache(), every_turn_cache()],
-        switching=[SwitchRow(2, 4, 4, spread(3), spread(20), spread(0.4))],
+        switching=[SwitchRow("smollm2", 2, 4, 4, spread(3), spread(20), spread(0.4))],
         plot_files=["2026-11-29-prompt-n-a.png", "2026-11-29-prompt-n-b.png"],
     )
     return replace(base, **changes)  # type: ignore[arg-type]

@@ -11,6 +11,7 @@ from bench.ideal import (
     label,
     reply_rendered,
     reply_tokenized_anew,
+    resumed_before_divergence,
 )
 from loopd.engine.client import InferenceClient, make_async_client
 from loopd.engine.request import RequestSettings, Sampling, build_body
@@ -33,18 +34,18 @@ def test_the_first_request_is_all_new() -> None:
 def test_the_previous_prompt_and_the_generated_reply_are_not_new() -> None:
     previous = [1, 2, 3]
     current = [1, 2, 3, 7, 8, 9, 4, 5]  # 7 8 9: the reply as generated; 4 5: a new message
-    assert ideal(current, previous, carried_reply=3) == Ideal(2, 6, rewritten=False)
+    assert ideal(current, previous, carried_reply=3) == Ideal(2, 6, False, shared_previous=3)
     assert ideal(current, previous, carried_reply=0).new_tokens == 5  # a scripted reply
 
 
 def test_text_the_template_rewrote_counts_as_new() -> None:
     found = ideal([1, 2, 9, 4], [1, 2, 3], carried_reply=5)
-    assert found == Ideal(2, 2, rewritten=True)
+    assert found == Ideal(2, 2, True, shared_previous=3)
 
 
 def test_a_reply_whose_reasoning_was_left_out_is_not_carried() -> None:
     found = ideal([1, 2, 3, 8, 4], [1, 2, 3], carried_reply=2, reply_rendered=False)
-    assert found == Ideal(2, 3, rewritten=True)
+    assert found == Ideal(2, 3, True, shared_previous=3)
 
 
 def test_reply_rendered_looks_for_the_trimmed_reasoning() -> None:
@@ -75,6 +76,19 @@ def test_a_reply_the_server_reread_from_inside_is_labelled() -> None:
     assert label(3, Ideal(5, 9, False), False, retokenized=True) is Label.RETOKENIZED
 
 
+def test_a_tail_the_tokenizer_cut_anew_is_not_the_templates_doing() -> None:
+    """The previous prompt's text is still a prefix, but its last token changed."""
+    found = ideal([1, 2, 9, 4, 5], [1, 2, 3], carried_reply=0)
+    assert label(2, found, False, text_kept=True) is Label.TAIL_TOKENIZED
+    assert label(2, found, False, text_kept=False) is Label.TEMPLATE_REWRITE
+
+
+def test_a_resume_before_the_divergence_is_a_checkpoint() -> None:
+    found = ideal([1, 2, 3, 4, 5], [1, 2, 3], carried_reply=0)
+    assert label(2, found, False, before_divergence=3) is Label.CHECKPOINT
+    assert label(2, found, False, before_divergence=2) is Label.NONE
+
+
 @pytest.mark.anyio
 async def test_counted_tokens_match_what_the_server_processed() -> None:
     settings = RequestSettings(model=PLAIN_MODEL, slot=0, max_tokens=4, sampling=Sampling())
@@ -92,3 +106,15 @@ async def test_counted_tokens_match_what_the_server_processed() -> None:
     assert timings is not None
     assert len(prompt.tokens) == timings.cache_n + timings.prompt_n
     assert "Hi there" in prompt.text
+
+
+def test_a_hybrid_model_resumes_a_reply_tokenized_anew_at_its_checkpoint() -> None:
+    """The previous prompt was 100 tokens and the model generated 30: a pure transformer keeps
+    the prompt and part of the reply, a hybrid one goes back to 4 tokens before the prompt's end."""
+    assert reply_tokenized_anew(100, 30, 110)
+    assert reply_tokenized_anew(100, 30, 96)
+    assert not reply_tokenized_anew(100, 30, 0)  # a cold cache is not the reply's doing
+    assert not reply_tokenized_anew(100, 0, 96)  # a scripted reply was never generated
+    found = ideal(list(range(140)), list(range(100)), carried_reply=30)
+    assert resumed_before_divergence(found, 100, True, 96) == 4
+    assert resumed_before_divergence(found, 100, False, 96) == 34

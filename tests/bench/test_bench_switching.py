@@ -22,12 +22,12 @@ async def test_sessions_take_turns_on_one_slot_and_later_turns_are_switches(
     async with fake_server() as url:
         samples = await run(url, tmp_path, counts=(1, 2), rounds=2, max_tokens=4)
     assert [(s.sessions, s.session, s.round) for s in samples] == [
-        (1, "share1-0", 1),
-        (1, "share1-0", 2),
-        (2, "share2-0", 1),
-        (2, "share2-1", 1),
-        (2, "share2-0", 2),
-        (2, "share2-1", 2),
+        (1, "smollm2-share1-0", 1),
+        (1, "smollm2-share1-0", 2),
+        (2, "smollm2-share2-0", 1),
+        (2, "smollm2-share2-1", 1),
+        (2, "smollm2-share2-0", 2),
+        (2, "smollm2-share2-1", 2),
     ]
     assert [s.switched for s in samples] == [False, False, True, True, True, True]
     assert all(s.prompt_n > 0 and s.wall_s > 0 for s in samples)
@@ -36,7 +36,9 @@ async def test_sessions_take_turns_on_one_slot_and_later_turns_are_switches(
 
 
 def _sample(sessions: int, round_number: int, loss: int, switched: bool) -> TurnSample:
-    return TurnSample(sessions, "s", round_number, switched, 100, 10 + loss, loss, 0.5, 1.0, 0.01)
+    return TurnSample(
+        "smollm2", sessions, "s", round_number, switched, 100, 10 + loss, loss, 0.5, 1.0, 0.01
+    )
 
 
 def test_summary_is_over_the_turns_after_each_sessions_first() -> None:

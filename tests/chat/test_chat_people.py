@@ -68,12 +68,13 @@ def notices(env: Env, root_id: str, start: str) -> list[LoggedPost]:
 async def test_mentioned_partway_the_first_request_holds_the_thread_so_far(
     tmp_path: Path, sockets: Path, fake_llama: FakeLlama, llama: RunningFake
 ) -> None:
-    async with environment(tmp_path, sockets, llama) as env, daemon(env):
-        root = env.fake.post_as("bob", "dev", "Release plan for Friday?")
-        env.fake.post_as("alice", "dev", "We still need the changelog.", root_id=root.id)
-        env.fake.post_as("bob", "dev", "And the docs.", root_id=root.id)
-        mention = env.fake.post_as("alice", "dev", "@loopd what is left?", root_id=root.id)
-        await until(lambda: len(env.answers(root.id)) == 1, "the answer")
+    async with environment(tmp_path, sockets, llama) as env:
+        async with daemon(env):
+            root = env.fake.post_as("bob", "dev", "Release plan for Friday?")
+            env.fake.post_as("alice", "dev", "We still need the changelog.", root_id=root.id)
+            env.fake.post_as("bob", "dev", "And the docs.", root_id=root.id)
+            mention = env.fake.post_as("alice", "dev", "@loopd what is left?", root_id=root.id)
+            await until(lambda: len(env.answers(root.id)) == 1, "the answer")
         users = [m["content"] for m in first_request_messages(fake_llama) if m["role"] == "user"]
         assert users == [
             "@bob: Release plan for Friday?",
@@ -81,7 +82,7 @@ async def test_mentioned_partway_the_first_request_holds_the_thread_so_far(
             "@bob: And the docs.",
             "@alice: @loopd what is left?",
         ]
-        # Read once: the same posts coming again (a catch-up) are not stored twice.
+        # Read once: the same posts coming again (a restart's catch-up) are not stored twice.
         async with daemon(env) as again:
             await again.adapter.catch_up()
         assert [k for k, _ in log_kinds(env, root.id)] == ["user"] * 4 + ["assistant"]

@@ -1,4 +1,5 @@
-"""The contract suite's fixtures: ``target`` runs each test on the real server and on the fake.
+"""The contract suite's fixtures: ``target`` runs each test on the real server, on the hybrid
+server (production's layout) and on the fake.
 
 Measured numbers go to the file named by ``LOOPDTEST_CONTRACT_RESULTS`` (JSON) when it is set;
 ``tests/contract/write_table.py`` turns that file into docs/contract.md's table.
@@ -29,13 +30,18 @@ FAKE_FAULTS_ENV = "LOOPDTEST_CONTRACT_FAKE_FAULTS"
 # (progress is reported once per batch; the default batch is 2048 tokens).
 SMALL_BATCH_ARGS = ("-b", "128", "-ub", "128")
 FAKE_PLAIN, FAKE_KEEP, FAKE_DROP = "smollm2", "smollm2-keep", "smollm2-think"
+# The hybrid server's three templates over the same tiny qwen35moe model: the devserver's
+# production-shaped preset keeps every turn's reasoning; ChatML does not think; llama.cpp's
+# Qwen3.5 template drops reasoning before the last user message.
+HYBRID_KEEP = devserver.HYBRID_MODEL
+HYBRID_PLAIN, HYBRID_DROP = f"{HYBRID_KEEP}-chatml", f"{HYBRID_KEEP}-think"
 
 Record = Callable[..., None]
 
 
 def keep_template(workdir: Path) -> Path:
     """The devserver's every-turn-reasoning template (Qwen3.5's with one condition changed, as
-    the seed's production template renders every turn's reasoning), written into ``workdir``."""
+    the production template renders every turn's reasoning), written into ``workdir``."""
     prov = devserver.Provisioned.in_cache(devserver.default_cache_dir())
     original = (prov.templates / devserver.THINKING_TEMPLATE).read_text(encoding="utf-8")
     path = workdir / "keep-reasoning.jinja"
@@ -57,6 +63,46 @@ def start_own_server(workdir: Path, *, models_max: int = 2) -> devserver.Running
         )
     except devserver.DevServerError as exc:
         pytest.fail(f"the contract suite's own llama-server could not start: {exc}")
+
+
+def hybrid_presets() -> tuple[devserver.Preset, ...]:
+    prov = devserver.Provisioned.in_cache(devserver.default_cache_dir())
+    return (
+        devserver.hybrid_preset(
+            prov, None, name=HYBRID_PLAIN, extra=(("chat-template", "chatml"),)
+        ),
+        devserver.hybrid_preset(
+            prov, prov.templates / devserver.THINKING_TEMPLATE, name=HYBRID_DROP
+        ),
+    )
+
+
+def start_hybrid_server(workdir: Path, *, models_max: int = 3) -> devserver.RunningServer:
+    """A router of the suite's own serving the hybrid presets on production's layout (four
+    slots, one unified pool, host prompt cache, ``--cache-idle-slots`` as by default)."""
+    try:
+        return devserver.start(
+            workdir,
+            devserver.default_cache_dir(),
+            socket_path=workdir / "llama.sock",
+            layout=devserver.ServerLayout(models_max=models_max),
+            extra_args=SMALL_BATCH_ARGS,
+            presets=hybrid_presets(),
+            # Loaded before the tests: /slots answers 400 for a model not loaded yet.
+            load=(HYBRID_KEEP, HYBRID_PLAIN, HYBRID_DROP)[:models_max],
+        )
+    except devserver.DevServerError as exc:
+        pytest.fail(f"the contract suite's hybrid llama-server could not start: {exc}")
+
+
+@pytest.fixture(scope="session")
+def hybrid_server() -> Iterator[devserver.RunningServer]:
+    with tempfile.TemporaryDirectory(prefix="lh") as tmp:
+        server = start_hybrid_server(Path(tmp))
+        try:
+            yield server
+        finally:
+            server.stop()
 
 
 @pytest.fixture(scope="session")
@@ -84,8 +130,23 @@ def fake_llama(**kwargs: Any) -> FakeLlama:
     )
 
 
-@pytest.fixture(params=[pytest.param("real", marks=pytest.mark.real_server), "fake"])
+REAL_KINDS = [
+    pytest.param("real", marks=pytest.mark.real_server),
+    pytest.param("hybrid", marks=pytest.mark.real_server),
+]
+
+
+@pytest.fixture(params=[*REAL_KINDS, "fake"])
 async def target(request: pytest.FixtureRequest) -> AsyncIterator[Target]:
+    if request.param == "hybrid":
+        hybrid: devserver.RunningServer = request.getfixturevalue("hybrid_server")
+        yield Target(
+            "hybrid",
+            plain=Endpoint(hybrid.url, HYBRID_PLAIN),
+            keep=Endpoint(hybrid.url, HYBRID_KEEP),
+            drop=Endpoint(hybrid.url, HYBRID_DROP),
+        )
+        return
     if request.param == "real":
         real: devserver.RunningServer = request.getfixturevalue("real_server")
         keep: devserver.RunningServer = request.getfixturevalue("keep_server")

@@ -1,11 +1,12 @@
-"""What the contract tests share: the two servers behind one interface, and a timed stream.
+"""What the contract tests share: the three servers behind one interface, and a timed stream.
 
 A :class:`Target` names three models by what their template does, so one test body runs on the
-real server and on the fake:
+real server (SmolLM2, two slots of their own), on the hybrid server (the tiny ``qwen35moe`` on
+production's layout: four slots on one unified pool) and on the fake:
 
 - ``plain``: no thinking (the real one: SmolLM2's own template, which renders no tools);
 - ``keep``: thinks and renders every assistant turn's reasoning, and renders tools at the top
-  (the real one: ``devserver.every_turn_reasoning`` of Qwen3.5's template, as the seed's model's
+  (the real one: ``devserver.every_turn_reasoning`` of Qwen3.5's template, as the production model's
   template does);
 - ``drop``: thinks and drops the reasoning of turns before the last user message (the real one:
   llama.cpp's Qwen3.5 template).
@@ -35,7 +36,7 @@ from loopd.wire import (
 )
 from loopd_dev.fakes.llama import FakeLlama, ScriptedReply, ScriptedToolCall
 
-Kind = Literal["real", "fake"]
+Kind = Literal["real", "hybrid", "fake"]
 Message = dict[str, Any]
 
 
@@ -58,6 +59,13 @@ class Target:
     drop: Endpoint
     fake: FakeLlama | None = None
 
+    @property
+    def hybrid(self) -> bool:
+        """The hybrid server: its recurrent state can only be rolled back to a checkpoint, its
+        dummy tokenizer does not round-trip, and its slots share one pool (see
+        :func:`hybrid_resume_point` and docs/production-shape.md)."""
+        return self.kind == "hybrid"
+
     def tool_call(
         self, endpoint: Endpoint, name: str, arguments: dict[str, Any], *, open_last: bool = False
     ) -> list[Message]:
@@ -71,11 +79,24 @@ class Target:
             call = ScriptedToolCall(name, dumps(arguments))
             self.fake.push(ScriptedReply(tool_calls=(call,)), model=endpoint.model)
             return []
-        return [{"role": "assistant", "content": qwen_call_prefill(name, arguments, open_last)}]
+        # The hybrid model writes random text and never closes a call itself: its prefill is
+        # the whole call, unless the test wants a value left open.
+        prefill = qwen_call_prefill(name, arguments, open_last, closed=self.hybrid)
+        return [{"role": "assistant", "content": prefill}]
+
+    def resend_floor(self, prompt_tokens: int) -> int:
+        """The least ``cache_n`` of a prompt of ``prompt_tokens`` sent again to a slot that holds
+        it: the server re-evaluates at least its last token, and a hybrid model's recurrent state
+        can only go back to the checkpoint before it (see :func:`hybrid_resume_point`)."""
+        back = CHECKPOINT_BEFORE_END if self.hybrid else 1
+        return prompt_tokens - back
 
 
-def qwen_call_prefill(name: str, arguments: dict[str, Any], open_last: bool) -> str:
-    """A call opened in the Qwen3.5 XML format; values rendered as the template renders them."""
+def qwen_call_prefill(
+    name: str, arguments: dict[str, Any], open_last: bool, *, closed: bool = False
+) -> str:
+    """A call opened in the Qwen3.5 XML format; values rendered as the template renders them.
+    ``closed``: the call is written to its end (``</tool_call>``)."""
     parts = [f"<tool_call>\n<function={name}>\n"]
     items = list(arguments.items())
     for position, (key, value) in enumerate(items):
@@ -84,6 +105,8 @@ def qwen_call_prefill(name: str, arguments: dict[str, Any], open_last: bool) -> 
             parts.append(f"<parameter={key}>\n{text}")
         else:
             parts.append(f"<parameter={key}>\n{text}\n</parameter>\n")
+    if closed and not open_last:
+        parts.append("</function>\n</tool_call>")
     return "".join(parts)
 
 
@@ -192,6 +215,26 @@ def carried_forward(previous: Streamed) -> int:
     one): what the next request reuses when it replays ``previous`` exactly."""
     cache_n, prompt_n, predicted_n = cost(previous)
     return cache_n + prompt_n + predicted_n - 1
+
+
+# The server checkpoints a hybrid model's recurrent state this many tokens before the end of every
+# prompt it processes (llama.cpp build 11434, server-context.cpp, ``checkpoint_offsets``).
+CHECKPOINT_BEFORE_END = 4
+
+
+def hybrid_resume_point(previous: Streamed) -> int:
+    """Where the hybrid server resumes the next request of a conversation that replays
+    ``previous``: at the checkpoint 4 tokens before the end of ``previous``'s prompt.
+
+    The next prompt always diverges from what the slot holds before the end of ``previous``'s
+    prompt plus its reply: the dummy tokenizer cuts text into 5-byte pieces from the start of the
+    prompt, so the prompt's last piece changes once text follows it, and a generated reply
+    renders as hex text that tokenizes to other tokens. A pure transformer resumes exactly at the
+    divergence; the recurrent state can only go back to a checkpoint, and the latest one before
+    the divergence is this one.
+    """
+    cache_n, prompt_n, _ = cost(previous)
+    return cache_n + prompt_n - CHECKPOINT_BEFORE_END
 
 
 async def is_processing(endpoint: Endpoint, slot: int) -> bool:

@@ -20,14 +20,18 @@ from tests.contract.contract_kit import (
     chat_body,
     complete,
     cost,
+    hybrid_resume_point,
     is_processing,
     stream,
 )
 
 pytestmark = pytest.mark.anyio
 
-# Long enough that a blocker is still generating when the test hangs it up.
-ENDLESS: dict[str, Any] = {"max_tokens": 2000, "ignore_eos": True}
+
+def endless(target: Target) -> dict[str, Any]:
+    """Long enough that a blocker is still generating when the test hangs it up: the hybrid
+    model writes a few thousand tokens a second, so it gets nearly its whole context."""
+    return {"max_tokens": 16000 if target.hybrid else 2000, "ignore_eos": True}
 
 
 def user(text: str) -> Message:
@@ -46,7 +50,9 @@ async def wait_until_processing(endpoint: Endpoint, slot: int, want: bool = True
 async def test_i_progress_events_break_the_prefill_silence(target: Target, record: Record) -> None:
     """With return_progress a long prefill reports every batch; without it the stream is silent
     from the status line until the first token."""
-    words = " ".join(f"entry{i}" for i in range(220))
+    # The hybrid model reads a few thousand tokens a second: a prompt as short as SmolLM2's is
+    # read in about 40 ms, within the noise of the timings compared below.
+    words = " ".join(f"entry{i}" for i in range(4000 if target.hybrid else 220))
     loud = await complete(
         target.keep, [user("Log A. " + words)], id_slot=0, max_tokens=1, return_progress=True
     )
@@ -85,7 +91,9 @@ async def test_j_pinned_request_to_a_busy_slot_gets_no_bytes_until_it_frees(
     released_at: list[float] = []
     queued_headers_at: list[float] = []
     queued: list[Streamed] = []
-    blocker = chat_body(endpoint, [user("Count upwards from one.")], id_slot=slot, **ENDLESS)
+    blocker = chat_body(
+        endpoint, [user("Count upwards from one.")], id_slot=slot, **endless(target)
+    )
 
     async def run_blocker() -> None:
         await stream(endpoint, blocker, stop_when=lambda out, event: hang_up.is_set())
@@ -127,7 +135,11 @@ async def test_l_closing_the_stream_frees_the_slot_within_a_second(
 ) -> None:
     endpoint, slot = target.plain, 0
     body = chat_body(
-        endpoint, [user("Tell me a long story.")], id_slot=slot, timings_per_token=True, **ENDLESS
+        endpoint,
+        [user("Tell me a long story.")],
+        id_slot=slot,
+        timings_per_token=True,
+        **endless(target),
     )
 
     def after_three_tokens(out: Streamed, event: StreamEvent) -> bool:
@@ -155,8 +167,15 @@ async def test_m_per_token_predicted_n_counts_real_tokens(target: Target, record
         answer = await client.post_json(
             "/tokenize", {"model": endpoint.model, "content": result.assembler.content}, 30
         )
-    extra = result.timings.predicted_n - len(answer["tokens"])
-    assert extra in (0, 1), f"predicted_n {result.timings.predicted_n}, answer {answer}"
+    predicted = result.timings.predicted_n
+    if target.hybrid:
+        # The dummy vocabulary writes each token as its id in hex (1 or 2 characters) and reads
+        # text back in 5-byte pieces, so the answer cannot be tokenized back to a count.
+        length = len(result.assembler.content)
+        assert predicted <= length <= 2 * predicted, f"predicted_n {predicted}, {length} chars"
+    else:
+        extra = predicted - len(answer["tokens"])
+        assert extra in (0, 1), f"predicted_n {predicted}, answer {answer}"
     record(
         "m",
         target.kind,
@@ -189,7 +208,10 @@ async def test_k_control_call_ends_thinking_and_costs_one_turn(
         endpoint,
         messages,
         id_slot=slot,
-        max_tokens=48,
+        # The hybrid model writes 48 tokens in a few milliseconds, before a control call can
+        # arrive (1,000 were not enough on a loaded machine); it never ends its thinking or its
+        # answer by itself, so the whole budget is written either way.
+        max_tokens=8000 if target.hybrid else 48,
         reasoning_control=True,
         timings_per_token=True,
     )
@@ -207,7 +229,8 @@ async def test_k_control_call_ends_thinking_and_costs_one_turn(
     messages += [capped.replay(), user("And plus one?")]
     following = await complete(endpoint, messages, id_slot=slot, max_tokens=4)
     prompt_before = capped.timings.cache_n + capped.timings.prompt_n
-    assert following.timings.cache_n >= prompt_before - 1, "more than the capped turn was re-read"
+    kept_at_least = hybrid_resume_point(capped) if target.hybrid else prompt_before - 1
+    assert following.timings.cache_n >= kept_at_least, "more than the capped turn was re-read"
     reread = carried_forward(capped) - following.timings.cache_n
     assert following.timings.prompt_n <= capped.timings.predicted_n + 40
     record(

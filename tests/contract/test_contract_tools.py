@@ -93,9 +93,14 @@ async def test_n_tool_call_arguments_stream_as_json_fragments(
     assert all(d.id is None and d.name is None for d in deltas[1:])
     assert len(deltas) >= 3, "the call arrived in one piece"
     text = "".join(d.arguments for d in deltas)
-    parsed = json.loads(text)
-    assert parsed["path"] == "notes.txt"
-    assert parsed["content"].startswith("Dear")
+    if target.hybrid:
+        # Its random text never closes the value: the fragments are the call as far as it got.
+        assert text == result.assembler.tool_calls[0].arguments
+        assert text.startswith('{"path":"notes.txt","content":"Dear')
+    else:
+        parsed = json.loads(text)
+        assert parsed["path"] == "notes.txt"
+        assert parsed["content"].startswith("Dear")
     record(
         "n",
         target.kind,

@@ -19,7 +19,9 @@ def test_each_finding_gets_a_row_and_missing_runs_say_so() -> None:
     assert "`test_b_x`" in b_row
     assert "cache_n 0 \\| 613" in b_row
     j_row = next(r for r in rows if r.startswith("| (j)"))
-    assert j_row.count("not run") == 3
+    assert j_row.count("not run") == 4
+    pool_row = next(r for r in rows if r.startswith("| (d) unified pool with"))
+    assert "no unified pool in the fake" in pool_row
 
 
 def test_splice_replaces_only_the_table() -> None:

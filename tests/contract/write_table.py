@@ -25,6 +25,7 @@ class Finding:
     key: str  # the key the tests record under
     label: str
     relies: str  # what loopd builds on it
+    fake: str = ""  # why the fake does not run it ("" when it does)
 
 
 FINDINGS = (
@@ -46,12 +47,33 @@ FINDINGS = (
     Finding(
         "d-pin",
         "(d) two sessions, two slots",
-        "A session always uses the same slot.",
+        "Slots of their own keep a pinned session's cache; production's unified pool does not, "
+        "so loopd does not pin (docs/production-shape.md).",
     ),
     Finding(
         "d-evict",
         "(d) eviction and the host prompt cache",
-        "Threads may share a slot; moving a session to another slot costs a full re-read.",
+        "A session pushed out comes back from the host cache; a pinned one only on its own "
+        "slot, an unpinned one wherever the server places it.",
+    ),
+    Finding(
+        "d-unified",
+        "(d) unified pool, default flags: another slot runs between two requests",
+        "On the unified pool loopd does not pin: the server's own placement restores a session "
+        "from the host cache (docs/production-shape.md).",
+        fake="no unified pool in the fake",
+    ),
+    Finding(
+        "d-unified-keep",
+        "(d) unified pool with --no-cache-idle-slots",
+        "With this flag a pinned slot keeps its prompt, as on slots of their own.",
+        fake="no unified pool in the fake",
+    ),
+    Finding(
+        "d-unified-one-slot",
+        "(d) unified pool, default flags: two sessions pinned to one slot",
+        "Sessions sharing a slot come back from the host cache.",
+        fake="no unified pool in the fake",
     ),
     Finding(
         "d-unload",
@@ -111,17 +133,19 @@ def cell(text: str) -> str:
 
 def table(results: dict[str, Any]) -> str:
     rows = [
-        "| Finding | Test | Real server | Fake | What loopd relies on |",
-        "|---|---|---|---|---|",
+        "| Finding | Test | Real server (SmolLM2) | Hybrid server (qwen35moe, unified pool) "
+        "| Fake | What loopd relies on |",
+        "|---|---|---|---|---|---|",
     ]
     for finding in FINDINGS:
         by_kind = results.get(finding.key, {})
         tests = sorted({entry["test"] for entry in by_kind.values()})
         real = by_kind.get("real", {}).get("summary", "not run")
-        fake = by_kind.get("fake", {}).get("summary", "not run")
+        hybrid = by_kind.get("hybrid", {}).get("summary", "not run")
+        fake = finding.fake or by_kind.get("fake", {}).get("summary", "not run")
         names = ", ".join(f"`{name}`" for name in tests) or "not run"
         rows.append(
-            f"| {cell(finding.label)} | {names} | {cell(real)} | {cell(fake)} "
+            f"| {cell(finding.label)} | {names} | {cell(real)} | {cell(hybrid)} | {cell(fake)} "
             f"| {cell(finding.relies)} |"
         )
     return "\n".join(rows)

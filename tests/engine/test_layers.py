@@ -36,3 +36,33 @@ def test_a_policy_imports_nothing_that_does_io(module: str) -> None:
 @pytest.mark.parametrize("module", ABOVE_THE_TRANSPORT)
 def test_nothing_above_the_transport_sees_httpx(module: str) -> None:
     assert not {name for name in imported(module) if name.split(".")[0] == "httpx"}
+
+
+# The transports docs/design names; every other module of the two packages reads loopd's or
+# brokerd's own errors.
+TRANSPORTS = {
+    "loopd/engine/client.py",
+    "loopd/chat/rest.py",
+    "loopd/tools/broker_client.py",
+    "brokerd/tools/builtins.py",
+}
+
+
+def test_only_the_transports_import_httpx() -> None:
+    root = PACKAGE.parent
+    importers = set()
+    for package in ("loopd", "brokerd"):
+        for path in (root / package).rglob("*.py"):
+            tree = ast.parse(path.read_text())
+            for node in ast.walk(tree):
+                names = (
+                    [a.name for a in node.names]
+                    if isinstance(node, ast.Import)
+                    else [node.module or ""]
+                    if isinstance(node, ast.ImportFrom)
+                    else []
+                )
+                if any(name.split(".")[0] == "httpx" for name in names):
+                    importers.add(path.relative_to(root).as_posix())
+    proxies = {name for name in importers if name.startswith("brokerd/proxy/")}
+    assert importers - proxies == TRANSPORTS

@@ -115,6 +115,8 @@ def test_summary_shows_hit_rate_recompute_per_turn_and_losses_by_cause(db: Path)
         "  broken: 1, capped: 1",
         "  prompt cache hit rate: 0.4% (2 of 502 prompt tokens reused)",
         "  recompute per turn: 250 tokens (2 turns)",
+        "  time to first byte: p50 30 ms, p90 30 ms, p99 30 ms (1 request)",
+        "  prompt_n per request: p50 200, p90 300, p99 300 (2 requests)",
         "  cache losses by cause:",
         "    cold server or eviction         1 request        217 tokens",
     ]

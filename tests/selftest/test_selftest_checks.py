@@ -7,11 +7,14 @@ import dataclasses
 import pytest
 
 from loopd.selftest.checks import (
+    POOL_CLEARED,
+    POOL_KEPT,
     CheckResult,
     check_cache,
     check_context,
     check_harness_slots,
     check_model,
+    check_pool,
     check_render,
     check_server,
     check_slot_count,
@@ -27,6 +30,7 @@ from loopd.selftest.facts import (
     CacheProbe,
     Health,
     Listing,
+    PoolProbe,
     Props,
     RenderProbe,
     ServerFacts,
@@ -64,6 +68,7 @@ def good_facts(**changes: object) -> ServerFacts:
         props=good_props(),
         slots=(SlotInfo(0, 4096, False), SlotInfo(1, 4096, False)),
         cache=CacheProbe(slot=0, first_prompt_tokens=30, second_cache_n=29, second_prompt_n=1),
+        pool=PoolProbe(slot=0, other_slot=1, first_prompt_tokens=30, again_cache_n=29),
         stream=StreamProbe(
             slot=0,
             progress_events=2,
@@ -87,6 +92,7 @@ EXPECTED = ModelExpectation(
     n_ctx_per_slot=4096,
     total_slots=2,
     caps=dict(CAPS),
+    idle_slots_cleared=False,
 )
 
 
@@ -139,7 +145,7 @@ def test_server_loading_is_not_healthy() -> None:
 
 def test_nothing_recorded_fails_the_recorded_checks_and_says_how_to_record() -> None:
     results = run_checks(good_facts(), None)
-    assert failing(results) == ["server", "chat template", "context per slot", "slots"]
+    assert failing(results) == ["server", "chat template", "context per slot", "slots", "slot pool"]
     assert all("--record" in r.expected for r in results if not r.ok)
 
 
@@ -218,6 +224,44 @@ def test_cache_probe_passes_on_full_reuse_and_fails_on_a_re_read() -> None:
     assert result.actual == "cache_n 0, prompt_n 30"
 
 
+def test_cache_probe_accepts_a_hybrid_models_checkpoint_and_says_so() -> None:
+    """A hybrid model resumes a repeated prompt at the checkpoint 4 tokens before its end."""
+    hybrid = CacheProbe(slot=0, first_prompt_tokens=30, second_cache_n=26, second_prompt_n=4)
+    result = check_cache(good_facts(cache=hybrid))
+    assert result.ok
+    assert "checkpoint 4 tokens before the end" in result.detail
+    short = CacheProbe(slot=0, first_prompt_tokens=30, second_cache_n=25, second_prompt_n=5)
+    assert not check_cache(good_facts(cache=short)).ok
+
+
+def test_pool_probe_against_the_recorded_pool() -> None:
+    cleared = PoolProbe(slot=0, other_slot=1, first_prompt_tokens=30, again_cache_n=0)
+    result = check_pool(good_facts(pool=cleared), EXPECTED)
+    assert not result.ok
+    assert (result.expected, result.actual) == (POOL_KEPT, POOL_CLEARED)
+    assert result.detail == "slot 0: cache_n 0 of 30 after a request on slot 1"
+    unified = EXPECTED.model_copy(update={"idle_slots_cleared": True})
+    assert check_pool(good_facts(pool=cleared), unified).ok
+    assert not check_pool(good_facts(), unified).ok
+
+
+def test_pool_probe_on_one_slot_and_when_it_broke() -> None:
+    alone = PoolProbe(slot=0)
+    assert alone.cleared is False
+    assert check_pool(good_facts(pool=alone), EXPECTED).ok
+    broken = PoolProbe(slot=0, other_slot=1, failure="request on slot 1: silence")
+    result = check_pool(good_facts(pool=broken), EXPECTED)
+    assert (result.ok, result.detail) == (False, "request on slot 1: silence")
+    assert broken.cleared is None
+
+
+def test_caps_not_recorded_are_not_compared() -> None:
+    """An expectation written from the inference contract records the hash, not the caps."""
+    from_contract = EXPECTED.model_copy(update={"caps": None})
+    props = good_props(caps={"supports_tools": False})
+    assert check_template(good_facts(props=props), from_contract).ok
+
+
 def test_cache_probe_whose_request_broke_fails_with_the_failure() -> None:
     broken = CacheProbe(slot=0, failure="first request: silence")
     result = check_cache(good_facts(cache=broken))
@@ -284,6 +328,7 @@ def test_expectation_from_facts_records_what_the_server_reports() -> None:
     assert recorded.build_info == "b11434-pypi-sdist"
     assert (recorded.n_ctx_per_slot, recorded.total_slots) == (8192, 4)
     assert recorded.template_sha256 == EXPECTED.template_sha256
+    assert recorded.idle_slots_cleared is False
     assert passed(run_checks(facts, recorded))
 
 

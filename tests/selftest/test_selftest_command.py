@@ -76,6 +76,7 @@ def test_a_model_the_router_does_not_serve_fails_naming_what_it_serves(tmp_path:
     # Nothing further was asked of the router: every later call would have named the model.
     assert checks["context per slot"]["detail"] == "wanted is not served"
     assert report["template"]["keeps_past_reasoning"] == "unknown"
+    assert report["pool"] == {"idle_slots_cleared": None}
 
 
 @pytest.mark.parametrize("as_json", [False, True])

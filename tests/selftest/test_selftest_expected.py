@@ -214,3 +214,18 @@ def test_stream_tally_without_done_is_not_complete() -> None:
     tally.apply(ContentDelta("O"))
     probe = tally.result(slot=0, control_answer=None, failure="")
     assert not probe.complete
+
+
+def test_the_production_servers_expectation_holds_the_contracts_values() -> None:
+    """Shipped so `loopd serve` accepts the production server without --record: the values the
+    inference contract records (its "What is running" table and "Deployment change")."""
+    production = load_expectation("ornith-1.5-35b-a3b")
+    assert production is not None
+    assert (production.build, production.build_info) == (10809, "b10809-5266f24")
+    assert production.template_sha256 == (
+        "f55f52930aa8bf44ab5cb85f99370fcc3c56e9a85640b812086d5330bce5d86b"
+    )
+    assert production.template_bytes == 7828
+    assert (production.n_ctx_per_slot, production.total_slots) == (262144, 4)
+    assert production.idle_slots_cleared is True
+    assert production.caps is None

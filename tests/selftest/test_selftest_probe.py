@@ -3,16 +3,24 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 import respx
 
-from loopd.engine.client import InferenceClient
+from loopd.engine.client import CONTROL_PATH, InferenceClient
 from loopd.engine.request import Sampling
 from loopd.errors import ServerRejected
-from loopd.selftest.probe import ProbeConfig, probe_props, probe_render, probe_template
+from loopd.selftest.probe import (
+    STREAM_PROBE_GROWTH,
+    ProbeConfig,
+    probe_props,
+    probe_render,
+    probe_stream,
+    probe_template,
+)
 from loopd.selftest.template import REASONING_MARKER, TemplateAnswer
 
 pytestmark = pytest.mark.anyio
@@ -111,3 +119,30 @@ async def test_template_probe_is_unknown_when_the_server_refuses() -> None:
     assert probe.keeps_past_reasoning is TemplateAnswer.UNKNOWN
     assert probe.tool_turn_prefix is TemplateAnswer.UNKNOWN
     assert "answered 400" in probe.detail
+
+
+STREAMS = Path(__file__).resolve().parent.parent / "data" / "streams"
+
+
+@respx.mock
+async def test_an_answer_over_before_the_control_call_is_asked_again_for_a_longer_one() -> None:
+    """A fast server (the tiny hybrid model writes 32 tokens in about 15 ms) finishes before
+    the control call arrives; the probe then runs again with a longer answer."""
+    recorded = (STREAMS / "plain.sse").read_bytes()
+    sent: list[int] = []
+
+    def chat(request: httpx.Request) -> httpx.Response:
+        sent.append(json.loads(request.content)["max_tokens"])
+        return httpx.Response(200, content=recorded, headers={"content-type": "text/event-stream"})
+
+    answers = iter(
+        [{"success": False, "message": "no active completion for this id"}, {"success": True}]
+    )
+    respx.post(f"{URL}/v1/chat/completions").mock(side_effect=chat)
+    respx.post(f"{URL}{CONTROL_PATH}").mock(
+        side_effect=lambda request: httpx.Response(200, json=next(answers))
+    )
+    probe = await probe_stream(lambda: InferenceClient(URL, "m"), config())
+    assert sent == [32, 32 * STREAM_PROBE_GROWTH]
+    assert probe.control_answer == "success"
+    assert probe.complete

@@ -159,3 +159,52 @@ async def test_a_different_chat_template_fails_naming_both_hashes(
     assert failed[0].actual.startswith("sha256 ")
     assert recorded.template_sha256 not in failed[0].actual
     assert report.exit_status == 1
+
+
+@pytest.fixture
+def hybrid_server(
+    request: pytest.FixtureRequest, tmp_path: Path
+) -> Iterator[devserver.RunningServer]:
+    """The router serving only the production-shaped qwen35moe preset, with extra flags."""
+    with devserver.running(
+        tmp_path / "server",
+        devserver.default_cache_dir(),
+        socket_path=tmp_path / "server" / "llama.sock",
+        extra_args=request.param,
+        load=(devserver.HYBRID_MODEL,),
+    ) as server:
+        yield server
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize(
+    ("hybrid_server", "expected_failures"),
+    [
+        pytest.param((), [], id="as-recorded"),
+        pytest.param(
+            ("--no-cache-idle-slots",),
+            [
+                "FAIL  slot pool: expected a slot is cleared once another slot runs (unified "
+                "pool, --cache-idle-slots): a pinned session loses its cache, got a slot keeps "
+                "its prompt while another slot runs"
+            ],
+            id="no-idle-clear",
+        ),
+    ],
+    indirect=["hybrid_server"],
+)
+async def test_the_hybrid_preset_and_its_pool(
+    hybrid_server: devserver.RunningServer, expected_failures: list[str]
+) -> None:
+    """On the hybrid model a repeated prompt resumes at its checkpoint, which the cache probe
+    accepts; the pool probe tells a unified pool that clears idle slots from one that does not."""
+    report = await run_selftest(
+        settings_for(hybrid_server, devserver.HYBRID_MODEL),
+        tools_text=load_tools_spec(CORE_TOOLS_FILE).text,
+    )
+    assert [line.split(" (slot")[0] for line in failing_lines(report)] == expected_failures
+    assert report.idle_slots_cleared is (not expected_failures)
+    assert report.to_json()["pool"] == {"idle_slots_cleared": report.idle_slots_cleared}
+    cache = {r.name: r for r in report.results}["cache probe"]
+    assert cache.ok
+    assert "resumed at the checkpoint 4 tokens before the end" in cache.detail

@@ -1,0 +1,108 @@
+"""The ASGI wrapper around each of brokerd's socket apps.
+
+For every request it: reads loopd's ``X-Loopd-Request`` and ``X-Loopd-Session`` into the request's
+context (and removes them, so they never reach llama-server or Mattermost); counts the request by
+socket, route and status, and its duration; counts body bytes as they pass, chunk by chunk, so a
+scrape during a long stream sees them grow; and keeps the in-flight gauge.
+"""
+
+import time
+from collections.abc import Callable
+from typing import Final
+
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from brokerd.observe.context import LOOPD_HEADERS, entered, from_headers
+from brokerd.observe.metrics import BROKERD_METRICS, BrokerdMetrics
+
+RouteLabel = Callable[[str, str], str]
+"""(method, path) -> the route's label: its template, or ``other``."""
+
+BROKER_ROUTES: Final = frozenset(
+    {("POST", "/v1/find_tool"), ("POST", "/v1/call_tool"), ("GET", "/v1/health")}
+)
+
+
+def infer_route(method: str, path: str) -> str:
+    from brokerd.proxy.inference import ALLOWED_ROUTES
+
+    return path if (method, path) in ALLOWED_ROUTES else "other"
+
+
+def chat_route(method: str, path: str) -> str:
+    from brokerd.proxy.chat import match_route
+
+    matched = match_route(method, path)
+    return matched[0].template if matched is not None else "other"
+
+
+def broker_route(method: str, path: str) -> str:
+    return path if (method, path) in BROKER_ROUTES else "other"
+
+
+ROUTES: Final[dict[str, RouteLabel]] = {
+    "infer": infer_route,
+    "chat": chat_route,
+    "broker": broker_route,
+}
+
+
+class Instrumented:
+    """``app`` served on ``socket``, observed."""
+
+    def __init__(self, socket: str, app: ASGIApp, metrics: BrokerdMetrics = BROKERD_METRICS):
+        self.socket = socket
+        self.app = app
+        self.metrics = metrics
+        self.route = ROUTES.get(socket, broker_route)
+
+    def __getattr__(self, name: str) -> object:
+        # The wrapped app's attributes (``state``) stay reachable, as a Starlette app's are.
+        return getattr(self.app, name)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] not in ("http", "websocket"):
+            await self.app(scope, receive, send)
+            return
+        context = from_headers(self.socket, scope["headers"])
+        scope = dict(scope)
+        scope["headers"] = [(n, v) for n, v in scope["headers"] if n.lower() not in LOOPD_HEADERS]
+        route = self.route(scope.get("method", "GET"), scope["path"])
+        to_box = self.metrics.bytes.labels(self.socket, "to_box")
+        from_box = self.metrics.bytes.labels(self.socket, "from_box")
+        status = "none"  # no answer began: the client left first
+
+        async def counted_receive() -> Message:
+            message = await receive()
+            body = message.get("bytes") or message.get("body") or message.get("text") or b""
+            if body and message["type"] in ("http.request", "websocket.receive"):
+                from_box.inc(len(body.encode() if isinstance(body, str) else body))
+            return message
+
+        async def counted_send(message: Message) -> None:
+            nonlocal status
+            kind = message["type"]
+            if kind == "http.response.start":
+                status = str(message["status"])
+            elif kind == "websocket.accept":
+                status = "101"
+            elif kind == "websocket.close" and status == "none":
+                status = "403"  # closed before accepting: refused
+            body = message.get("body") or message.get("bytes") or message.get("text") or b""
+            if body and kind in ("http.response.body", "websocket.send"):
+                to_box.inc(len(body.encode() if isinstance(body, str) else body))
+            await send(message)
+
+        in_flight = self.metrics.in_flight.labels(self.socket)
+        in_flight.inc()
+        started = time.monotonic()
+        try:
+            with entered(context):
+                await self.app(scope, counted_receive, counted_send)
+        finally:
+            in_flight.dec()
+            self.metrics.served(self.socket, route, status, time.monotonic() - started)
+
+
+def instrument(socket: str, app: ASGIApp) -> Instrumented:
+    return Instrumented(socket, app)

@@ -1,0 +1,150 @@
+"""loopd's metrics and status page, read from its socket in the box's state folder.
+
+loopd runs with no network; it serves its pages on a Unix socket in its state folder
+(``LOOPD_METRICS_ADDR=unix:/var/lib/loopd/metrics.sock``), which is a volume the host can see.
+brokerd reads them there (``metrics_relay``) and serves them on its own metrics address under
+``/loopd/``. The box owns that folder, so everything read from it is hostile input:
+
+- the socket is opened without following links (``O_PATH | O_NOFOLLOW``) and must be a socket,
+  then connected through ``/proc/self/fd``: a link the box put there (to brokerd's own sockets, to
+  podman's API) is refused, not followed;
+- only three fixed paths are asked for, with ``GET``, and nothing of the operator's request (no
+  query, no header) is passed on;
+- an answer must be 200, unencoded, at most ``MAX_BYTES`` and complete within ``TIMEOUT_S``;
+  ``MAX_AT_ONCE`` relays run at once (more are answered 503 at once), so a box that stalls
+  cannot tie brokerd up;
+- what goes back to the operator carries brokerd's own content type for the path, and a
+  Content-Security-Policy that lets the page run no script and load nothing.
+"""
+
+import contextlib
+import os
+import stat
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Final
+
+import anyio
+import anyio.abc
+import h11
+from prometheus_client import CONTENT_TYPE_LATEST
+
+MAX_BYTES: Final = 8 * 1024 * 1024
+MAX_HEAD_BYTES: Final = 16 * 1024  # a status line and headers larger than this are refused
+READ_BYTES: Final = 64 * 1024
+TIMEOUT_S: Final = 5.0
+MAX_AT_ONCE: Final = 2
+PAGE_POLICY: Final = (
+    "default-src 'none'; style-src 'unsafe-inline'; img-src data:; form-action 'none'; "
+    "base-uri 'none'; frame-ancestors 'none'"
+)
+# brokerd's path (under /loopd) -> (loopd's path, the content type brokerd sends).
+PAGES: Final = {
+    "/loopd/metrics": ("/metrics", CONTENT_TYPE_LATEST),
+    "/loopd/": ("/", "text/html; charset=utf-8"),
+    "/loopd/status.json": ("/status.json", "application/json"),
+}
+
+
+class RelayError(Exception):
+    """loopd's page could not be relayed; the message says why (for the 502 and the log)."""
+
+
+class RelayBusy(RelayError):
+    """``MAX_AT_ONCE`` relays are under way already (answered 503)."""
+
+
+@dataclass(frozen=True)
+class Relayed:
+    body: bytes
+    content_type: str
+
+    def headers(self) -> dict[str, str]:
+        return {
+            "Content-Security-Policy": PAGE_POLICY,
+            "X-Content-Type-Options": "nosniff",
+            "Cache-Control": "no-store",
+        }
+
+
+@contextlib.contextmanager
+def socket_by_descriptor(path: Path) -> Iterator[str]:
+    """A path that connects to the socket at ``path`` itself, never to what a link there names;
+    ``RelayError`` when nothing, a link or something other than a socket is there."""
+    try:
+        fd = os.open(path, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as exc:
+        raise RelayError(f"loopd's metrics socket {path}: {exc.strerror}") from None
+    try:
+        if not stat.S_ISSOCK(os.fstat(fd).st_mode):
+            raise RelayError(f"{path} is not a socket (a link or a file); not following it")
+        yield f"/proc/self/fd/{fd}"
+    finally:
+        os.close(fd)
+
+
+class LoopdRelay:
+    def __init__(self, socket_path: Path, *, timeout_s: float = TIMEOUT_S) -> None:
+        self.socket_path = socket_path
+        self.timeout_s = timeout_s
+        self._slots = anyio.Semaphore(MAX_AT_ONCE)
+
+    async def fetch(self, page: str) -> Relayed:
+        """brokerd's ``page`` (a key of ``PAGES``) as loopd serves it."""
+        loopd_path, content_type = PAGES[page]
+        if self._slots.value == 0:
+            raise RelayBusy(f"{MAX_AT_ONCE} reads of loopd's metrics are already under way")
+        async with self._slots:
+            try:
+                with anyio.fail_after(self.timeout_s):
+                    body = await self._get(loopd_path)
+            except TimeoutError:
+                raise RelayError(
+                    f"loopd's metrics socket did not answer in {self.timeout_s:g} s"
+                ) from None
+        return Relayed(body, content_type)
+
+    async def _get(self, path: str) -> bytes:
+        with socket_by_descriptor(self.socket_path) as target:
+            try:
+                stream = await anyio.connect_unix(target)
+            except OSError as exc:
+                raise RelayError(f"loopd's metrics socket: {exc.strerror or exc}") from None
+            async with stream:
+                try:
+                    return await _exchange(stream, path)
+                except (OSError, anyio.BrokenResourceError, h11.ProtocolError) as exc:
+                    raise RelayError(
+                        f"loopd's metrics socket: {exc or type(exc).__name__}"
+                    ) from None
+
+
+async def _exchange(stream: anyio.abc.ByteStream, path: str) -> bytes:
+    """One ``GET path`` over ``stream`` (h11, strict about what comes back); the body."""
+    connection = h11.Connection(h11.CLIENT, max_incomplete_event_size=MAX_HEAD_BYTES)
+    headers = [("Host", "loopd"), ("Accept-Encoding", "identity"), ("Connection", "close")]
+    await stream.send(connection.send(h11.Request(method="GET", target=path, headers=headers)))
+    await stream.send(connection.send(h11.EndOfMessage()))
+    body = bytearray()
+    while True:
+        event = connection.next_event()
+        if event is h11.NEED_DATA:
+            try:
+                connection.receive_data(await stream.receive(READ_BYTES))
+            except anyio.EndOfStream:
+                connection.receive_data(b"")
+        elif isinstance(event, h11.Response):
+            if event.status_code != 200:
+                raise RelayError(f"loopd answered {event.status_code} for {path}")
+            encoding = dict(event.headers).get(b"content-encoding", b"identity")
+            if encoding.lower() != b"identity":
+                raise RelayError("loopd's answer is encoded; brokerd relays plain bodies only")
+        elif isinstance(event, h11.Data):
+            body += event.data
+            if len(body) > MAX_BYTES:
+                raise RelayError(f"loopd's answer for {path} is over {MAX_BYTES} bytes")
+        elif isinstance(event, h11.EndOfMessage):
+            return bytes(body)
+        elif isinstance(event, h11.ConnectionClosed):
+            raise RelayError(f"loopd closed the connection before its answer for {path} ended")

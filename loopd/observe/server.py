@@ -1,0 +1,93 @@
+"""``/metrics`` and the status page, served by ``loopd serve`` at ``LOOPD_METRICS_ADDR``.
+
+In the box (``--network=none``) the address is a Unix socket in the state folder, which the host
+mounts: brokerd on the host relays it to a host address (its ``metrics_relay`` setting; see
+docs/observability.md). ``loopd.observe.serving`` serves it (and brokerd's metrics address).
+
+Routes: ``GET /metrics`` (Prometheus text format), ``GET /`` (the status page), ``GET
+/status.json`` (the page's data).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+from typing import Final
+
+import anyio
+from anyio.abc import TaskStatus
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import HTMLResponse, JSONResponse, Response
+from starlette.routing import Route
+
+from loopd.observe.address import parse_address
+from loopd.observe.metrics import METRICS, LoopdMetrics
+from loopd.observe.serving import serve_http
+from loopd.observe.status import render, snapshot
+from loopd.sessions import Runtime
+
+log = logging.getLogger(__name__)
+
+# What the pages may load and run in a browser: their own inline style, nothing else.
+PAGE_POLICY: Final = "default-src 'none'; style-src 'unsafe-inline'; img-src data:"
+
+
+class RuntimeCollector(Collector):
+    """What is read rather than counted: busy slots and the turns under way, at scrape time."""
+
+    def __init__(self, runtime: Runtime) -> None:
+        self.runtime = runtime
+
+    def collect(self) -> Iterable[GaugeMetricFamily]:
+        busy = GaugeMetricFamily("loopd_slot_busy", "1 while a slot is held.", labels=["slot"])
+        for slot in self.runtime.settings.slots:
+            held = self.runtime.scheduler.holder(slot) is not None
+            busy.add_metric([str(slot)], 1.0 if held else 0.0)
+        live = self.runtime.live.all()
+        active = GaugeMetricFamily(
+            "loopd_sessions_active", "Sessions with a turn under way (running or in line)."
+        )
+        active.add_metric([], float(len(live)))
+        in_line = GaugeMetricFamily(
+            "loopd_turns_in_line", "Turns waiting for their slot in loopd's line."
+        )
+        in_line.add_metric([], float(sum(not turn.holding for turn in live)))
+        return [busy, active, in_line]
+
+
+def create_app(runtime: Runtime, metrics: LoopdMetrics = METRICS) -> Starlette:
+    state = CollectorRegistry(auto_describe=True)
+    state.register(RuntimeCollector(runtime))
+
+    async def metrics_page(request: Request) -> Response:
+        body = generate_latest(metrics.registry) + generate_latest(state)
+        return Response(body, media_type=CONTENT_TYPE_LATEST)
+
+    async def status_page(request: Request) -> Response:
+        return HTMLResponse(render(snapshot(runtime)), headers=_page_headers())
+
+    async def status_json(request: Request) -> Response:
+        return JSONResponse(snapshot(runtime).as_json(), headers=_page_headers())
+
+    return Starlette(
+        routes=[
+            Route("/metrics", metrics_page, methods=["GET"]),
+            Route("/", status_page, methods=["GET"]),
+            Route("/status.json", status_json, methods=["GET"]),
+        ]
+    )
+
+
+def _page_headers() -> dict[str, str]:
+    return {"Content-Security-Policy": PAGE_POLICY, "Cache-Control": "no-store"}
+
+
+async def serve_runtime(
+    runtime: Runtime, address: str, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED
+) -> None:
+    """``loopd serve``'s metrics and status page, until cancelled."""
+    await serve_http(create_app(runtime), parse_address(address), "loopd metrics", task_status)

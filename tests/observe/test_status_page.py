@@ -1,0 +1,99 @@
+"""The status page's rendering: pure, escaped, self-refreshing, with its inline plots."""
+
+from __future__ import annotations
+
+import re
+
+from loopd.engine.stream import Phase, Status
+from loopd.observe.live import describe
+from loopd.observe.status import (
+    LiveView,
+    SessionView,
+    SlotView,
+    StatusSnapshot,
+    render,
+    sparkline,
+    when,
+)
+
+
+def snapshot(**changes: object) -> StatusSnapshot:
+    values: dict[str, object] = {
+        "generated_at": "2026-05-01T12:00:00Z",
+        "model": "smollm2",
+        "slots": (SlotView(0, "mm:abc", "reading 40%", 1), SlotView(1, None, None, 0)),
+        "live": (
+            LiveView("mm:abc", 0, "reading 40%", 12.4, True, 0),
+            LiveView("mm:def", 0, "in line", 3.0, False, 1),
+        ),
+        "sessions": (
+            SessionView(
+                "mm:abc",
+                0,
+                4,
+                "2026-05-01T11:59:07.123456+00:00",
+                0.91,
+                (120, 40, 44),
+                "reading 40%",
+            ),
+        ),
+    }
+    values.update(changes)
+    return StatusSnapshot(**values)  # type: ignore[arg-type]
+
+
+def text_of(page: str) -> str:
+    return re.sub(r"\s+", " ", re.sub(r"<[^>]+>", " ", page))
+
+
+def test_the_page_shows_slots_live_turns_and_sessions() -> None:
+    page = render(snapshot())
+    text = text_of(page)
+    assert '<meta http-equiv="refresh" content="5">' in page
+    assert "<script" not in page
+    assert " 0 busy mm:abc reading 40% 1 " in text
+    assert " 1 idle " in text
+    assert " mm:def 0 in line (1 ahead) 3 s " in text
+    assert " mm:abc 0 reading 40% 12 s " in text
+    assert " mm:abc 0 2026-05-01 11:59:07Z 4 91% " in text
+    assert page.count("<svg") == 1
+
+
+def test_hostile_names_are_escaped() -> None:
+    name = '<img src=x onerror="alert(1)">'
+    page = render(
+        snapshot(
+            slots=(SlotView(0, name, "<b>", 0),),
+            live=(LiveView(name, 0, "<b>", 1.0, True, 0),),
+            sessions=(SessionView(name, 0, 0, None, None, (), None),),
+        )
+    )
+    assert "<img" not in page
+    assert "<b>" not in page
+    assert "&lt;img src=x onerror=&quot;alert(1)&quot;&gt;" in page
+
+
+def test_empty_states_say_so() -> None:
+    text = text_of(render(snapshot(live=(), sessions=())))
+    assert "no turn is under way" in text
+    assert "no sessions yet" in text
+
+
+def test_the_sparkline_scales_to_the_largest_value() -> None:
+    svg = sparkline([0, 50, 100], width=100, height=24)
+    points = re.search(r'points="([^"]+)"', svg)
+    assert points is not None
+    xy = [tuple(float(n) for n in p.split(",")) for p in points.group(1).split()]
+    assert xy == [(0.0, 22.0), (50.0, 12.0), (100.0, 2.0)]
+    assert "max 100" in svg
+    assert "none" in sparkline([])
+    assert "<polyline" in sparkline([7])  # one request: one point
+
+
+def test_phases_in_words() -> None:
+    assert describe(Status(Phase.READING, percent=40)) == "reading 40%"
+    assert describe(Status(Phase.THINKING, tokens=12)) == "thinking (12 tokens)"
+    assert describe(Status(Phase.TOOL_CALL, tool="read_file")) == "tool_call read_file"
+    assert describe(Status(Phase.QUEUED)) == "queued"
+    assert when("2026-05-01T13:00:00+01:00") == "2026-05-01 12:00:00Z"
+    assert when(None) == ""
