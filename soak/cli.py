@@ -68,11 +68,20 @@ def parse(argv: list[str]) -> argparse.Namespace:
         default=(180, 360),
         help="seconds a user waits for an answer before posting again (N-M)",
     )
+    parser.add_argument(
+        "--settle",
+        type=float,
+        default=None,
+        help="seconds the run waits, after the load, for every turn to end (default: three "
+        "quarters of --seconds, at least 240)",
+    )
     parser.add_argument("--min-tool-calls", type=int, default=50)
     parser.add_argument("--keep", action="store_true", help="keep the work folder")
     args = parser.parse_args(argv)
     if args.seconds < 30 or args.threads < 1:
         parser.error("--seconds must be at least 30 and --threads at least 1")
+    if args.settle is not None and args.settle < 30:
+        parser.error("--settle must be at least 30")
     return args
 
 
@@ -107,6 +116,7 @@ def main(argv: list[str] | None = None) -> int:
         pace=Pace(think_s=args.think, patience_s=args.patience, calls=args.calls),
         min_tool_calls=args.min_tool_calls,
         command=command,
+        settle_s=args.settle if args.settle is not None else max(240.0, args.seconds * 0.75),
     )
     try:
         figures = anyio.run(run_soak, options, plan)

@@ -78,6 +78,7 @@ class Figures:
     latencies: list[Latency] = field(default_factory=list)
     slots: list[SlotWait] = field(default_factory=list)
     drained: bool = False
+    settle_s: tuple[float, float] = (0.0, 0.0)  # the wait for every turn to end, and its limit
     load_start: float = 0.0
     disk_full_seen: int = 0
     min_tool_calls: int = 50
@@ -177,7 +178,8 @@ def render(figures: Figures, plot_name: str) -> str:
         f"- Load average (1/5/15 min) before: {f.load_before}; after: {f.load_after}. The "
         "machine is shared: other work on it slows every turn measured here.",
         f"- Load phase {f.seconds:.0f} s, {f.threads} threads; then the run waits for every "
-        f"turn to end ({'settled' if f.drained else 'did NOT settle'}).",
+        f"turn to end (at most {f.settle_s[1]:.0f} s): "
+        + (f"settled in {f.settle_s[0]:.0f} s." if f.drained else "did NOT settle."),
         "",
         f"**Result: {'FAIL' if failures else 'PASS'}**",
         "",

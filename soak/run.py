@@ -67,6 +67,7 @@ class Options:
     pace: Pace
     min_tool_calls: int
     command: str
+    settle_s: float  # the longest wait, after the load, for every turn to end
 
 
 @dataclass
@@ -178,7 +179,9 @@ async def _drive(
                 load.start_soon(thread.run, load_start, load_start + options.seconds)
             load.start_soon(chaos.run, plan.faults, load_start)
         print(f"soak: load over ({len(ledger.posts)} posts); waiting for the turns to end")
-        figures.drained = await _settle(mirror, ledger, max(240.0, options.seconds * 1.5))
+        load_end = time.time()
+        figures.drained = await _settle(mirror, ledger, options.settle_s)
+        figures.settle_s = (time.time() - load_end, options.settle_s)
         end = sampler.open_files()
         for service in stack.services():
             await service.stop()
