@@ -256,6 +256,17 @@ def render(figures: Figures, plot_name: str) -> str:
             for x in f.faults
         ),
         "",
+        "## How to run it",
+        "",
+        "- `make soak`: `SOAK_S` seconds of load (default 600), `SOAK_THREADS` threads (default "
+        "40), `SOAK_SEED` to repeat a plan. It needs the real llama-server (`make llama-server`) "
+        "and `unshare` (util-linux), writes this file and its plot, prints the figures on its "
+        "last line, and exits 1 when an invariant fails (2 when the stack could not start). "
+        "`python -m soak --help` lists the users' pace; `--keep` keeps the logs and state.",
+        "- The short version (60 s, 10 threads, the same invariants) is "
+        "`tests/soak/test_soak_short.py`, a `real_server` test that `make test` runs: "
+        "`.venv/bin/pytest -q tests/soak/test_soak_short.py`.",
+        "",
         "## What runs and what is checked",
         "",
         "- The real llama-server (router mode, `smollm2`, two slots of 4096 tokens) behind an "
