@@ -95,14 +95,14 @@ def loopd_env(paths: Paths) -> dict[str, str]:
         LOOPD_SLOTS="0,1",
         LOOPD_FIRST_BYTE_S="120",
         LOOPD_SILENCE_S=str(SILENCE_S),
-        # Short answers: the tiny model's text does not matter here, its turns do; on a loaded
-        # two-core machine each generated token costs a slot tens of milliseconds.
-        LOOPD_MAX_TOKENS="24",
+        # Short answers: the tiny model's text does not matter here, its turns do; on a two-core
+        # machine other work shares, a generated token can cost a slot most of a second.
+        LOOPD_MAX_TOKENS="12",
         LOOPD_THINK_CAP="0",  # the plain model does not think; a cap needs room above it
         # The plain template renders no tools, so a prompt is small: the long threads compact
         # after a few of their long messages only below a fifth of the slot's 4096 tokens.
         LOOPD_COMPACT_AT="0.2",
-        LOOPD_SUMMARY_MAX_TOKENS="96",
+        LOOPD_SUMMARY_MAX_TOKENS="48",
         LOOPD_LOG_FORMAT="json",
         LOOPD_MM_URL=f"unix:{paths.run}/chat.sock",
         LOOPD_MM_ALLOWED_USERS="*",
