@@ -171,8 +171,8 @@ def render(figures: Figures, plot_name: str) -> str:
         "edit: run it again.",
         "",
         f"- Command: `{f.command}`",
-        f"- Seed: `{f.seed}` (repeat the same plan with `SOAK_SEED={f.seed} SOAK_S={f.seconds:.0f} "
-        f"make soak`; the processes' timing still differs run to run)",
+        f"- Seed: `{f.seed}` (the command above with `SOAK_SEED={f.seed}` in front repeats the "
+        "same plan; the processes' timing still differs run to run)",
         f"- Machine: {machine.cpu_model}, {machine.cores} cores, {machine.memory_gib:.1f} GiB, "
         f"{machine.system}, Python {machine.python}",
         f"- Load average (1/5/15 min) before: {f.load_before}; after: {f.load_after}. The "
