@@ -61,7 +61,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
     )
     parser.add_argument("--doc", type=Path, default=DOC, help="the report (a PNG goes beside it)")
     parser.add_argument("--calls", type=_calls, default=(1, 4), help="tool calls per tool message")
-    parser.add_argument("--think", type=float, default=30.0, help="mean pause between messages")
+    parser.add_argument("--think", type=float, default=60.0, help="mean pause between messages")
     parser.add_argument(
         "--patience",
         type=_range,
@@ -72,8 +72,8 @@ def parse(argv: list[str]) -> argparse.Namespace:
         "--settle",
         type=float,
         default=None,
-        help="seconds the run waits, after the load, for every turn to end (default: two thirds "
-        "of --seconds, at least 240: a 600 s run ends within 20 minutes)",
+        help="seconds the run waits, after the load, for every turn to end (default: 0.6 times "
+        "--seconds, at least 240: a 600 s run ends within 20 minutes)",
     )
     parser.add_argument("--min-tool-calls", type=int, default=50)
     parser.add_argument("--keep", action="store_true", help="keep the work folder")
@@ -116,7 +116,7 @@ def main(argv: list[str] | None = None) -> int:
         pace=Pace(think_s=args.think, patience_s=args.patience, calls=args.calls),
         min_tool_calls=args.min_tool_calls,
         command=command,
-        settle_s=args.settle if args.settle is not None else max(240.0, args.seconds * 2 / 3),
+        settle_s=args.settle if args.settle is not None else max(240.0, args.seconds * 0.6),
     )
     try:
         figures = anyio.run(run_soak, options, plan)

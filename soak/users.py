@@ -94,7 +94,7 @@ class Ledger:
 
 @dataclass(frozen=True)
 class Pace:
-    think_s: float = 30.0  # mean pause between an answer and the next message
+    think_s: float = 60.0  # mean pause between an answer and the next message
     patience_s: tuple[int, int] = (180, 360)  # a user waits this long, then posts anyway
     calls: tuple[int, int] = (1, 4)  # tool calls asked for per tool message
 
