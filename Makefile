@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 export LOOPD_CACHE_DIR ?= $(HOME)/.cache/loopd
 
 .PHONY: run test lint types unit llama-server venv system-deps bench verify-device reliability clean \
-	image install
+	image install soak
 
 # loopd itself and its development kit (dev/: the fakes, the dev server), both editable.
 $(VENV)/.installed: pyproject.toml dev/pyproject.toml
@@ -66,6 +66,11 @@ verify-device: venv llama-server
 
 bench: venv llama-server
 	$(BIN)/python -m bench
+
+# Load and chaos: SOAK_S seconds (default 600) of many threads on two slots with processes killed at
+# random; writes docs/soak.md and exits 1 when an invariant breaks (soak/cli.py).
+soak: venv llama-server
+	SOAK_COMMAND="SOAK_S=$${SOAK_S:-600} make soak" $(BIN)/python -m soak
 
 reliability: venv llama-server
 	$(BIN)/pytest -q tests/reliability

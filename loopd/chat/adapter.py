@@ -10,6 +10,7 @@ post was durably taken in. A seq gap, a missed ping reply or a closed socket mea
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import random
@@ -20,7 +21,7 @@ import anyio
 
 from loopd.chat.attachments import ReadFile, kind_of, read_file, unread_notice
 from loopd.chat.config import ChatSettings
-from loopd.chat.cursor import ChatState
+from loopd.chat.cursor import ChatState, ChatStateError
 from loopd.chat.intake import Action, Allowlist, Decision, decide
 from loopd.chat.model import Channel, Post, User, WireFormatError
 from loopd.chat.outbox import Outbox
@@ -28,6 +29,7 @@ from loopd.chat.rest import MattermostClient, MattermostError
 from loopd.chat.threads import CONTEXT_KEY, StopResult, Threads, session_name
 from loopd.chat.ws import NoHello, Resume, SocketLost, WsEvent, open_socket
 from loopd.observe.metrics import METRICS
+from loopd.sessionlog.errors import DiskFullError, LockedError
 from loopd.sessions import Runtime
 
 log = logging.getLogger("loopd.chat.adapter")
@@ -157,8 +159,13 @@ class ChatAdapter:
             log.warning("Mattermost socket lost: %s", exc)
         except (MattermostError, WireFormatError) as exc:
             log.warning("Mattermost catch-up failed: %s", exc)
+        except (DiskFullError, LockedError, ChatStateError) as exc:
+            # Full or busy for now: the post was not taken in, so its channel's cursor is still
+            # before it, and the next connection's catch-up takes it in.
+            log.warning("could not take in a post (%s); trying again after reconnecting", exc)
         if opened is not None:
-            self.state.save_connection(opened.connection_id, opened.next_seq)
+            with contextlib.suppress(ChatStateError):  # only a hint for the resume
+                self.state.save_connection(opened.connection_id, opened.next_seq)
         # A resume that never got going (the server closes the socket at once on parameters it
         # rejects) is not tried again: the next attempt starts fresh.
         return opened, opened is not None
