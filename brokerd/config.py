@@ -70,19 +70,8 @@ class InferenceEndpoint(BaseModel):
         return f"infer-{self.name}.sock"
 
 
-def _unique_endpoint_names(
-    endpoints: tuple[InferenceEndpoint, ...],
-) -> tuple[InferenceEndpoint, ...]:
-    seen: set[str] = set()
-    for endpoint in endpoints:
-        if endpoint.name in seen:
-            raise ValueError(f"two [[endpoint]] tables are named {endpoint.name!r}")
-        seen.add(endpoint.name)
-    return endpoints
-
-
 InferenceEndpoints = Annotated[
-    tuple[InferenceEndpoint, ...], AfterValidator(_unique_endpoint_names)
+    tuple[InferenceEndpoint, ...], AfterValidator(configload.unique_endpoint_names)
 ]
 # The settings of the single-endpoint form; none of them may be set beside [[endpoint]] tables.
 SINGLE_ENDPOINT_SETTINGS: Final = (

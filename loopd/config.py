@@ -113,17 +113,6 @@ class EndpointSettings(BaseModel):
     slots: SlotList = Field(default=(0,), description="The harness's slots on this server.")
 
 
-def _unique_endpoint_names(
-    endpoints: tuple[EndpointSettings, ...],
-) -> tuple[EndpointSettings, ...]:
-    seen: set[str] = set()
-    for endpoint in endpoints:
-        if endpoint.name in seen:
-            raise ValueError(f"two [[endpoint]] tables are named {endpoint.name!r}")
-        seen.add(endpoint.name)
-    return endpoints
-
-
 def _parse_endpoint_tables(value: Any) -> Any:
     """The environment's ``LOOPD_ENDPOINT``: JSON, as the tables would be written, or empty for
     none (what a dump of the default gives); the file's tables pass as they are."""
@@ -137,7 +126,7 @@ EndpointTables = Annotated[
     tuple[EndpointSettings, ...],
     NoDecode,
     BeforeValidator(_parse_endpoint_tables),
-    AfterValidator(_unique_endpoint_names),
+    AfterValidator(configload.unique_endpoint_names),
 ]
 # The shorthand's settings; none of them may be set beside [[endpoint]] tables.
 SHORTHAND_SETTINGS: Final = ("infer_url", "model", "slots")

@@ -30,7 +30,7 @@ import typing
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, Protocol, TypeVar
 
 from pydantic import BaseModel, ValidationError
 from pydantic_core import ErrorDetails
@@ -256,3 +256,22 @@ def _config_file(naming: Naming) -> Path | None:
     if not path.is_file():
         raise ConfigError(f"{naming.config_variable}: no such file: {path}")
     return path
+
+
+class _Named(Protocol):
+    @property
+    def name(self) -> str: ...
+
+
+_NamedT = TypeVar("_NamedT", bound=_Named)
+
+
+def unique_endpoint_names(endpoints: tuple[_NamedT, ...]) -> tuple[_NamedT, ...]:
+    """A validator for ``[[endpoint]]`` tables (loopd's and brokerd's): each name once, as the
+    name is what the log, the sockets and the expectations are keyed by."""
+    seen: set[str] = set()
+    for endpoint in endpoints:
+        if endpoint.name in seen:
+            raise ValueError(f"two [[endpoint]] tables are named {endpoint.name!r}")
+        seen.add(endpoint.name)
+    return endpoints
