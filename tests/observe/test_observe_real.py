@@ -188,7 +188,12 @@ async def test_one_turns_lines_join_on_the_request_id(
     assert loggers == {"loopd", "brokerd"}, "both daemons logged the request"
     assert {line["session"] for line in same} == {session}
     brokerd_msgs = [line["msg"] for line in same if line["logger"].startswith("brokerd")]
-    assert "POST /v1/chat/completions -> 200 complete" in brokerd_msgs
+    # loopd closes the stream once it has read [DONE]; brokerd may still be relaying the body's
+    # last bytes then, and says so ("client_gone"). Either way it is the same request, answered.
+    assert {
+        "POST /v1/chat/completions -> 200 complete",
+        "POST /v1/chat/completions -> 200 client_gone",
+    } & set(brokerd_msgs), brokerd_msgs
     assert any(msg.startswith("GET /slots -> 200") for msg in brokerd_msgs)
     assert request["prompt_n"] > 0
 
