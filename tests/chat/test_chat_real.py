@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -127,6 +128,14 @@ async def token_time_s(
             return elapsed / max(after - before, 1)
 
 
+def _answering(env: Env, root: str) -> bool:
+    return any("✍️" in t for t in env.status_history(root)) or bool(env.answers(root))
+
+
+def _answered(env: Env, root: str) -> bool:
+    return bool(env.answers(root))
+
+
 async def test_stop_frees_the_slot_within_a_second(
     tmp_path: Path, sockets: Path, real_server: devserver.RunningServer
 ) -> None:
@@ -137,10 +146,20 @@ async def test_stop_frees_the_slot_within_a_second(
         daemon(env),
         InferenceClient(real_server.url, devserver.PLAIN_MODEL) as client,
     ):
-        post = env.fake.post_as("alice", env.dm(), "Count from 1 to 1000, one number a line.")
-        await until(lambda: any("✍️" in t for t in env.status_history(post.id)), "answering", 120)
-        assert await client.slot_busy(0)
-        token_s = await token_time_s(client, 0)
+        # The tiny model sometimes answers briefly instead of listing: then the turn is over
+        # before a stop can reach it, and the test asks again in a new thread (at most 5 times).
+        for _ in range(5):
+            post = env.fake.post_as(
+                "alice", env.dm(), "List the numbers 1 to 500 separated by commas."
+            )
+            await until(partial(_answering, env, post.id), "answering", 120)
+            if not env.answers(post.id) and await client.slot_busy(0):
+                token_s = await token_time_s(client, 0)
+                if await client.slot_busy(0):
+                    break
+            await until(partial(_answered, env, post.id), "the short answer", 120)
+        else:
+            pytest.fail("the model answered briefly five times; no turn ran long enough to stop")
         env.fake.post_as("alice", env.dm(), "stop", root_id=post.id)
         started = time.monotonic()
         with anyio.fail_after(30):
