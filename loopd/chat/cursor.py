@@ -16,9 +16,11 @@ The schema is versioned by ``loopd.storage.migrations``.
 
 from __future__ import annotations
 
+import contextlib
 import sqlite3
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -80,7 +82,23 @@ def m003_append_only(db: sqlite3.Connection) -> None:
 
 
 class ChatStateError(LoopdError):
-    """The chat state file cannot be opened or written."""
+    """The chat state file cannot be opened or written. ``passing``: the file is full, busy or
+    failed to write for now (SQLite's FULL, BUSY, LOCKED, IOERR), so the same write may succeed
+    later; otherwise it will not (a damaged or foreign file)."""
+
+    def __init__(self, message: str, *, passing: bool = False) -> None:
+        super().__init__(message)
+        self.passing = passing
+
+
+# SQLite's primary result codes for a write that may succeed later.
+_PASSING_CODES = frozenset({5, 6, 10, 13})  # BUSY, LOCKED, IOERR, FULL
+
+
+def _state_error(path: Path, exc: sqlite3.Error) -> ChatStateError:
+    code = getattr(exc, "sqlite_errorcode", None)
+    passing = isinstance(code, int) and code & 0xFF in _PASSING_CODES
+    return ChatStateError(f"chat state {path}: {exc}", passing=passing)
 
 
 @dataclass(frozen=True)
@@ -102,7 +120,7 @@ class ChatState:
     def __init__(self, path: Path, conn: sqlite3.Connection) -> None:
         self.path = path
         self._conn = conn
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()  # ``together`` holds it across several ``_run``
 
     @classmethod
     def open(cls, path: Path) -> ChatState:
@@ -127,7 +145,26 @@ class ChatState:
             with self._lock:
                 return self._conn.execute(sql, params).fetchall()
         except sqlite3.Error as exc:
-            raise ChatStateError(f"chat state {self.path}: {exc}") from exc
+            raise _state_error(self.path, exc) from exc
+
+    @contextlib.contextmanager
+    def together(self) -> Iterator[None]:
+        """The writes inside stand or fall together: a full disk keeps none of them (a post
+        recorded as an answer but not closed as a draft would be taken away by the tidy-up)."""
+        with self._lock:
+            try:
+                self._conn.execute("BEGIN IMMEDIATE")
+            except sqlite3.Error as exc:
+                raise _state_error(self.path, exc) from exc
+            try:
+                yield
+                self._conn.execute("COMMIT")
+            except BaseException as exc:
+                with contextlib.suppress(sqlite3.Error):
+                    self._conn.execute("ROLLBACK")
+                if isinstance(exc, sqlite3.Error):
+                    raise _state_error(self.path, exc) from exc
+                raise
 
     # -- cursors ---------------------------------------------------------------------------------
 

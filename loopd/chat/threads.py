@@ -25,9 +25,10 @@ from enum import StrEnum
 
 import anyio
 from anyio.abc import TaskGroup
+from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, wait_exponential
 
 from loopd.chat.config import ChatSettings
-from loopd.chat.cursor import ChatState
+from loopd.chat.cursor import ChatState, ChatStateError
 from loopd.chat.outbox import PART_PROP, TURN_PROP, Outbox
 from loopd.chat.rest import MattermostError
 from loopd.chat.split import split_message
@@ -35,6 +36,7 @@ from loopd.chat.status import Finished, InLine
 from loopd.chat.turnposts import DRAFT, STATUS, TurnPosts, close, draft_post
 from loopd.engine.turn import TurnOutcome
 from loopd.errors import LoopdError
+from loopd.sessionlog.errors import DiskFullError, LockedError
 from loopd.sessionlog.records import REPLAYED_KINDS, Entry, EntryKind
 from loopd.sessions import Runtime
 from loopd.turnstop import is_stop, record_stop, was_stopped
@@ -43,6 +45,10 @@ log = logging.getLogger("loopd.chat.threads")
 
 PREFIX = "mm:"
 CONTEXT_KEY = "ctx:"  # external key prefix of a thread's earlier posts, stored as context
+# A thread's work that failed for a passing reason is tried again after 1, 2, 4 ... s, at most
+# a minute apart: soon enough once the disk has room, rare enough not to flood the log.
+RETRY_FIRST_S = 1.0
+RETRY_MAX_S = 60.0
 _AUTHOR = re.compile(r"^@([^\s:]+): ")
 
 
@@ -77,6 +83,21 @@ def recent_turns(entries: list[Entry]) -> list[Entry]:
     ends = [i for i, e in enumerate(entries) if ends_a_turn(e)]
     start = ends[-2] + 1 if len(ends) >= 2 else 0
     return entries[start:]
+
+
+def passes_on_its_own(exc: BaseException) -> bool:
+    """A failure the same work survives when tried again later: the session log or the chat
+    state full or locked, Mattermost unreachable or overloaded past its own retries. Anything
+    else (a damaged file, a post Mattermost refuses) would fail the same way again."""
+    if isinstance(exc, BaseExceptionGroup):
+        return all(passes_on_its_own(inner) for inner in exc.exceptions)
+    if isinstance(exc, DiskFullError | LockedError):
+        return True
+    if isinstance(exc, ChatStateError):
+        return exc.passing
+    if isinstance(exc, MattermostError):
+        return exc.status is None or exc.status == 429 or exc.status >= 500
+    return False
 
 
 def requesters(entries: list[Entry]) -> frozenset[str]:
@@ -195,25 +216,52 @@ class Threads:
             while session in self._dirty:
                 self._dirty.discard(session)
                 try:
-                    await self._release_held(session)
-                    state = self.runtime.log.state(session)
-                    if state.pending_turn or state.interrupted_calls:
-                        if (change := self.runtime.server_change) is not None:
-                            # The turn waits for the server to pass the self-test (loopd.serve);
-                            # the thread hears so once per change.
-                            await self._tell(session, change.key, change.thread_line)
-                        else:
-                            await self._turn(session)
-                    if self.state.held(session):
-                        self._dirty.add(session)  # what came meanwhile gets its own turn
+                    await self._step_until_done(session)
                 except* LoopdError:
-                    # One thread's failure (Mattermost down past the retries, a log error)
-                    # must not end the daemon; the next message wakes the session again.
+                    # One thread's failure (a damaged log, a post Mattermost refuses) must not
+                    # end the daemon; the next message wakes the session again.
                     # except*: the turn runs in a task group, which wraps what it raises.
                     log.exception("the turn of %s failed", session)
         finally:
             self._workers.discard(session)
             self._waiting.pop(session, None)  # nothing of this thread waits any more
+
+    async def _step_until_done(self, session: str) -> None:
+        """``_step``, again after a pause while it fails for a reason that passes (the disk
+        full, the log locked, Mattermost away): the thread's messages wait, never dropped."""
+
+        def tell(state: RetryCallState) -> None:
+            exc = state.outcome.exception() if state.outcome else None
+            wait_s = state.next_action.sleep if state.next_action else 0.0
+            log.warning("the turn of %s waits (%s); trying again in %.0f s", session, exc, wait_s)
+
+        retrying = AsyncRetrying(
+            retry=retry_if_exception(passes_on_its_own),
+            wait=wait_exponential(multiplier=RETRY_FIRST_S, max=RETRY_MAX_S),
+            before_sleep=tell,
+            reraise=True,
+        )
+        async for attempt in retrying:
+            with attempt:
+                await self._step(session)
+
+    async def _step(self, session: str) -> None:
+        """What the session needs now: its held messages into the log, then its pending turn,
+        or (nothing pending) the delivery and tidy-up an earlier try did not finish."""
+        await self._release_held(session)
+        state = self.runtime.log.state(session)
+        if state.pending_turn or state.interrupted_calls:
+            if (change := self.runtime.server_change) is not None:
+                # The turn waits for the server to pass the self-test (loopd.serve); the
+                # thread hears so once per change.
+                await self._tell(session, change.key, change.thread_line)
+            else:
+                await self._turn(session)
+        else:
+            await self.deliver(session)
+            await self.tidy(session)
+        if self.state.held(session):
+            self._dirty.add(session)  # what came meanwhile gets its own turn
 
     async def _tell(self, name: str, key: str, line: str) -> None:
         channel = self.state.thread_channel(root_of(name))
@@ -318,9 +366,10 @@ class Threads:
             except MattermostError as exc:
                 log.warning("the answer post of %s could not show the stop (%s)", name, exc)
             else:
-                self.outbox.state.record_intent(key, 1)
-                self.outbox.state.record_posted(key, 0, draft)
-                close(self.outbox, draft, "stopped")
+                with self.outbox.state.together():
+                    self.outbox.state.record_intent(key, 1)
+                    self.outbox.state.record_posted(key, 0, draft)
+                    close(self.outbox, draft, "stopped")
         await self.outbox.post_once(key, channel, root_of(name), line)
 
     def _record_stop(self, name: str, who: str) -> Entry:
@@ -406,8 +455,9 @@ class Threads:
                 # posts, and the draft is taken away by the tidy-up.
                 log.warning("the answer post %s could not take the answer (%s)", draft, exc)
                 return
-            self.state.record_posted(key, 0, draft)
-            close(self.outbox, draft, "answer")
+            with self.state.together():  # an answer post recorded is never a draft to remove
+                self.state.record_posted(key, 0, draft)
+                close(self.outbox, draft, "answer")
             return
 
     async def tidy(self, name: str) -> None:

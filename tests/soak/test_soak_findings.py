@@ -6,18 +6,30 @@ only socket and Mattermost errors. The supervisor restarted it, and the catch-up
 message again, but a disk that stays full would have made that a crash loop. The message must
 wait for room instead: not taken in, so its channel's cursor stays before it, and the next
 catch-up takes it in.
+
+A full disk under a turn (the chat state or the session log refusing a write while the turn
+posted or stored its answer) ended that thread's work for good: the failure was logged, and the
+thread's waiting messages waited for ever. The thread's work is now tried again after a pause
+while it fails for a reason that passes, and the writes that make a draft post the answer stand
+or fall together (recorded as the answer but not closed as a draft, the tidy-up deleted the
+answer).
 """
 
 from __future__ import annotations
 
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from loopd.sessionlog.errors import DiskFullError
+from loopd.chat import threads
+from loopd.chat.cursor import ChatState, ChatStateError
+from loopd.chat.rest import MattermostError
+from loopd.serve import Daemon
+from loopd.sessionlog.errors import CorruptLogError, DiskFullError
 from loopd_dev.fakes.llama import FakeLlama, ModelSpec, ScriptedReply, serve_fake_llama
 from tests.chat.chat_support import (
     Env,
@@ -31,6 +43,11 @@ from tests.chat.chat_support import (
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(120)]
 
 MODEL = "fake-model"
+
+
+@pytest.fixture(autouse=True)
+def quick_retries(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(threads, "RETRY_FIRST_S", 0.05)
 
 
 @pytest.fixture
@@ -67,3 +84,140 @@ async def test_a_full_disk_while_a_message_is_taken_in_does_not_end_the_daemon(
             assert refused == [post.id]
         [answer] = env.answers(post.id)
         assert answer.message == "Answered once there was room."
+
+
+def _env(tmp_path: Path, mm: Any, llama: Any) -> Env:
+    return Env(
+        mm,
+        settings_for(tmp_path / "state", llama.base_url, MODEL),
+        chat_settings_for(mm, tmp_path),
+    )
+
+
+def _full(path: Path) -> ChatStateError:
+    return ChatStateError(f"chat state {path}: database or disk is full", passing=True)
+
+
+Inject = Callable[[Daemon, Env], list[str]]
+
+
+def fail_once(
+    monkeypatch: pytest.MonkeyPatch,
+    target: object,
+    method: str,
+    when: Callable[..., bool],
+    error: Callable[[], Exception],
+) -> list[str]:
+    """``target.method`` raises ``error()`` the first time ``when`` holds for its arguments;
+    the list it returns records that call."""
+    original = getattr(target, method)
+    refused: list[str] = []
+
+    def failing(*args: Any, **kwargs: Any) -> Any:
+        if not refused and when(*args, **kwargs):
+            refused.append(repr(args))
+            raise error()
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(target, method, failing)
+    return refused
+
+
+async def one_answer(tmp_path: Path, sockets: Path, replies: list[str], inject: Inject) -> Any:
+    """Run one message through the daemon with ``inject``'s fault: the one answer post left
+    in the thread once the turn is over (its status post taken away)."""
+    fake = FakeLlama([ModelSpec(MODEL, n_slots=2, n_ctx=8192)])
+    for reply in replies:
+        fake.push(ScriptedReply(content=reply), model=MODEL)
+    async with serve_fake_llama(fake) as llama, fake_mattermost(sockets) as mm:
+        env = _env(tmp_path, mm, llama)
+        async with daemon(env) as running:
+            refused = inject(running, env)
+            post = env.fake.post_as("alice", env.dm(), "Are you there?")
+            await until(lambda: len(env.answers(post.id)) == 1, "the answer")
+            await until(lambda: not env.status_posts_left(post.id), "the status post taken away")
+            assert len(refused) == 1, "the fault never fired"
+        [answer] = env.answers(post.id)
+        assert not env.fake.world.posts[answer.post_id].delete_at
+        return answer
+
+
+async def test_a_full_chat_state_when_the_answer_is_posted_delays_it_and_posts_it_once(
+    tmp_path: Path, sockets: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def inject(running: Daemon, env: Env) -> list[str]:
+        def the_answer(key: str, parts: int) -> bool:
+            return ":" not in key.split("#")[-1]  # not a draft, not a status post
+
+        full = partial(_full, running.state.path)
+        return fail_once(monkeypatch, running.state, "record_intent", the_answer, full)
+
+    answer = await one_answer(tmp_path, sockets, ["Posted once there was room."], inject)
+    assert answer.message == "Posted once there was room."
+
+
+async def test_a_full_session_log_when_the_answer_is_stored_runs_the_turn_again(
+    tmp_path: Path, sockets: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def inject(running: Daemon, env: Env) -> list[str]:
+        full = partial(DiskFullError, env.settings.db_path, "disk full (SQLITE_FULL)")
+        log = running.runtime.log
+        return fail_once(monkeypatch, log, "append_assistant", lambda *a, **k: True, full)
+
+    replies = ["Lost to the full disk.", "Stored once there was room."]
+    answer = await one_answer(tmp_path, sockets, replies, inject)
+    assert answer.message == "Stored once there was room."
+
+
+async def test_an_answer_post_recorded_but_not_closed_is_never_deleted(
+    tmp_path: Path, sockets: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The draft became the answer: recording it as the answer and closing it as a draft is one
+    write, so a full disk between the two cannot leave the answer looking like a draft (which
+    the tidy-up deletes)."""
+
+    def inject(running: Daemon, env: Env) -> list[str]:
+        def closing_the_answer(post_id: str, decision: str) -> bool:
+            return post_id.startswith("closed:") and decision == "answer"
+
+        full = partial(_full, running.state.path)
+        return fail_once(monkeypatch, running.state, "mark_seen", closing_the_answer, full)
+
+    answer = await one_answer(tmp_path, sockets, ["Still here after the tidy-up."], inject)
+    assert answer.message == "Still here after the tidy-up."
+
+
+def test_what_passes_and_what_does_not(tmp_path: Path) -> None:
+    passing = [
+        DiskFullError(tmp_path, "full"),
+        _full(tmp_path),
+        MattermostError("POST /posts", None, "still failing after retries"),
+        MattermostError("POST /posts", 503, "unavailable"),
+        ExceptionGroup("turn", [DiskFullError(tmp_path, "full")]),
+    ]
+    lasting = [
+        CorruptLogError(tmp_path, "damaged"),
+        ChatStateError("chat state: file is not a database"),
+        MattermostError("POST /posts", 403, "no permission"),
+        ExceptionGroup("turn", [DiskFullError(tmp_path, "full"), ValueError("bug")]),
+    ]
+    assert [threads.passes_on_its_own(e) for e in passing] == [True] * len(passing)
+    assert [threads.passes_on_its_own(e) for e in lasting] == [False] * len(lasting)
+
+
+def fill(state: ChatState) -> None:
+    for n in range(10_000):
+        state.mark_seen(f"post-{n:05d}-" + "x" * 200, "stored")
+
+
+def test_a_full_file_makes_a_passing_chat_state_error(tmp_path: Path) -> None:
+    state = ChatState.open(tmp_path / "chat.db")
+    try:
+        pages = state._conn.execute("PRAGMA page_count").fetchone()[0]
+        state._conn.execute(f"PRAGMA max_page_count = {pages}")
+        with pytest.raises(ChatStateError) as caught:
+            fill(state)
+        assert caught.value.passing
+        assert "full" in str(caught.value)
+    finally:
+        state.close()
