@@ -10,7 +10,10 @@ When the server differs from the recorded expectations (at startup, or found by 
 ``LOOPD_SELFTEST_EVERY_S``) the daemon stays up in a *server changed* state: each thread that asks
 gets one line saying so, the log and the status file (``server-status.json`` in the state folder)
 say what differs, and the self-test runs again until it passes; then the waiting turns run
-(``loopd.serverchange``). An unreachable server at startup still ends it with status 2.
+(``loopd.serverchange``). A self-test whose layout checks pass but one of whose probe requests
+failed on the way (the server restarting its model, a 5xx, a broken stream) is no verdict: nobody
+is told the server changed, turns go on, and the self-test runs again after 5, 10, 20 ... s. An
+unreachable server at startup still ends it with status 2.
 
 Shutdown cancels one task group; a turn cut short is recorded by the engine and resumed on the
 next start.
@@ -55,6 +58,8 @@ from loopd.tools.spec import load_tools_spec
 
 log = logging.getLogger(__name__)
 
+RECHECK_FIRST_S = 5.0  # the first re-check after a self-test that could not tell
+
 
 STATUS_FILE = "server-status.json"
 
@@ -69,6 +74,7 @@ class ServerWatch:
     expected_dir: Path = DEFAULT_DIR
     on_restored: Callable[[], Awaitable[None]] = field(default_factory=lambda: _nothing)
     checks: int = 0  # completed re-checks, for tests and the log
+    untold: int = 0  # runs in a row that could not tell (a probe request failed on the way)
 
     @property
     def change(self) -> ServerChange | None:
@@ -78,33 +84,50 @@ class ServerWatch:
         """Take the startup self-test's report (it was reachable)."""
         if report.ok:
             self._matches(report)
+        elif report.interrupted is not None:
+            self._could_not_tell(report)
         else:
             self._differs(report)
 
     async def run(self) -> None:
-        """Check again every ``selftest_every_s`` until cancelled."""
+        """Check again every ``selftest_every_s`` (sooner after a run that could not tell)
+        until cancelled."""
         while True:
-            await anyio.sleep(self.settings.selftest_every_s)
+            await anyio.sleep(self.wait_s)
             try:
                 await self.check()
             except LoopdError as exc:  # an expectations file that cannot be read, say
                 log.error("the server check failed: %s", exc)  # noqa: TRY400 (one line, no trace)
             self.checks += 1
 
+    @property
+    def wait_s(self) -> float:
+        """Until the next check: ``selftest_every_s``, or after runs that could not tell (the
+        server restarting its model, say) 5, 10, 20 ... s up to it."""
+        if not self.untold:
+            return self.settings.selftest_every_s
+        backoff = RECHECK_FIRST_S * float(2 ** (self.untold - 1))
+        return min(backoff, self.settings.selftest_every_s)
+
     async def check(self) -> None:
-        """One check: the whole self-test while the server differs; while it matches, the
-        layout checks (no request reaches a slot), and the whole self-test when they fail."""
-        if self.change is None:
+        """One check: the whole self-test while the server differs or the last run could not
+        tell; while it matches, the layout checks (no request reaches a slot), and the whole
+        self-test when they fail."""
+        if self.change is None and not self.untold:
             quick = await self._selftest(live=False)
             if quick.unreachable or quick.ok:
                 return
         report = await self._selftest(live=True)
         if report.unreachable:
             log.warning("the server check could not reach %s; checking again later", report.url)
-        elif report.ok and self.change is not None:
+        elif report.ok:
+            restored = self.change is not None
             self._matches(report)
-            await self.on_restored()
-        elif not report.ok:
+            if restored:
+                await self.on_restored()
+        elif report.interrupted is not None:
+            self._could_not_tell(report)
+        else:
             self._differs(report)
 
     async def _selftest(self, *, live: bool) -> SelftestReport:
@@ -116,6 +139,9 @@ class ServerWatch:
     def _matches(self, report: SelftestReport) -> None:
         if self.change is not None:
             log.info("the server at %s matches the recorded expectations again", report.url)
+        elif self.untold:
+            log.info("the self-test passed for the server at %s", report.url)
+        self.untold = 0
         self.runtime.server_change = None
         self.runtime.know_server(
             idle_slots_cleared=report.idle_slots_cleared,
@@ -124,7 +150,21 @@ class ServerWatch:
         )
         self._write_status(None)
 
+    def _could_not_tell(self, report: SelftestReport) -> None:
+        """A probe request failed on the way: no verdict on the server, so no thread is told it
+        changed; turns go on (with the recorded expectations' answers until a run completes),
+        and the self-test runs again soon."""
+        self.untold += 1
+        log.warning(
+            "the self-test could not tell whether the server at %s matches: a request failed "
+            "on the way (%s); checking again in %.0f s",
+            report.url,
+            report.interrupted,
+            self.wait_s,
+        )
+
     def _differs(self, report: SelftestReport) -> None:
+        self.untold = 0
         change = server_change(report.results)
         assert change is not None  # the report failed
         if self.change is not None and change.key == self.change.key:
@@ -296,6 +336,13 @@ async def startup_selftest(settings: Settings, expected_dir: Path = DEFAULT_DIR)
         print(format_report(report), file=sys.stderr)
         print(
             "loopd serve: refusing to start: the self-test failed (the server is unreachable)",
+            file=sys.stderr,
+        )
+    elif report.interrupted is not None:
+        print(format_report(report), file=sys.stderr)
+        print(
+            "loopd serve: the self-test could not tell whether the server matches (a request "
+            f"failed on the way: {report.interrupted}); starting, and checking again shortly",
             file=sys.stderr,
         )
     elif not report.ok:

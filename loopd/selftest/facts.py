@@ -64,6 +64,7 @@ class CacheProbe:
     second_cache_n: int | None = None
     second_prompt_n: int | None = None
     failure: str = ""
+    interrupted: bool = False  # the failure was on the way (see ``ServerFacts.interrupted``)
 
 
 @dataclass(frozen=True)
@@ -82,6 +83,7 @@ class PoolProbe:
     first_prompt_tokens: int | None = None
     again_cache_n: int | None = None
     failure: str = ""
+    interrupted: bool = False
 
     @property
     def cleared(self) -> bool | None:
@@ -105,6 +107,7 @@ class StreamProbe:
     control_answer: str | None = None  # "success", the server's refusal, or None if never sent
     complete: bool = False
     failure: str = ""
+    interrupted: bool = False
 
 
 @dataclass(frozen=True)
@@ -142,6 +145,17 @@ class ServerFacts:
 
     def why_missing(self, name: str) -> str:
         return self.missing.get(name, "not gathered")
+
+    @property
+    def interrupted(self) -> str | None:
+        """Why a live probe's request failed on the way (the server unreachable mid-run,
+        restarting its model, answering 5xx, breaking the stream), or None. Such a run says
+        nothing about how the server behaves: ``loopd serve`` checks again soon instead of
+        calling the server changed."""
+        for probe in (self.pool, self.cache, self.stream):
+            if probe is not None and probe.interrupted:
+                return probe.failure
+        return None
 
 
 def parse_listing(data: dict[str, Any]) -> Listing:

@@ -30,8 +30,8 @@ from loopd.config import Settings
 from loopd.engine.client import InferenceClient
 from loopd.engine.placement import PinSlots, decide_placement
 from loopd.engine.request import RequestSettings, Sampling, build_body
-from loopd.engine.stream import Limits, RequestResult, run_request
-from loopd.errors import ConnectionDropped, InferenceError, ServerUnreachable
+from loopd.engine.stream import Failure, Limits, RequestResult, run_request
+from loopd.errors import ConnectionDropped, InferenceError, ServerRejected, ServerUnreachable
 from loopd.selftest import template
 from loopd.selftest.facts import (
     CacheProbe,
@@ -225,11 +225,18 @@ async def probe_cache(
     )
     first = await _cache_request(connect, config, limits, "cache probe 1", slot=slot)
     if first.assembler.timings is None or not first.complete:
-        return CacheProbe(slot, failure=f"first request: {_failure(first)}")
+        return CacheProbe(
+            slot, failure=f"first request: {_failure(first)}", interrupted=on_the_way(first)
+        )
     second = await _cache_request(connect, config, limits, "cache probe 2", slot=slot)
     t1, t2 = first.assembler.timings, second.assembler.timings
     if t2 is None or not second.complete:
-        return CacheProbe(slot, t1.cache_n + t1.prompt_n, failure=f"second: {_failure(second)}")
+        return CacheProbe(
+            slot,
+            t1.cache_n + t1.prompt_n,
+            failure=f"second: {_failure(second)}",
+            interrupted=on_the_way(second),
+        )
     return CacheProbe(slot, t1.cache_n + t1.prompt_n, t2.cache_n, t2.prompt_n)
 
 
@@ -275,16 +282,29 @@ async def probe_pool(connect: ClientFactory, config: ProbeConfig, other: int | N
     ask = "Pool probe: say OK."
     first = await _cache_request(connect, config, limits, "pool probe 1", user_text=ask)
     if first.assembler.timings is None or not first.complete:
-        return PoolProbe(slot, other, failure=f"first request: {_failure(first)}")
+        return PoolProbe(
+            slot, other, failure=f"first request: {_failure(first)}", interrupted=on_the_way(first)
+        )
     between = await _cache_request(
         connect, config, limits, "pool probe 2", slot=other, user_text="Pool probe: say no."
     )
     if not between.complete:
-        return PoolProbe(slot, other, failure=f"request on slot {other}: {_failure(between)}")
+        return PoolProbe(
+            slot,
+            other,
+            failure=f"request on slot {other}: {_failure(between)}",
+            interrupted=on_the_way(between),
+        )
     again = await _cache_request(connect, config, limits, "pool probe 3", user_text=ask)
     t1, t3 = first.assembler.timings, again.assembler.timings
     if t3 is None or not again.complete:
-        return PoolProbe(slot, other, t1.cache_n + t1.prompt_n, failure=f"third: {_failure(again)}")
+        return PoolProbe(
+            slot,
+            other,
+            t1.cache_n + t1.prompt_n,
+            failure=f"third: {_failure(again)}",
+            interrupted=on_the_way(again),
+        )
     return PoolProbe(slot, other, t1.cache_n + t1.prompt_n, t3.cache_n)
 
 
@@ -323,6 +343,7 @@ async def _stream_once(client: InferenceClient, config: ProbeConfig, tokens: int
     tally = StreamTally()
     control: str | None = None
     failure = ""
+    interrupted = False
     try:
         with anyio.fail_after(config.first_byte_s + config.silence_s):
             async with client.stream_chat(body) as response:
@@ -338,9 +359,13 @@ async def _stream_once(client: InferenceClient, config: ProbeConfig, tokens: int
                     tally.apply(event)
     except TimeoutError:
         failure = f"no complete stream within {config.first_byte_s + config.silence_s:g} s"
+        interrupted = True
     except InferenceError as exc:
         failure = str(exc)
+        interrupted = not isinstance(exc, ServerRejected) or exc.status >= 500
     probe = tally.result(slot, control, failure)
+    if interrupted or tally.assembler.server_error is not None:
+        probe = replace(probe, interrupted=True)
     log.info(
         "selftest request",
         extra={
@@ -446,6 +471,28 @@ def _first_tool(tools_text: str) -> str:
     except (ValueError, LookupError, TypeError):
         return "read_file"
     return name if isinstance(name, str) else "read_file"
+
+
+# Failures on the way: the request never got the server's answer to what it asked.
+_ON_THE_WAY = frozenset(
+    {
+        Failure.UNREACHABLE,
+        Failure.SERVER_GONE,
+        Failure.FIRST_BYTE_TIMEOUT,
+        Failure.SILENCE,
+        Failure.SERVER_ERROR,
+        Failure.TRUNCATED,
+        Failure.POOL_FULL,
+    }
+)
+
+
+def on_the_way(result: RequestResult) -> bool:
+    """The probe request failed before the server could answer it (down, restarting its
+    model, 5xx, a broken stream), not with an answer that differs from the recorded one."""
+    if result.failure is Failure.REJECTED:
+        return (result.status_code or 0) >= 500
+    return result.failure in _ON_THE_WAY
 
 
 def _failure(result: RequestResult) -> str:

@@ -53,6 +53,9 @@ class SelftestReport:
     recording: Recording | None = None
     notes: list[str] = field(default_factory=list)
     endpoint: str | None = None  # the [[endpoint]] table tested; None: the shorthand's server
+    # Why the run could not tell: its layout matched but a probe request failed on the way (the
+    # server restarting, 5xx). None when it passed, or failed on what the server answered.
+    interrupted: str | None = None
 
     @property
     def ok(self) -> bool:
@@ -158,11 +161,16 @@ async def run_selftest(
         changes = diff_expectations(expected, new)
         expectations = save_expectation(new, expected_dir)
         recording, expected = Recording(expectations, changes), new
+    results = run_checks(facts, expected) if live else layout_checks(facts, expected)
+    interrupted = None
+    if not passed(results) and passed(layout_checks(facts, expected)):
+        interrupted = facts.interrupted
     return SelftestReport(
         model=model,
         url=settings.infer_url,
         expectations=expectations,
-        results=run_checks(facts, expected) if live else layout_checks(facts, expected),
+        results=results,
+        interrupted=interrupted,
         facts=facts,
         recording=recording,
         notes=notes,

@@ -20,6 +20,7 @@ from loopd.selftest.run import SelftestReport, run_selftest
 from loopd.serve import STATUS_FILE, Daemon, run_daemon
 from loopd.sessionlog.records import RequestKind
 from loopd_dev.fakes.llama import FakeLlama, RequestRecord, RunningFake
+from loopd_dev.fakes.llama.faults import Trigger
 from loopd_dev.fakes.mattermost import LoggedPost
 from tests.chat.chat_support import (
     WAIT_S,
@@ -158,3 +159,52 @@ async def test_a_server_that_changes_while_loopd_runs_is_found_by_the_next_check
             post = env.fake.post_as("alice", env.dm(), "hello there")
             await until(lambda: len(_changed_lines(env, post.id)) == 1, "the line")
             assert _turn_requests(fake_llama) == []
+
+
+async def test_a_self_test_whose_requests_fail_on_the_way_is_no_verdict(
+    tmp_path: Path, sockets: Path, fake_llama: FakeLlama, llama: RunningFake
+) -> None:
+    """A server restarting its model answers the probes 500 (as a router does while its model
+    child is reloaded): that says nothing about the server, so no thread hears it changed, the
+    turn is answered, and the watch checks again soon rather than after the long interval."""
+    expected = tmp_path / "expected"
+    async with fake_mattermost(sockets) as mm:
+        settings = settings_for(
+            tmp_path / "state", llama.base_url, FAKE_MODEL, selftest_every_s=3600.0
+        )
+        env = Env(mm, settings, chat_settings_for(mm, tmp_path))
+        recorded = await run_selftest(settings, record=True, expected_dir=expected)
+        assert recorded.ok, [r for r in recorded.results if not r.ok]
+        fake_llama.faults.set(http_500=Trigger(count=1))  # the first probe request
+        report = await run_selftest(settings, expected_dir=expected)
+        assert (report.ok, report.unreachable) == (False, False)
+        assert report.interrupted is not None
+        assert "500" in report.interrupted
+
+        async with checked_daemon(env, report, expected) as running:
+            assert running.runtime.server_change is None
+            assert running.watch is not None
+            assert running.watch.wait_s == 5.0
+            post = env.fake.post_as("alice", env.dm(), "hello there")
+            await until(lambda: len(env.answers(post.id)) == 1, "the answer")
+            assert _changed_lines(env, post.id) == []
+            await running.watch.check()  # the server answers again: the run completes
+            assert running.watch.wait_s == 3600.0
+            status = json.loads((settings.state_dir / STATUS_FILE).read_text())
+    assert status["server"] == "ok"
+
+
+async def test_a_self_test_that_finds_a_difference_is_a_verdict_even_when_a_probe_failed(
+    tmp_path: Path, fake_llama: FakeLlama, llama: RunningFake
+) -> None:
+    """The layout differs (the template changed) and a probe failed on the way: the difference
+    stands."""
+    expected = tmp_path / "expected"
+    settings = settings_for(tmp_path / "state", llama.base_url, FAKE_MODEL)
+    recorded = await run_selftest(settings, record=True, expected_dir=expected)
+    assert recorded.ok
+    _set_template_hash(settings, expected, "0" * 64)
+    fake_llama.faults.set(http_500=Trigger(count=1))
+    report = await run_selftest(settings, expected_dir=expected)
+    assert report.facts.interrupted is not None
+    assert report.interrupted is None
