@@ -23,12 +23,16 @@ log = logging.getLogger("soak.chaos")
 
 ALIVE_WAIT_S = 30.0  # a kill waits this long for its target to be up again
 CONFIRM_WAIT_S = 30.0  # an armed fault has this long to be used
+# A fault that needs a turn in flight (a stream to slow or silence, a status post to edit) waits
+# longer: on a loaded machine turns are few and far between, and the backlog of the load keeps
+# them coming after it. Armed into a system with nothing left to do it still fails the run.
+TURN_WAIT_S = 300.0
 # The disk stays full at least this long, and until loopd reports it (a write of its own failed),
 # at most DISK_FULL_MAX_S: in a quiet moment loopd may write nothing at all.
 DISK_FULL_S = 4.0
 DISK_FULL_MAX_S = 15.0
 # Edits are refused at least this long, and until one was refused (a turn's status post is edited
-# every few seconds while it runs), at most CONFIRM_WAIT_S.
+# every few seconds while it runs), at most TURN_WAIT_S.
 EDIT_REFUSED_S = 4.0
 BURST_429 = 6
 BURST_5XX = 3
@@ -137,7 +141,7 @@ class Chaos:
         refused = 0
         try:
             await anyio.sleep(EDIT_REFUSED_S)
-            with anyio.move_on_after(CONFIRM_WAIT_S):
+            with anyio.move_on_after(TURN_WAIT_S):
                 while refused == 0:
                     refused = int((await self.control.faults_left())["refused_patch_requests"])
                     refused -= before
@@ -158,7 +162,7 @@ class Chaos:
             self.stream_faults.silent_armed += 1
         else:
             self.stream_faults.slow_armed += 1
-        with anyio.move_on_after(CONFIRM_WAIT_S * 2):
+        with anyio.move_on_after(TURN_WAIT_S):
             while len(hits) == before:  # noqa: ASYNC110
                 await anyio.sleep(0.5)
         fault.fired = len(hits) > before
@@ -201,9 +205,11 @@ class Chaos:
         )
 
     def disk_full_lines(self) -> int:
-        """Lines of loopd's log that report a full disk (SQLITE_FULL)."""
+        """Lines of loopd's log that report a full disk: the session log's "disk full
+        (SQLITE_FULL)", SQLite's own "database or disk is full" for the chat state."""
         try:
             text = self.loopd.log_path.read_text(errors="replace")
         except OSError:
             return 0
-        return sum("disk full" in line or "SQLITE_FULL" in line for line in text.splitlines())
+        marks = ("disk full", "disk is full", "SQLITE_FULL")
+        return sum(any(mark in line for mark in marks) for line in text.splitlines())

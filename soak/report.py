@@ -263,10 +263,10 @@ def render(figures: Figures, plot_name: str) -> str:
         "and `unshare` (util-linux), writes this file and its plot, prints the figures on its "
         "last line, and exits 1 when an invariant fails (2 when the stack could not start). "
         "`python -m soak --help` lists the users' pace; `--keep` keeps the logs and state.",
-        "- The short version (60 s, 10 threads, the same invariants): "
-        "`SOAK_S=60 SOAK_THREADS=10 make soak`. It is not part of `make test` while it finds a "
-        "defect: a disk-full fault that hits the chat state during a turn ends that turn, "
-        "and the thread's waiting messages are not taken up again.",
+        "- The short version (60 s, 10 threads, the same invariants, users quicker and tool "
+        "messages asking for more so that a minute holds enough tool calls) is "
+        "`tests/soak/test_soak_short.py`, a `real_server` test that `make test` runs: "
+        "`.venv/bin/pytest -q tests/soak/test_soak_short.py`.",
         "",
         "## What runs and what is checked",
         "",

@@ -90,7 +90,7 @@ def passes_on_its_own(exc: BaseException) -> bool:
     state full or locked, Mattermost unreachable or overloaded past its own retries. Anything
     else (a damaged file, a post Mattermost refuses) would fail the same way again."""
     if isinstance(exc, BaseExceptionGroup):
-        return all(passes_on_its_own(inner) for inner in exc.exceptions)
+        return all(passes_on_its_own(leaf) for leaf in leaves(exc))
     if isinstance(exc, DiskFullError | LockedError):
         return True
     if isinstance(exc, ChatStateError):
@@ -98,6 +98,13 @@ def passes_on_its_own(exc: BaseException) -> bool:
     if isinstance(exc, MattermostError):
         return exc.status is None or exc.status == 429 or exc.status >= 500
     return False
+
+
+def leaves(exc: BaseException) -> list[BaseException]:
+    """The exceptions inside a group (a task group's), or the one exception."""
+    if isinstance(exc, BaseExceptionGroup):
+        return [leaf for inner in exc.exceptions for leaf in leaves(inner)]
+    return [exc]
 
 
 def requesters(entries: list[Entry]) -> frozenset[str]:

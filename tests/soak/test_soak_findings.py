@@ -143,7 +143,10 @@ async def one_answer(tmp_path: Path, sockets: Path, replies: list[str], inject: 
 
 
 async def test_a_full_chat_state_when_the_answer_is_posted_delays_it_and_posts_it_once(
-    tmp_path: Path, sockets: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path,
+    sockets: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     def inject(running: Daemon, env: Env) -> list[str]:
         def the_answer(key: str, parts: int) -> bool:
@@ -154,6 +157,8 @@ async def test_a_full_chat_state_when_the_answer_is_posted_delays_it_and_posts_i
 
     answer = await one_answer(tmp_path, sockets, ["Posted once there was room."], inject)
     assert answer.message == "Posted once there was room."
+    [waited] = [r.getMessage() for r in caplog.records if " waits (" in r.getMessage()]
+    assert waited.endswith("database or disk is full); trying again in 0 s"), waited
 
 
 async def test_a_full_session_log_when_the_answer_is_stored_runs_the_turn_again(
@@ -203,6 +208,9 @@ def test_what_passes_and_what_does_not(tmp_path: Path) -> None:
     ]
     assert [threads.passes_on_its_own(e) for e in passing] == [True] * len(passing)
     assert [threads.passes_on_its_own(e) for e in lasting] == [False] * len(lasting)
+    inner, outer = ValueError("inner"), KeyError("outer")
+    group = ExceptionGroup("turn", [ExceptionGroup("posts", [inner]), outer])
+    assert threads.leaves(group) == [inner, outer]
 
 
 def fill(state: ChatState) -> None:

@@ -1,8 +1,8 @@
-"""The run's verdict and its last line: what ``make soak`` exits by and what a script reads."""
+"""The run's verdict and its last line: what ``make soak`` exits by and what the short run in the
+test suite reads."""
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable
 
 import pytest
@@ -11,13 +11,7 @@ from bench.machine import Machine
 from soak.chaos import Injected
 from soak.plan import FaultKind
 from soak.report import Figures, render
-
-# The last line a run prints (what a script or a test reads).
-FIGURES = re.compile(
-    r"^soak (?P<verdict>PASS|FAIL): messages lost (?P<lost>\d+), answered twice (?P<twice>\d+), "
-    r"tools run twice (?P<tools_twice>\d+), turns (?P<turns>\d+), faults injected (?P<faults>\d+) "
-    r"\(seed \d+, 60 s, 10 threads, (?P<calls>\d+) tool calls\)$"
-)
+from tests.soak.test_soak_short import FIGURES
 
 MACHINE = Machine(cpu_model="a test CPU", cores=2, memory_gib=4.0, python="3.11", system="Linux")
 
