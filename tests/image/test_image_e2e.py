@@ -22,6 +22,7 @@ import json
 import os
 import secrets
 import shutil
+import socket
 import subprocess
 import sys
 import time
@@ -30,7 +31,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from loopd_dev import devserver
 from scripts import quadlet
@@ -106,6 +109,8 @@ class Walkthrough:
     sessions_after_restart: str = ""
     workspace_kept: bool = False
     timings: dict[str, float] = field(default_factory=dict)
+    metrics_port: int = field(default_factory=lambda: free_port())
+    metrics: dict[str, str] = field(default_factory=dict)
 
     @contextlib.contextmanager
     def step(self, name: str) -> Iterator[None]:
@@ -200,6 +205,8 @@ def _configure_brokerd(walk: Walkthrough, mm_socket: Path) -> None:
             "inference_url": json.dumps(walk.llama.url),
             "mattermost_url": json.dumps(f"unix:{mm_socket}"),
             "chat_allowed_users": json.dumps([alice]),
+            "metrics_addr": json.dumps(f"127.0.0.1:{walk.metrics_port}"),
+            "metrics_relay": json.dumps(str(_state_volume(walk) / "metrics.sock")),
         },
     )
     walk.run_doc("install -m 0600 /dev/stdin", {"BOT_TOKEN": walk.bot_token})
@@ -226,6 +233,7 @@ def _configure_loopd(walk: Walkthrough) -> None:
             # (a cap must leave the answer room below max_tokens, docs/deployment.md).
             "max_tokens": "48",
             "think_cap": "0",
+            "metrics_addr": json.dumps("unix:/var/lib/loopd/metrics.sock"),
         },
     )
     edit_env(walk.installed(".config/loopd/loopd.env"), {"LOOPD_MM_ALLOWED_USERS": "alice"})
@@ -271,6 +279,7 @@ def _walk(walk: Walkthrough, mm_socket: Path) -> None:
         walk.network = _probe_network(walk)
         walk.box = _probe_box(walk)
         walk.inspect = operator.check(["podman", "inspect", "loopd"])
+        walk.metrics = _scrape_from_the_host(walk)
     with walk.step("systemd-analyze"):
         _check_units(walk)
     with walk.step("restart and answer"):
@@ -290,6 +299,30 @@ def _walk(walk: Walkthrough, mm_socket: Path) -> None:
             "/workspace/box-probe/written-by-a-command",
         ]
         walk.workspace_kept = operator.run(kept).returncode == 0
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+        return port
+
+
+def _state_volume(walk: Walkthrough) -> Path:
+    """Where podman keeps the loopd-state volume of the operator (the default storage)."""
+    return walk.installed(".local/share/containers/storage/volumes/loopd-state/_data")
+
+
+def _scrape_from_the_host(walk: Walkthrough) -> dict[str, str]:
+    """brokerd's /metrics and loopd's, relayed from its socket in the state volume, read on the
+    host at brokerd's loopback address (loopd itself has no network)."""
+    pages = {}
+    for name, path in (("brokerd", "/metrics"), ("loopd", "/loopd/metrics")):
+        url = f"http://127.0.0.1:{walk.metrics_port}{path}"
+        response = httpx.get(url, timeout=30)
+        assert response.status_code == 200, f"{url}: {response.status_code} {response.text}"
+        pages[name] = response.text
+    return pages
 
 
 def _probe_network(walk: Walkthrough) -> dict[str, Any]:
@@ -421,6 +454,16 @@ def test_the_self_test_passes_in_the_box_and_a_direct_message_is_answered(
     [answer] = walkthrough.answers[0]
     assert answer["message"].strip()
     assert f"mm:{walkthrough.thread}" in walkthrough.sessions
+
+
+def test_both_daemons_metrics_are_scraped_on_the_host(walkthrough: Walkthrough) -> None:
+    families = {
+        name: {family.name for family in text_string_to_metric_families(page)}
+        for name, page in walkthrough.metrics.items()
+    }
+    # The turn the walk-through answered is counted in the box and through brokerd's proxy.
+    assert "loopd_turns" in families["loopd"], sorted(families["loopd"])
+    assert "brokerd_requests" in families["brokerd"], sorted(families["brokerd"])
 
 
 def test_the_box_reaches_nothing_but_brokerds_sockets(walkthrough: Walkthrough) -> None:
