@@ -49,6 +49,7 @@ from tests.image.image_support import (
     image_archive,
     missing_prerequisites,
     shell_commands,
+    uncomment_toml,
     walkthrough_sections,
 )
 
@@ -206,9 +207,10 @@ def _configure_brokerd(walk: Walkthrough, mm_socket: Path) -> None:
             "mattermost_url": json.dumps(f"unix:{mm_socket}"),
             "chat_allowed_users": json.dumps([alice]),
             "metrics_addr": json.dumps(f"127.0.0.1:{walk.metrics_port}"),
-            "metrics_relay": json.dumps(str(_state_volume(walk) / "metrics.sock")),
         },
     )
+    # loopd's socket where the example says (install.sh put the operator's home in it).
+    uncomment_toml(walk.installed(".config/brokerd/brokerd.toml"), ["metrics_relay"])
     walk.run_doc("install -m 0600 /dev/stdin", {"BOT_TOKEN": walk.bot_token})
     # The test's stand-in for the journal: brokerd's output in a file, by a drop-in.
     log = walk.operator.root / "brokerd.log"
@@ -233,9 +235,9 @@ def _configure_loopd(walk: Walkthrough) -> None:
             # (a cap must leave the answer room below max_tokens, docs/deployment.md).
             "max_tokens": "48",
             "think_cap": "0",
-            "metrics_addr": json.dumps("unix:/var/lib/loopd/metrics.sock"),
         },
     )
+    uncomment_toml(walk.installed(".config/loopd/loopd.toml"), ["metrics_addr"])
     edit_env(walk.installed(".config/loopd/loopd.env"), {"LOOPD_MM_ALLOWED_USERS": "alice"})
 
 
@@ -308,14 +310,9 @@ def free_port() -> int:
         return port
 
 
-def _state_volume(walk: Walkthrough) -> Path:
-    """Where podman keeps the loopd-state volume of the operator (the default storage)."""
-    return walk.installed(".local/share/containers/storage/volumes/loopd-state/_data")
-
-
 def _scrape_from_the_host(walk: Walkthrough) -> dict[str, str]:
-    """brokerd's /metrics and loopd's, relayed from its socket in the state volume, read on the
-    host at brokerd's loopback address (loopd itself has no network)."""
+    """brokerd's /metrics and loopd's, relayed from its socket in the folder the box mounts for
+    it, read on the host at brokerd's loopback address (loopd itself has no network)."""
     pages = {}
     for name, path in (("brokerd", "/metrics"), ("loopd", "/loopd/metrics")):
         url = f"http://127.0.0.1:{walk.metrics_port}{path}"
@@ -464,6 +461,9 @@ def test_both_daemons_metrics_are_scraped_on_the_host(walkthrough: Walkthrough) 
     # The turn the walk-through answered is counted in the box and through brokerd's proxy.
     assert "loopd_turns" in families["loopd"], sorted(families["loopd"])
     assert "brokerd_requests" in families["brokerd"], sorted(families["brokerd"])
+    # The socket's folder, as make install made it: the operator's alone.
+    folder = walkthrough.installed(".local/state/loopd/metrics").stat()
+    assert (folder.st_uid, oct(folder.st_mode & 0o777)) == (walkthrough.operator.uid, "0o700")
 
 
 def test_the_box_reaches_nothing_but_brokerds_sockets(walkthrough: Walkthrough) -> None:
@@ -515,9 +515,11 @@ def test_run_command_is_sandboxed_by_bubblewrap_in_the_box(walkthrough: Walkthro
     assert sandbox["exit_code"] == 0, sandbox["output"]
     seen = dict(sandbox["seen"])
     shell_pid = int(seen.pop("shell_pid"))
+    assert walkthrough.box["metrics_socket"]  # loopd's metrics socket, which commands never see
     assert seen == {
         "state": "hidden",
         "sockets": "hidden",
+        "metrics": "hidden",
         "config": "hidden",
         "workspace": "writable",
     }
