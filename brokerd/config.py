@@ -173,8 +173,8 @@ class BrokerdSettings(configload.FileSettings):
     )
     metrics_relay: Path | None = Field(
         default=None,
-        description="loopd's metrics socket as the host sees it (in the loopd-state volume), "
-        "relayed at metrics_addr under /loopd/.",
+        description="loopd's metrics socket as the host sees it (in the folder loopd.container "
+        "mounts at /run/loopd-metrics), relayed at metrics_addr under /loopd/.",
     )
     mcp: McpServers = Field(default=(), description="MCP servers whose tools the broker offers.")
 

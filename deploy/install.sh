@@ -4,7 +4,8 @@
 #  - brokerd, from the wheelhouse, in its own virtual environment: ~/.local/share/brokerd;
 #  - the example configs, only where none exist yet (yours are never overwritten):
 #    ~/.config/brokerd/brokerd.toml, ~/.config/loopd/loopd.toml and loopd.env, and the folders
-#    ~/.config/loopd/expected (the self-test's expectations) and ~/.local/state/brokerd;
+#    ~/.config/loopd/expected (the self-test's expectations), ~/.local/state/brokerd and
+#    ~/.local/state/loopd/metrics (loopd's metrics socket, mounted in the box);
 #  - the units: brokerd.service, and loopd.container with its volumes for podman's quadlet
 #    generator, or, where podman has none that reads it (before 4.6), the loopd.service it
 #    would generate;
@@ -54,6 +55,9 @@ log "brokerd: $venv/bin/brokerd"
 
 # --- configs (never overwritten) -----------------------------------------------------------------
 install -d -m 0700 "$HOME/.config/brokerd" "$HOME/.config/loopd" "$HOME/.local/state/brokerd"
+# loopd.container mounts it (podman refuses to start the box without it); only this account and
+# brokerd, running as it, may reach the socket loopd makes there.
+install -d -m 0700 "$HOME/.local/state/loopd" "$HOME/.local/state/loopd/metrics"
 install -d -m 0755 "$HOME/.config/loopd/expected"
 copy_once() { # SOURCE DEST: the example, with the example account's home replaced by this one's
     if [ -e "$2" ]; then

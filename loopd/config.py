@@ -292,7 +292,7 @@ class Settings(configload.FileSettings):
     metrics_addr: Annotated[str | None, AfterValidator(check_address)] = Field(
         default=None,
         description="Where `loopd serve` serves `/metrics` and the status page: "
-        "`unix:/path/to.sock` (in the box: in the state folder, relayed by brokerd) or "
+        "`unix:/path/to.sock` (in the box: in /run/loopd-metrics, relayed by brokerd) or "
         "`127.0.0.1:PORT`. Unset: off.",
     )
     mm: ChatSettings = Field(

@@ -6,7 +6,7 @@ the relay that brings loopd's metrics and status page out of the box.
 - ``metrics``: the registry and one method per event;
 - ``middleware``: wraps each socket's app: reads loopd's headers (and removes them, so they never
   go upstream), counts requests, statuses and bytes;
-- ``relay``: loopd's metrics socket (in the box's state folder) read safely from the host;
+- ``relay``: loopd's metrics socket (in a folder the box mounts) read safely from the host;
 - ``server``: ``/metrics`` (and ``/loopd/...``, the relay) at ``metrics_addr``.
 
 docs/observability.md describes what an operator gets.

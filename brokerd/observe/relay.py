@@ -1,9 +1,10 @@
-"""loopd's metrics and status page, read from its socket in the box's state folder.
+"""loopd's metrics and status page, read from its socket in a folder the box mounts.
 
-loopd runs with no network; it serves its pages on a Unix socket in its state folder
-(``LOOPD_METRICS_ADDR=unix:/var/lib/loopd/metrics.sock``), which is a volume the host can see.
-brokerd reads them there (``metrics_relay``) and serves them on its own metrics address under
-``/loopd/``. The box owns that folder, so everything read from it is hostile input:
+loopd runs with no network; it serves its pages on a Unix socket in a folder of the host account
+that the container mounts (``LOOPD_METRICS_ADDR=unix:/run/loopd-metrics/metrics.sock``; on the
+host ``~/.local/state/loopd/metrics``, deploy/loopd.container). brokerd reads them there
+(``metrics_relay``) and serves them on its own metrics address under ``/loopd/``. The box writes
+that folder, so everything read from it is hostile input:
 
 - the socket is opened without following links (``O_PATH | O_NOFOLLOW``) and must be a socket,
   then connected through ``/proc/self/fd``: a link the box put there (to brokerd's own sockets, to

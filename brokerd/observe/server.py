@@ -1,9 +1,10 @@
 """brokerd's metrics address (``metrics_addr``): ``/metrics``, and loopd's pages under ``/loopd/``.
 
 ``/loopd/metrics``, ``/loopd/`` (the status page) and ``/loopd/status.json`` are relayed from
-loopd's socket in the box's state folder when ``metrics_relay`` names it (``brokerd.observe.relay``
-says how safely). The address is the host's only: ``unix:/path`` outside brokerd's socket folder
-(which the box mounts) or a loopback port, which the box, having no network, cannot reach.
+loopd's socket in the folder the box mounts for it when ``metrics_relay`` names it
+(``brokerd.observe.relay`` says how safely). The address is the host's only: ``unix:/path``
+outside brokerd's socket folder (which the box mounts) or a loopback port, which the box, having
+no network, cannot reach.
 """
 
 import logging

@@ -1,8 +1,9 @@
 """``/metrics`` and the status page, served by ``loopd serve`` at ``LOOPD_METRICS_ADDR``.
 
-In the box (``--network=none``) the address is a Unix socket in the state folder, which the host
-mounts: brokerd on the host relays it to a host address (its ``metrics_relay`` setting; see
-docs/observability.md). ``loopd.observe.serving`` serves it (and brokerd's metrics address).
+In the box (``--network=none``) the address is a Unix socket in a folder of the host account that
+the container mounts (deploy/loopd.container): brokerd on the host relays it to a host address
+(its ``metrics_relay`` setting; see docs/observability.md). ``loopd.observe.serving`` serves it
+(and brokerd's metrics address).
 
 Routes: ``GET /metrics`` (Prometheus text format), ``GET /`` (the status page), ``GET
 /status.json`` (the page's data).

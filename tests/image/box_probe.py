@@ -23,6 +23,7 @@ from loopd.tools.command import detect_sandbox, run_command
 SANDBOXED = """
 test -e /var/lib/loopd && echo state=visible || echo state=hidden
 test -e /run/loopd/infer.sock && echo sockets=visible || echo sockets=hidden
+test -e /run/loopd-metrics/metrics.sock && echo metrics=visible || echo metrics=hidden
 test -e /etc/loopd/loopd.toml && echo config=visible || echo config=hidden
 echo shell_pid=$$
 touch written-by-a-command && echo workspace=writable
@@ -89,6 +90,8 @@ def main() -> int:
         "cap_eff": status("CapEff"),
         "no_new_privs": status("NoNewPrivs"),
         "root_read_only": root_is_read_only(),
+        # loopd's own view: the socket the sandboxed shell must not see is there.
+        "metrics_socket": Path("/run/loopd-metrics/metrics.sock").is_socket(),
         "environ": dict(os.environ),
         "sandbox": anyio.run(sandbox_report, workspace),
         "broker_call": broker_call(),

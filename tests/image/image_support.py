@@ -370,6 +370,17 @@ def edit_toml(path: Path, values: Mapping[str, str]) -> None:
     path.write_text(text)
 
 
+def uncomment_toml(path: Path, keys: Sequence[str]) -> None:
+    """Uncomment the ``# key = ...`` example of each key, keeping the example's value, as an
+    operator turning a shipped setting on would; a key without one such line is an error."""
+    text = path.read_text()
+    for key in keys:
+        text, count = re.subn(rf"^# ({re.escape(key)} = .*)$", r"\1", text, flags=re.M)
+        if count != 1:
+            raise AssertionError(f"{path}: {count} commented lines for {key}")
+    path.write_text(text)
+
+
 def edit_env(path: Path, values: Mapping[str, str]) -> None:
     """Set ``KEY=value`` lines in an environment file, the same way."""
     text = path.read_text()

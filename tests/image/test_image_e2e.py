@@ -22,6 +22,7 @@ import json
 import os
 import secrets
 import shutil
+import socket
 import subprocess
 import sys
 import time
@@ -30,7 +31,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from loopd_dev import devserver
 from scripts import quadlet
@@ -46,6 +49,7 @@ from tests.image.image_support import (
     image_archive,
     missing_prerequisites,
     shell_commands,
+    uncomment_toml,
     walkthrough_sections,
 )
 
@@ -106,6 +110,8 @@ class Walkthrough:
     sessions_after_restart: str = ""
     workspace_kept: bool = False
     timings: dict[str, float] = field(default_factory=dict)
+    metrics_port: int = field(default_factory=lambda: free_port())
+    metrics: dict[str, str] = field(default_factory=dict)
 
     @contextlib.contextmanager
     def step(self, name: str) -> Iterator[None]:
@@ -200,8 +206,11 @@ def _configure_brokerd(walk: Walkthrough, mm_socket: Path) -> None:
             "inference_url": json.dumps(walk.llama.url),
             "mattermost_url": json.dumps(f"unix:{mm_socket}"),
             "chat_allowed_users": json.dumps([alice]),
+            "metrics_addr": json.dumps(f"127.0.0.1:{walk.metrics_port}"),
         },
     )
+    # loopd's socket where the example says (install.sh put the operator's home in it).
+    uncomment_toml(walk.installed(".config/brokerd/brokerd.toml"), ["metrics_relay"])
     walk.run_doc("install -m 0600 /dev/stdin", {"BOT_TOKEN": walk.bot_token})
     # The test's stand-in for the journal: brokerd's output in a file, by a drop-in.
     log = walk.operator.root / "brokerd.log"
@@ -228,6 +237,7 @@ def _configure_loopd(walk: Walkthrough) -> None:
             "think_cap": "0",
         },
     )
+    uncomment_toml(walk.installed(".config/loopd/loopd.toml"), ["metrics_addr"])
     edit_env(walk.installed(".config/loopd/loopd.env"), {"LOOPD_MM_ALLOWED_USERS": "alice"})
 
 
@@ -271,6 +281,7 @@ def _walk(walk: Walkthrough, mm_socket: Path) -> None:
         walk.network = _probe_network(walk)
         walk.box = _probe_box(walk)
         walk.inspect = operator.check(["podman", "inspect", "loopd"])
+        walk.metrics = _scrape_from_the_host(walk)
     with walk.step("systemd-analyze"):
         _check_units(walk)
     with walk.step("restart and answer"):
@@ -290,6 +301,25 @@ def _walk(walk: Walkthrough, mm_socket: Path) -> None:
             "/workspace/box-probe/written-by-a-command",
         ]
         walk.workspace_kept = operator.run(kept).returncode == 0
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+        return port
+
+
+def _scrape_from_the_host(walk: Walkthrough) -> dict[str, str]:
+    """brokerd's /metrics and loopd's, relayed from its socket in the folder the box mounts for
+    it, read on the host at brokerd's loopback address (loopd itself has no network)."""
+    pages = {}
+    for name, path in (("brokerd", "/metrics"), ("loopd", "/loopd/metrics")):
+        url = f"http://127.0.0.1:{walk.metrics_port}{path}"
+        response = httpx.get(url, timeout=30)
+        assert response.status_code == 200, f"{url}: {response.status_code} {response.text}"
+        pages[name] = response.text
+    return pages
 
 
 def _probe_network(walk: Walkthrough) -> dict[str, Any]:
@@ -423,6 +453,19 @@ def test_the_self_test_passes_in_the_box_and_a_direct_message_is_answered(
     assert f"mm:{walkthrough.thread}" in walkthrough.sessions
 
 
+def test_both_daemons_metrics_are_scraped_on_the_host(walkthrough: Walkthrough) -> None:
+    families = {
+        name: {family.name for family in text_string_to_metric_families(page)}
+        for name, page in walkthrough.metrics.items()
+    }
+    # The turn the walk-through answered is counted in the box and through brokerd's proxy.
+    assert "loopd_turns" in families["loopd"], sorted(families["loopd"])
+    assert "brokerd_requests" in families["brokerd"], sorted(families["brokerd"])
+    # The socket's folder, as make install made it: the operator's alone.
+    folder = walkthrough.installed(".local/state/loopd/metrics").stat()
+    assert (folder.st_uid, oct(folder.st_mode & 0o777)) == (walkthrough.operator.uid, "0o700")
+
+
 def test_the_box_reaches_nothing_but_brokerds_sockets(walkthrough: Walkthrough) -> None:
     report = walkthrough.network
     assert report["interfaces"] == ["lo"]
@@ -472,9 +515,11 @@ def test_run_command_is_sandboxed_by_bubblewrap_in_the_box(walkthrough: Walkthro
     assert sandbox["exit_code"] == 0, sandbox["output"]
     seen = dict(sandbox["seen"])
     shell_pid = int(seen.pop("shell_pid"))
+    assert walkthrough.box["metrics_socket"]  # loopd's metrics socket, which commands never see
     assert seen == {
         "state": "hidden",
         "sockets": "hidden",
+        "metrics": "hidden",
         "config": "hidden",
         "workspace": "writable",
     }

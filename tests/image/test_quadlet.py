@@ -58,12 +58,28 @@ def test_the_shipped_unit_gives_every_isolation_flag() -> None:
         "%t/brokerd:/run/loopd:ro",  # the folder with infer.sock, chat.sock and broker.sock
         "loopd-state:/var/lib/loopd:U",  # VolumeName= of loopd-state.volume
         "loopd-workspace:/workspace:U",
+        # loopd's metrics socket: a folder of the account's, which brokerd may enter
+        "%h/.local/state/loopd/metrics:/run/loopd-metrics",
         "%h/.config/loopd/loopd.toml:/etc/loopd/loopd.toml:ro",
         "%h/.config/loopd/expected:/etc/loopd/expected:ro",
     ]
     image = args.index("localhost/loopd:latest")
     assert args[image + 1 :] == ["serve", "--expected-dir", "/etc/loopd/expected"]
     assert not {"--cgroups=split", "--sdnotify=conmon", "-d"} & set(args)
+
+
+def test_the_example_metrics_settings_name_the_folder_the_unit_mounts() -> None:
+    """loopd's metrics_addr (in the box) and brokerd's metrics_relay (on the host, /home/loopd
+    being the home install.sh puts there) are one socket in the folder loopd.container mounts."""
+    container, _ = quadlet.load_container(DEPLOY / "loopd.container")
+    [mount] = [v for v in container.values("Container", "Volume") if "loopd-metrics" in v]
+    host, box = mount.split(":")
+    loopd_example = (DEPLOY / "loopd.toml").read_text()
+    brokerd_example = (DEPLOY / "brokerd.toml").read_text()
+    assert f'# metrics_addr = "unix:{box}/metrics.sock"' in loopd_example.splitlines()
+    relay = host.replace("%h", "/home/loopd") + "/metrics.sock"
+    assert f'# metrics_relay = "{relay}"' in brokerd_example.splitlines()
+    assert f'"$HOME/{host.removeprefix("%h/")}"' in (DEPLOY / "install.sh").read_text()
 
 
 def test_under_systemd_the_service_flags_quadlet_adds_are_there() -> None:

@@ -64,6 +64,7 @@ def test_the_loopd_container_has_no_network_and_a_read_only_root() -> None:
         "/etc/loopd/expected",
         "/etc/loopd/loopd.toml",
         "/run/loopd",
+        "/run/loopd-metrics",
         "/var/lib/loopd",
         "/workspace",
     ]
