@@ -113,7 +113,8 @@ write_hybrid_model() {
     }
     local work
     work=$(mktemp -d)
-    "$server_dir/bin/test-llama-archs" -a qwen35moe -o "$work" >"$work/archs.log" 2>&1 \
+    # A fixed seed: every provisioned copy is the same model, so measurements on it repeat.
+    "$server_dir/bin/test-llama-archs" -a qwen35moe -s 1 -o "$work" >"$work/archs.log" 2>&1 \
         || { tail -20 "$work/archs.log"; exit 1; }
     mkdir -p "$model_dir"
     "$python" -m loopd_dev.hybrid_model "$work/qwen35moe-moe.gguf" \

@@ -82,6 +82,7 @@ def test_the_hybrid_preset_is_production_shaped() -> None:
     assert hybrid["qwen35moe"] == {
         "model": "/m/qwen35moe-vocab.gguf",
         "override-kv": "qwen35moe.context_length=int:65536",
+        "threads": "1",
         "c": "16384",
         "np": "4",
         "kv-unified": "true",

@@ -1,6 +1,6 @@
 """The tiny hybrid model's vocabulary (``loopd_dev.hybrid_model``), on small GGUF files of its own:
 the donor's tokenizer cut to a prefix with the merges that make it, the per-token matrices
-resized, and the tokens that are not whole text never written."""
+resized, and the special tokens and the tokens that are not whole text never written."""
 
 from __future__ import annotations
 
@@ -89,7 +89,7 @@ def test_the_model_takes_a_prefix_of_the_tokenizer_and_the_merges_that_make_it(
     np.testing.assert_array_equal(tensors["output_norm.weight"], np.ones(EMBED))
 
 
-def test_tokens_that_are_not_whole_text_are_never_written(
+def test_special_tokens_and_pieces_of_characters_are_never_written(
     sources: tuple[Path, Path], tmp_path: Path
 ) -> None:
     out = tmp_path / "out.gguf"
@@ -97,8 +97,9 @@ def test_tokens_that_are_not_whole_text_are_never_written(
     _, tensors = read(out)
     output = tensors["output.weight"]
     silent = [row for row in range(len(TOKENS)) if not output[row].any()]
-    assert silent == [4, 5], "the lone bytes of 'é' have no logit of their own"
-    assert tensors["token_embd.weight"][4].any(), "they are still read as input"
+    assert silent == [0, 1, 4, 5], "the special tokens and the lone bytes of 'é' have no logit"
+    embedded = tensors["token_embd.weight"]
+    assert all(embedded[row].any() for row in silent), "they are still read as input"
 
 
 def test_not_whole_text_reads_the_byte_alphabet() -> None:

@@ -53,6 +53,11 @@ EVERY_TURN_TEMPLATE = "Qwen3.5-4B-every-turn-reasoning.jinja"
 HYBRID_MODEL = "qwen35moe"
 # The file says 256 (test-llama-archs' training context); without this every slot gets 256 tokens.
 HYBRID_CONTEXT_OVERRIDE = "qwen35moe.context_length=int:65536"
+# One compute thread: the tiny model's matrices are too small to share out, and on a loaded
+# 2-core machine two threads waiting on each other wrote 90 tokens a second instead of 1,100 and
+# starved the router's threads, so a thinking cap's control call reached the model after the
+# stream had run past loopd's runaway limit (7 of 60 capped requests; 1 of 60 with one thread).
+HYBRID_THREADS = "1"
 # The one condition that limits rendered reasoning to the turns after the last user message.
 _LATEST_TURNS_ONLY = "{%- if loop.index0 > ns.last_query_index %}"
 
@@ -146,7 +151,7 @@ def hybrid_preset(
         prov.hybrid_model,
         layout,
         template,
-        (("override-kv", HYBRID_CONTEXT_OVERRIDE),),
+        (("override-kv", HYBRID_CONTEXT_OVERRIDE), ("threads", HYBRID_THREADS)),
         extra,
     )
 

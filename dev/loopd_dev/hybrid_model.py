@@ -18,12 +18,19 @@ then the single bytes, then one token per merge in merge order, each made of ear
 a prefix of it with its merges is the tokenizer BPE training would have stopped at: text still
 round-trips, in somewhat more tokens.
 
-The output matrix's rows for the tokens that are not whole UTF-8 text by themselves (single bytes
-above 0x7f, pieces of a character) are zeros: their logit is 0 where the other tokens' top ones
-are well above it, so with top-k sampling or greedy decoding the model never writes them. A
-trained model writes such tokens only in runs that complete a character; a random one would
-leave broken characters, and the server fails a tool call's stream on them (HTTP 500 "invalid
-UTF-8 byte" in the middle of the stream). They stay in the vocabulary: input text needs them.
+Two kinds of tokens are never written: their rows of the output matrix are zeros, so their
+logit is 0 where the other tokens' top ones are well above it, and with top-k sampling or greedy
+decoding the model never picks them. They stay in the vocabulary, for the input.
+
+- Tokens that are not whole UTF-8 text by themselves (single bytes above 0x7f, pieces of a
+  character). A trained model writes them only in runs that complete a character; a random one
+  would leave broken characters, and the server fails a tool call's stream on them (HTTP 500
+  "invalid UTF-8 byte" in the middle of the stream).
+- The special tokens (``<|im_end|>``, ``<|endoftext|>``, ``<|im_start|>``, ...). A trained model
+  writes them in their place; a random one would end a turn at random, now and then while it
+  still thinks, before any answer (1 of 60 capped requests in a trial with a 24-token cap). So,
+  as with the dummy vocabulary, the model never ends a thought or an answer by itself:
+  ``max_tokens``, a stop string or the thinking cap's control call does.
 
 ``scripts/provision.sh`` runs it once, on files it has already provisioned (no network):
 
@@ -86,7 +93,9 @@ def with_vocabulary(model: Path, tokenizer: Path, out: Path, vocab_size: int = V
     model_kind = str(_field(donor, tokenizer, gguf.Keys.Tokenizer.MODEL).contents())
     if model_kind != "gpt2":
         raise ModelError(f"{tokenizer}: tokenizer model {model_kind!r}, not byte-level BPE (gpt2)")
-    silent = not_whole_text(tokens[:new_vocab])
+    types = kept[gguf.Keys.Tokenizer.TOKEN_TYPE]
+    special = [i for i, kind in enumerate(types) if kind == gguf.TokenType.CONTROL]
+    silent = sorted({*not_whole_text(tokens[:new_vocab]), *special})
 
     writer = gguf.GGUFWriter(out, arch)
     for field in source.fields.values():
@@ -117,9 +126,8 @@ def with_vocabulary(model: Path, tokenizer: Path, out: Path, vocab_size: int = V
 
 
 def not_whole_text(tokens: list[str]) -> list[int]:
-    """The ids of the byte-level BPE ``tokens`` whose bytes are not whole UTF-8 text.
-
-    A special token's text (``<|im_end|>``) is plain ASCII, whole text like any other."""
+    """The ids of the byte-level BPE ``tokens`` whose bytes are not whole UTF-8 text (a special
+    token's text, ``<|im_end|>``, is plain ASCII: whole text)."""
     broken = []
     for token_id, token in enumerate(tokens):
         if not all(char in _BYTE_OF_CHAR for char in token):

@@ -13,6 +13,7 @@ import pytest
 
 from loopd.config import CORE_TOOLS_FILE, load_settings
 from loopd.engine.perf import LossCause
+from loopd.engine.stream import Limits
 from loopd.observe.metrics import METRICS
 from loopd.selftest.run import run_selftest
 from loopd.serve import ServerWatch
@@ -115,6 +116,8 @@ async def test_a_low_thinking_cap_ends_every_turn_and_each_is_answered(
         assert perf.capped, perf
         assert perf.extra["control_answer"] == "success", perf
         assert perf.outcome == "complete", perf
-        assert cap <= (perf.thinking_tokens or 0) < 2 * cap, "thinking ended near the cap"
+        # Ended by the server, before loopd would close the stream as a runaway; how far past
+        # the cap is the control call's round trip (the model writes about a token a ms).
+        assert cap <= (perf.thinking_tokens or 0) < cap + Limits().think_grace, perf
     assert capped_after - capped_before == 3
     assert problems == []
