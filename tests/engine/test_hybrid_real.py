@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from loopd.config import CORE_TOOLS_FILE, load_settings
+from loopd.engine.client import InferenceClient
 from loopd.engine.perf import LossCause
 from loopd.engine.stream import Limits
 from loopd.observe.metrics import METRICS
@@ -76,6 +77,20 @@ async def test_sessions_taking_turns_on_the_hybrid_pool_name_every_loss(
     assert not [loss for loss in losses if loss[2] == LossCause.UNEXPLAINED], losses
     assert sum(bool(lost) for _, lost, _ in losses) >= 1, "the hybrid pool lost something"
     assert problems == []
+
+
+async def test_the_end_of_thinking_the_server_forces_is_text_to_the_model(
+    hybrid_server: devserver.RunningServer,
+) -> None:
+    """The template's end of thinking tokenizes and detokenizes back to itself, so the server's
+    reasoning parser sees the tag it forces (test-llama-archs' own vocabulary gave back hex)."""
+    forced = "\n</think>\n"
+    async with InferenceClient(hybrid_server.url, devserver.HYBRID_MODEL) as client:
+        body = {"model": devserver.HYBRID_MODEL, "content": forced}
+        tokens = (await client.post_json("/tokenize", body, 30))["tokens"]
+        body = {"model": devserver.HYBRID_MODEL, "tokens": tokens}
+        back = (await client.post_json("/detokenize", body, 30))["content"]
+    assert back == forced, tokens
 
 
 async def test_a_low_thinking_cap_ends_every_turn_and_each_is_answered(
