@@ -8,7 +8,8 @@
 #
 # The same build also makes `test-llama-archs`, which writes small random-weight models of any
 # architecture llama.cpp supports; provisioning uses it to write a tiny `qwen35moe` model (hybrid
-# linear/full attention, MoE: the production model's architecture) for the hybrid dev preset.
+# linear/full attention, MoE: the production model's architecture) for the hybrid dev preset,
+# with SmolLM2's tokenizer (`write_hybrid_model`).
 #
 # Usage: scripts/provision.sh [server|model|all]
 set -euo pipefail
@@ -94,20 +95,31 @@ PY
     log "model at $gguf"
 }
 
-# The tiny hybrid MoE model: random weights, a dummy 128-token tokenizer, trained context 256
-# (the dev server overrides it). Its text is noise; its cache behaviour is the real server's.
+# The tiny hybrid MoE model: random weights of the production architecture, trained context 256
+# (the dev server overrides it). test-llama-archs gives it a dummy 128-token vocabulary that writes
+# every token as its id in hex, on which the server can never end a thought (the `</think>` it
+# forces after a thinking cap comes out as hex digits); so loopd_dev.hybrid_model gives it
+# SmolLM2's tokenizer (the model fetched above) and resizes its embeddings to match. Its text is
+# noise; its tokenizer and its cache behaviour are real. Offline: it uses only the files above.
 write_hybrid_model() {
-    local gguf="$model_dir/qwen35moe-moe.gguf"
+    local gguf="$model_dir/qwen35moe-vocab.gguf"
     if [ -s "$gguf" ]; then
         log "hybrid model already at $gguf"
         return
     fi
+    "$python" -c 'import loopd_dev.hybrid_model' 2>/dev/null || {
+        log "$python cannot import loopd_dev.hybrid_model: run \`make llama-server\` (the venv's python)"
+        exit 1
+    }
     local work
     work=$(mktemp -d)
-    "$server_dir/bin/test-llama-archs" -a qwen35moe -o "$work" >"$work/archs.log" 2>&1 \
+    # A fixed seed: every provisioned copy is the same model, so measurements on it repeat.
+    "$server_dir/bin/test-llama-archs" -a qwen35moe -s 1 -o "$work" >"$work/archs.log" 2>&1 \
         || { tail -20 "$work/archs.log"; exit 1; }
     mkdir -p "$model_dir"
-    mv "$work/qwen35moe-moe.gguf" "$gguf.part"
+    "$python" -m loopd_dev.hybrid_model "$work/qwen35moe-moe.gguf" \
+        "$model_dir/SmolLM2-135M-Instruct.Q4_1.gguf" "$work/qwen35moe-vocab.gguf"
+    mv "$work/qwen35moe-vocab.gguf" "$gguf.part"
     mv "$gguf.part" "$gguf"
     rm -rf "$work"
     log "hybrid model at $gguf"

@@ -50,7 +50,7 @@ def _routers_for(socket: Path) -> list[int]:
 
 
 PROV = devserver.Provisioned(
-    Path("/b/llama-server"), Path("/t"), Path("/m.gguf"), Path("/m/qwen35moe-moe.gguf")
+    Path("/b/llama-server"), Path("/t"), Path("/m.gguf"), Path("/m/qwen35moe-vocab.gguf")
 )
 
 
@@ -80,8 +80,9 @@ def test_the_hybrid_preset_is_production_shaped() -> None:
     host prompt cache and --cache-idle-slots stay as the server starts by default."""
     hybrid = sections(devserver.preset_ini(PROV, devserver.ServerLayout(), Path("/w/every.jinja")))
     assert hybrid["qwen35moe"] == {
-        "model": "/m/qwen35moe-moe.gguf",
+        "model": "/m/qwen35moe-vocab.gguf",
         "override-kv": "qwen35moe.context_length=int:65536",
+        "threads": "1",
         "c": "16384",
         "np": "4",
         "kv-unified": "true",

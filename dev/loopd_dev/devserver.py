@@ -13,10 +13,12 @@ router serves two presets of the same GGUF, as the production deployment is a ro
   measure cache reuse on both.
 - ``qwen35moe``: the production shape (docs/production-shape.md). A tiny random-weight model of
   the production model's architecture (``qwen35moe``: linear-attention and full-attention layers,
-  MoE), written by llama.cpp's ``test-llama-archs``, served as production serves its model: four
-  slots on one unified KV pool (``--kv-unified``), the host prompt cache on, the every-turn
-  reasoning template. Its text is random and its tokenizer a dummy, but the server's hybrid
-  memory (recurrent state, context checkpoints, the host prompt cache) is the real code.
+  MoE), written by llama.cpp's ``test-llama-archs`` and given SmolLM2's tokenizer
+  (``loopd_dev.hybrid_model``), served as production serves its model: four slots on one unified
+  KV pool (``--kv-unified``), the host prompt cache on, the every-turn reasoning template. Its
+  text is random, but its tokenizer round-trips as production's does, so the thinking cap's
+  forced ``</think>`` ends the thought, and the server's hybrid memory (recurrent state, context
+  checkpoints, the host prompt cache) is the real code.
 
 The SmolLM2 children run ``-np 2`` with an explicit slot count, so KV is not unified and a pinned
 slot keeps its cache; the ``qwen35moe`` child is unified, as production is.
@@ -42,7 +44,7 @@ import httpx
 
 LLAMA_BUILD = 11434
 MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
-HYBRID_MODEL_FILE = "qwen35moe-moe.gguf"
+HYBRID_MODEL_FILE = "qwen35moe-vocab.gguf"
 PLAIN_MODEL = "smollm2"
 THINKING_MODEL = "smollm2-think"
 THINKING_TEMPLATE = "Qwen3.5-4B.jinja"
@@ -51,6 +53,11 @@ EVERY_TURN_TEMPLATE = "Qwen3.5-4B-every-turn-reasoning.jinja"
 HYBRID_MODEL = "qwen35moe"
 # The file says 256 (test-llama-archs' training context); without this every slot gets 256 tokens.
 HYBRID_CONTEXT_OVERRIDE = "qwen35moe.context_length=int:65536"
+# One compute thread: the tiny model's matrices are too small to share out, and on a loaded
+# 2-core machine two threads waiting on each other wrote 90 tokens a second instead of 1,100 and
+# starved the router's threads, so a thinking cap's control call reached the model after the
+# stream had run past loopd's runaway limit (7 of 60 capped requests; 1 of 60 with one thread).
+HYBRID_THREADS = "1"
 # The one condition that limits rendered reasoning to the turns after the last user message.
 _LATEST_TURNS_ONLY = "{%- if loop.index0 > ns.last_query_index %}"
 
@@ -144,7 +151,7 @@ def hybrid_preset(
         prov.hybrid_model,
         layout,
         template,
-        (("override-kv", HYBRID_CONTEXT_OVERRIDE),),
+        (("override-kv", HYBRID_CONTEXT_OVERRIDE), ("threads", HYBRID_THREADS)),
         extra,
     )
 

@@ -62,7 +62,7 @@ class Target:
     @property
     def hybrid(self) -> bool:
         """The hybrid server: its recurrent state can only be rolled back to a checkpoint, its
-        dummy tokenizer does not round-trip, and its slots share one pool (see
+        random replies do not replay token for token, and its slots share one pool (see
         :func:`hybrid_resume_point` and docs/production-shape.md)."""
         return self.kind == "hybrid"
 
@@ -226,12 +226,11 @@ def hybrid_resume_point(previous: Streamed) -> int:
     """Where the hybrid server resumes the next request of a conversation that replays
     ``previous``: at the checkpoint 4 tokens before the end of ``previous``'s prompt.
 
-    The next prompt always diverges from what the slot holds before the end of ``previous``'s
-    prompt plus its reply: the dummy tokenizer cuts text into 5-byte pieces from the start of the
-    prompt, so the prompt's last piece changes once text follows it, and a generated reply
-    renders as hex text that tokenizes to other tokens. A pure transformer resumes exactly at the
-    divergence; the recurrent state can only go back to a checkpoint, and the latest one before
-    the divergence is this one.
+    The next prompt diverges from what the slot holds inside ``previous``'s reply: the
+    random model writes tokens side by side that the tokenizer, reading the replayed text, merges
+    into other tokens (a trained model's reply replays token for token). A pure transformer
+    resumes exactly at the divergence; the recurrent state can only go back to a checkpoint, the
+    server takes none while generating, and the latest one before the divergence is this one.
     """
     cache_n, prompt_n, _ = cost(previous)
     return cache_n + prompt_n - CHECKPOINT_BEFORE_END
