@@ -1,7 +1,9 @@
 """Compaction: when a session's prompt nears its slot's context, it goes on in a new epoch.
 
 The new epoch holds the same tools bytes and system text, a summary of the old epoch written by
-the model, and the latest user message(s). The old epoch stays in the log as it was. It costs one
+the model, the latest user message(s), and, when the compaction comes in the middle of a turn,
+that turn's tool rounds as they are (the calls and their results: summarised, they would be made
+again). The old epoch stays in the log as it was. It costs one
 full read: the compaction request itself extends the cached prompt (only the instruction is new),
 and the new epoch's first request reads the new, short prompt.
 
@@ -107,6 +109,28 @@ def latest_user_block(entries: Sequence[Entry]) -> list[Entry]:
         elif block:
             break
     return block[::-1]
+
+
+def tool_rounds_under_way(entries: Sequence[Entry], block: Sequence[Entry]) -> list[Entry]:
+    """The tool rounds of the turn under way: the assistant entries with tool calls, and the
+    results, that follow the latest user block (none when the turn has answered). A new epoch
+    carries them as they are: summarised, they are calls the model would make again."""
+    if not block:
+        return []
+    rounds: list[Entry] = []
+    for entry in entries:
+        if entry.seq <= block[-1].seq or entry.kind not in (EntryKind.ASSISTANT, EntryKind.TOOL):
+            continue
+        if is_own_entry(entry) or _answers(entry):
+            break  # the compaction's own summary, or the turn's answer: no round under way
+        rounds.append(entry)
+    return rounds
+
+
+def _answers(entry: Entry) -> bool:
+    if entry.kind is not EntryKind.ASSISTANT:
+        return False
+    return not json.loads(entry.message or "{}").get("tool_calls")
 
 
 def asked_at(entries: Sequence[Entry], session: str, epoch: int) -> int | None:
@@ -333,6 +357,7 @@ class Compactor:
         if not summary:
             summary = excerpt_summary([e for e in entries if e not in block])
         carried = [await self.fit_input(user_text(e), "this message") for e in block]
+        rounds = tool_rounds_under_way(entries, block)
         with turn.log.transaction():
             new = turn.log.start_epoch(
                 turn.session,
@@ -348,6 +373,7 @@ class Compactor:
             for index, text in enumerate(carried):
                 key = carry_key(turn.session, new.number, index)
                 turn.log.append_user(turn.session, text, external_key=key)
+            turn.log.copy_entries(turn.session, rounds)
             turn.log.append_note(turn.session, f"compacted epoch {epoch.number}: {why}")
         outcome.notices.append(notice(epoch.number, new.number))
         outcome.compacted = True

@@ -16,7 +16,7 @@ Settings, and why:
 import json
 import sqlite3
 import threading
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import replace
 from datetime import UTC, datetime
@@ -58,6 +58,8 @@ from loopd.sessionlog.records import (
 )
 from loopd.sessionlog.state import derive_state, unanswered_calls
 from loopd.storage.migrations import NewerSchemaError
+
+_COPIED_KINDS = frozenset({EntryKind.USER, EntryKind.ASSISTANT, EntryKind.TOOL})
 
 WriteHook = Callable[[str], None]
 """Called after every write statement and every commit with a label; used by crash tests."""
@@ -360,8 +362,10 @@ class SessionLog:
             " ORDER BY e.seq",
             (previous.id,),
         )
-        for row in found:
-            old = rows.entry_from_row(row)
+        self._copy(session, epoch, [rows.entry_from_row(row) for row in found])
+
+    def _copy(self, session: Session, epoch: Epoch, entries: Sequence[Entry]) -> list[Entry]:
+        return [
             self._append_entry(
                 session,
                 epoch,
@@ -371,6 +375,21 @@ class SessionLog:
                 request_id=old.fields.request_id,
                 refers_to=old.seq,
             )
+            for old in entries
+        ]
+
+    def copy_entries(self, session: str, entries: Sequence[Entry]) -> list[Entry]:
+        """Copy user, assistant and tool entries of ``session``, text for text and in order,
+        into its current epoch (each copy ``refers_to`` its original): a compaction carries the
+        tool rounds of the turn under way, so the model sees the calls it made and their
+        results instead of making them again."""
+        if any(e.kind not in _COPIED_KINDS for e in entries):
+            raise InvalidAppendError(self.path, "only user, assistant and tool entries are copied")
+        with self.transaction():
+            target = self.get_session(session)
+            if any(e.session_id != target.id for e in entries):
+                raise InvalidAppendError(self.path, f"an entry to copy is not of {session!r}")
+            return self._copy(target, self._require_epoch(target), entries)
 
     # -- appends --------------------------------------------------------------------------------
 

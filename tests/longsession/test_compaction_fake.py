@@ -23,6 +23,14 @@ from tests.engine.engine_support import SESSION, FakeTools, open_log, records, s
 from tests.longsession.longsession_support import gated_turn, small_fake, words
 
 
+def _prompt_total(log: SessionLog) -> int:
+    """The last request's prompt and answer, in tokens (0 before the first)."""
+    if not records(log):
+        return 0
+    perf = records(log)[-1].record.perf
+    return (perf.cache_n or 0) + (perf.prompt_n or 0) + (perf.predicted_n or 0)
+
+
 def _contents(log: SessionLog, epoch: int) -> list[str]:
     return [
         json.loads(e.message)["content"]
@@ -162,4 +170,56 @@ async def test_a_compaction_cut_short_is_finished_by_the_next_turn(tmp_path: Pat
     assert _contents(log, 2)[1] == "the latest question"
     kinds = [r.record.kind for r in records(log)]
     assert kinds == [RequestKind.TURN, RequestKind.COMPACTION, RequestKind.TURN]
+    assert verify(log) == []
+
+
+@pytest.mark.anyio
+async def test_a_compaction_in_the_middle_of_a_turn_carries_its_tool_rounds(tmp_path: Path) -> None:
+    """The prompt outgrows the context with a tool result, so the session compacts before the
+    follow-up request: the new epoch holds the call and its result as they were (summarised,
+    the model would make the call again), and the follow-up continues from them."""
+    log = open_log(tmp_path)
+    tools = FakeTools(answers={"read_file": words(700, seed="r")})
+    async with served(small_fake(n_ctx=4096)) as server:
+        # Plain turns until the prompt is close under the threshold (3,072 tokens of 4,096).
+        while _prompt_total(log) < 2700:
+            say(log, "chat " + words(40, seed=f"c{len(records(log))}x"))
+            assert (await gated_turn(server, log).run()).failure is None
+        # Two rounds of about 600 tokens each (a result is cut to that): the second outgrows the
+        # context before the follow-up that would read it.
+        for part in ("one", "two"):
+            call = ScriptedToolCall("read_file", json.dumps({"path": part}))
+            server.fake.push(ScriptedReply(tool_calls=(call,)))
+        say(log, "read both parts")
+        outcome = await gated_turn(server, log, tools=tools).run()
+        assert outcome.failure is None, outcome.failure
+        sent = server.fake.chat_records()[-1].body["messages"]
+    _first_epoch, new = (e.number for e in log.epochs(SESSION))
+    [first] = [r.record for r in records(log) if r.record.epoch == new]
+    assert first.kind is RequestKind.TOOL_FOLLOWUP  # the compaction came mid-turn
+    copied = [e for e in log.entries(SESSION) if e.fields.epoch_number == new]
+    kinds_in_new = [e.kind for e in copied if e.kind is not EntryKind.NOTE]
+    assert kinds_in_new == [
+        EntryKind.EPOCH,
+        EntryKind.USER,  # the summary (an excerpt: no room was left to ask for one)
+        EntryKind.USER,  # the message the turn answers
+        EntryKind.ASSISTANT,  # the first call, copied
+        EntryKind.TOOL,  # its result, copied
+        EntryKind.ASSISTANT,  # the second call, copied
+        EntryKind.TOOL,  # its result, copied
+        EntryKind.ASSISTANT,  # the answer
+    ]
+    originals = {e.seq: e for e in log.entries(SESSION)}
+    for copy in copied[3:7]:
+        assert copy.fields.refers_to is not None
+        assert copy.message == originals[copy.fields.refers_to].message
+    # The follow-up after the compaction showed the model its call and the result.
+    roles = ["system", "user", "user", "assistant", "tool", "assistant", "tool"]
+    assert [m["role"] for m in sent] == roles
+    assert [m["tool_calls"][0]["function"]["arguments"] for m in sent[3::2]] == [
+        '{"path": "one"}',
+        '{"path": "two"}',
+    ]
+    assert sent[6]["content"].startswith("r0 r1 r2")
+    assert len(tools.calls) == 2, "each call ran once"
     assert verify(log) == []
