@@ -72,8 +72,9 @@ def parse(argv: list[str]) -> argparse.Namespace:
         "--settle",
         type=float,
         default=None,
-        help="seconds the run waits, after the load, for every turn to end (default: 0.4 times "
-        "--seconds, at least 240: a 600 s run, its stop and its checks end within 20 minutes)",
+        help="seconds the run waits, after the load, for every turn to end (default: 0.8 times "
+        "--seconds, at least 480: the load's backlog on two slots of a shared machine takes "
+        "minutes to clear, and a 600 s run, its stop and its checks still end within 20 minutes)",
     )
     parser.add_argument("--min-tool-calls", type=int, default=50)
     parser.add_argument("--keep", action="store_true", help="keep the work folder")
@@ -116,7 +117,7 @@ def main(argv: list[str] | None = None) -> int:
         pace=Pace(think_s=args.think, patience_s=args.patience, calls=args.calls),
         min_tool_calls=args.min_tool_calls,
         command=command,
-        settle_s=args.settle if args.settle is not None else max(240.0, args.seconds * 0.4),
+        settle_s=args.settle if args.settle is not None else max(480.0, args.seconds * 0.8),
     )
     try:
         figures = anyio.run(run_soak, options, plan)

@@ -26,7 +26,8 @@ from typing import Any
 MARK_TOOL = "mark_ticket"
 FIND_QUERY = "mark a ticket as done"
 _DIRECTIVE = re.compile(r"\[soak-tool (?P<tag>[a-z0-9]{1,20}) x(?P<count>\d{1,2}) w(?P<wait>\d)\]")
-# loopd's own instruction (compaction) is a user message that begins so; never scripted.
+# loopd's own user messages (the compaction instruction, an epoch's summary) begin so; never
+# scripted.
 _LOOPD_INSTRUCTION = "[loopd]"
 
 
@@ -112,6 +113,10 @@ def next_round(body: Any) -> list[ScriptedCall] | None:
     }
     for message in turn:
         if not isinstance(message, dict) or message.get("role") != "user":
+            continue
+        if _text(message).startswith(_LOOPD_INSTRUCTION):
+            # loopd's summary of a compacted epoch quotes earlier messages: history, not a
+            # request (what it asked for was done, or is carried as the turn's tool rounds).
             continue
         for directive in directives_in(_text(message)):
             query = f"{FIND_QUERY} ({directive.tag})"

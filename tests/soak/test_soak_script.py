@@ -93,6 +93,16 @@ def test_compaction_and_requests_without_call_tool_go_to_the_server() -> None:
     assert next_round({"messages": "not a list", "tools": TOOLS}) is None
 
 
+def test_a_summary_quoting_an_earlier_request_is_history_not_a_request() -> None:
+    summary = user(
+        "[loopd] The conversation so far (epoch 1) was compacted into this summary to fit the "
+        f"model's context.\n\nNo summary could be written. The last messages were:\n"
+        f"- user: @u01: {ASK.text()}\n- assistant: (called call_tool)"
+    )
+    assert next_round(body(summary, user("@u01: and now?"))) is None
+    assert next_round(body(summary, user(f"@u01: {ASK.text()}"))) is not None
+
+
 async def test_the_scripted_stream_is_a_tool_call_message_to_loopd() -> None:
     scripted = [
         ScriptedCall("call_tool", json.dumps({"name": MARK_TOOL, "arguments": {"tag": "a-1"}})),
