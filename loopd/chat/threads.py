@@ -34,6 +34,7 @@ from loopd.chat.rest import MattermostError
 from loopd.chat.split import split_message
 from loopd.chat.status import Finished, InLine
 from loopd.chat.turnposts import DRAFT, STATUS, TurnPosts, close, draft_post
+from loopd.engine.compaction import is_compaction_instruction
 from loopd.engine.turn import TurnOutcome
 from loopd.errors import LoopdError
 from loopd.sessionlog.errors import DiskFullError, LockedError
@@ -65,6 +66,22 @@ def is_answer(entry: Entry) -> bool:
     if entry.kind is not EntryKind.ASSISTANT or entry.message is None:
         return False
     return not json.loads(entry.message).get("tool_calls")
+
+
+def latest_answer(entries: list[Entry]) -> Entry | None:
+    """The latest answer to the thread, even when a message came after it (it waits for the
+    next turn); never a copy a compaction carried into a new epoch (that one was delivered
+    before), nor the summary a compaction asked for (it answers loopd's instruction)."""
+    latest: Entry | None = None
+    previous: Entry | None = None
+    for entry in entries:
+        if entry.kind not in REPLAYED_KINDS:
+            continue
+        asked_by_loopd = previous is not None and is_compaction_instruction(previous)
+        if is_answer(entry) and entry.fields.refers_to is None and not asked_by_loopd:
+            latest = entry
+        previous = entry
+    return latest
 
 
 def ends_a_turn(entry: Entry) -> bool:
@@ -424,11 +441,7 @@ class Threads:
         """Post the session's latest answer unless it is already in the thread: into the turn's
         answer post, written as it streamed, with any further parts as new posts."""
         entries = self.runtime.log.entries(name)
-        # The latest answer, even when a message came after it (it waits for the next turn);
-        # never a copy a compaction carried into a new epoch (that one was delivered before).
-        last = next(
-            (e for e in reversed(entries) if is_answer(e) and e.fields.refers_to is None), None
-        )
+        last = latest_answer(entries)
         if last is None or last.message is None:
             return
         key = f"{name}#{last.seq}"

@@ -92,6 +92,12 @@ def is_own_entry(entry: Entry) -> bool:
     return (entry.fields.external_key or "").startswith(_OWN_KEYS)
 
 
+def is_compaction_instruction(entry: Entry) -> bool:
+    """The user entry that asked the model for an epoch's summary (the next answer is it)."""
+    key = entry.fields.external_key or ""
+    return entry.kind is EntryKind.USER and key.startswith(INSTRUCTION_KEY + ":")
+
+
 def user_text(entry: Entry) -> str:
     """The content of a stored user message."""
     content = json.loads(entry.message or "{}").get("content")
@@ -392,8 +398,14 @@ class Compactor:
         turn.log.append_user(
             turn.session, INSTRUCTION, external_key=instruction_key(turn.session, epoch.number)
         )
+
+        def report(status: Status) -> None:
+            # The phase shows; the summary's text does not stream into the turn's answer.
+            turn.report(replace(status, text="") if status.text else status)
+
         summariser = replace(
             turn,
+            report=report,
             settings=replace(turn.settings, max_tokens=self.rules.summary_tokens(n_ctx)),
             limits=replace(turn.limits, think_cap=self.rules.summary_think_cap),
             tools=None,

@@ -89,12 +89,16 @@ async def test_a_long_session_compacts_before_the_context_runs_out(tmp_path: Pat
 @pytest.mark.anyio
 async def test_the_new_epoch_holds_the_summary_and_the_latest_message(tmp_path: Path) -> None:
     log = open_log(tmp_path)
+    shown: list[object] = []
     async with served(small_fake(n_ctx=4096)) as server:
         number = 0
         while len(log.epochs(SESSION)) == 1:
             say(log, f"message {number} " + words(120, seed=f"m{number}x"))
             number += 1
-            await gated_turn(server, log).run()
+            await gated_turn(server, log, report=shown.append).run()
+    # The summary is not the answer: its text never streams where the turn's answer shows.
+    texts = [getattr(status, "text", "") for status in shown]
+    assert not any("[loopd] This conversation" in text for text in texts)
     old, new = log.epochs(SESSION)
     old_users = _contents(log, old.number)
     assert old_users[-1] == INSTRUCTION  # what the model was asked is in the log

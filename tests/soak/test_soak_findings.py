@@ -17,6 +17,7 @@ answer).
 
 from __future__ import annotations
 
+import json
 import tempfile
 from collections.abc import Callable, Iterator
 from functools import partial
@@ -28,8 +29,10 @@ import pytest
 from loopd.chat import threads
 from loopd.chat.cursor import ChatState, ChatStateError
 from loopd.chat.rest import MattermostError
+from loopd.engine.compaction import INSTRUCTION, instruction_key
 from loopd.serve import Daemon
 from loopd.sessionlog.errors import CorruptLogError, DiskFullError
+from loopd.sessionlog.records import RequestKind
 from loopd_dev.fakes.llama import FakeLlama, ModelSpec, ScriptedReply, serve_fake_llama
 from tests.chat.chat_support import (
     Env,
@@ -39,6 +42,8 @@ from tests.chat.chat_support import (
     settings_for,
     until,
 )
+from tests.engine.engine_support import SESSION, open_log, say
+from tests.sessionlog.sessionlog_support import assistant_text, request_for
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(120)]
 
@@ -229,3 +234,20 @@ def test_a_full_file_makes_a_passing_chat_state_error(tmp_path: Path) -> None:
         assert "full" in str(caught.value)
     finally:
         state.close()
+
+
+def test_a_compactions_summary_is_never_the_threads_answer(tmp_path: Path) -> None:
+    """Killed after the model wrote an epoch's summary and before the new epoch began, the
+    daemon's restart delivered the latest answer in the log: the summary, posted to the thread.
+    The answer is the one before it."""
+    log = open_log(tmp_path)
+    say(log, "hello")
+    log.append_assistant(SESSION, assistant_text("Hello there."), request=request_for(log, SESSION))
+    say(log, "and now?")
+    log.append_user(SESSION, INSTRUCTION, external_key=instruction_key(SESSION, 1))
+    summary = assistant_text("The user said hello.")
+    asked = request_for(log, SESSION, RequestKind.COMPACTION)
+    log.append_assistant(SESSION, summary, request=asked)
+    answer = threads.latest_answer(log.entries(SESSION))
+    assert answer is not None
+    assert json.loads(answer.message or "")["content"] == "Hello there."
