@@ -252,6 +252,21 @@ class ChatState:
             (key, part, post_id, time.time()),
         )
 
+    def turn_posts_left(self, session: str) -> list[tuple[str, str]]:
+        """(key, post id) of the status and answer posts of ``session``'s turns (keys
+        ``<session>#<seq>:status[.n]`` and ``...:draft``) that were neither removed nor closed
+        (made the answer or the stop notice): what a tidy-up may still have to take away."""
+        rows = self._run(
+            "SELECT o.key, o.post_id FROM outbox o"
+            " WHERE o.key >= ? AND o.key < ? AND o.post_id IS NOT NULL"
+            " AND (o.key LIKE '%:status%' OR o.key LIKE '%:draft')"
+            " AND NOT EXISTS (SELECT 1 FROM seen s WHERE s.post_id = 'removed:' || o.post_id)"
+            " AND NOT EXISTS (SELECT 1 FROM seen s WHERE s.post_id = 'closed:' || o.post_id)"
+            " ORDER BY o.id",
+            (f"{session}#", f"{session}$"),  # '$' follows '#': every key of the session
+        )
+        return [(str(key), str(post_id)) for key, post_id in rows]
+
     # -- messages held while their thread's turn runs -------------------------------------------
 
     def hold(self, post_id: str, session: str, text: str) -> None:

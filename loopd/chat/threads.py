@@ -283,7 +283,10 @@ class Threads:
                 await self._turn(session)
         else:
             await self.deliver(session)
-            await self.tidy(session)
+        if left := await self.tidy(session):
+            # Mattermost away: tried again after a pause (``_step_until_done``).
+            what = "DELETE /posts/{id}"
+            raise MattermostError(what, None, f"{left} post(s) of earlier turns still up")
         if self.state.held(session):
             self._dirty.add(session)  # what came meanwhile gets its own turn
 
@@ -369,7 +372,6 @@ class Threads:
         else:
             await self.deliver(name, notices=outcome.notices)
         await running.posts.status.remove()
-        await self.tidy(name)
 
     async def _close_stopped(
         self, name: str, channel: str, running: _Running, stop: Entry, who: str
@@ -480,10 +482,10 @@ class Threads:
                 close(self.outbox, draft, "answer")
             return
 
-    async def tidy(self, name: str) -> None:
-        """Take away what the last turns (and runs of them cut short) left: status posts, and
+    async def tidy(self, name: str) -> int:
+        """Take away what earlier turns (and runs of them cut short) left: status posts, and
         answer posts that became nothing (the turn failed, or the answer went out as new posts).
-        The last two turns are looked at: a turn that just ended, and one still pending."""
+        How many are still up (Mattermost away): every later tidy-up tries them again."""
         for entry in recent_turns(self.runtime.log.entries(name)):
             for suffix in (STATUS, DRAFT):
                 # A post whose create was cut short (a kill, a stop) is found by its key.
@@ -491,8 +493,10 @@ class Threads:
                     await self.outbox.recover(f"{name}#{entry.seq}{suffix}", root_of(name))
                 except MattermostError as exc:
                     log.warning("could not look for the posts of %s (%s)", name, exc)
-            for post_id in self.state.posted_parts(f"{name}#{entry.seq}{STATUS}").values():
-                await self.outbox.remove(post_id)
-            draft = draft_post(self.outbox, f"{name}#{entry.seq}{DRAFT}")
-            if draft is not None and await self.outbox.remove(draft):
-                close(self.outbox, draft, "removed")
+        left = 0
+        for key, post_id in self.state.turn_posts_left(name):
+            if not await self.outbox.remove(post_id):
+                left += 1
+            elif key.endswith(DRAFT):
+                close(self.outbox, post_id, "removed")
+        return left

@@ -112,14 +112,15 @@ def fail_once(
     method: str,
     when: Callable[..., bool],
     error: Callable[[], Exception],
+    times: int = 1,
 ) -> list[str]:
-    """``target.method`` raises ``error()`` the first time ``when`` holds for its arguments;
-    the list it returns records that call."""
+    """``target.method`` raises ``error()`` the first ``times`` times ``when`` holds for its
+    arguments; the list it returns records those calls."""
     original = getattr(target, method)
     refused: list[str] = []
 
     def failing(*args: Any, **kwargs: Any) -> Any:
-        if not refused and when(*args, **kwargs):
+        if len(refused) < times and when(*args, **kwargs):
             refused.append(repr(args))
             raise error()
         return original(*args, **kwargs)
@@ -141,7 +142,7 @@ async def one_answer(tmp_path: Path, sockets: Path, replies: list[str], inject: 
             post = env.fake.post_as("alice", env.dm(), "Are you there?")
             await until(lambda: len(env.answers(post.id)) == 1, "the answer")
             await until(lambda: not env.status_posts_left(post.id), "the status post taken away")
-            assert len(refused) == 1, "the fault never fired"
+            assert refused, "the fault never fired"
         [answer] = env.answers(post.id)
         assert not env.fake.world.posts[answer.post_id].delete_at
         return answer
@@ -251,3 +252,21 @@ def test_a_compactions_summary_is_never_the_threads_answer(tmp_path: Path) -> No
     answer = threads.latest_answer(log.entries(SESSION))
     assert answer is not None
     assert json.loads(answer.message or "")["content"] == "Hello there."
+
+
+async def test_a_status_post_mattermost_would_not_delete_is_taken_away_later(
+    tmp_path: Path, sockets: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Mattermost away when the turn ended: its status post stayed up for good (only the last
+    two turns were ever tidied, and nothing tried again). Now the thread's work tries again
+    after a pause until every post of its earlier turns is gone."""
+
+    def inject(running: Daemon, env: Env) -> list[str]:
+        away = partial(MattermostError, "DELETE /posts/{id}", None, "connection refused")
+        client = running.client
+        # Twice: when the turn takes its status post away, and at the tidy-up after it.
+        always = lambda *a, **k: True  # noqa: E731
+        return fail_once(monkeypatch, client, "delete_post", always, away, times=2)
+
+    answer = await one_answer(tmp_path, sockets, ["Answered; the status post goes later."], inject)
+    assert answer.message == "Answered; the status post goes later."
