@@ -7,7 +7,8 @@ preset) benchmarks, logging at trace level so the hybrid's turns say what the se
 benchmarks with routers of their own: pinning on a unified pool (``bench/pool.py``), where a
 hybrid model's cache goes (``bench/hybrid.py``) and placement across two endpoints
 (``bench/placement.py``). The report goes to
-``bench/results/<date>.md`` with a plot per template beside it.
+``bench/results/<date>.md`` with a plot per template beside it; ``--append`` adds it below the
+day's earlier report instead of replacing it.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from bench import cache_reuse, hybrid, overhead, parsers, placement, pool, switc
 from bench.errors import BenchError
 from bench.machine import describe, load_average
 from bench.plot import prompt_n_plot
-from bench.report import Results, render
+from bench.report import COMMAND, Results, render
 from bench.serverlog import LogFollower
 from bench.sse_reference import REFERENCE_LIBRARY, library_parser, reference_parser
 from loopd_dev import devserver
@@ -62,7 +63,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="of the server benchmarks, only those about production's shape: the hybrid "
         "preset's cache reuse and switching, pinning on a unified pool, the hybrid model's losses",
     )
+    parser.add_argument(
+        "--append",
+        action="store_true",
+        help="add the report below the day's earlier one instead of replacing it",
+    )
     args = parser.parse_args(argv)
+    given = sys.argv[1:] if argv is None else argv
+    args.command = " ".join(["python -m bench", *given]) if given else COMMAND
     if args.repeats < 1:
         parser.error("--repeats must be at least 1")
     return args
@@ -106,6 +114,9 @@ def run(args: argparse.Namespace) -> Path:
         parsers=parser_rows,
         log=log_cost,
         memory=memory,
+        command=args.command,
+        # A second report of the day is told apart by its start time, its plots by their names.
+        title=started.strftime("%Y-%m-%d %H:%M") if args.append else "",
     )
     out: Path = args.out
     out.mkdir(parents=True, exist_ok=True)
@@ -113,8 +124,15 @@ def run(args: argparse.Namespace) -> Path:
         results = _with_server(results, args)
     results = _finished(results, clock)
     path = out / f"{results.date}.md"
-    path.write_text(render(results), encoding="utf-8")
+    write_report(path, render(results), append=args.append)
     return path
+
+
+def write_report(path: Path, text: str, *, append: bool) -> None:
+    """The report in ``path``; with ``append``, below what the file already holds."""
+    if append and path.exists():
+        text = path.read_text(encoding="utf-8").rstrip("\n") + "\n\n" + text
+    path.write_text(text, encoding="utf-8")
 
 
 def _with_server(results: Results, args: argparse.Namespace) -> Results:
@@ -152,8 +170,9 @@ def _with_server(results: Results, args: argparse.Namespace) -> Results:
             log.info("placement across endpoints (two routers of their own)")
             placement_runs = placement.run(work / "placement", args.cache_dir)
     plot_files = []
+    stem = results.started.replace(":", "")[:15].replace(" ", "-") if args.append else results.date
     for cache in caches:
-        plot_file = f"{results.date}-prompt-n-{cache.settings.model}.png"
+        plot_file = f"{stem}-prompt-n-{cache.settings.model}.png"
         prompt_n_plot(cache.rows, args.out / plot_file, cache.settings.model)
         plot_files.append(plot_file)
     plain = [s for s in samples if s.model == devserver.PLAIN_MODEL]

@@ -1,24 +1,28 @@
 """Where a hybrid model's cache goes: one session on one slot, every loss with its cause.
 
-The tiny ``qwen35moe`` (docs/production-shape.md) loses cache for three separate reasons, and
-this benchmark takes them apart, one session on slot 0 of a server to itself:
+The tiny ``qwen35moe`` (docs/production-shape.md) loses cache for separate reasons, and this
+benchmark takes them apart, one session on slot 0 of a server to itself:
 
-- *the dummy tokenizer*: it cuts the whole prompt text into 5-byte pieces from the start, so the
-  previous prompt's last piece changes once text follows it (unless the prompt's length is a
-  multiple of 5), and a generated reply is written as hex digits that tokenize to other tokens;
+- *the tokenizer at the prompt's end*: the model's tokenizer is SmolLM2's byte-level BPE (cut
+  short, ``loopd_dev.hybrid_model``), whose pre-tokenizer splits a run of whitespace before a
+  word. With thinking off the generation prompt ends in ``</think>`` and a ``\n\n`` token,
+  which becomes two ``\n`` tokens once the replayed answer follows, so the new prompt diverges
+  at the previous prompt's last token;
+- *the reply re-tokenized*: the model's output is random tokens side by side, which are not
+  what the tokenizer makes of the same text, so a generated reply replayed as text tokenizes
+  to other tokens (a trained model's reply replays token for token);
 - *checkpoints*: the recurrent state cannot be rolled back to an arbitrary token, only restored
   from a checkpoint, which the server takes 4 tokens (and 4 + ubatch) before the end of every
   prompt it reads and at the last user message; a prompt that diverges anywhere inside what the
-  slot holds resumes at the latest checkpoint before the divergence;
-- *the template*: with thinking off, llama.cpp's Qwen3.5 template writes an empty think block in
-  the generation prompt that the replayed turn renders differently.
+  slot holds resumes at the latest checkpoint before the divergence.
 
-Variants: scripted replies with every prompt padded to a multiple of 5 bytes (nothing for the
-tokenizer to change: the control), scripted replies unpadded, the model's own replies with
-thinking on (the every-turn template, production's), and with thinking off. The same requests
-go to SmolLM2 for comparison (its tokenizer round-trips; it has no recurrent state). Causes
-come from the server's trace log (``bench/serverlog.py``) and from the server's own tokenizer:
-the *divergence* is where the new prompt's tokens first differ from the previous prompt's.
+Variants: scripted replies with thinking on (the generation prompt ends in ``<think>\n``, which
+the replayed turn continues token for token: nothing for the tokenizer to change, the control),
+scripted replies with thinking off, the model's own replies with thinking on (the every-turn
+template, production's), and with thinking off. The same requests go to SmolLM2 for comparison
+(the same tokenizer; no recurrent state, so it resumes at the divergence itself). Causes come
+from the server's trace log (``bench/serverlog.py``) and from the server's own tokenizer: the
+*divergence* is where the new prompt's tokens first differ from the previous prompt's.
 """
 
 from __future__ import annotations
@@ -39,7 +43,6 @@ from loopd_dev import devserver
 log = logging.getLogger("bench.hybrid")
 
 TURNS = 5
-PIECE = 5  # bytes per token of the dummy tokenizer (llama-vocab.cpp, LLAMA_VOCAB_TYPE_TEST)
 CHECKPOINT_BEFORE_END = 4
 HYBRID = "hybrid-alone"
 DENSE = "dense-alone"
@@ -57,14 +60,13 @@ class Variant:
     name: str
     scripted: bool  # scripted replies (max_tokens 1); else the model's own
     thinking: bool
-    pad: bool  # pad the user message so the prompt is a multiple of 5 bytes
 
 
 VARIANTS = (
-    Variant("scripted, prompts padded to 5 bytes", scripted=True, thinking=False, pad=True),
-    Variant("scripted", scripted=True, thinking=False, pad=False),
-    Variant("model's replies, thinking on", scripted=False, thinking=True, pad=False),
-    Variant("model's replies, thinking off", scripted=False, thinking=False, pad=False),
+    Variant("scripted, thinking on", scripted=True, thinking=True),
+    Variant("scripted, thinking off", scripted=True, thinking=False),
+    Variant("model's replies, thinking on", scripted=False, thinking=True),
+    Variant("model's replies, thinking off", scripted=False, thinking=False),
 )
 
 
@@ -103,8 +105,8 @@ def explain(
         return "kept"
     parts = []
     if divergence < previous_prompt:
-        if hybrid and divergence >= previous_prompt - 1:
-            parts.append("the previous prompt's last 5-byte piece tokenizes anew once text follows")
+        if divergence >= previous_prompt - 1:
+            parts.append("the previous prompt's last token tokenizes anew once text follows")
         else:
             parts.append(f"the prompt changed at token {divergence} (template rewrote the turn)")
     elif not scripted:
@@ -185,10 +187,6 @@ def run_variant(session: Session, variant: Variant, hybrid: bool) -> list[Hybrid
     held = 0
     for turn, question in enumerate(QUESTIONS[:TURNS], start=1):
         messages.append({"role": "user", "content": question})
-        if variant.pad:
-            # Dots, not spaces: the template trims each message's content.
-            short = -len(session.prompt(messages, variant.thinking).encode()) % PIECE
-            messages[-1]["content"] = question + "." * short
         tokens = session.tokens(session.prompt(messages, variant.thinking))
         answer, steps = session.send(messages, variant.thinking, 1 if variant.scripted else 24)
         timings = answer.get("timings") or {}

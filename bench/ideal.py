@@ -40,7 +40,7 @@ class Label(StrEnum):
     CAPPED = "after a capped reply"
     RETOKENIZED = "reply tokenized anew"
     # The template kept the previous prompt's text, but its last tokens came out differently
-    # once text followed (the hybrid preset's dummy tokenizer cuts text into 5-byte pieces).
+    # once text followed (a byte-level BPE splits a run of whitespace before a word).
     TAIL_TOKENIZED = "prompt's last piece tokenized anew"
     # The prompt diverged inside what the server held, and a hybrid model's server could only
     # go back to a checkpoint before that point (docs/production-shape.md).
@@ -89,7 +89,7 @@ def reply_tokenized_anew(previous_tokens: int, carried_reply: int, server_cache_
 
     A reply replayed byte for byte renders as the same text, but its tokens as generated can
     differ from that text tokenized again (whitespace generated as two tokens tokenizes as one;
-    the hybrid preset's dummy tokenizer writes tokens as hex that tokenizes to other tokens):
+    the hybrid preset's random tokens side by side tokenize to other tokens):
     the server then re-reads the reply from there, which no client that sends text avoids. Seen
     from the server's ``cache_n`` landing inside the reply, or, on a hybrid model, at its
     checkpoint just before the reply; a client that changed its prompt diverges before the

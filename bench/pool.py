@@ -58,7 +58,7 @@ OWN_WORDS = {"hybrid": 40, "dense": 20}
 # Cache reuse within this many tokens of what the session left in the server counts as kept.
 TOLERANCE = 2
 # A hybrid model resumes at the checkpoint 4 tokens before the end of the previous prompt when
-# the prompt diverges inside it (here: the dummy tokenizer's last piece, see bench/hybrid.py).
+# the prompt diverges inside it (the prompt's last token tokenized anew, see bench/hybrid.py).
 CHECKPOINT_BEFORE_END = 4
 _VOCABULARY = (
     "build cache server slot thread prompt token reply parser release branch review test deploy "
@@ -171,8 +171,8 @@ def explain(
         where += f"; slots {sorted(steps.purged)} purged for room (not saved)"
     if hybrid and steps.checkpoint is not None and cache_n < held - TOLERANCE:
         where += (
-            f"; resumed at the checkpoint at {steps.checkpoint} (recurrent state: the prompt's "
-            "last piece re-tokenizes once text follows it)"
+            f"; resumed at the checkpoint at {steps.checkpoint} (recurrent state: the prompt "
+            "diverged inside what the slot held)"
         )
     elif steps.full_reread and held > 0:
         where += "; no usable checkpoint: read again from the start"

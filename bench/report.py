@@ -56,6 +56,8 @@ class Results:
     pool: list[PoolRequest] | None = None
     hybrid: list[HybridRow] | None = None
     placement: list[PlacementRun] | None = None  # sessions across endpoints (bench/placement.py)
+    command: str = COMMAND  # what made the report, as typed
+    title: str = ""  # the report's heading; the date when empty
 
 
 @dataclass(frozen=True)
@@ -78,7 +80,7 @@ def table(header: Sequence[str], rows: Sequence[Sequence[object]]) -> list[str]:
 
 
 def render(results: Results) -> str:
-    lines = [f"# loopd benchmarks, {results.date}", ""]
+    lines = [f"# loopd benchmarks, {results.title or results.date}", ""]
     lines += _header(results)
     lines += ["", "## Targets", ""]
     checks = targets(results)
@@ -108,8 +110,7 @@ def _met(met: bool | None) -> str:
 def _header(r: Results) -> list[str]:
     m = r.machine
     return [
-        f"- Command: `{COMMAND}` (runs `.venv/bin/python -m bench`), started {r.started}, "
-        f"took {r.duration_s / 60:.1f} min.",
+        f"- Command: {_command(r.command)}, started {r.started}, took {r.duration_s / 60:.1f} min.",
         f"- Machine: {m.cores} cores (`nproc`), {m.memory_gib:.1f} GiB memory, {m.cpu_model}; "
         f"{m.system}, Python {m.python}.",
         f"- Load average (1/5/15 min) before: {r.load_before}; after: {r.load_after}. Other work "
@@ -117,6 +118,12 @@ def _header(r: Results) -> list[str]:
         f"- Server: {r.server or 'not run (--offline)'}.",
         f"- Repeated measurements: {r.repeats} runs, shown as min / median / max.",
     ]
+
+
+def _command(command: str) -> str:
+    if command == COMMAND:
+        return f"`{COMMAND}` (runs `.venv/bin/python -m bench`)"
+    return f"`{command}`"
 
 
 # -- targets ----------------------------------------------------------------------------------
@@ -265,7 +272,8 @@ TEMPLATES = {
     "turn's reasoning, as the production template does (docs/design, behaviour (e))",
     HYBRID_MODEL: "the tiny random-weight qwen35moe (production's architecture: recurrent and "
     "attention layers, MoE) on production's layout, four slots on one unified pool, with the "
-    "every-turn reasoning template; its tokenizer is a dummy, see the hybrid section",
+    "every-turn reasoning template; its tokenizer is SmolLM2's, cut short, and its text "
+    "random, see the hybrid section",
 }
 
 
@@ -317,8 +325,9 @@ def _cache_section(cache: CacheResult, plot_file: str | None, *, first: bool) ->
             "from the tokens the model generated, for example whitespace generated as two tokens "
             "that tokenizes as one; no client that sends text avoids it); *prompt's last piece "
             "tokenized anew* (the previous prompt's text is still there, but its last token came "
-            "out differently once text followed: the hybrid preset's dummy tokenizer cuts text "
-            "into 5-byte pieces); *resumed at a checkpoint* (the hybrid model's server went back "
+            "out differently once text followed: a byte-level BPE splits a run of whitespace "
+            "before a word, so the `\\n\\n` ending a generation prompt becomes two `\\n`); "
+            "*resumed at a checkpoint* (the hybrid model's server went back "
             "to the checkpoint 4 tokens before the previous prompt's end, before the point where "
             "the prompt diverged; shown after another label as *resumed N tokens earlier*).",
         ]
@@ -571,8 +580,7 @@ def _pool_section(r: Results) -> list[str]:
         "`bench/serverlog.py`). *Reuse*: the later requests' cache_n over what each session "
         "had left in the server; *kept*: within 2 tokens of it. On the hybrid model a prompt "
         "that diverges inside what the slot holds resumes at the checkpoint 4 tokens before the "
-        "end of the previous prompt (its dummy tokenizer re-cuts the prompt's last piece once "
-        "text follows), so there a kept session shows about 97 %.",
+        "end of the previous prompt (*to the checkpoint*).",
         "",
     ]
     described = {layout.name: layout for layout in r.pool_layouts}

@@ -95,7 +95,7 @@ class Circumstances:
     slot_shared: bool = False  # pinned: another loopd session ran on this slot since
     other_session_ran: bool = False  # unpinned: another loopd session's request ran since
     # At most this many tokens are shared by every session of the epoch (an upper bound: the
-    # system text and tools at a token per byte).
+    # session's first prompt of the epoch, ``loopd.engine.turn.shared_head_bound``).
     shared_head: int = 0
     template_drops_reasoning: bool = False
     resend: bool = False  # the same messages as the previous request, sent again

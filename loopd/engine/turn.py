@@ -32,7 +32,6 @@ from tenacity import (
 )
 
 from loopd.engine import pool
-from loopd.engine.budget import upper_bound_tokens
 from loopd.engine.client import InferenceClient
 from loopd.engine.perf import Circumstances, Loss, LossCause, PrevRequest, cache_loss
 from loopd.engine.request import RequestSettings, build_body
@@ -153,6 +152,24 @@ def previous_request(requests: Sequence[Request]) -> PrevRequest | None:
             messages_sha256=record.messages_sha256,
         )
     return None
+
+
+def shared_head_bound(requests: Sequence[Request], epoch: int) -> int:
+    """At most this many tokens begin every prompt of the epoch's sessions alike.
+
+    Every session of the epoch begins with its system text and tools as the template renders
+    them, the template's own text around the tools included (on the hybrid preset a 233-byte
+    system text and tool came to 370 tokens: the bench's switching section), so the bytes of
+    the texts do not bound it. The session's first prompt of the epoch does: that head and at
+    least one token of its first message. 0 while no request of the epoch has timings.
+    """
+    for request in requests:
+        record, perf = request.record, request.record.perf
+        if record.kind is RequestKind.SELFTEST or record.epoch != epoch:
+            continue
+        if perf.cache_n is not None and perf.prompt_n is not None:
+            return max(perf.cache_n + perf.prompt_n - 1, 0)
+    return 0
 
 
 @dataclass
@@ -330,10 +347,7 @@ class Turn:
             pool_clears_idle_slots=self.pool_clears_idle_slots,
             slot_shared=others and self.pinned,
             other_session_ran=others and not self.pinned,
-            # Every session of the epoch begins with its system text and tools; the bound counts
-            # a token per byte, as the budget does.
-            shared_head=upper_bound_tokens(epoch.tools_text)
-            + upper_bound_tokens(epoch.system_text),
+            shared_head=shared_head_bound(self.log.requests(self.session), epoch.number),
             template_drops_reasoning=self.template_drops_reasoning,
             resend=digest == prev.messages_sha256,
         )

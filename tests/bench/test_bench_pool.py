@@ -78,7 +78,7 @@ def test_the_hybrid_benchmark_names_the_tokenizer_the_reply_and_the_checkpoint()
         scripted=True,
     )
     assert tail == (
-        "the previous prompt's last 5-byte piece tokenizes anew once text follows; "
+        "the previous prompt's last token tokenizes anew once text follows; "
         "recurrent state restored from the checkpoint at 28"
     )
     reply = hybrid.explain(

@@ -18,6 +18,15 @@ def test_the_report_names_the_command_the_machine_and_the_date() -> None:
     assert "min / median / max" in text
 
 
+def test_a_run_of_its_own_says_its_command_and_its_start() -> None:
+    text = render(
+        results(command="python -m bench --production-shape --append", title="2026-11-29 21:10")
+    )
+    assert text.startswith("# loopd benchmarks, 2026-11-29 21:10\n")
+    assert "- Command: `python -m bench --production-shape --append`, started" in text
+    assert "`make bench`" not in text
+
+
 def test_every_benchmark_has_its_table() -> None:
     text = render(results())
     for heading in (

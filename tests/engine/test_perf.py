@@ -1,6 +1,8 @@
 """The cache-loss rule: expected reuse after exact replay, and the named causes of a loss."""
 
 from loopd.engine.perf import Circumstances, LossCause, PrevRequest, cache_loss
+from loopd.engine.turn import shared_head_bound
+from loopd.sessionlog.records import Perf, Request, RequestKind, RequestRecord
 
 
 def prev(**overrides: object) -> PrevRequest:
@@ -141,6 +143,33 @@ def test_a_request_the_server_places_has_the_pools_causes() -> None:
     # A lane is not a slot: its number says nothing of where the server put the request.
     moved = cache_loss(prev(slot=1), epoch_id=1, slot=0, cache_n=218, around=UNPINNED)
     assert moved.cause is LossCause.CHECKPOINT
+
+
+def _request(epoch: int, cache_n: int | None, prompt_n: int | None, kind: RequestKind) -> Request:
+    perf = Perf(outcome="complete", cache_n=cache_n, prompt_n=prompt_n, predicted_n=16)
+    return Request(0, 1, RequestRecord(kind, 0, epoch, 2, "", perf), "")
+
+
+def test_the_shared_head_is_bounded_by_the_sessions_first_prompt_of_the_epoch() -> None:
+    """Measured on the hybrid preset (the bench's switching section): a 58-byte system text and
+    a 175-byte tool rendered to a 370-token head, the template's text around the tools
+    included. The session's first prompt held 596 tokens; a later request found only the head
+    of another session's prompt in the slot (cache_n 370). A bound of a token per byte of the
+    two texts (265 with the template's markers) left that loss unexplained."""
+    log = [
+        _request(1, 900, 40, RequestKind.TURN),  # an earlier epoch
+        _request(2, None, None, RequestKind.TURN),  # broke before the server said anything
+        _request(2, 0, 8, RequestKind.SELFTEST),  # the self-test's own prompt
+        _request(2, 0, 596, RequestKind.TURN),
+        _request(2, 592, 54, RequestKind.TURN),
+    ]
+    head = shared_head_bound(log, 2)
+    assert head == 595
+    assert shared_head_bound(log, 3) == 0
+    others = Circumstances(pinned=False, shared_head=head, other_session_ran=True)
+    previous = prev(epoch_id=2, cache_n=592, prompt_n=54, predicted_n=16)
+    loss = cache_loss(previous, epoch_id=2, slot=0, cache_n=370, around=others)
+    assert (loss.lost, loss.cause) == (291, LossCause.SHARED_HEAD)
 
 
 def test_a_pinned_slot_on_a_pool_that_clears_idle_slots() -> None:
