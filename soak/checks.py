@@ -79,14 +79,17 @@ def turn_ends(rows: tuple[Row, ...]) -> list[Row]:
     """The entries that end a turn: an answer (an assistant message without tool calls that is
     neither a copy nor a compaction summary) or a stop."""
     ends = []
-    last_user_key = ""
+    # After a compaction's instruction the next assistant entry is the summary, even when
+    # messages came between (a compaction cut short by a kill, finished after they were stored).
+    summary_asked = False
     for row in rows:
-        if row.kind == "user":
-            last_user_key = row.external_key or ""
-        if row.kind == "assistant" and row.message is not None and row.refers_to is None:
-            summary = last_user_key.startswith(COMPACTION_KEY)
-            if not row.message.get("tool_calls") and not summary:
+        if row.kind == "user" and (row.external_key or "").startswith(COMPACTION_KEY):
+            summary_asked = True
+        elif row.kind == "assistant":
+            answer = row.message is not None and not row.message.get("tool_calls")
+            if answer and row.refers_to is None and not summary_asked:
                 ends.append(row)
+            summary_asked = False
         elif row.kind == "broken" and (row.reason or "").startswith(STOPPED):
             ends.append(row)
     return ends

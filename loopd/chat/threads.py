@@ -73,14 +73,14 @@ def latest_answer(entries: list[Entry]) -> Entry | None:
     next turn); never a copy a compaction carried into a new epoch (that one was delivered
     before), nor the summary a compaction asked for (it answers loopd's instruction)."""
     latest: Entry | None = None
-    previous: Entry | None = None
+    summary_asked = False  # the next assistant entry is the summary (messages may come between)
     for entry in entries:
-        if entry.kind not in REPLAYED_KINDS:
-            continue
-        asked_by_loopd = previous is not None and is_compaction_instruction(previous)
-        if is_answer(entry) and entry.fields.refers_to is None and not asked_by_loopd:
-            latest = entry
-        previous = entry
+        if is_compaction_instruction(entry):
+            summary_asked = True
+        elif entry.kind is EntryKind.ASSISTANT:
+            if is_answer(entry) and entry.fields.refers_to is None and not summary_asked:
+                latest = entry
+            summary_asked = False
     return latest
 
 

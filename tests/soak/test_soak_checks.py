@@ -192,6 +192,24 @@ def test_a_compaction_summary_does_not_end_a_turn() -> None:
     assert verdict.coverage[1].key == f"{NAME}#8"
 
 
+def test_a_summary_finished_after_messages_came_is_still_the_summary() -> None:
+    """A kill cut the compaction short after its instruction; messages stored meanwhile come
+    between the instruction and the summary the next turn finishes it with."""
+    run = Run()
+    answered_turn(run)
+    run.user_post("p2", 10.0)
+    run.stored(3, "loopd-compaction:mm:r1:1", "[loopd] compact")
+    run.stored(4, "p2")
+    run.answer(5)  # the summary
+    run.stored(6, "loopd-summary:mm:r1:2", "summary")
+    run.stored(7, "loopd-carry:mm:r1:2:0", "@u00: hi")
+    run.answer(8)
+    run.bot("created", "a2", f"{NAME}#8", 12.0)
+    verdict = run.check()
+    assert (verdict.lost, verdict.answered_twice) == ([], [])
+    assert verdict.coverage[1].key == f"{NAME}#8"
+
+
 def test_a_stop_is_covered_by_the_stop_or_a_notice() -> None:
     run = Run()
     run.user_post("p1", 1.0)

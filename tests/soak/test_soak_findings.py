@@ -254,6 +254,24 @@ def test_a_compactions_summary_is_never_the_threads_answer(tmp_path: Path) -> No
     assert json.loads(answer.message or "")["content"] == "Hello there."
 
 
+def test_a_summary_finished_after_messages_came_is_never_the_threads_answer(
+    tmp_path: Path,
+) -> None:
+    """The compaction was cut short after its instruction; messages stored meanwhile sit
+    between the instruction and the summary that finishes it."""
+    log = open_log(tmp_path)
+    say(log, "hello")
+    log.append_assistant(SESSION, assistant_text("Hello there."), request=request_for(log, SESSION))
+    log.append_user(SESSION, INSTRUCTION, external_key=instruction_key(SESSION, 1))
+    say(log, "are you there?")
+    summary = assistant_text("The user said hello, then asked again.")
+    asked = request_for(log, SESSION, RequestKind.COMPACTION)
+    log.append_assistant(SESSION, summary, request=asked)
+    answer = threads.latest_answer(log.entries(SESSION))
+    assert answer is not None
+    assert json.loads(answer.message or "")["content"] == "Hello there."
+
+
 async def test_a_status_post_mattermost_would_not_delete_is_taken_away_later(
     tmp_path: Path, sockets: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
