@@ -54,6 +54,22 @@ async def checked_daemon(env: Env, report: SelftestReport, expected: Path) -> As
         tg.cancel_scope.cancel()
 
 
+@asynccontextmanager
+async def recorded(
+    tmp_path: Path, sockets: Path, llama: RunningFake
+) -> AsyncIterator[tuple[Env, Path]]:
+    """The fake Mattermost, the daemon's settings (the long re-check interval, so only a test's
+    own ``check`` calls run it) and the fake server's expectations, recorded: (env, folder)."""
+    expected = tmp_path / "expected"
+    async with fake_mattermost(sockets) as mm:
+        settings = settings_for(
+            tmp_path / "state", llama.base_url, FAKE_MODEL, selftest_every_s=3600.0
+        )
+        report = await run_selftest(settings, record=True, expected_dir=expected)
+        assert report.ok, [r for r in report.results if not r.ok]
+        yield Env(mm, settings, chat_settings_for(mm, tmp_path)), expected
+
+
 def _changed_lines(env: Env, root_id: str) -> list[LoggedPost]:
     return [p for p in env.live_bot_posts(root_id) if p.message.startswith(CHANGED)]
 
@@ -77,14 +93,8 @@ def _set_template_hash(settings: Settings, expected: Path, digest: str | None) -
 async def test_a_changed_server_is_told_once_per_thread_and_served_once_it_passes(
     tmp_path: Path, sockets: Path, fake_llama: FakeLlama, llama: RunningFake
 ) -> None:
-    expected = tmp_path / "expected"
-    async with fake_mattermost(sockets) as mm:
-        settings = settings_for(
-            tmp_path / "state", llama.base_url, FAKE_MODEL, selftest_every_s=3600.0
-        )
-        env = Env(mm, settings, chat_settings_for(mm, tmp_path))
-        recorded = await run_selftest(settings, record=True, expected_dir=expected)
-        assert recorded.ok, [r for r in recorded.results if not r.ok]
+    async with recorded(tmp_path, sockets, llama) as (env, expected):
+        settings = env.settings
         good = _set_template_hash(settings, expected, "0" * 64)
         report = await run_selftest(settings, expected_dir=expected)
         assert (report.ok, report.unreachable) == (False, False)
@@ -139,13 +149,9 @@ async def test_a_changed_server_is_told_once_per_thread_and_served_once_it_passe
 async def test_a_server_that_changes_while_loopd_runs_is_found_by_the_next_check(
     tmp_path: Path, sockets: Path, fake_llama: FakeLlama, llama: RunningFake
 ) -> None:
-    expected = tmp_path / "expected"
-    async with fake_mattermost(sockets) as mm:
-        settings = settings_for(
-            tmp_path / "state", llama.base_url, FAKE_MODEL, selftest_every_s=3600.0
-        )
-        env = Env(mm, settings, chat_settings_for(mm, tmp_path))
-        report = await run_selftest(settings, record=True, expected_dir=expected)
+    async with recorded(tmp_path, sockets, llama) as (env, expected):
+        settings = env.settings
+        report = await run_selftest(settings, expected_dir=expected)
         assert report.ok
         async with checked_daemon(env, report, expected) as running:
             assert running.watch is not None
@@ -167,14 +173,8 @@ async def test_a_self_test_whose_requests_fail_on_the_way_is_no_verdict(
     """A server restarting its model answers the probes 500 (as a router does while its model
     child is reloaded): that says nothing about the server, so no thread hears it changed, the
     turn is answered, and the watch checks again soon rather than after the long interval."""
-    expected = tmp_path / "expected"
-    async with fake_mattermost(sockets) as mm:
-        settings = settings_for(
-            tmp_path / "state", llama.base_url, FAKE_MODEL, selftest_every_s=3600.0
-        )
-        env = Env(mm, settings, chat_settings_for(mm, tmp_path))
-        recorded = await run_selftest(settings, record=True, expected_dir=expected)
-        assert recorded.ok, [r for r in recorded.results if not r.ok]
+    async with recorded(tmp_path, sockets, llama) as (env, expected):
+        settings = env.settings
         fake_llama.faults.set(http_500=Trigger(count=1))  # the first probe request
         report = await run_selftest(settings, expected_dir=expected)
         assert (report.ok, report.unreachable) == (False, False)
