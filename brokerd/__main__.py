@@ -1,7 +1,5 @@
-"""``python -m brokerd``."""
+"""``python -m brokerd``: the same entry as the ``brokerd`` command."""
 
-import sys
+from loopd.entry import brokerd
 
-from brokerd.cli import main
-
-sys.exit(main())
+brokerd()

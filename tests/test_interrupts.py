@@ -1,0 +1,98 @@
+"""Ctrl-C at any moment of a command: one line at most and exit status 130, never a traceback.
+
+The interrupt is sent at moments spread over the command's whole life: while the interpreter
+imports the command line (the window where it used to print a 30-line ``KeyboardInterrupt``
+traceback), while the command works, and as it exits. Whatever the moment, what the person sees
+is at most one line, and the status is 130 (or 0 where the command had already finished, or the
+interpreter's own death by SIGINT before any Python code ran).
+
+One window is the interpreter's and not loopd's: while Python imports its ``site`` module, before
+it runs a line of the program, an interrupt is a fatal error of the interpreter itself (with its
+own traceback of ``<frozen site>``). No program can catch it; those runs are told apart by that
+error and are the only ones let through.
+"""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.test_cli_errors import environment
+
+BIN = Path(sys.executable).parent
+# Moments after the start, in seconds: spread over the import of the command line (a few hundred
+# milliseconds on a quiet machine, more on a busy one) and past it.
+MOMENTS = (0.0, 0.01, 0.03, 0.06, 0.1, 0.15, 0.2, 0.3, 0.45, 0.6, 0.9, 1.3)
+KILLED_BY_SIGINT = -signal.SIGINT
+INTERPRETER_START_UP = "Fatal Python error: init_import_site"
+
+
+def interrupted(argv: list[str], env: dict[str, str], after_s: float) -> tuple[int, str]:
+    child = subprocess.Popen(
+        argv, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
+    try:
+        time.sleep(after_s)  # the moment under test, not a wait for anything
+        if child.poll() is None:
+            child.send_signal(signal.SIGINT)
+        _, err = child.communicate(timeout=120)
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+    return child.returncode, err.decode(errors="replace")
+
+
+def in_interpreter_start_up(err: str) -> bool:
+    """The interrupt came while Python imported ``site``: no frame of the program's own code."""
+    if not err.startswith(INTERPRETER_START_UP):
+        return False
+    assert "/loopd/" not in err, err
+    assert "/brokerd/" not in err, err
+    return True
+
+
+@pytest.mark.parametrize("after_s", MOMENTS)
+def test_ctrl_c_at_any_moment_of_loopd_is_one_line(tmp_path: Path, after_s: float) -> None:
+    env = environment(tmp_path, LOOPD_STATE_DIR=str(tmp_path / "state"))
+    status, err = interrupted([str(BIN / "loopd"), "sessions"], env, after_s)
+    if in_interpreter_start_up(err):
+        return
+    assert "Traceback" not in err, err
+    assert "KeyboardInterrupt" not in err, err
+    assert len(err.splitlines()) <= 1, err
+    assert status in (0, 130, KILLED_BY_SIGINT), (status, err)
+    if status == 130:
+        assert err.strip() == "loopd: interrupted"
+
+
+@pytest.mark.parametrize("after_s", MOMENTS)
+def test_ctrl_c_at_any_moment_of_brokerd_is_no_traceback(tmp_path: Path, after_s: float) -> None:
+    socket_dir = tmp_path / "sockets"
+    env = environment(
+        tmp_path,
+        BROKERD_SOCKET_DIR=str(socket_dir),
+        BROKERD_BROKER__AUDIT_DB=str(tmp_path / "audit.db"),
+    )
+    status, err = interrupted([str(BIN / "brokerd"), "serve", "--only", "broker"], env, after_s)
+    if in_interpreter_start_up(err):
+        return
+    assert "Traceback" not in err, err
+    assert "KeyboardInterrupt" not in err, err
+    # 0: stopped by SIGINT once serving; 130: interrupted before serving began.
+    assert status in (0, 130, KILLED_BY_SIGINT), (status, err)
+
+
+def test_python_m_loopd_is_the_same_entry(tmp_path: Path) -> None:
+    env = environment(tmp_path)
+    result = subprocess.run(
+        [sys.executable, "-m", "loopd", "--version"], env=env, capture_output=True, text=True
+    )
+    assert result.returncode == 0, result
+    assert result.stdout.startswith("loopd "), result
+    assert "loopd.entry" in (BIN / "loopd").read_text()  # the installed script is this entry
