@@ -10,8 +10,8 @@ source:
   completion (``handle_completions_impl``), each placed on another idle slot, whose cached prompt
   it overwrites. Only 1 passes.
 - ``n_probs``, and ``logprobs`` / ``top_logprobs`` that set it: the top-N probabilities of every
-  token, built and sent on the loop that serves every slot; a negative value becomes a huge
-  unsigned count there (the whole vocabulary per token). Only 0 to ``MAX_PROBS`` pass.
+  token (up to the whole vocabulary, each with its text), built and sent on the loop that serves
+  every slot. Only up to ``MAX_PROBS`` pass (0 or less turns them off).
 - ``lora``: per-request adapter scales; a slot whose adapters differ from the others' cannot be
   batched with them (``can_batch_with``), so every decode step runs one more batch. Only an empty
   list passes.
@@ -57,9 +57,7 @@ def _one(value: object) -> bool:
 
 
 def _few_probs(value: object) -> bool:
-    return (
-        isinstance(value, int | float) and not isinstance(value, bool) and 0 <= value <= MAX_PROBS
-    )
+    return isinstance(value, int | float) and not isinstance(value, bool) and value <= MAX_PROBS
 
 
 def _probs_flag(value: object) -> bool:
@@ -82,9 +80,9 @@ PROBS: Final = FieldRule(
     "it makes the server build and send that many probabilities for every token, on the loop "
     "that serves every slot",
     _few_probs,
-    f"0 to {MAX_PROBS}",
+    f"at most {MAX_PROBS}",
 )
-PROBS_FLAG: Final = FieldRule(PROBS.why, _probs_flag, f"true, false or 0 to {MAX_PROBS}")
+PROBS_FLAG: Final = FieldRule(PROBS.why, _probs_flag, f"true, false or at most {MAX_PROBS}")
 ADAPTERS: Final = FieldRule(
     "a slot with adapters of its own cannot be batched with the other slots", _no_adapters, "[]"
 )

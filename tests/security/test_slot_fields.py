@@ -66,7 +66,7 @@ def refusal_of(answer: httpx.Response) -> str:
 @pytest.mark.attack(
     attack="A request naming the box's slot starts work on the server's other slots",
     input='chat request with `"id_slot": 0` and `"n_cmpl": 2`, `"n": 2`, `"n_cmpl": 2.0`; '
-    "also `lora`, `backend_sampling`, a negative `n_probs` and a field brokerd does not know",
+    "also `lora`, `backend_sampling`, `n_probs` 100000 and a field brokerd does not know",
     expected="403 naming the field for each; slot 1 untouched; `n_cmpl` 1 passes, on slot 0 only",
 )
 def test_fields_that_take_other_slots_are_refused(
@@ -79,7 +79,7 @@ def test_fields_that_take_other_slots_are_refused(
         "n_cmpl 2.0": body_with(n_cmpl=2.0),
         "lora": body_with(lora=[{"id": 0, "scale": 1.0}]),
         "backend_sampling": body_with(backend_sampling=True),
-        "n_probs": body_with(n_probs=-1),
+        "n_probs": body_with(n_probs=100000),
         "logprobs": body_with(logprobs=True, top_logprobs=100000),
         "unknown": body_with(n_completions=2),
     }
