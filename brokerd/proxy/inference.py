@@ -9,7 +9,9 @@ The server is shared, so brokerd's config also bounds what the box may use of it
 (``InferencePolicy``): a chat request must name one of ``inference_slots`` as its ``id_slot``, and
 every request that names a model (body ``model``, or a ``model`` query parameter) one of
 ``inference_models``; empty lists allow any. ``id_slot`` -1 or absent is refused while slots are
-set: llama-server then picks any idle slot, which may be another client's. With several servers
+set: llama-server then picks any idle slot, which may be another client's. While slots are set,
+a chat request may also carry only the fields ``brokerd.proxy.requestfields`` allows, within
+their bounds (``n_cmpl``, for one, starts completions on other slots). With several servers
 (``[[endpoint]]`` tables) each socket is one server's, under that server's rules: a model or slot
 the box is given on another server only is refused here, and the refusal names this one.
 """
@@ -28,6 +30,7 @@ from brokerd.proxy.forward import BodyCap, Forwarder, ForwardRules, Refused
 from brokerd.proxy.headers import FORWARDING_HEADERS, REQUEST_FRAMING, query_keys
 from brokerd.proxy.lifespan import closing_lifespan
 from brokerd.proxy.relay import json_error
+from brokerd.proxy.requestfields import field_refusal
 from brokerd.proxy.upstream import Upstream
 from brokerd.tools.arguments import nests_deeper
 
@@ -135,6 +138,9 @@ def body_refusal(policy: InferencePolicy, method: str, path: str, body: bytes) -
                 403,
                 f"brokerd refuses id_slot {slot!r}{policy.where}: a request must name {allowed}",
             )
+        if (refused := field_refusal(value)) is not None:
+            name, why = refused
+            return Refused(403, f"brokerd refuses the field {name!r}{policy.where}: {why}")
     return None
 
 

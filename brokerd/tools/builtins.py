@@ -5,17 +5,20 @@ too) and raises ``ToolFailure`` with words for the model when it refuses or fail
 content-type rules of web_fetch are pure functions, tested on their own.
 """
 
+import zlib
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
+import anyio
 import httpx
 
 from brokerd.tools import diskusage
 from brokerd.tools.capture import CappedOutput
 from brokerd.tools.errors import ToolFailure
+from brokerd.tools.inflate import EncodingRefused, inflater_for
 
 # What replaces web_fetch's network in tests; the rest of the broker names it by this alias, so
 # that httpx stays inside the builtins that speak HTTP.
@@ -81,7 +84,8 @@ async def web_fetch(
     arguments: Mapping[str, Any], output: CappedOutput, context: BuiltinContext
 ) -> None:
     """GET a text page from an allowed host; redirects are followed only while they stay on the
-    allowlist, and the body is read only up to the output cap."""
+    allowlist, and the body is read, and decoded (``brokerd.tools.inflate``), only up to the
+    output cap."""
     try:
         url = httpx.URL(str(arguments["url"]))
     except httpx.InvalidURL as exc:
@@ -91,7 +95,11 @@ async def web_fetch(
         timeout=context.http_timeout_s,
         follow_redirects=False,
         trust_env=False,
-        headers={"User-Agent": USER_AGENT, "Accept": "text/*, application/json;q=0.9"},
+        headers={
+            "User-Agent": USER_AGENT,
+            "Accept": "text/*, application/json;q=0.9",
+            "Accept-Encoding": "identity",
+        },
     ) as client:
         for _ in range(context.web_fetch_max_redirects + 1):
             problem = url_problem(url, context.web_fetch_allowlist)
@@ -120,15 +128,26 @@ async def _fetch_once(
                     "web_fetch returns text only"
                 )
             output.encoding = response.charset_encoding or "utf-8"
-            output.add(
-                f"HTTP {response.status_code} {response.reason_phrase} ({content_type})\n\n".encode(
-                    output.encoding, errors="replace"
-                )
+            head = f"HTTP {response.status_code} {response.reason_phrase} ({content_type})\n\n"
+            head_bytes = head.encode(output.encoding, errors="replace")
+            # Read raw: httpx would inflate every stacked layer of a chunk at once, before
+            # the cap. One more byte than the cap takes, so that the output knows it was cut.
+            inflater = inflater_for(
+                response.headers.get("content-encoding", ""),
+                output.cap - output.size - len(head_bytes) + 1,
             )
-            async for chunk in response.aiter_bytes():
+            output.add(head_bytes)
+            async for chunk in response.aiter_raw():
+                if inflater is not None:
+                    # Bounded, but still CPU work: off the event loop that serves the sockets.
+                    chunk = await anyio.to_thread.run_sync(inflater.feed, chunk)
                 if not output.add(chunk):
                     break
             return None
+    except EncodingRefused as exc:
+        raise ToolFailure(f"refused: {url}: {exc}") from None
+    except zlib.error as exc:
+        raise ToolFailure(f"could not fetch {url}: the page does not decode ({exc})") from None
     except httpx.HTTPError as exc:
         raise ToolFailure(f"could not fetch {url}: {type(exc).__name__}: {exc}") from exc
 

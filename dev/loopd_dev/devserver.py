@@ -91,6 +91,11 @@ class Provisioned:
             hybrid_model=cache_dir / "models" / HYBRID_MODEL_FILE,
         )
 
+    @property
+    def source(self) -> Path:
+        """The server's own sources (``tools/server/``), kept beside the binary."""
+        return self.binary.parents[1] / "src"
+
     def check(self) -> None:
         needed = (self.binary, self.model, self.hybrid_model, self.templates / THINKING_TEMPLATE)
         for path in needed:

@@ -24,6 +24,7 @@ from brokerd.proxy.inference import create_inference_app
 from brokerd.proxy.upstream import parse_upstream
 from loopd.config import load_settings
 from loopd.observe.server import serve_runtime
+from loopd.observe.status import REFRESH_S
 from loopd.sessions import Runtime
 from tests.observe.observe_support import captured_logs, sample, scraped, value
 
@@ -159,6 +160,7 @@ async def test_loopds_pages_are_relayed_from_its_socket(tmp_path: Path, sockets:
     assert page.status_code == 200
     assert page.headers["content-type"] == "text/html; charset=utf-8"
     assert page.headers["content-security-policy"] == PAGE_POLICY
+    assert page.headers["refresh"] == str(REFRESH_S)  # the sandbox stops a meta refresh
     assert "<h1>loopd</h1>" in page.text
     assert data.json()["model"] == "m"
     assert folder.status_code == 308
@@ -250,19 +252,27 @@ async def test_only_fixed_paths_are_asked_for_and_the_page_runs_no_script(socket
         hostile_loopd(path, answering(raw)) as heads,
         asgi_client(create_metrics_app(LoopdRelay(path))) as client,
     ):
-        answer = await client.get(
-            "/loopd/?next=/etc/passwd", headers={"Authorization": "Bearer operator"}
+        data = await client.get(
+            "/loopd/status.json?next=/etc/passwd", headers={"Authorization": "Bearer operator"}
         )
-    assert answer.status_code == 200
-    assert answer.headers["content-type"] == "text/html; charset=utf-8"  # brokerd's, not loopd's
+        page = await client.get("/loopd/?next=/etc/passwd")
+    assert data.status_code == 200
+    assert data.headers["content-type"] == "application/json"  # brokerd's, not loopd's
     assert "script-src" not in PAGE_POLICY
     assert "default-src 'none'" in PAGE_POLICY
-    assert answer.headers["content-security-policy"] == PAGE_POLICY
-    assert "set-cookie" not in answer.headers
-    [head] = heads
-    assert head.startswith(b"GET / HTTP/1.1\r\n")
-    assert b"passwd" not in head
-    assert b"operator" not in head
+    assert "sandbox" in PAGE_POLICY.split("; ")
+    assert data.headers["content-security-policy"] == PAGE_POLICY
+    assert data.headers["x-content-type-options"] == "nosniff"
+    assert "set-cookie" not in data.headers
+    # The page is rendered from loopd's status data, never relayed as markup.
+    assert page.status_code == 502
+    assert "is not a status" in page.text
+    assert "<script>" not in page.text
+    assert len(heads) == 2
+    for head in heads:
+        assert head.startswith(b"GET /status.json HTTP/1.1\r\n")
+        assert b"passwd" not in head
+        assert b"operator" not in head
 
 
 async def test_a_link_or_a_file_in_place_of_the_socket_is_not_followed(sockets: Path) -> None:

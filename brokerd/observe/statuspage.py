@@ -1,0 +1,35 @@
+"""loopd's status page as brokerd serves it: rendered by brokerd from loopd's status data.
+
+The box writes the folder loopd's socket is in, so the page it serves may be anyone's markup,
+and a Content-Security-Policy does not stop all of it: Chromium follows a ``<meta
+http-equiv="refresh">`` to another site under ``default-src 'none'``. So brokerd never relays the
+box's HTML: it reads ``/status.json``, checks it against the page's data types, and renders the
+page with loopd's own renderer, which escapes every string. The box's bytes reach the browser as
+text only. (The relay's policy adds ``sandbox`` besides, which stops meta refreshes and scripts
+in the page whatever it holds; the page's own refresh is the ``Refresh`` header.)
+"""
+
+from typing import Final
+
+from pydantic import TypeAdapter, ValidationError
+
+from loopd.observe.status import StatusSnapshot, render
+
+STATUS: Final = TypeAdapter(StatusSnapshot)
+
+
+class NotAStatus(ValueError):
+    """The status data does not have the page's shape; the message says where."""
+
+
+def render_status(data: bytes) -> bytes:
+    """The status page for loopd's ``/status.json`` answer (pure; ``NotAStatus`` if invalid)."""
+    try:
+        snapshot = STATUS.validate_json(data)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(part) for part in first["loc"]) or "the top"
+        raise NotAStatus(
+            f"{exc.error_count()} problem(s), the first at {where}: {first['msg']}"
+        ) from None
+    return render(snapshot).encode("utf-8")
