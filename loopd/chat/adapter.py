@@ -15,6 +15,7 @@ import json
 import logging
 import random
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import anyio
@@ -73,12 +74,20 @@ def user_text(
     return UserText(f"@{author.username}: {message}", cut_from)
 
 
-def group_refusal(reason: str) -> str:
-    names = reason.rpartition(": ")[2]
+def group_refusal(outsiders: Sequence[str]) -> str:
+    """The refusal in a group message, naming who may not use loopd (the author included)."""
+    names = [f"@{name}" for name in outsiders]
+    who = names[0] if len(names) == 1 else f"{', '.join(names[:-1])} and {names[-1]}"
+    verb = "is" if len(names) == 1 else "are"
     return (
-        f"🚫 In a group message I answer only when everyone in it may use me, and {names} may "
-        "not. Ask the admin to add them, or message me directly."
+        f"🚫 In a group message I answer only when everyone in it may use me, and {who} {verb} "
+        "not enabled. Ask the admin to add them, or message me directly."
     )
+
+
+def refusal_text(decision: Decision, channel: Channel) -> str:
+    """What loopd posts for a refused post: in a group message, who may not use it."""
+    return group_refusal(decision.outsiders) if channel.is_group else REFUSAL
 
 
 class ChatAdapter:
@@ -267,7 +276,7 @@ class ChatAdapter:
                 await self._notice(f"edit:{post.id}", channel, root, EDIT_NOTICE)
             case Action.REFUSE:
                 log.info("refused post %s: %s", post.id, decision.reason)
-                text = group_refusal(decision.reason) if channel.is_group else REFUSAL
+                text = refusal_text(decision, channel)
                 await self._notice(f"refuse:{post.id}", channel, root, text)
                 self.state.mark_seen(post.id, "refused")
 

@@ -31,9 +31,13 @@ class Action(StrEnum):
 
 @dataclass(frozen=True)
 class Decision:
+    """``outsiders``: for a refusal, the usernames that are not allowed (the author, or the
+    members of a group message), so the refusal names them without parsing ``reason``."""
+
     action: Action
     reason: str
     root_id: str = ""
+    outsiders: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -123,12 +127,16 @@ def decide(
         return Decision(Action.IGNORE, "not addressed to the bot")
     if not allow.allows_user(author):
         if addressed:
-            return Decision(Action.REFUSE, f"@{author.username} is not allowed", root)
+            return Decision(
+                Action.REFUSE, f"@{author.username} is not allowed", root, (author.username,)
+            )
         return Decision(Action.IGNORE, f"@{author.username} is not allowed")
     if not allow.allows_channel(channel, team_name, group_outsiders):
         if channel.is_group:
-            names = ", ".join(f"@{name}" for name in sorted(group_outsiders))
-            return Decision(Action.REFUSE, f"group message with members not allowed: {names}", root)
+            outsiders = tuple(sorted(group_outsiders))
+            names = ", ".join(f"@{name}" for name in outsiders)
+            reason = f"group message with members not allowed: {names}"
+            return Decision(Action.REFUSE, reason, root, outsiders)
         return Decision(Action.REFUSE, f"channel {channel.name} is not allowed", root)
     if stop:
         return Decision(Action.STOP, f"stop requested by @{author.username}", root)
