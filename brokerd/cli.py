@@ -27,7 +27,7 @@ from brokerd.observe.server import metrics_service
 from brokerd.proxy.logs import configure_logging
 from brokerd.serve import SERVICES, ServeError, build_endpoints, run
 from loopd import anyio_unix_connect
-from loopd.cli import package_version
+from loopd.version import package_version
 
 EXIT_CANNOT_SERVE: Final = 1
 EXIT_CONFIG: Final = 2

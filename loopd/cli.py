@@ -26,29 +26,20 @@ import argparse
 import os
 import sys
 from collections.abc import Callable, Sequence
-from importlib.metadata import PackageNotFoundError, version
 from typing import Final, TypeAlias
 
 from loopd import anyio_unix_connect
 from loopd.config import Settings, load_settings, settings_table
 from loopd.errors import LoopdError
 from loopd.logsetup import configure_logging
+from loopd.version import package_version
 
 Handler = Callable[[argparse.Namespace, Settings], int]
 Subparsers: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
 
-DISTRIBUTION: Final = "loopd"  # loopd and brokerd ship in one distribution
 EXIT_FAILED: Final = 2
 EXIT_INTERRUPTED: Final = 130
 EXIT_STDOUT_CLOSED: Final = 128 + 13  # SIGPIPE
-
-
-def package_version(program: str) -> str:
-    """``loopd 0.1.0``: the program and the installed distribution's version."""
-    try:
-        return f"{program} {version(DISTRIBUTION)}"
-    except PackageNotFoundError:
-        return f"{program} (not installed: no version)"
 
 
 def _cmd_config(args: argparse.Namespace, settings: Settings) -> int:

@@ -157,6 +157,7 @@ class ChatAdapter:
                 await self.catch_up()
                 self.connects += 1
                 self.caught_up.set()
+                METRICS.mattermost_connected(True)
                 async for event in socket.events():
                     await self.on_event(event)
                     opened = Resume(socket.connection_id, socket.next_seq)
@@ -172,6 +173,8 @@ class ChatAdapter:
             # Full or busy for now: the post was not taken in, so its channel's cursor is still
             # before it, and the next connection's catch-up takes it in.
             log.warning("could not take in a post (%s); trying again after reconnecting", exc)
+        finally:
+            METRICS.mattermost_connected(False)  # also when the daemon is stopping
         if opened is not None:
             with contextlib.suppress(ChatStateError):  # only a hint for the resume
                 self.state.save_connection(opened.connection_id, opened.next_seq)
