@@ -35,6 +35,7 @@ from loopd.chat.split import split_message
 from loopd.chat.status import Finished, InLine
 from loopd.chat.turnposts import DRAFT, STATUS, TurnPosts, close, draft_post
 from loopd.engine.compaction import is_compaction_instruction
+from loopd.engine.notes import cut_note
 from loopd.engine.turn import TurnOutcome
 from loopd.errors import LoopdError
 from loopd.sessionlog.errors import DiskFullError, LockedError
@@ -370,7 +371,8 @@ class Threads:
                 f"⚠️ I could not answer: {outcome.failure}\nReply to try again.",
             )
         else:
-            await self.deliver(name, notices=outcome.notices)
+            cut = [cut_note(outcome.cut_at)] if outcome.cut_at is not None else []
+            await self.deliver(name, notices=[*cut, *outcome.notices])
         await running.posts.status.remove()
 
     async def _close_stopped(

@@ -69,6 +69,7 @@ class TurnOutcome:
     cause: Failure | None = None  # what ended the turn without an answer, when a request did
     requests: list[RequestRecord] = field(default_factory=list)
     notices: list[str] = field(default_factory=list)  # one line each, for the thread
+    cut_at: int | None = None  # the answer was cut at max_tokens: tokens generated (0: unknown)
     compacted: bool = False  # the turn started a new epoch (its session is worth a prewarm)
 
 
@@ -221,6 +222,9 @@ class Turn:
             raise RequestFailed(result.detail, result.failure)
         message = result.assembler.message()
         if not message.tool_calls:
+            if result.assembler.finish_reason == "length":
+                timings = result.assembler.timings
+                outcome.cut_at = timings.predicted_n if timings is not None else 0
             raise Answered(message.content)
         await self.execute(message.tool_calls)
 

@@ -126,6 +126,7 @@ def run_record(
         "answer": outcome.answer if outcome is not None and outcome.failure is None else None,
         "failure": outcome.failure if outcome is not None else None,
         "notices": list(outcome.notices) if outcome is not None else [],
+        "cut_at_tokens": outcome.cut_at if outcome is not None else None,
         "tool_calls": tool_calls,
         "perf": perf,
     }

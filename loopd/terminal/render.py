@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from enum import Enum
 
 from loopd.chat.status import InLine, in_line_words, phase_words
+from loopd.engine.notes import cut_note
 from loopd.engine.stream import Phase, Status
 from loopd.engine.turn import TurnOutcome
 
@@ -141,16 +142,20 @@ class TurnView:
     def finished(self, outcome: TurnOutcome) -> Shown:
         notices = "".join(f"[loopd] {notice}\n" for notice in outcome.notices)
         err = f"loopd: {outcome.failure}\n" if outcome.failure is not None else ""
+        cut = f"[loopd] {cut_note(outcome.cut_at)}\n" if outcome.cut_at is not None else ""
         if self.style is Style.PLAIN:
             if outcome.failure is not None:
                 return Shown(notices, err)
-            return Shown(notices + (outcome.answer or "(no answer)") + "\n")
+            # stdout is the answer alone (data); the cut is said beside it, on stderr
+            return Shown(notices + (outcome.answer or "(no answer)") + "\n", cut)
         out = self._settle_thinking() + self._clear()
         if outcome.failure is None:
             out += self._rest_of_answer(outcome.answer or "")
             if not self._answer:
                 out += f"{DIM}(the model gave an empty answer){RESET}\n"
         out += self._end_line()
+        if cut:
+            out += f"{DIM}{cut}{RESET}"
         if notices:
             out += f"{DIM}{notices}{RESET}"
         return Shown(out, err)
