@@ -17,6 +17,7 @@ import anyio
 
 from loopd.config import Settings
 from loopd.endpoints.serving import Endpoints
+from loopd.endpoints.start import reachability_checker
 from loopd.engine.budget import BudgetRules, ServerBudget
 from loopd.engine.client import InferenceClient
 from loopd.engine.compaction import Compactor
@@ -26,7 +27,7 @@ from loopd.engine.prewarm_plan import PrewarmPlan, restart_wants
 from loopd.engine.request import RequestSettings, Sampling
 from loopd.engine.stream import Limits, StatusCallback
 from loopd.engine.turn import Turn, TurnOutcome
-from loopd.errors import LoopdError
+from loopd.errors import LoopdError, ServerRejected
 from loopd.observe.context import request_scope
 from loopd.observe.live import LiveTurns
 from loopd.observe.metrics import METRICS
@@ -202,6 +203,16 @@ class Runtime:
             checker = endpoint_checker(settings, spec.text)
             endpoints = Endpoints.open(settings, session_log, checker)
         return cls(settings, session_log, client, spec, tools, endpoints=endpoints)
+
+    async def start_terminal(self) -> None:
+        """The check a terminal's chat or one-shot turn starts with: its one server's
+        ``/health`` (``ServerRejected`` when it is not ok); with ``[[endpoint]]`` tables every
+        endpoint's, at once, the ones down marked down and re-checked so, as ``loopd serve``
+        starts (``loopd.endpoints.start``; ``NoEndpointUp`` when none answers)."""
+        if self.endpoints is not None:
+            await self.endpoints.start_checked(reachability_checker(self.endpoints.clients()))
+        elif not await self.client.health():
+            raise ServerRejected(self.client.url, 503, "/health is not ok")
 
     async def aclose(self) -> None:
         await self.client.aclose()

@@ -25,6 +25,7 @@ from loopd.config import EndpointSettings, Settings
 from loopd.endpoints.fleet import Fleet
 from loopd.endpoints.health import endpoint_dead, needs_health_check
 from loopd.endpoints.placement import Move, NowhereUp
+from loopd.endpoints.start import NoEndpointUp, StartChecks, check_at_start
 from loopd.engine.budget import ServerBudget
 from loopd.engine.client import InferenceClient
 from loopd.engine.compaction import Compactor
@@ -103,6 +104,18 @@ class Endpoints:
         self.check = check
         for name, reason in down.items():
             self.fleet.health.mark_down(name, reason, time.monotonic())
+
+    async def start_checked(self, check: Checker) -> StartChecks:
+        """Check every endpoint at once (``loopd.endpoints.start``) and serve with ``check`` as
+        the re-check; ``NoEndpointUp`` when none passed (nothing is marked then)."""
+        checks = await check_at_start([s.endpoint for s in self.servers.values()], check)
+        if checks.none_up:
+            raise NoEndpointUp(checks.down)
+        self.start(check, checks.down)
+        return checks
+
+    def clients(self) -> dict[str, InferenceClient]:
+        return {name: server.client for name, server in self.servers.items()}
 
     def on_up(self, listener: Callable[[str], None]) -> None:
         """Call ``listener(name)`` when a down endpoint passes its re-check."""
