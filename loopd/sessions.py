@@ -247,6 +247,10 @@ class Runtime:
             )
         return session
 
+    def new_session_head(self) -> tuple[str, str]:
+        """What a new session's epoch begins with: its tools (their sha256) and system text."""
+        return self.spec.sha256, self.settings.system_text
+
     # -- what the server is -----------------------------------------------------------------------
 
     def know_server(

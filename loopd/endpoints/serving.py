@@ -185,7 +185,9 @@ class Endpoints:
                     moved_from,
                     server.name,
                 )
-            outcome = await self._run_on(runtime, server, session, report, on_position, moved_from)
+            outcome = await self._run_on(runtime, server, session, report, on_position)
+            if isinstance(placement, Move):  # its first prompt here: the shared head is read
+                self._learn_head(runtime, server.name, session.name, outcome)
             if outcome.answer is not None or not await self._proves_dead(server, outcome):
                 return outcome
             reason = outcome.failure or "a request found it dead"
@@ -205,7 +207,6 @@ class Endpoints:
         session: Session,
         report: StatusCallback,
         on_position: PositionCallback,
-        moved_from: str | None,
     ) -> TurnOutcome:
         slot = self.slot_on(server, session.name)
         with runtime.live.turn(session.name, slot, report, on_position) as live:
@@ -215,7 +216,7 @@ class Endpoints:
             id_slot = slot if turn.pinned else -1
             turn.settings = replace(turn.settings, model=server.endpoint.model, slot=id_slot)
             turn.gate = Compactor(server.budget, runtime.budget_rules())
-            turn.endpoint, turn.moved_from = server.name, moved_from
+            turn.endpoint = server.name  # named in each request's record (the cache-loss rule)
             async with AsyncExitStack() as held:
                 with self.fleet.waiting(server.name):
                     await held.enter_async_context(
@@ -224,6 +225,20 @@ class Endpoints:
                 with self.fleet.running(session.name):
                     return live.finished(await turn.run())
         raise AssertionError("unreachable")  # pragma: no cover - the block returns
+
+    def _learn_head(
+        self, runtime: Runtime, endpoint: str, session: str, outcome: TurnOutcome
+    ) -> None:
+        """A session's first prompt on ``endpoint`` began with the system prompt and tools of
+        its epoch; when those are the ones new sessions get, the endpoint holds them now."""
+        epoch = runtime.log.current_epoch(session)
+        if (epoch.tools_sha256, epoch.system_text) != runtime.new_session_head():
+            return
+        for record in outcome.requests:  # the first the server counted for
+            cache_n, prompt_n = record.perf.cache_n, record.perf.prompt_n
+            if cache_n is not None and prompt_n is not None:
+                self.fleet.holds_head(endpoint, max(cache_n + prompt_n - 1, 0))
+                return
 
     async def _proves_dead(self, server: Server, outcome: TurnOutcome) -> bool:
         answers: bool | None = None

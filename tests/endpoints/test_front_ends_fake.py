@@ -81,12 +81,13 @@ def test_a_session_whose_endpoint_is_down_at_start_is_answered_on_the_other(
 ) -> None:
     with _two_fakes() as fakes:
         env = _config(tmp_path, {name: fake.url for name, fake in fakes.items()})
-        _ok(run_loopd(["run", "hello", "--session", "r1"], env))
-        _ok(_chat(env, "c1", "hello"))
+        # Each session says its own words: the fake's cache would reuse another's same prompt.
+        _ok(run_loopd(["run", "hello from r1", "--session", "r1"], env))
+        _ok(_chat(env, "c1", "hello from c1"))
         assert [t[0] for t in _turns(tmp_path, "r1")] == ["a"]
         assert [t[0] for t in _turns(tmp_path, "c1")] == ["b"]  # the least loaded
-        _ok(run_loopd(["run", "hello", "--session", "r2"], env))
-        _ok(_chat(env, "c2", "hello"))
+        _ok(run_loopd(["run", "hello from r2", "--session", "r2"], env))
+        _ok(_chat(env, "c2", "hello from c2"))
         assert [t[0] for t in _turns(tmp_path, "r2")] == ["a"]
         assert [t[0] for t in _turns(tmp_path, "c2")] == ["b"]
 
