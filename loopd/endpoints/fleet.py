@@ -66,6 +66,10 @@ class Fleet:
     def endpoint_of(self, session: str) -> str | None:
         return self._endpoint.get(session)
 
+    def is_running(self, session: str) -> bool:
+        """A turn of ``session`` is under way (``running``)."""
+        return self._running[session] > 0
+
     def sessions_on(self, endpoint: str) -> list[str]:
         return [name for name, where in self._endpoint.items() if where == endpoint]
 

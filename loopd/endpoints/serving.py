@@ -21,16 +21,21 @@ from contextlib import AsyncExitStack
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
+import anyio
+
 from loopd.config import EndpointSettings, Settings
 from loopd.endpoints.fleet import Fleet
 from loopd.endpoints.health import endpoint_dead, needs_health_check
 from loopd.endpoints.placement import Move, NowhereUp
 from loopd.endpoints.start import NoEndpointUp, StartChecks, check_at_start
+from loopd.endpoints.warm import MoveWarmer, Warmed
 from loopd.engine.budget import ServerBudget
 from loopd.engine.client import InferenceClient
 from loopd.engine.compaction import Compactor
+from loopd.engine.prewarm import Prewarmer
+from loopd.engine.prewarm_plan import PrewarmPlan
 from loopd.engine.stream import StatusCallback
-from loopd.engine.turn import TurnOutcome
+from loopd.engine.turn import Turn, TurnOutcome
 from loopd.errors import LoopdError
 from loopd.scheduler import PositionCallback, Scheduler
 from loopd.selftest.endpoints import Checker, recheck_down
@@ -45,15 +50,23 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class Server:
-    """One endpoint's client, budget (its own ``n_ctx``) and slot queue."""
+    """One endpoint's client, budget (its own ``n_ctx``), slot queue, and its prewarms: the
+    sessions moved here whose prompt is read back while it is idle (``loopd.endpoints.warm``)."""
 
     endpoint: EndpointSettings
     client: InferenceClient
     budget: ServerBudget = field(init=False)
     scheduler: Scheduler = field(default_factory=Scheduler)
+    plan: PrewarmPlan = field(default_factory=PrewarmPlan)
+    prewarmer: Prewarmer = field(init=False)
 
     def __post_init__(self) -> None:
         self.budget = ServerBudget(self.client)
+
+    def open_prewarm(self, log: SessionLog, *, enabled: bool) -> None:
+        self.prewarmer = Prewarmer(
+            self.client, log, self.scheduler, enabled=enabled, endpoint=self.name
+        )
 
     @property
     def name(self) -> str:
@@ -82,6 +95,7 @@ class Endpoints:
         self.check = check
         self._slots = dict(slots)  # (session, endpoint) -> its slot there
         self._up_listeners: list[Callable[[str], None]] = []
+        self._warm_listeners: list[Warmed] = []
 
     @classmethod
     def open(
@@ -91,6 +105,8 @@ class Endpoints:
             Server(e, InferenceClient(e.url, e.model, connect_s=settings.connect_s))
             for e in settings.endpoints()
         ]
+        for server in servers:
+            server.open_prewarm(session_log, enabled=settings.prewarm)
         fleet = Fleet([s.name for s in servers], placed=session_log.last_endpoints())
         return cls(servers, fleet, check, session_log.endpoint_slots())
 
@@ -142,6 +158,22 @@ class Endpoints:
             if self.fleet.endpoint_of(session) == endpoint:
                 found[session] = (endpoint, slot)
         return found
+
+    async def keep_warm(self, runtime: Runtime) -> None:
+        """Re-check down endpoints, and with LOOPD_PREWARM prewarm the sessions moved off one
+        (``loopd.endpoints.warm``), until cancelled."""
+        if not runtime.settings.prewarm:
+            await self.watch()
+            return
+        warmer = MoveWarmer(self, runtime)
+        warmer.listeners.extend(self._warm_listeners)
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(self.watch)
+            tg.start_soon(warmer.run)
+
+    def on_warmed(self, listener: Warmed) -> None:
+        """Call ``listener(session, result)`` after each prewarm of a moved session."""
+        self._warm_listeners.append(listener)
 
     async def watch(self) -> None:
         """Re-check down endpoints until cancelled (nothing to do without a checker)."""
@@ -209,22 +241,37 @@ class Endpoints:
         on_position: PositionCallback,
     ) -> TurnOutcome:
         slot = self.slot_on(server, session.name)
+        # Real work: the server's prewarms give way (one beside a turn slows both), and this
+        # session's own turn reads what it needs.
+        server.prewarmer.preempt_all()
+        server.plan.drop(session.name)
         with runtime.live.turn(session.name, slot, report, on_position) as live:
-            turn = runtime.turn(session, live.report)  # the one-server turn, aimed at this one
-            turn.client, turn.slot = server.client, slot
-            # Pinned or placed by the server as the runtime decided (engine.placement).
-            id_slot = slot if turn.pinned else -1
-            turn.settings = replace(turn.settings, model=server.endpoint.model, slot=id_slot)
-            turn.gate = Compactor(server.budget, runtime.budget_rules())
-            turn.endpoint = server.name  # named in each request's record (the cache-loss rule)
+            turn = self.aim(runtime, server, session, live.report)
             async with AsyncExitStack() as held:
                 with self.fleet.waiting(server.name):
                     await held.enter_async_context(
                         server.scheduler.slot(session.name, slot, live.on_position)
                     )
                 with self.fleet.running(session.name):
-                    return live.finished(await turn.run())
+                    try:
+                        return live.finished(await turn.run())
+                    finally:
+                        server.plan.used(session.name, slot)
         raise AssertionError("unreachable")  # pragma: no cover - the block returns
+
+    def aim(
+        self, runtime: Runtime, server: Server, session: Session, report: StatusCallback
+    ) -> Turn:
+        """The one-server turn of ``session``, aimed at ``server`` and its slot there."""
+        slot = self.slot_on(server, session.name)
+        turn = runtime.turn(session, report)
+        turn.client, turn.slot = server.client, slot
+        # Pinned or placed by the server as the runtime decided (engine.placement).
+        id_slot = slot if turn.pinned else -1
+        turn.settings = replace(turn.settings, model=server.endpoint.model, slot=id_slot)
+        turn.gate = Compactor(server.budget, runtime.budget_rules())
+        turn.endpoint = server.name  # named in each request's record (the cache-loss rule)
+        return turn
 
     def _learn_head(
         self, runtime: Runtime, endpoint: str, session: str, outcome: TurnOutcome
