@@ -366,10 +366,10 @@ class Runtime:
         """Prewarm wanted sessions whenever their slot falls idle, until cancelled; returns at
         once when LOOPD_PREWARM is off. ``restarted``: the front end's sessions, of which each
         slot's most recently active one is read back first (see engine.prewarm_plan).
-        With several endpoints, this re-checks the down ones instead, and prewarms the sessions
-        moved off one (loopd.endpoints.warm)."""
+        With several endpoints, this re-checks the down ones instead, and prewarms the front
+        end's sessions (``restarted``) moved off one (loopd.endpoints.warm)."""
         if self.endpoints is not None:
-            await self.endpoints.keep_warm(self)
+            await self.endpoints.keep_warm(self, restarted)
             return
         if not self.prewarmer.enabled:
             return

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
@@ -159,13 +159,13 @@ class Endpoints:
                 found[session] = (endpoint, slot)
         return found
 
-    async def keep_warm(self, runtime: Runtime) -> None:
-        """Re-check down endpoints, and with LOOPD_PREWARM prewarm the sessions moved off one
-        (``loopd.endpoints.warm``), until cancelled."""
+    async def keep_warm(self, runtime: Runtime, sessions: Collection[str]) -> None:
+        """Re-check down endpoints, and with LOOPD_PREWARM prewarm those of ``sessions`` (the
+        front end's) moved off one (``loopd.endpoints.warm``), until cancelled."""
         if not runtime.settings.prewarm:
             await self.watch()
             return
-        warmer = MoveWarmer(self, runtime)
+        warmer = MoveWarmer(self, runtime, sessions)
         warmer.listeners.extend(self._warm_listeners)
         async with anyio.create_task_group() as tg:
             tg.start_soon(self.watch)

@@ -15,7 +15,7 @@ Only with ``LOOPD_PREWARM``, as on one server: a prewarm costs the server a read
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
@@ -41,9 +41,12 @@ Warmed = Callable[[str, PrewarmResult], None]
 class MoveWarmer:
     """Moves the idle sessions of an endpoint that went down, and prewarms them where they go."""
 
-    def __init__(self, endpoints: Endpoints, runtime: Runtime) -> None:
+    def __init__(self, endpoints: Endpoints, runtime: Runtime, sessions: Collection[str]) -> None:
+        """``sessions``: the front end's (a terminal's one, a daemon's threads); another
+        front end's sessions are its own to prewarm."""
         self.endpoints = endpoints
         self.runtime = runtime
+        self.sessions = sessions
         self._wake = {name: anyio.Event() for name in endpoints.servers}
         self.listeners: list[Warmed] = []
 
@@ -70,6 +73,8 @@ class MoveWarmer:
         """``down`` is down: its idle sessions move now, each wanted for a prewarm."""
         fleet = self.endpoints.fleet
         for name in fleet.sessions_on(down):
+            if name not in self.sessions:
+                continue
             if fleet.is_running(name) or not self.runtime.log.state(name).idle:
                 continue  # its turn, under way or coming, moves it and reads its prompt
             placement = fleet.place(name)

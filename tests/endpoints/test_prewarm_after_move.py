@@ -63,7 +63,7 @@ async def test_a_dead_servers_idle_session_is_read_on_the_other_and_its_next_tur
         runtime.endpoints.on_warmed(on_warmed)
         try:
             async with anyio.create_task_group() as tg:
-                tg.start_soon(runtime.keep_warm)
+                tg.start_soon(runtime.keep_warm, ["s1", "s2", "s3"])  # the front end's
                 for name in ("s1", "s2", "s3"):
                     await _turn(runtime, name, "hello")
                 assert {n: e for n, (e, _) in runtime.log.last_endpoints().items()} == {
