@@ -354,12 +354,20 @@ def section(runs: Sequence[PlacementRun], date: str) -> list[str]:
             continue
         lines += ["", *_moved_lines(r)]
         delayed, extra = r.delayed()
-        moved = sorted({t.session for t in r.turns for q in t.requests if q in lost})
+        # A prewarm's re-read is no turn's: it ran while the endpoint was idle.
+        prewarmed = [m for m in r.moved if m.reread_by == RequestKind.PREWARM.value]
+        moved = sorted(
+            {t.session for t in r.turns for q in t.requests if q in lost}
+            | {m.session for m in prewarmed}
+        )
+        reread = sum(q.record.perf.cache_loss or 0 for q in lost)
+        reread += sum(m.reread_tokens for m in prewarmed)
+        by_prewarm = f", {len(prewarmed)} of them by a prewarm" if prewarmed else ""
         lines += [
             "",
-            f"Losing an endpoint ({r.label}): {len(lost)} requests recorded `endpoint lost` "
-            f"({', '.join(moved) or 'none'}; one per session that moved), re-reading "
-            f"{sum(q.record.perf.cache_loss or 0 for q in lost):,} tokens the lost server had "
+            f"Losing an endpoint ({r.label}): {len(lost) + len(prewarmed)} requests recorded "
+            f"`endpoint lost` ({', '.join(moved) or 'none'}; one per session that moved"
+            f"{by_prewarm}), re-reading {reread:,} tokens the lost server had "
             f"cached; {delayed} turn(s) delayed by finding the server dead (its requests' "
             f"attempts, then the move), by {extra:.1f} s (median) over the other turns. No turn "
             "failed: every message was answered once.",
