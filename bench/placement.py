@@ -8,7 +8,8 @@ reads another's cache):
 - *1 endpoint*: N threads, each T turns in a row, all the threads at once, on server ``a``;
 - *2 endpoints*: the same on ``a`` and ``b``: placement spreads the new sessions;
 - *2 endpoints, a killed*: as the second, and server ``a`` SIGKILLed (its process group, as a
-  crashed box goes) once half of the turns have answered. Its sessions move to ``b``;
+  crashed box goes) once every thread has half of its turns answered. Its sessions move to
+  ``b``;
 - *2 endpoints, a killed, prewarm after the move*: ``LOOPD_PREWARM`` on, ``a`` started afresh;
   every thread's first two turns, ``a`` killed, one turn of an ``a`` session (it finds ``a``
   dead and moves by its own turn), the other ``a`` session moved at once and prewarmed on ``b``
@@ -144,14 +145,24 @@ async def _one_run(
     )
     runtime = Runtime.open(settings)
     samples: list[TurnSample] = []
-    answered = 0
+    halfway = anyio.Event()
+    at_half = 0
     tag = state.name  # the run's own session names
 
     async def thread(number: int) -> None:
-        nonlocal answered
+        nonlocal at_half
         name = f"{tag}-t{number}"
         session = runtime.ensure_session(name)
         for turn in range(TURNS):
+            if kill is not None and turn == TURNS // 2:
+                # Every thread has its later half of the turns after the kill, however fast
+                # its server answered the first half.
+                at_half += 1
+                if at_half == THREADS:
+                    log.info("%s: killing server %s", label, kill)
+                    servers[kill].kill()
+                    halfway.set()
+                await halfway.wait()
             runtime.log.append_user(
                 name, _message(label, number, turn), external_key=fresh_external_key()
             )
@@ -162,10 +173,6 @@ async def _one_run(
             if outcome.answer is None:
                 raise BenchError(f"{label}: {name} turn {turn} failed: {outcome.failure}")
             samples.append(TurnSample(name, wall, tuple(runtime.log.requests(name)[before:])))
-            answered += 1
-            if kill is not None and answered == THREADS * TURNS // 2:
-                log.info("%s: killing server %s", label, kill)
-                servers[kill].kill()
 
     started = time.monotonic()
     try:
