@@ -10,6 +10,9 @@ recorded with the cause ``endpoint lost``. The log is the truth, so the moved tu
 conversation as stored: the user's message is answered once, on the new endpoint. A down endpoint
 is self-tested again in the background (``selftest.endpoints.recheck_down``); once it passes, new
 sessions are placed on it again. Sessions that moved stay where they are (their cache is there).
+Every front end starts here (``start_checked``, or ``start`` after ``loopd serve``'s own
+``check_at_start``: ``loopd.endpoints.start``), and with LOOPD_PREWARM the idle sessions of an
+endpoint that went down are moved and read on their new one at once (``loopd.endpoints.warm``).
 """
 
 from __future__ import annotations
