@@ -2,13 +2,20 @@
 
 loopd itself runs the turns (``Runtime`` with ``[[endpoint]]`` tables, ``loopd.endpoints``), on
 two tiny real servers of this machine (the dev server's plain SmolLM2 preset, two slots each, on
-Unix sockets). Three runs, each with sessions of its own (their texts name the run, so no run
+Unix sockets). Four runs, each with sessions of its own (their texts name the run, so no run
 reads another's cache):
 
 - *1 endpoint*: N threads, each T turns in a row, all the threads at once, on server ``a``;
 - *2 endpoints*: the same on ``a`` and ``b``: placement spreads the new sessions;
 - *2 endpoints, a killed*: as the second, and server ``a`` SIGKILLed (its process group, as a
-  crashed box goes) once half of the turns have answered. Its sessions move to ``b``.
+  crashed box goes) once every thread has half of its turns answered. Its sessions move to
+  ``b``;
+- *2 endpoints, a killed, prewarm after the move*: ``LOOPD_PREWARM`` on, ``a`` started afresh;
+  every thread's first two turns, ``a`` killed, one turn of an ``a`` session (it finds ``a``
+  dead and moves by its own turn), the other ``a`` session moved at once and prewarmed on ``b``
+  while ``b`` is idle, then the remaining turns. For each moved session: the request that
+  re-read its prompt on ``b`` (``endpoint lost``: its turn, or the prewarm) and what each of its
+  turns there re-read afterwards (none, when the session starts warm).
 
 Per run: loopd's queue wait per turn (the turn's time less its requests' own time: waiting for a
 slot behind another session), the tokens the server read per turn (``prompt_n``, past its
@@ -38,7 +45,8 @@ import anyio
 from bench.errors import BenchError
 from loopd.config import load_settings
 from loopd.endpoints.placement import ENDPOINT_LOST
-from loopd.sessionlog.records import Request, fresh_external_key
+from loopd.engine.prewarm import PrewarmOutcome, PrewarmResult
+from loopd.sessionlog.records import Request, RequestKind, fresh_external_key
 from loopd.sessions import Runtime
 from loopd_dev import devserver
 
@@ -68,6 +76,19 @@ class TurnSample:
 
 
 @dataclass(frozen=True)
+class MovedSession:
+    """A session of the killed server, after the move: its one re-read and its turns after."""
+
+    session: str
+    reread_by: str  # the request kind that re-read its prompt on the new endpoint
+    reread_tokens: int
+    turns_after: tuple[Request, ...]  # its turns' requests on the new endpoint, after the re-read
+
+    def reread_after(self) -> list[int]:
+        return [r.record.perf.cache_loss or 0 for r in self.turns_after]
+
+
+@dataclass(frozen=True)
 class PlacementRun:
     label: str
     endpoints: int
@@ -75,6 +96,7 @@ class PlacementRun:
     turns: list[TurnSample]
     wall_s: float
     spread: dict[str, int]  # endpoint -> sessions whose latest request ran there
+    moved: tuple[MovedSession, ...] = ()  # the killed server's sessions, after their move
 
     def _perfs(self) -> list[Request]:
         return [r for t in self.turns for r in t.requests]
@@ -123,14 +145,24 @@ async def _one_run(
     )
     runtime = Runtime.open(settings)
     samples: list[TurnSample] = []
-    answered = 0
+    halfway = anyio.Event()
+    at_half = 0
     tag = state.name  # the run's own session names
 
     async def thread(number: int) -> None:
-        nonlocal answered
+        nonlocal at_half
         name = f"{tag}-t{number}"
         session = runtime.ensure_session(name)
         for turn in range(TURNS):
+            if kill is not None and turn == TURNS // 2:
+                # Every thread has its later half of the turns after the kill, however fast
+                # its server answered the first half.
+                at_half += 1
+                if at_half == THREADS:
+                    log.info("%s: killing server %s", label, kill)
+                    servers[kill].kill()
+                    halfway.set()
+                await halfway.wait()
             runtime.log.append_user(
                 name, _message(label, number, turn), external_key=fresh_external_key()
             )
@@ -141,22 +173,122 @@ async def _one_run(
             if outcome.answer is None:
                 raise BenchError(f"{label}: {name} turn {turn} failed: {outcome.failure}")
             samples.append(TurnSample(name, wall, tuple(runtime.log.requests(name)[before:])))
-            answered += 1
-            if kill is not None and answered == THREADS * TURNS // 2:
-                log.info("%s: killing server %s", label, kill)
-                servers[kill].kill()
 
     started = time.monotonic()
     try:
         async with anyio.create_task_group() as tg:
             for number in range(THREADS):
                 tg.start_soon(thread, number)
-        spread: dict[str, int] = {}
-        for where, _ in runtime.log.last_endpoints().values():
-            spread[where] = spread.get(where, 0) + 1
+        spread = _spread(runtime)
+        moved = _moved_sessions(runtime)
     finally:
         await runtime.aclose()
-    return PlacementRun(label, len(servers), THREADS, samples, time.monotonic() - started, spread)
+    wall_s = time.monotonic() - started
+    return PlacementRun(label, len(servers), THREADS, samples, wall_s, spread, moved)
+
+
+PREWARM_LABEL = "2 endpoints, a killed, prewarm after the move"
+
+
+async def _prewarm_run(servers: dict[str, devserver.RunningServer], state: Path) -> PlacementRun:
+    """LOOPD_PREWARM on: every thread's first two turns at once; server ``a`` killed; one turn
+    of an ``a`` session finds it dead (it moves by its own turn, re-reading there); the other
+    ``a`` session, idle, moves at once and is prewarmed on ``b`` while ``b`` is idle; then every
+    thread's last two turns at once."""
+    tables = [
+        {"name": name, "url": server.url, "model": devserver.PLAIN_MODEL, "slots": (0, 1)}
+        for name, server in servers.items()
+    ]
+    settings = load_settings(
+        endpoint=tables,
+        state_dir=state,
+        temperature=0.0,
+        max_tokens=MAX_TOKENS,
+        think_cap=0,
+        prewarm=True,
+    )
+    runtime = Runtime.open(settings)
+    assert runtime.endpoints is not None
+    warmed = anyio.Event()
+
+    def on_warmed(name: str, result: PrewarmResult) -> None:
+        if result.outcome is PrewarmOutcome.DONE:
+            warmed.set()
+
+    runtime.endpoints.on_warmed(on_warmed)
+    names = [f"{state.name}-t{number}" for number in range(THREADS)]
+    samples: list[TurnSample] = []
+
+    async def turn(number: int, index: int) -> None:
+        name = names[number]
+        session = runtime.ensure_session(name)
+        text = _message(PREWARM_LABEL, number, index)
+        runtime.log.append_user(name, text, external_key=fresh_external_key())
+        before = len(runtime.log.requests(name))
+        started = time.monotonic()
+        outcome = await runtime.run_turn(session, lambda status: None)
+        wall = time.monotonic() - started
+        if outcome.answer is None:
+            raise BenchError(f"{PREWARM_LABEL}: {name} turn {index} failed: {outcome.failure}")
+        samples.append(TurnSample(name, wall, tuple(runtime.log.requests(name)[before:])))
+
+    async def all_threads(index: int) -> None:
+        async with anyio.create_task_group() as tg:
+            for number in range(THREADS):
+                tg.start_soon(turn, number, index)
+
+    started = time.monotonic()
+    try:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(runtime.keep_warm, names)
+            await all_threads(0)
+            await all_threads(1)
+            on_a = [n for n, (where, _) in runtime.log.last_endpoints().items() if where == "a"]
+            log.info("%s: killing server a (sessions %s)", PREWARM_LABEL, ", ".join(on_a))
+            servers["a"].kill()
+            first = names.index(sorted(on_a)[0])
+            await turn(first, 2)  # finds a dead: a is marked down, its idle sessions move
+            with anyio.fail_after(600):
+                await warmed.wait()
+            for number in range(THREADS):
+                if number != first:
+                    await turn(number, 2)
+            await all_threads(3)
+            tg.cancel_scope.cancel()
+        spread = _spread(runtime)
+        moved = _moved_sessions(runtime)
+    finally:
+        await runtime.aclose()
+    wall_s = time.monotonic() - started
+    return PlacementRun(PREWARM_LABEL, len(servers), THREADS, samples, wall_s, spread, moved)
+
+
+def _spread(runtime: Runtime) -> dict[str, int]:
+    spread: dict[str, int] = {}
+    for where, _ in runtime.log.last_endpoints().values():
+        spread[where] = spread.get(where, 0) + 1
+    return spread
+
+
+def _moved_sessions(runtime: Runtime) -> tuple[MovedSession, ...]:
+    """Each session with an ``endpoint lost`` request: that re-read, and its turns after."""
+    found = []
+    for session in runtime.log.sessions():
+        requests = runtime.log.requests(session.name)
+        if any(r.record.perf.cache_loss_cause == ENDPOINT_LOST for r in requests):
+            found.append(_moved(session.name, requests))
+    return tuple(found)
+
+
+def _moved(name: str, requests: Sequence[Request]) -> MovedSession:
+    at = next(i for i, r in enumerate(requests) if r.record.perf.cache_loss_cause == ENDPOINT_LOST)
+    reread = requests[at]
+    after = tuple(
+        r
+        for r in requests[at + 1 :]
+        if r.record.kind is RequestKind.TURN and r.record.perf.outcome == "complete"
+    )
+    return MovedSession(name, reread.record.kind.value, reread.record.perf.cache_loss or 0, after)
 
 
 def run(work: Path, cache_dir: Path) -> list[PlacementRun]:
@@ -171,6 +303,9 @@ def run(work: Path, cache_dir: Path) -> list[PlacementRun]:
             anyio.run(_one_run, "2 endpoints", servers, work / "two"),
             anyio.run(_one_run, "2 endpoints, a killed", servers, work / "killed", "a"),
         ]
+        folder = work / "a"  # a again, started afresh, for the run with prewarm after the move
+        servers["a"] = devserver.start(folder, cache_dir, socket_path=folder / "llama.sock")
+        runs.append(anyio.run(_prewarm_run, servers, work / "prewarm"))
     finally:
         for server in servers.values():
             server.stop()
@@ -224,18 +359,49 @@ def section(runs: Sequence[PlacementRun], date: str) -> list[str]:
         lost = r.lost()
         if "killed" not in r.label:
             continue
+        lines += ["", *_moved_lines(r)]
         delayed, extra = r.delayed()
-        moved = sorted({t.session for t in r.turns for q in t.requests if q in lost})
+        # A prewarm's re-read is no turn's: it ran while the endpoint was idle.
+        prewarmed = [m for m in r.moved if m.reread_by == RequestKind.PREWARM.value]
+        moved = sorted(
+            {t.session for t in r.turns for q in t.requests if q in lost}
+            | {m.session for m in prewarmed}
+        )
+        reread = sum(q.record.perf.cache_loss or 0 for q in lost)
+        reread += sum(m.reread_tokens for m in prewarmed)
+        by_prewarm = f", {len(prewarmed)} of them by a prewarm" if prewarmed else ""
         lines += [
             "",
-            f"Losing an endpoint ({r.label}): {len(lost)} requests recorded `endpoint lost` "
-            f"({', '.join(moved) or 'none'}; one per session that moved), re-reading "
-            f"{sum(q.record.perf.cache_loss or 0 for q in lost):,} tokens the lost server had "
+            f"Losing an endpoint ({r.label}): {len(lost) + len(prewarmed)} requests recorded "
+            f"`endpoint lost` ({', '.join(moved) or 'none'}; one per session that moved"
+            f"{by_prewarm}), re-reading {reread:,} tokens the lost server had "
             f"cached; {delayed} turn(s) delayed by finding the server dead (its requests' "
             f"attempts, then the move), by {extra:.1f} s (median) over the other turns. No turn "
             "failed: every message was answered once.",
         ]
     return lines
+
+
+def _moved_lines(r: PlacementRun) -> list[str]:
+    """Each moved session of a run: what re-read its prompt, and what its turns after re-read."""
+    lines = [
+        f"After the move ({r.label}): each session of the killed server, the request that re-read "
+        "its prompt on the other endpoint (`endpoint lost`) and the tokens each of its turns "
+        "there re-read afterwards (`cache_loss`):",
+        "",
+    ]
+    rows = [
+        (
+            m.session,
+            m.reread_by,
+            f"{m.reread_tokens:,}",
+            ", ".join(str(n) for n in m.reread_after()) or "-",
+        )
+        for m in r.moved
+    ]
+    return lines + _table(
+        ["Session", "Re-read by", "Re-read tokens", "Re-read by each turn after"], rows
+    )
 
 
 COMMAND = "python -m bench.placement"

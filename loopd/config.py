@@ -277,7 +277,9 @@ class Settings(configload.FileSettings):
         default=False,
         description="Read a session's prompt back into its idle slot (`max_tokens: 1`) so its "
         "next turn processes only its own tokens: after a compaction, once another session has "
-        "used the slot, and after a restart, for each slot's most recent session.",
+        "used the slot, and after a restart, for each slot's most recent session. With "
+        "`[[endpoint]]` tables: after a move, a session moved off a dead server is read on its "
+        "new one while that is idle.",
     )
     system_text: str = Field(
         default="You are loopd, a helpful assistant working in a team's chat thread. "

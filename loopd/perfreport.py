@@ -4,6 +4,9 @@ The core is pure: ``perf_records`` and ``summarize`` read ``Request`` rows (as t
 returns them) and ``format_summary`` writes text. The JSON keeps the server's own field names
 (``cache_n``, ``prompt_n``, ``predicted_n``) so a record can be set beside the server's timings.
 
+Where loopd has several servers, each record names the ``endpoint`` it ran on (null for the
+one-server shorthand), and a summary counts the requests of each endpoint.
+
 Two figures need a definition:
 
 - *hit rate*: prompt tokens the server reused over all prompt tokens it was sent,
@@ -47,6 +50,7 @@ def perf_record(session: str, request: Request) -> dict[str, Any]:
         "request_id": request.id,
         "created_at": request.created_at,
         "kind": record.kind.value,
+        "endpoint": endpoint_of(request),
         "slot": record.slot,
         "epoch": record.epoch,
         "outcome": perf.outcome,
@@ -65,6 +69,12 @@ def perf_record(session: str, request: Request) -> dict[str, Any]:
     }
     out.update({name: perf.extra[name] for name in _EXTRA_FIELDS if name in perf.extra})
     return out
+
+
+def endpoint_of(request: Request) -> str | None:
+    """The ``[[endpoint]]`` the request ran on; None for the one-server shorthand."""
+    name = request.record.perf.extra.get("endpoint")
+    return name if isinstance(name, str) else None
 
 
 def perf_records(session: str, requests: Iterable[Request]) -> list[dict[str, Any]]:
@@ -87,6 +97,7 @@ class PerfSummary:
     capped: int = 0
     broken: int = 0
     losses: dict[str, LossTally] = field(default_factory=dict)
+    by_endpoint: dict[str, int] = field(default_factory=dict)  # requests per named endpoint
     ttfb_ms: list[float] = field(default_factory=list)
     prompt_ns: list[int] = field(default_factory=list)
     tokens_per_s: list[float] = field(default_factory=list)
@@ -109,6 +120,8 @@ def summarize(requests: Sequence[Request]) -> PerfSummary:
         record, perf = request.record, request.record.perf
         kind = record.kind.value
         summary.by_kind[kind] = summary.by_kind.get(kind, 0) + 1
+        if (endpoint := endpoint_of(request)) is not None:
+            summary.by_endpoint[endpoint] = summary.by_endpoint.get(endpoint, 0) + 1
         summary.capped += perf.capped
         summary.broken += perf.outcome == "broken"
         if record.kind is RequestKind.SELFTEST:
@@ -138,6 +151,9 @@ def format_summary(title: str, summary: PerfSummary) -> str:
         f"{title}: {summary.requests} requests" + (f" ({kinds})" if kinds else ""),
         f"  broken: {summary.broken}, capped: {summary.capped}",
     ]
+    if summary.by_endpoint:
+        where = ", ".join(f"{name} {n}" for name, n in summary.by_endpoint.items())
+        lines.append(f"  requests by endpoint: {where}")
     if summary.hit_rate is not None:
         sent = summary.cache_n + summary.prompt_n
         lines.append(

@@ -27,7 +27,6 @@ import json
 import logging
 import signal
 import sys
-import time
 from collections.abc import Awaitable, Callable, Mapping
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
@@ -44,10 +43,11 @@ from loopd.chat.rest import MattermostClient, api_client
 from loopd.chat.split import MAX_POST_RUNES
 from loopd.chat.threads import Threads
 from loopd.config import Settings
+from loopd.endpoints.start import EXIT_NONE_UP, check_at_start
 from loopd.errors import LoopdError
 from loopd.exceptiongroups import sole_kind
 from loopd.observe.server import serve_runtime
-from loopd.selftest.endpoints import check_all, down_line, endpoint_checker, health_after
+from loopd.selftest.endpoints import down_line, endpoint_checker
 from loopd.selftest.expected import DEFAULT_DIR
 from loopd.selftest.run import SelftestReport, format_report, run_selftest
 from loopd.serverchange import ServerChange, server_change, status_record
@@ -309,21 +309,20 @@ def handler(args: argparse.Namespace, settings: Settings) -> int:
 async def startup_endpoints(
     settings: Settings, expected_dir: Path = DEFAULT_DIR
 ) -> tuple[int, dict[str, str]]:
-    """Every endpoint's self-test, at once: each one down gets one line and is re-checked once
-    loopd serves; with none up, loopd refuses to start, as for the shorthand's one server.
-    Returns the exit status and the endpoints down (name -> why)."""
+    """Every endpoint's self-test, at once (``loopd.endpoints.start``, as every front end
+    starts): each one down gets one line and is re-checked once loopd serves; with none up,
+    loopd refuses to start with exit status 2, as for the shorthand's one unreachable server
+    (systemd retries). Returns the exit status and the endpoints down (name -> why)."""
     tools_text = load_tools_spec(settings.tools_file).text
-    checks = await check_all(
+    checks = await check_at_start(
         settings.endpoints(), endpoint_checker(settings, tools_text, expected_dir)
     )
-    health_after(checks, time.monotonic())  # logs each endpoint's result
-    down = {check.endpoint.name: check.reason for check in checks if not check.ok}
-    if len(down) < len(checks):
-        return 0, down
-    for check in checks:
+    if not checks.none_up:
+        return 0, checks.down
+    for check in checks.checks:
         print(format_report(check.report) if check.report else down_line(check), file=sys.stderr)
     print("loopd serve: refusing to start: no endpoint passed its self-test", file=sys.stderr)
-    return 1, down
+    return EXIT_NONE_UP, checks.down
 
 
 async def startup_selftest(settings: Settings, expected_dir: Path = DEFAULT_DIR) -> SelftestReport:

@@ -17,6 +17,7 @@ import anyio
 
 from loopd.config import Settings
 from loopd.endpoints.serving import Endpoints
+from loopd.endpoints.start import reachability_checker
 from loopd.engine.budget import BudgetRules, ServerBudget
 from loopd.engine.client import InferenceClient
 from loopd.engine.compaction import Compactor
@@ -26,7 +27,7 @@ from loopd.engine.prewarm_plan import PrewarmPlan, restart_wants
 from loopd.engine.request import RequestSettings, Sampling
 from loopd.engine.stream import Limits, StatusCallback
 from loopd.engine.turn import Turn, TurnOutcome
-from loopd.errors import LoopdError
+from loopd.errors import LoopdError, ServerRejected
 from loopd.observe.context import request_scope
 from loopd.observe.live import LiveTurns
 from loopd.observe.metrics import METRICS
@@ -203,6 +204,16 @@ class Runtime:
             endpoints = Endpoints.open(settings, session_log, checker)
         return cls(settings, session_log, client, spec, tools, endpoints=endpoints)
 
+    async def start_terminal(self) -> None:
+        """The check a terminal's chat or one-shot turn starts with: its one server's
+        ``/health`` (``ServerRejected`` when it is not ok); with ``[[endpoint]]`` tables every
+        endpoint's, at once, the ones down marked down and re-checked so, as ``loopd serve``
+        starts (``loopd.endpoints.start``; ``NoEndpointUp`` when none answers)."""
+        if self.endpoints is not None:
+            await self.endpoints.start_checked(reachability_checker(self.endpoints.clients()))
+        elif not await self.client.health():
+            raise ServerRejected(self.client.url, 503, "/health is not ok")
+
     async def aclose(self) -> None:
         await self.client.aclose()
         if self.endpoints is not None:
@@ -235,6 +246,10 @@ class Runtime:
                 carry_over=bool(epochs),
             )
         return session
+
+    def new_session_head(self) -> tuple[str, str]:
+        """What a new session's epoch begins with: its tools (their sha256) and system text."""
+        return self.spec.sha256, self.settings.system_text
 
     # -- what the server is -----------------------------------------------------------------------
 
@@ -351,9 +366,10 @@ class Runtime:
         """Prewarm wanted sessions whenever their slot falls idle, until cancelled; returns at
         once when LOOPD_PREWARM is off. ``restarted``: the front end's sessions, of which each
         slot's most recently active one is read back first (see engine.prewarm_plan).
-        With several endpoints, this re-checks the down ones instead (loopd.endpoints.serving)."""
+        With several endpoints, this re-checks the down ones instead, and prewarms the front
+        end's sessions (``restarted``) moved off one (loopd.endpoints.warm)."""
         if self.endpoints is not None:
-            await self.endpoints.watch()
+            await self.endpoints.keep_warm(self, restarted)
             return
         if not self.prewarmer.enabled:
             return

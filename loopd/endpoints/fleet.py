@@ -6,6 +6,9 @@ turns are placed. Load is counted here too: the turns waiting for an endpoint (q
 slots or lanes) and its *active* sessions, those placed on it that ran a request within
 ``ACTIVE_WINDOW_S`` or have a turn under way. A session quiet for longer still stays on its
 endpoint when it comes back (its cache is there); it only stops counting as that endpoint's load.
+What each endpoint's cache holds of the system prompt and tools every new session begins with is
+learnt from the sessions' first prompts there (until that endpoint dies), for placement's
+tie-break.
 """
 
 from __future__ import annotations
@@ -54,9 +57,18 @@ class Fleet:
         }
         self._waiting: Counter[str] = Counter()  # endpoint -> turns queued for it
         self._running: Counter[str] = Counter()  # session -> turns under way (0 or 1)
+        # endpoint -> tokens of the shared system prompt and tools its cache holds, by the
+        # server's counts (``holds_head``); absent: not known (placement's tie-break).
+        self._head: dict[str, int] = {}
+        # A server that died lost its cache: it holds nothing until a session reads there again.
+        self.health.on_down(lambda name: self._head.__setitem__(name, 0))
 
     def endpoint_of(self, session: str) -> str | None:
         return self._endpoint.get(session)
+
+    def is_running(self, session: str) -> bool:
+        """A turn of ``session`` is under way (``running``)."""
+        return self._running[session] > 0
 
     def sessions_on(self, endpoint: str) -> list[str]:
         return [name for name, where in self._endpoint.items() if where == endpoint]
@@ -70,9 +82,20 @@ class Fleet:
             if recent or self._running[session]:
                 active[where] += 1
         return [
-            EndpointLoad(name, self.health.is_up(name), self._waiting[name], active[name])
+            EndpointLoad(
+                name,
+                self.health.is_up(name),
+                self._waiting[name],
+                active[name],
+                self._head.get(name),
+            )
             for name in self.names
         ]
+
+    def holds_head(self, endpoint: str, tokens: int) -> None:
+        """``endpoint`` read a prompt that begins with the new sessions' system prompt and tools,
+        at most ``tokens`` of it shared (``engine.turn.shared_head_bound``)."""
+        self._head[endpoint] = max(self._head.get(endpoint, 0), tokens)
 
     def place(self, session: str) -> Placement:
         """Where the session's turn runs now (``placement.place_turn``); a Move is kept as the

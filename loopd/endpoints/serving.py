@@ -10,26 +10,35 @@ recorded with the cause ``endpoint lost``. The log is the truth, so the moved tu
 conversation as stored: the user's message is answered once, on the new endpoint. A down endpoint
 is self-tested again in the background (``selftest.endpoints.recheck_down``); once it passes, new
 sessions are placed on it again. Sessions that moved stay where they are (their cache is there).
+Every front end starts here (``start_checked``, or ``start`` after ``loopd serve``'s own
+``check_at_start``: ``loopd.endpoints.start``), and with LOOPD_PREWARM the idle sessions of an
+endpoint that went down are moved and read on their new one at once (``loopd.endpoints.warm``).
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
+
+import anyio
 
 from loopd.config import EndpointSettings, Settings
 from loopd.endpoints.fleet import Fleet
 from loopd.endpoints.health import endpoint_dead, needs_health_check
 from loopd.endpoints.placement import Move, NowhereUp
+from loopd.endpoints.start import NoEndpointUp, StartChecks, check_at_start
+from loopd.endpoints.warm import MoveWarmer, Warmed
 from loopd.engine.budget import ServerBudget
 from loopd.engine.client import InferenceClient
 from loopd.engine.compaction import Compactor
+from loopd.engine.prewarm import Prewarmer
+from loopd.engine.prewarm_plan import PrewarmPlan
 from loopd.engine.stream import StatusCallback
-from loopd.engine.turn import TurnOutcome
+from loopd.engine.turn import Turn, TurnOutcome
 from loopd.errors import LoopdError
 from loopd.scheduler import PositionCallback, Scheduler
 from loopd.selftest.endpoints import Checker, recheck_down
@@ -44,15 +53,23 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class Server:
-    """One endpoint's client, budget (its own ``n_ctx``) and slot queue."""
+    """One endpoint's client, budget (its own ``n_ctx``), slot queue, and its prewarms: the
+    sessions moved here whose prompt is read back while it is idle (``loopd.endpoints.warm``)."""
 
     endpoint: EndpointSettings
     client: InferenceClient
     budget: ServerBudget = field(init=False)
     scheduler: Scheduler = field(default_factory=Scheduler)
+    plan: PrewarmPlan = field(default_factory=PrewarmPlan)
+    prewarmer: Prewarmer = field(init=False)
 
     def __post_init__(self) -> None:
         self.budget = ServerBudget(self.client)
+
+    def open_prewarm(self, log: SessionLog, *, enabled: bool) -> None:
+        self.prewarmer = Prewarmer(
+            self.client, log, self.scheduler, enabled=enabled, endpoint=self.name
+        )
 
     @property
     def name(self) -> str:
@@ -81,6 +98,7 @@ class Endpoints:
         self.check = check
         self._slots = dict(slots)  # (session, endpoint) -> its slot there
         self._up_listeners: list[Callable[[str], None]] = []
+        self._warm_listeners: list[Warmed] = []
 
     @classmethod
     def open(
@@ -90,6 +108,8 @@ class Endpoints:
             Server(e, InferenceClient(e.url, e.model, connect_s=settings.connect_s))
             for e in settings.endpoints()
         ]
+        for server in servers:
+            server.open_prewarm(session_log, enabled=settings.prewarm)
         fleet = Fleet([s.name for s in servers], placed=session_log.last_endpoints())
         return cls(servers, fleet, check, session_log.endpoint_slots())
 
@@ -103,6 +123,18 @@ class Endpoints:
         self.check = check
         for name, reason in down.items():
             self.fleet.health.mark_down(name, reason, time.monotonic())
+
+    async def start_checked(self, check: Checker) -> StartChecks:
+        """Check every endpoint at once (``loopd.endpoints.start``) and serve with ``check`` as
+        the re-check; ``NoEndpointUp`` when none passed (nothing is marked then)."""
+        checks = await check_at_start([s.endpoint for s in self.servers.values()], check)
+        if checks.none_up:
+            raise NoEndpointUp(checks.down)
+        self.start(check, checks.down)
+        return checks
+
+    def clients(self) -> dict[str, InferenceClient]:
+        return {name: server.client for name, server in self.servers.items()}
 
     def on_up(self, listener: Callable[[str], None]) -> None:
         """Call ``listener(name)`` when a down endpoint passes its re-check."""
@@ -129,6 +161,22 @@ class Endpoints:
             if self.fleet.endpoint_of(session) == endpoint:
                 found[session] = (endpoint, slot)
         return found
+
+    async def keep_warm(self, runtime: Runtime, sessions: Collection[str]) -> None:
+        """Re-check down endpoints, and with LOOPD_PREWARM prewarm those of ``sessions`` (the
+        front end's) moved off one (``loopd.endpoints.warm``), until cancelled."""
+        if not runtime.settings.prewarm:
+            await self.watch()
+            return
+        warmer = MoveWarmer(self, runtime, sessions)
+        warmer.listeners.extend(self._warm_listeners)
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(self.watch)
+            tg.start_soon(warmer.run)
+
+    def on_warmed(self, listener: Warmed) -> None:
+        """Call ``listener(session, result)`` after each prewarm of a moved session."""
+        self._warm_listeners.append(listener)
 
     async def watch(self) -> None:
         """Re-check down endpoints until cancelled (nothing to do without a checker)."""
@@ -172,7 +220,9 @@ class Endpoints:
                     moved_from,
                     server.name,
                 )
-            outcome = await self._run_on(runtime, server, session, report, on_position, moved_from)
+            outcome = await self._run_on(runtime, server, session, report, on_position)
+            if isinstance(placement, Move):  # its first prompt here: the shared head is read
+                self._learn_head(runtime, server.name, session.name, outcome)
             if outcome.answer is not None or not await self._proves_dead(server, outcome):
                 return outcome
             reason = outcome.failure or "a request found it dead"
@@ -192,25 +242,53 @@ class Endpoints:
         session: Session,
         report: StatusCallback,
         on_position: PositionCallback,
-        moved_from: str | None,
     ) -> TurnOutcome:
         slot = self.slot_on(server, session.name)
+        # Real work: the server's prewarms give way (one beside a turn slows both), and this
+        # session's own turn reads what it needs.
+        server.prewarmer.preempt_all()
+        server.plan.drop(session.name)
         with runtime.live.turn(session.name, slot, report, on_position) as live:
-            turn = runtime.turn(session, live.report)  # the one-server turn, aimed at this one
-            turn.client, turn.slot = server.client, slot
-            # Pinned or placed by the server as the runtime decided (engine.placement).
-            id_slot = slot if turn.pinned else -1
-            turn.settings = replace(turn.settings, model=server.endpoint.model, slot=id_slot)
-            turn.gate = Compactor(server.budget, runtime.budget_rules())
-            turn.endpoint, turn.moved_from = server.name, moved_from
+            turn = self.aim(runtime, server, session, live.report)
             async with AsyncExitStack() as held:
                 with self.fleet.waiting(server.name):
                     await held.enter_async_context(
                         server.scheduler.slot(session.name, slot, live.on_position)
                     )
                 with self.fleet.running(session.name):
-                    return live.finished(await turn.run())
+                    try:
+                        return live.finished(await turn.run())
+                    finally:
+                        server.plan.used(session.name, slot)
         raise AssertionError("unreachable")  # pragma: no cover - the block returns
+
+    def aim(
+        self, runtime: Runtime, server: Server, session: Session, report: StatusCallback
+    ) -> Turn:
+        """The one-server turn of ``session``, aimed at ``server`` and its slot there."""
+        slot = self.slot_on(server, session.name)
+        turn = runtime.turn(session, report)
+        turn.client, turn.slot = server.client, slot
+        # Pinned or placed by the server as the runtime decided (engine.placement).
+        id_slot = slot if turn.pinned else -1
+        turn.settings = replace(turn.settings, model=server.endpoint.model, slot=id_slot)
+        turn.gate = Compactor(server.budget, runtime.budget_rules())
+        turn.endpoint = server.name  # named in each request's record (the cache-loss rule)
+        return turn
+
+    def _learn_head(
+        self, runtime: Runtime, endpoint: str, session: str, outcome: TurnOutcome
+    ) -> None:
+        """A session's first prompt on ``endpoint`` began with the system prompt and tools of
+        its epoch; when those are the ones new sessions get, the endpoint holds them now."""
+        epoch = runtime.log.current_epoch(session)
+        if (epoch.tools_sha256, epoch.system_text) != runtime.new_session_head():
+            return
+        for record in outcome.requests:  # the first the server counted for
+            cache_n, prompt_n = record.perf.cache_n, record.perf.prompt_n
+            if cache_n is not None and prompt_n is not None:
+                self.fleet.holds_head(endpoint, max(cache_n + prompt_n - 1, 0))
+                return
 
     async def _proves_dead(self, server: Server, outcome: TurnOutcome) -> bool:
         answers: bool | None = None

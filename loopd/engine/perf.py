@@ -19,6 +19,11 @@ cause of the divergence when one is known (a capped turn, a broken one, dropped 
 Where requests are not pinned to a slot (a unified pool that clears idle slots), the server
 places each request and restores it from its host prompt cache; the causes then differ from a
 pinned slot's (``Circumstances``).
+
+Where loopd has several servers, each request names its endpoint; a request on another endpoint
+than the session's previous one found none of its prompt there, and its loss is ``endpoint lost``
+(the session moved off a dead server), whichever request it is: the moved turn's, a prewarm's,
+or the first of a later run.
 """
 
 from __future__ import annotations
@@ -77,6 +82,7 @@ class PrevRequest:
     had_reasoning: bool
     request_id: int = 0  # its row in the log, to ask what else ran on the slot since
     messages_sha256: str = ""  # what it sent, to recognise the same prompt sent again
+    endpoint: str | None = None  # the server it ran on, where loopd has several (loopd.endpoints)
 
     @property
     def prompt_end(self) -> int:
@@ -99,6 +105,10 @@ class Circumstances:
     shared_head: int = 0
     template_drops_reasoning: bool = False
     resend: bool = False  # the same messages as the previous request, sent again
+    # The previous request ran on another of loopd's servers (both named): the session moved,
+    # and this server never read its prompt (``loopd.endpoints``). Whatever else happened, that
+    # explains the whole loss.
+    endpoint_changed: bool = False
     ubatch: int = DEFAULT_UBATCH
 
 
@@ -115,6 +125,12 @@ class Loss:
         if self.at_checkpoint and self.cause not in (LossCause.CHECKPOINT, LossCause.NONE):
             return f"{self.cause.value}, {LossCause.CHECKPOINT.value}"
         return self.cause.value
+
+
+def endpoint_changed(previous: str | None, now: str | None) -> bool:
+    """The request runs on another named endpoint than the previous one (a request of the
+    one-server shorthand names none, and then nothing is known to have moved)."""
+    return previous is not None and now is not None and previous != now
 
 
 def at_checkpoint(prev: PrevRequest, cache_n: int, ubatch: int = DEFAULT_UBATCH) -> bool:
@@ -173,6 +189,8 @@ def _cause(
     around: Circumstances,
     checkpoint: bool,
 ) -> LossCause:
+    if around.endpoint_changed:
+        return LossCause.ENDPOINT_LOST
     if prev.epoch_id != epoch_id:
         return LossCause.NEW_EPOCH
     nothing_kept = cache_n <= LOSS_TOLERANCE

@@ -32,6 +32,10 @@ helps only when the host cache lost it (a restart, a model unload).
 
 It is recorded as a ``prewarm`` request (message count and digest of what it sent, the server's
 counts), never as an entry: its one generated token is not part of the conversation.
+
+Where loopd has several servers, a session moved off a dead one is prewarmed on its new endpoint
+(``loopd.endpoints.warm``); that prewarm names its endpoint and, as the move's one re-read,
+carries the ``endpoint lost`` loss, so the session's next turn starts warm.
 """
 
 from __future__ import annotations
@@ -46,6 +50,7 @@ from typing import Any
 import anyio
 
 from loopd.engine.client import InferenceClient
+from loopd.engine.perf import Circumstances, PrevRequest, cache_loss
 from loopd.engine.request import RequestSettings, build_body
 from loopd.errors import InferenceError, StreamBroken
 from loopd.scheduler import Scheduler
@@ -121,6 +126,7 @@ class Prewarmer:
     scheduler: Scheduler
     enabled: bool = False
     timeout_s: float = 900.0
+    endpoint: str | None = None  # the server's name where loopd has several (loopd.endpoints)
     _running: dict[int, anyio.CancelScope] = field(default_factory=dict)
 
     def preempt(self, slot: int) -> bool:
@@ -138,8 +144,13 @@ class Prewarmer:
     def running(self, slot: int) -> bool:
         return slot in self._running
 
-    async def prewarm(self, session: Session, settings: RequestSettings) -> PrewarmResult:
-        """Read ``session``'s prompt into its slot, if the slot is idle; see the module doc."""
+    async def prewarm(
+        self, session: Session, settings: RequestSettings, *, moved: PrevRequest | None = None
+    ) -> PrewarmResult:
+        """Read ``session``'s prompt into its slot, if the slot is idle; see the module doc.
+        ``moved``: the session's previous request, where it ran on another endpoint (the
+        session moved off a dead server): this read is the move's re-read, and its loss is
+        recorded (``endpoint lost``)."""
         why_not = await self._why_not(session)
         if why_not:
             return PrewarmResult(PrewarmOutcome.SKIPPED, why_not)
@@ -153,7 +164,7 @@ class Prewarmer:
             with anyio.CancelScope() as scope:
                 self._running[session.slot] = scope
                 try:
-                    return await self._send(session, settings)
+                    return await self._send(session, settings, moved)
                 finally:
                     del self._running[session.slot]
         return PrewarmResult(PrewarmOutcome.CANCELLED, "real work needed the slot")
@@ -175,7 +186,9 @@ class Prewarmer:
             return "the server is busy with another client's request"
         return ""
 
-    async def _send(self, session: Session, settings: RequestSettings) -> PrewarmResult:
+    async def _send(
+        self, session: Session, settings: RequestSettings, moved: PrevRequest | None
+    ) -> PrewarmResult:
         epoch = self.log.current_epoch(session.name)
         messages = self.log.replay_messages(session.name)
         body = build_body(prewarm_settings(settings), epoch.tools_text, messages)
@@ -199,6 +212,7 @@ class Prewarmer:
             self._record(session, record, "broken", started, "timed out")
             return PrewarmResult(PrewarmOutcome.FAILED, f"no answer in {self.timeout_s:g} s")
         perf = timings_perf(answer, (time.monotonic() - started) * 1000)
+        perf = self._moved(moved, epoch.number, session.slot, perf)
         done = replace(record, perf=perf)
         self.log.record_request(session.name, done)
         log.info(
@@ -209,6 +223,18 @@ class Prewarmer:
             perf.prompt_n,
         )
         return PrewarmResult(PrewarmOutcome.DONE, record=done)
+
+    def _moved(self, moved: PrevRequest | None, epoch: int, slot: int, perf: Perf) -> Perf:
+        """The perf record, named with its endpoint; after a move, with the move's loss."""
+        if self.endpoint is None:
+            return perf
+        extra: dict[str, Any] = {**perf.extra, "endpoint": self.endpoint}
+        if moved is None or perf.cache_n is None:
+            return replace(perf, extra=extra)
+        around = Circumstances(endpoint_changed=True)
+        loss = cache_loss(moved, epoch_id=epoch, slot=slot, cache_n=perf.cache_n, around=around)
+        extra["expected_reuse"] = loss.expected
+        return replace(perf, cache_loss=loss.lost, cache_loss_cause=loss.label or None, extra=extra)
 
     async def _post(self, body: bytes) -> Any:
         with anyio.move_on_after(self.timeout_s):

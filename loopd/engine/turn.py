@@ -33,7 +33,14 @@ from tenacity import (
 
 from loopd.engine import pool
 from loopd.engine.client import InferenceClient
-from loopd.engine.perf import Circumstances, Loss, LossCause, PrevRequest, cache_loss
+from loopd.engine.perf import (
+    Circumstances,
+    Loss,
+    LossCause,
+    PrevRequest,
+    cache_loss,
+    endpoint_changed,
+)
 from loopd.engine.request import RequestSettings, build_body
 from loopd.engine.stream import (
     Failure,
@@ -134,11 +141,14 @@ def previous_request(requests: Sequence[Request]) -> PrevRequest | None:
     """The cache-loss rule's view of the last request that reached the session's slot.
 
     Self-tests send their own prompts, and a request the server never streamed for (a 4xx, a
-    refused connection) left the slot as it was: both are passed over.
+    refused connection), or one that broke before the server counted a prompt token, left the
+    slot as it was: they are passed over.
     """
     for request in reversed(requests):
         record, perf = request.record, request.record.perf
         if record.kind is RequestKind.SELFTEST or perf.cache_n is None or perf.prompt_n is None:
+            continue
+        if perf.outcome != "complete" and perf.cache_n + perf.prompt_n == 0:
             continue
         return PrevRequest(
             epoch_id=record.epoch,
@@ -151,6 +161,7 @@ def previous_request(requests: Sequence[Request]) -> PrevRequest | None:
             had_reasoning=bool(perf.extra.get("had_reasoning")),
             request_id=request.id,
             messages_sha256=record.messages_sha256,
+            endpoint=perf.extra.get("endpoint"),
         )
     return None
 
@@ -196,10 +207,8 @@ class Turn:
     gate: ContextGate | None = None
     pinned: bool = True
     pool_clears_idle_slots: bool = False
-    # Where loopd runs several servers: this one's name (recorded with each request), and the
-    # one the session left because it died, until the session's prompt is read here.
+    # Where loopd runs several servers: this one's name (recorded with each request).
     endpoint: str | None = None
-    moved_from: str | None = None
 
     async def run(self) -> TurnOutcome:
         outcome = TurnOutcome(answer=None)
@@ -325,17 +334,13 @@ class Turn:
         if timings is None:
             return Loss(0, 0, LossCause.NONE)  # it broke before the server said anything
         prev = previous_request(self.log.requests(self.session))
-        loss = cache_loss(
+        return cache_loss(
             prev,
             epoch_id=epoch.number,
             slot=self.slot,
             cache_n=timings.cache_n,
             around=self._circumstances(prev, epoch, digest),
         )
-        if self.moved_from is not None:  # this server just read the moved session's prompt
-            self.moved_from = None
-            return Loss(loss.expected, loss.lost, LossCause.ENDPOINT_LOST)
-        return loss
 
     def _circumstances(self, prev: PrevRequest | None, epoch: Epoch, digest: str) -> Circumstances:
         """What the log knows about what ran since ``prev``, for the cache-loss rule."""
@@ -354,6 +359,7 @@ class Turn:
             shared_head=shared_head_bound(self.log.requests(self.session), epoch.number),
             template_drops_reasoning=self.template_drops_reasoning,
             resend=digest == prev.messages_sha256,
+            endpoint_changed=endpoint_changed(prev.endpoint, self.endpoint),
         )
 
 

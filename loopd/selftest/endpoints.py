@@ -27,7 +27,9 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class EndpointCheck:
-    """One endpoint's self-test: its report, or the expectations file that stopped it."""
+    """One endpoint's check: its self-test's report, or what stopped it (``error``). A check
+    that is no self-test (a terminal's ``/health``: ``loopd.endpoints.start``) has no report,
+    and passed unless it has an error."""
 
     endpoint: EndpointSettings
     report: SelftestReport | None
@@ -35,7 +37,9 @@ class EndpointCheck:
 
     @property
     def ok(self) -> bool:
-        return self.report is not None and self.report.exit_status == 0
+        if self.error is not None:
+            return False
+        return self.report is None or self.report.exit_status == 0
 
     @property
     def reason(self) -> str:
@@ -110,14 +114,13 @@ def health_after(checks: Sequence[EndpointCheck], now: float) -> EndpointHealth:
     health = EndpointHealth(check.endpoint.name for check in checks)
     for check in checks:
         if check.ok:
-            report = check.report
-            assert report is not None
             log.info(
-                "self-test passed for endpoint %s: %s at %s (expectations %s)",
+                "%s for endpoint %s: %s at %s (%s)",
+                "self-test passed" if check.report else "/health answered",
                 check.endpoint.name,
                 check.endpoint.model,
                 check.endpoint.url,
-                report.expectations,
+                f"expectations {check.report.expectations}" if check.report else "reachable",
             )
         else:
             health.mark_down(check.endpoint.name, check.reason, now)

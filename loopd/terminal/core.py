@@ -22,7 +22,7 @@ from loopd.chat.status import InLine
 from loopd.config import Settings
 from loopd.engine.stream import Status
 from loopd.engine.turn import ToolRunner, Turn, TurnOutcome
-from loopd.errors import LoopdError, ServerRejected
+from loopd.errors import LoopdError
 from loopd.perfreport import format_summary, perf_records, summarize
 from loopd.sessionlog.records import Session, fresh_external_key
 from loopd.sessions import Runtime
@@ -100,14 +100,11 @@ class ChatCore:
         runtime = TerminalRuntime.open(settings)
         assert isinstance(runtime, TerminalRuntime)  # Runtime.open builds its own class
         try:
-            healthy = await runtime.client.health()
-            session = runtime.ensure_session(session_name) if healthy else None
+            await runtime.start_terminal()
+            session = runtime.ensure_session(session_name)
         except BaseException:
             await runtime.aclose()
             raise
-        if session is None:
-            await runtime.aclose()
-            raise ServerRejected(settings.infer_url, 503, "/health is not ok")
         return cls(runtime, session, who)
 
     async def serve(self) -> None:

@@ -30,7 +30,7 @@ async def test_with_no_endpoint_up_loopd_refuses_to_start(
     )
     status, down = await startup_endpoints(settings)
     err = capsys.readouterr().err
-    assert status == 1
+    assert status == 2
     assert sorted(down) == ["a", "b"]
     assert "loopd serve: refusing to start: no endpoint passed its self-test" in err
     assert "Traceback" not in err
