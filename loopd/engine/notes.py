@@ -7,6 +7,5 @@ def cut_note(tokens: int | None) -> str:
     without this line a cut answer reads as a finished one."""
     where = f"after {tokens} tokens" if tokens else "at its length limit"
     return (
-        f"(The answer was cut {where}: the most one reply may have. "
-        "Ask me to go on for the rest.)"
+        f"(The answer was cut {where}: the most one reply may have. Ask me to go on for the rest.)"
     )
