@@ -4,6 +4,10 @@ Retried: transport errors, 5xx and 429 (waiting ``Retry-After`` when given), for
 ``retry_for_s``. Never retried: other 4xx (the request itself is wrong) and cancellation. A
 create is safe to retry because it carries a ``pending_post_id``: the server answers a retry
 within 30 s with the post it already made.
+
+Every post's text leaves loopd through ``create_post`` or ``patch_message``, and both defuse its
+mentions (``loopd.chat.mentions``): an answer, a status post, a tool line, a refusal or a notice
+that names ``@channel`` or a person notifies nobody.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ from typing import Any
 import httpx
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, stop_after_delay
 
+from loopd.chat.mentions import defuse
 from loopd.chat.model import (
     Channel,
     FileInfo,
@@ -282,7 +287,7 @@ class MattermostClient:
         body = {
             "channel_id": channel_id,
             "root_id": root_id,
-            "message": message,
+            "message": defuse(message),
             "props": props or {},
             "pending_post_id": pending_post_id,
         }
@@ -292,7 +297,7 @@ class MattermostClient:
         self, post_id: str, message: str, *, props: dict[str, Any] | None = None
     ) -> Post:
         """Edit a post's text; ``props``, when given, replaces the whole props map."""
-        body: dict[str, Any] = {"message": message}
+        body: dict[str, Any] = {"message": defuse(message)}
         if props is not None:
             body["props"] = props
         raw = await self.call("PUT", f"/posts/{post_id}/patch", "PUT /posts/{id}/patch", json=body)
