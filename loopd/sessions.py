@@ -49,6 +49,7 @@ from loopd.tools.core import (
     run_core_tool,
 )
 from loopd.tools.errors import ToolFailure
+from loopd.tools.limits import ToolLimits
 from loopd.tools.spec import ToolsSpec, load_tools_spec
 from loopd.tools.workspace import migrate_legacy_workspaces, session_workspace
 from loopd.wire.assemble import ToolCall
@@ -80,6 +81,7 @@ class SessionTools:
     protected: tuple[Path, ...]
     sandbox: Sandbox | None = None  # probed once, on the first core tool call
     unsandboxed_commands: bool = False  # LOOPD_UNSANDBOXED_COMMANDS
+    limits: ToolLimits = field(default_factory=ToolLimits)  # with the workspace quota
 
     async def context(self, session: str) -> ToolContext:
         ctx = self.contexts.get(session)
@@ -89,7 +91,9 @@ class SessionTools:
                 self.sandbox = await detect_sandbox(allow_unsandboxed=self.unsandboxed_commands)
                 if self.sandbox.warning:
                     log.warning(self.sandbox.warning)
-            ctx = make_tool_context(workspace, self.spec, self.sandbox, protected=self.protected)
+            ctx = make_tool_context(
+                workspace, self.spec, self.sandbox, protected=self.protected, limits=self.limits
+            )
             self.contexts[session] = ctx
         return ctx
 
@@ -196,6 +200,10 @@ class Runtime:
             contexts={},
             protected=(settings.state_dir, settings.tools_file.parent / "loopd.toml"),
             unsandboxed_commands=settings.unsandboxed_commands,
+            limits=ToolLimits(
+                workspace_max_bytes=settings.workspace_max_bytes,
+                disk_reserve_bytes=settings.disk_reserve_bytes,
+            ),
         )
         endpoints = None
         if settings.has_endpoint_tables:
