@@ -10,8 +10,11 @@ a word (``me@example.com``) is no mention and stays. Code (closed fences and cod
 written, since Mattermost reads no mention there and a reader copies it; a fence not yet closed
 (an answer still being written) is text, since it may never be closed.
 
-People are not mentioned either: the people in a thread follow it and are told of each reply
-without a mention, and nobody outside it is pinged by what the model wrote.
+A person is mentioned only where a person in the thread asked for it: the names in ``keep``,
+the thread's people and the names they wrote themselves (``thread_people`` in
+``loopd.chat.threads``), stay mentions; every other name is defused, so nobody outside the thread
+is pinged by what the model wrote. ``@channel``, ``@all`` and ``@here`` are always defused, even
+where a person wrote them.
 """
 
 from __future__ import annotations
@@ -25,20 +28,41 @@ from loopd.chat.intake import CODE_SPAN
 DEFUSED_AT: Final = "\uff20"
 # Only a closed fence is code here (intake's rule also takes one open to the end of the text).
 _CLOSED_FENCE: Final = re.compile(r"^ {0,3}(`{3,}|~{3,}).*?$.*?^ {0,3}\1[`~]*[ \t]*$", re.M | re.S)
+CHANNEL_WIDE: Final = frozenset({"channel", "all", "here"})
 # An ``@`` with no letter, digit or ``_`` before it and a name after it (``.-_:`` may come first:
-# wider than Mattermost's rule, so that no reading of it is missed).
-_MENTION: Final = re.compile(r"(?<!\w)@(?=[\w.\-:]*[^\W_])")
+# wider than Mattermost's rule, so that no reading of it is missed); the name ends at a letter or
+# digit, as Mattermost trims the punctuation after it.
+_MENTION: Final = re.compile(r"(?<!\w)@([\w.\-:]*[^\W_])")
 
 
-def defuse(text: str) -> str:
-    """``text`` with every mention defused outside code."""
+def defuse(text: str, keep: frozenset[str] = frozenset()) -> str:
+    """``text`` with every mention defused outside code, but those of the names in ``keep``
+    (lower case; never the channel-wide ones)."""
     if "@" not in text:
         return text
-    return _outside(text, _CLOSED_FENCE, lambda prose: _outside(prose, CODE_SPAN, _defused))
+    allowed = keep - CHANNEL_WIDE
+
+    def defused(prose: str) -> str:
+        return _MENTION.sub(lambda m: _one(m, allowed), prose)
+
+    return _outside(text, _CLOSED_FENCE, lambda prose: _outside(prose, CODE_SPAN, defused))
 
 
-def _defused(prose: str) -> str:
-    return _MENTION.sub(DEFUSED_AT, prose)
+def named(text: str) -> frozenset[str]:
+    """The names ``text`` mentions outside code (lower case)."""
+    found: set[str] = set()
+
+    def collect(prose: str) -> str:
+        found.update(m.group(1).lower() for m in _MENTION.finditer(prose))
+        return prose
+
+    _outside(text, _CLOSED_FENCE, lambda prose: _outside(prose, CODE_SPAN, collect))
+    return frozenset(found)
+
+
+def _one(match: re.Match[str], allowed: frozenset[str]) -> str:
+    name = match.group(1)
+    return match.group(0) if name.lower() in allowed else DEFUSED_AT + name
 
 
 def _outside(text: str, code: re.Pattern[str], change: Callable[[str], str]) -> str:

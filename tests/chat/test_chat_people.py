@@ -101,6 +101,7 @@ async def test_a_group_message_is_answered_when_everyone_in_it_is_allowed(
         await until(lambda: len(env.answers(asked.id)) == 1, "the group's answer")
         await until(lambda: len(env.bot_posts(refused.id)) == 1, "the one line why not")
         assert env.bot_posts(refused.id)[0].message == (
+            # carol is not in the thread: her name is no mention (loopd.chat.mentions).
             "🚫 In a group message I answer only when everyone in it may use me, and "
             "\uff20carol may not. Ask the admin to add them, or message me directly."
         )
@@ -119,7 +120,7 @@ async def test_only_the_asker_or_an_admin_stops_a_turn(
         aside = env.fake.post_as("alice", "dev", "@bob stop", root_id=root.id)
         await until(lambda: bool(notices(env, root.id, "⏹️ Only")), "the refusal")
         assert [p.message for p in notices(env, root.id, "⏹️ Only")] == [
-            "⏹️ Only \uff20alice (or an admin) can stop this turn."
+            "⏹️ Only @alice (or an admin) can stop this turn."
         ]
         await until(lambda: len(env.answers(root.id)) == 1, "alice's answer, not stopped")
         assert env.answers(root.id)[0].message == "long " * 150
@@ -139,9 +140,7 @@ async def test_an_admin_may_stop_anyones_turn(
         await until(lambda: "answering" in "".join(env.status_history(root.id)), "answering")
         env.fake.post_as("bob", "dev", "stop", root_id=root.id)
         await until(
-            lambda: any(
-                "⏹️ Stopped by \uff20bob." in p.message for p in env.live_bot_posts(root.id)
-            ),
+            lambda: any("⏹️ Stopped by @bob." in p.message for p in env.live_bot_posts(root.id)),
             "the stop",
         )
         with SessionLog.open(env.settings.db_path) as log:

@@ -170,9 +170,7 @@ async def test_stop_frees_the_slot_within_a_second(
         # token, so on a machine slowed to more than 250 ms a token, four tokens' time.
         assert freed_s <= max(1.0, 4 * token_s), (freed_s, token_s)
         await until(
-            lambda: any(
-                "⏹️ Stopped by \uff20alice." in p.message for p in env.live_bot_posts(post.id)
-            ),
+            lambda: any("⏹️ Stopped by @alice." in p.message for p in env.live_bot_posts(post.id)),
             "the stop line",
         )
         assert env.answers(post.id) == []

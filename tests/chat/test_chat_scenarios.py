@@ -49,7 +49,7 @@ async def environment(
 
 
 def stopped_line(env: Env, root_id: str) -> bool:
-    return any("⏹️ Stopped by \uff20alice." in p.message for p in env.live_bot_posts(root_id))
+    return any("⏹️ Stopped by @alice." in p.message for p in env.live_bot_posts(root_id))
 
 
 def user_messages(env: Env, root_id: str) -> list[str]:
@@ -256,7 +256,7 @@ async def test_stop_cancels_the_turn_frees_the_slot_and_is_logged(
         # What was written before the stop stays, in the answer post, with the stop line.
         [closing] = env.live_bot_posts(post.id)
         assert closing.message.startswith("long"), closing
-        assert closing.message.endswith("\n\n⏹️ Stopped by \uff20alice.")
+        assert closing.message.endswith("\n\n⏹️ Stopped by @alice.")
         with SessionLog.open(env.settings.db_path) as log:
             state = log.state(session_name(post.id))
         assert state.broken_since[-1].fields.reason == "stopped by @alice"
@@ -294,7 +294,7 @@ async def test_a_refused_status_edit_costs_only_the_status_post(
         await until(lambda: len(env.answers(first.id)) == 1, "the answer despite the edits")
         root = env.fake.post_as("bob", "dev", "@loopd: and another thread?")
         await until(lambda: len(env.answers(root.id)) == 1, "another thread's answer")
-        assert env.answers(first.id)[0].message == "You said: \uff20alice: answer me anyway"
+        assert env.answers(first.id)[0].message == "You said: @alice: answer me anyway"
         env.fake.refuse_patches(None)
         env.fake.post_as("alice", env.dm(), "edits work again", root_id=first.id)
         await until(lambda: len(env.answers(first.id)) == 2, "the next answer")

@@ -12,7 +12,6 @@ from typing import Any
 
 import pytest
 
-from loopd.chat.mentions import defuse
 from loopd_dev.fakes.llama import FakeLlama, Pace, RunningFake, ScriptedReply
 from tests.chat.chat_support import Env, chat_settings_for, fake_mattermost, settings_for
 from tests.chat.conftest import FAKE_MODEL
@@ -99,9 +98,7 @@ async def test_a_status_post_deleted_mid_turn_through_a_kill_and_restart(
             assert env.answers(post.id)[0].message == SECOND
             later = env.fake.post_as("alice", env.dm(), "and after that?", root_id=post.id)
             await second.until(lambda: len(env.answers(post.id)) == 2, "the next", WAIT_S)
-            assert (
-                env.answers(post.id)[1].message == f"You said: \uff20alice: {defuse(later.message)}"
-            )
+            assert env.answers(post.id)[1].message == f"You said: @alice: {later.message}"
             await second.until(
                 lambda: env.status_posts_left(post.id) == [], "no status post left", WAIT_S
             )
