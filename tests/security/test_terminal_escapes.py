@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import io
 import json
+import logging
 import subprocess
 from collections.abc import Callable
 from pathlib import Path
@@ -20,6 +21,7 @@ import pexpect
 import pyte
 import pytest
 
+from loopd.logsetup import HumanFormatter
 from loopd_dev.fakes.llama import ScriptedReply, ScriptedToolCall
 from tests.terminal.support import LOOPD, PROMPT, FakeServer, fake_env, fake_llama
 
@@ -186,3 +188,22 @@ def test_json_and_piped_output_keep_the_bytes(
     assert record["answer"] == ANSWER
     assert record["tool_calls"][0]["result"].startswith("FILEWORD " + ESC)
     assert piped.stdout == ANSWER + "\n"
+
+
+@pytest.mark.attack(
+    attack="A log line quoting the model's or the box's text reaches the terminal as controls",
+    input="a log record whose message holds OSC 52, OSC 0 and C1 CSI, in the human format "
+    "(logs on a terminal, `--log-stderr`)",
+    expected="the line shows them as text",
+)
+def test_log_lines_on_a_terminal_show_escapes_as_text(observed: Callable[[str], None]) -> None:
+    record = logging.LogRecord(
+        "loopd.x", logging.WARNING, __file__, 1, "tool said %s", (ANSWER,), None
+    )
+    line = HumanFormatter().format(record)
+    observed(line.split(": ", 1)[1])
+    screen = _seen(line.encode())
+    assert screen.title == ""
+    assert ESC not in line
+    assert C1_CSI not in line
+    assert "ANSWERWORD" in line
