@@ -129,6 +129,36 @@ def test_loopd_run_shows_escapes_as_text(tmp_path: Path, observed: Callable[[str
 
 
 @pytest.mark.attack(
+    attack="Escape sequences from the model reach the terminal through a transcript",
+    input="`loopd log export --format markdown` on a terminal, of the session of the run above",
+    expected="the same: shown as text, nothing obeyed",
+)
+def test_a_markdown_export_shows_escapes_as_text(
+    tmp_path: Path, observed: Callable[[str], None]
+) -> None:
+    _workspace(tmp_path, "esc")
+    with fake_llama() as server:
+        _script(server)
+        env = fake_env(server, tmp_path)
+        done = subprocess.run(
+            [*LOOPD, "run", "Read notes.txt", "--session", "esc"],
+            env=env,
+            capture_output=True,
+            timeout=60,
+            check=False,
+        )
+    assert done.returncode == 0, done.stderr
+    line = f"echo {BEFORE}; exec {' '.join(LOOPD)} log export esc --format markdown"
+    child = _spawn(env, line)
+    try:
+        child.expect(pexpect.EOF)
+    finally:
+        child.close()
+    assert child.exitstatus == 0
+    _check(_transcript(child), observed)
+
+
+@pytest.mark.attack(
     attack="Escape sequences from the model reach the terminal through `loopd chat`",
     input="`loopd chat --show-thinking` on a terminal; the same thinking, answer and tool "
     "result as for `loopd run`",
