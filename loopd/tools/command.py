@@ -20,6 +20,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Callable, Iterable, Sequence
 from contextlib import suppress
 from dataclasses import dataclass, replace
@@ -407,9 +408,14 @@ async def _run_launched(
 
                 async def guard(check: Callable[[], str | None]) -> None:
                     nonlocal stopped
+                    pause = POLL_S
                     while stopped is None:
-                        await anyio.sleep(POLL_S)
+                        await anyio.sleep(pause)
+                        started = time.monotonic()
                         stopped = await anyio.to_thread.run_sync(check)
+                        # A workspace of many files takes a while to measure: at most a tenth
+                        # of loopd's time goes to it.
+                        pause = max(POLL_S, 9 * (time.monotonic() - started))
                     tg.cancel_scope.cancel()
 
                 if watch is not None:

@@ -8,8 +8,9 @@ log to record what happened, whatever a command does. loopd enforces both, outsi
 
 - a command starts with its file size limit lowered to the room left (none left: no file may
   grow, but files can still be deleted), so no single file passes the quota;
-- while it runs, loopd measures the workspace and the free space every ``POLL_S``, and stops the
-  command once either is passed (many files, each under the limit);
+- while it runs, loopd measures the workspace and the free space every ``POLL_S`` (less often
+  where measuring takes long: at most a tenth of the time), and stops the command once either is
+  passed (many files, each under the limit);
 - write_file and edit_file refuse a write that would pass them;
 - every result over the quota says so in one line, naming the setting.
 
