@@ -50,6 +50,7 @@ from loopd.tools.core import (
 )
 from loopd.tools.errors import ToolFailure
 from loopd.tools.limits import ToolLimits
+from loopd.tools.quota import RESERVE_FILE, ReserveFile
 from loopd.tools.spec import ToolsSpec, load_tools_spec
 from loopd.tools.workspace import migrate_legacy_workspaces, session_workspace
 from loopd.wire.assemble import ToolCall
@@ -82,6 +83,7 @@ class SessionTools:
     sandbox: Sandbox | None = None  # probed once, on the first core tool call
     unsandboxed_commands: bool = False  # LOOPD_UNSANDBOXED_COMMANDS
     limits: ToolLimits = field(default_factory=ToolLimits)  # with the workspace quota
+    reserve: ReserveFile | None = None  # room for the session log when a tool fills the disk
 
     async def context(self, session: str) -> ToolContext:
         ctx = self.contexts.get(session)
@@ -109,7 +111,10 @@ class SessionTools:
             ctx = await self.context(session)
         except ToolFailure as exc:  # a session name that cannot have a workspace
             return ToolResult(str(exc), ok=False)
-        return await run_core_tool(name, arguments, ctx)
+        result = await run_core_tool(name, arguments, ctx)
+        if self.reserve is not None:  # before the result is appended to the session log
+            await anyio.to_thread.run_sync(self.reserve.after_tool)
+        return result
 
     async def _broker(self, session: str, call: ToolCall) -> str:
         try:
@@ -193,6 +198,8 @@ class Runtime:
         migrate_legacy_workspaces(settings.workspaces, [s.name for s in session_log.sessions()])
         one = settings.for_endpoint(settings.endpoints()[0])  # the shorthand, or the first table
         client = InferenceClient(one.infer_url, one.model, connect_s=settings.connect_s)
+        reserve = ReserveFile(settings.state_dir / RESERVE_FILE)
+        reserve.after_tool()  # made at start, where the disk has room for it
         tools = SessionTools(
             workspaces=settings.workspaces,
             spec=spec,
@@ -204,6 +211,7 @@ class Runtime:
                 workspace_max_bytes=settings.workspace_max_bytes,
                 disk_reserve_bytes=settings.disk_reserve_bytes,
             ),
+            reserve=reserve,
         )
         endpoints = None
         if settings.has_endpoint_tables:

@@ -14,12 +14,18 @@ log to record what happened, whatever a command does. loopd enforces both, outsi
 - write_file and edit_file refuse a write that would pass them;
 - every result over the quota says so in one line, naming the setting.
 
+A command that writes faster than it is measured can still fill the disk. So the state folder
+also holds a reserve file (``ReserveFile``, 8 MiB allocated): after each core tool call, when its
+disk has less than that free, loopd deletes it, so that the session log has the room to record
+the call and its result; it is made again once the disk has room.
+
 ``usage`` is the allocated size (``st_blocks``), which is what fills a disk, counting every file
 and folder once; symbolic links are not followed.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 from dataclasses import dataclass
@@ -28,7 +34,12 @@ from typing import Final
 
 from loopd.tools.workspace import describe_size
 
+log = logging.getLogger(__name__)
+
 POLL_S: Final = 0.1
+RESERVE_FILE: Final = "disk-reserve"
+RESERVE_FILE_BYTES: Final = 8 * 1024**2
+_CHUNK: Final = 1024**2
 _QUOTA: Final = "LOOPD_WORKSPACE_MAX_BYTES"
 _RESERVE: Final = "LOOPD_DISK_RESERVE_BYTES"
 
@@ -105,3 +116,41 @@ class Quota:
             f"writing {size} would leave the disk of the workspaces under the {kept} kept for the "
             f"session log ({_RESERVE})"
         )
+
+
+@dataclass(frozen=True)
+class ReserveFile:
+    """Room kept on the state's disk for the session log: a file deleted when the disk is full."""
+
+    path: Path
+    size: int = RESERVE_FILE_BYTES
+
+    def after_tool(self) -> None:
+        """Delete the file when the disk has less than its size free, else make sure it is there
+        (blocking: run it in a thread)."""
+        try:
+            free = free_bytes(self.path.parent)
+            if free < self.size:
+                if self.path.exists():
+                    self.path.unlink()
+                    log.error(
+                        "the disk of %s has %s free: its reserve of %s is released so that the "
+                        "session log can record what happened; free space on it",
+                        self.path.parent,
+                        describe_size(free),
+                        describe_size(self.size),
+                    )
+            elif not self.path.exists() and free >= 2 * self.size:
+                self._make()
+        except OSError as exc:
+            log.warning("the disk reserve %s could not be kept: %s", self.path, exc)
+
+    def _make(self) -> None:
+        partial = self.path.with_name(self.path.name + ".partial")
+        with partial.open("wb") as file:
+            try:
+                os.posix_fallocate(file.fileno(), 0, self.size)
+            except OSError:  # a filesystem without fallocate: write it
+                for _ in range(self.size // _CHUNK):
+                    file.write(bytes(_CHUNK))
+        partial.replace(self.path)

@@ -24,9 +24,10 @@ from loopd.tools import (
     load_tools_spec,
     make_tool_context,
     plain_sandbox,
+    quota,
     run_core_tool,
 )
-from loopd.tools.quota import usage
+from loopd.tools.quota import RESERVE_FILE, RESERVE_FILE_BYTES, ReserveFile, usage
 
 QUOTA = 20 * 1024**2
 LIMITS = ToolLimits(workspace_max_bytes=QUOTA, command_timeout_max_s=120)
@@ -137,3 +138,34 @@ async def test_the_disk_keeps_a_reserve_for_the_session_log(
     assert "File too large" in ran
     assert ran.startswith("[")
     assert "LOOPD_DISK_RESERVE_BYTES" in ran.splitlines()[0]
+
+
+@pytest.mark.attack(
+    attack="A command fills the disk faster than it is measured, and the session log cannot "
+    "record it",
+    input="after a tool call, the state's disk has less free than the 8 MiB reserve file "
+    "(the disk's free space read as 1 MiB)",
+    expected="the reserve file is deleted before the result is appended, with one error line; "
+    "made again once the disk has room",
+)
+def test_the_state_reserve_is_released_when_the_disk_is_full(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+    observed: Callable[[str], None],
+) -> None:
+    reserve = ReserveFile(tmp_path / RESERVE_FILE)
+    reserve.after_tool()
+    made = (tmp_path / RESERVE_FILE).stat()
+    assert made.st_blocks * 512 >= RESERVE_FILE_BYTES  # allocated, not a sparse file
+    # What a disk filled by a command looks like to loopd (a real full disk needs a filesystem
+    # of its own, which a test cannot mount unprivileged).
+    monkeypatch.setattr(quota, "free_bytes", lambda path: 1024**2)
+    reserve.after_tool()
+    [line] = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
+    observed(f"reserve gone: {not (tmp_path / RESERVE_FILE).exists()}; {line}")
+    assert not (tmp_path / RESERVE_FILE).exists()
+    assert "released so that the session log can record what happened" in line
+    monkeypatch.undo()
+    reserve.after_tool()
+    assert (tmp_path / RESERVE_FILE).exists()
