@@ -32,6 +32,7 @@ from loopd import anyio_unix_connect
 from loopd.config import Settings, load_settings, settings_table
 from loopd.errors import LoopdError
 from loopd.logsetup import configure_logging
+from loopd.terminal.sanitize import for_terminal
 from loopd.version import package_version
 
 Handler = Callable[[argparse.Namespace, Settings], int]
@@ -115,7 +116,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _fail(exc: LoopdError) -> int:
-    print(f"loopd: {exc}", file=sys.stderr)
+    # The message may quote what a server, the model or the box sent: shown, never obeyed.
+    print(f"loopd: {for_terminal(str(exc))}", file=sys.stderr)
     return EXIT_FAILED
 
 

@@ -168,6 +168,19 @@ class Settings(configload.FileSettings):
         description="Root of the session workspaces (one folder per session). Default "
         "`<state_dir>/workspaces`.",
     )
+    workspace_max_bytes: int = Field(
+        default=1024**3,
+        ge=0,
+        description="The most one session's workspace may hold, in bytes (0: no quota). A "
+        "command is stopped once the workspace passes it, and writes are refused until files "
+        "are deleted; each says so in one line.",
+    )
+    disk_reserve_bytes: int = Field(
+        default=64 * 1024**2,
+        ge=0,
+        description="Free bytes the workspaces' filesystem keeps for the session log: a command "
+        "is stopped, and a write refused, that would leave less.",
+    )
     unsandboxed_commands: bool = Field(
         default=False,
         description="Let run_command run commands without a sandbox where bubblewrap cannot "

@@ -19,6 +19,7 @@ from datetime import UTC, datetime
 from typing import Any, TextIO
 
 from loopd.observe.context import ContextFields
+from loopd.terminal.sanitize import for_terminal
 
 _RESERVED = frozenset(logging.LogRecord("", 0, "", 0, "", (), None).__dict__) | {"message"}
 
@@ -51,7 +52,9 @@ class JsonLinesFormatter(logging.Formatter):
 
 
 class HumanFormatter(logging.Formatter):
-    """``HH:MM:SS level logger: message key=value ...``"""
+    """``HH:MM:SS level logger: message key=value ...``, shown as text: a message quoting what
+    the model or the box sent is never obeyed by the terminal it lands on
+    (``loopd.terminal.sanitize``)."""
 
     def format(self, record: logging.LogRecord) -> str:
         stamp = time.strftime("%H:%M:%S", time.localtime(record.created))
@@ -61,7 +64,7 @@ class HumanFormatter(logging.Formatter):
             line = f"{line}  {extra}"
         if record.exc_info:
             line = f"{line}\n{self.formatException(record.exc_info)}"
-        return line
+        return for_terminal(line)
 
 
 def formatter(fmt: str, stream: TextIO) -> logging.Formatter:

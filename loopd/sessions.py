@@ -50,6 +50,8 @@ from loopd.tools.core import (
     run_core_tool,
 )
 from loopd.tools.errors import ToolFailure
+from loopd.tools.limits import ToolLimits
+from loopd.tools.quota import RESERVE_FILE, ReserveFile
 from loopd.tools.spec import ToolsSpec, load_tools_spec
 from loopd.tools.workspace import migrate_legacy_workspaces, session_workspace
 from loopd.wire.assemble import ToolCall
@@ -81,6 +83,8 @@ class SessionTools:
     protected: tuple[Path, ...]
     sandbox: Sandbox | None = None  # probed once, on the first core tool call
     unsandboxed_commands: bool = False  # LOOPD_UNSANDBOXED_COMMANDS
+    limits: ToolLimits = field(default_factory=ToolLimits)  # with the workspace quota
+    reserve: ReserveFile | None = None  # room for the session log when a tool fills the disk
 
     async def context(self, session: str) -> ToolContext:
         ctx = self.contexts.get(session)
@@ -90,7 +94,9 @@ class SessionTools:
                 self.sandbox = await detect_sandbox(allow_unsandboxed=self.unsandboxed_commands)
                 if self.sandbox.warning:
                     log.warning(self.sandbox.warning)
-            ctx = make_tool_context(workspace, self.spec, self.sandbox, protected=self.protected)
+            ctx = make_tool_context(
+                workspace, self.spec, self.sandbox, protected=self.protected, limits=self.limits
+            )
             self.contexts[session] = ctx
         return ctx
 
@@ -106,7 +112,10 @@ class SessionTools:
             ctx = await self.context(session)
         except ToolFailure as exc:  # a session name that cannot have a workspace
             return ToolResult(str(exc), ok=False)
-        return await run_core_tool(name, arguments, ctx)
+        result = await run_core_tool(name, arguments, ctx)
+        if self.reserve is not None:  # before the result is appended to the session log
+            await anyio.to_thread.run_sync(self.reserve.after_tool)
+        return result
 
     async def _broker(self, session: str, call: ToolCall) -> str:
         try:
@@ -190,6 +199,8 @@ class Runtime:
         migrate_legacy_workspaces(settings.workspaces, [s.name for s in session_log.sessions()])
         one = settings.for_endpoint(settings.endpoints()[0])  # the shorthand, or the first table
         client = InferenceClient(one.infer_url, one.model, connect_s=settings.connect_s)
+        reserve = ReserveFile(settings.state_dir / RESERVE_FILE)
+        reserve.after_tool()  # made at start, where the disk has room for it
         tools = SessionTools(
             workspaces=settings.workspaces,
             spec=spec,
@@ -197,6 +208,11 @@ class Runtime:
             contexts={},
             protected=(settings.state_dir, settings.tools_file.parent / "loopd.toml"),
             unsandboxed_commands=settings.unsandboxed_commands,
+            limits=ToolLimits(
+                workspace_max_bytes=settings.workspace_max_bytes,
+                disk_reserve_bytes=settings.disk_reserve_bytes,
+            ),
+            reserve=reserve,
         )
         endpoints = None
         if settings.has_endpoint_tables:

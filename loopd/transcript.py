@@ -24,6 +24,7 @@ from loopd.sessionlog.errors import LogError, UnknownSessionError
 from loopd.sessionlog.records import Entry, EntryKind, Epoch
 from loopd.sessionlog.replay import messages_array
 from loopd.sessionlog.store import SessionLog
+from loopd.terminal.sanitize import for_terminal
 
 FORMATS: Final = ("jsonl", "markdown", "openai")
 _FENCE = "```"
@@ -137,7 +138,7 @@ def export(
     """Write ``session`` (default: the one written to last) in ``fmt``; ``jsonl`` is the session
     log's own export, the entries as JSON lines. 0, or 2 with one line when the log cannot give
     it. The ``openai`` array is written as it is, byte for byte, with a newline only on a
-    terminal."""
+    terminal; the ``markdown`` transcript on a terminal passes ``for_terminal``."""
     try:
         with existing_log(db_path) as log:
             name = session
@@ -150,7 +151,9 @@ def export(
             if fmt == "openai":
                 out.write(openai_messages(log, name) + ("\n" if out.isatty() else ""))
             elif fmt == "markdown":
-                out.write(markdown(name, log.epochs(name), log.entries(name)))
+                text = markdown(name, log.epochs(name), log.entries(name))
+                # Read on a terminal, the transcript is shown as text; to a file it is as written.
+                out.write(for_terminal(text) if out.isatty() else text)
     except LogError as exc:
         err.write(f"loopd: {exc}\n")
         return 2

@@ -16,7 +16,7 @@ from enum import StrEnum
 from loopd.chat.model import Channel, Post, User
 
 _FENCE = re.compile(r"^ {0,3}(`{3,}|~{3,}).*?$(.*?)(^ {0,3}\1[`~]*[ \t]*$|\Z)", re.M | re.S)
-_CODE_SPAN = re.compile(r"(`+)(?:(?!\1).)+?\1", re.S)
+CODE_SPAN = re.compile(r"(`+)(?:(?!\1).)+?\1", re.S)
 _TRIM = ".-_:,;!?()[]{}\"'"
 
 
@@ -73,7 +73,7 @@ class Allowlist:
 
 def strip_code(text: str) -> str:
     """The text without fenced blocks and code spans (they are replaced by a space)."""
-    return _CODE_SPAN.sub(" ", _FENCE.sub(" ", text))
+    return CODE_SPAN.sub(" ", _FENCE.sub(" ", text))
 
 
 def mentions(text: str, username: str) -> bool:

@@ -212,7 +212,7 @@ class StatusPost:
         if self.post_id is None or text == self._sent:
             return
         try:
-            await self.outbox.client.patch_message(self.post_id, text)
+            await self.outbox.client.patch_message(self.post_id, text, root_id=self.root_id)
         except MattermostError as exc:
             if exc.status != 400:
                 self._give_up(f"{self.post_id} could not be edited", exc)

@@ -4,6 +4,12 @@ Retried: transport errors, 5xx and 429 (waiting ``Retry-After`` when given), for
 ``retry_for_s``. Never retried: other 4xx (the request itself is wrong) and cancellation. A
 create is safe to retry because it carries a ``pending_post_id``: the server answers a retry
 within 30 s with the post it already made.
+
+Every post's text leaves loopd through ``create_post`` or ``patch_message``, and both defuse its
+mentions (``loopd.chat.mentions``): an answer, a status post, a tool line, a refusal or a notice
+that names ``@channel`` notifies nobody, and one that names a person notifies them only where the
+thread's people asked for it (``mentionable``, which the threads keep up to date; a thread not
+in it mentions nobody).
 """
 
 from __future__ import annotations
@@ -15,6 +21,7 @@ from typing import Any
 import httpx
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, stop_after_delay
 
+from loopd.chat.mentions import defuse
 from loopd.chat.model import (
     Channel,
     FileInfo,
@@ -89,6 +96,8 @@ class MattermostClient:
         backoff_cap_s: float = 30.0,
     ) -> None:
         self.http = http
+        # Per thread (root post id): the names its posts may mention (``loopd.chat.mentions``).
+        self.mentionable: dict[str, frozenset[str]] = {}
         self.retry_for_s = retry_for_s
         self.backoff_s = backoff_s
         self.backoff_cap_s = backoff_cap_s
@@ -282,17 +291,19 @@ class MattermostClient:
         body = {
             "channel_id": channel_id,
             "root_id": root_id,
-            "message": message,
+            "message": defuse(message, self.mentionable.get(root_id, frozenset())),
             "props": props or {},
             "pending_post_id": pending_post_id,
         }
         return Post.from_json(await self.call("POST", "/posts", "POST /posts", json=body))
 
     async def patch_message(
-        self, post_id: str, message: str, *, props: dict[str, Any] | None = None
+        self, post_id: str, message: str, *, root_id: str, props: dict[str, Any] | None = None
     ) -> Post:
-        """Edit a post's text; ``props``, when given, replaces the whole props map."""
-        body: dict[str, Any] = {"message": message}
+        """Edit a post's text in the thread of ``root_id``; ``props``, when given, replaces the
+        whole props map."""
+        keep = self.mentionable.get(root_id, frozenset())
+        body: dict[str, Any] = {"message": defuse(message, keep)}
         if props is not None:
             body["props"] = props
         raw = await self.call("PUT", f"/posts/{post_id}/patch", "PUT /posts/{id}/patch", json=body)

@@ -29,6 +29,7 @@ from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, wait_exp
 
 from loopd.chat.config import ChatSettings
 from loopd.chat.cursor import ChatState, ChatStateError
+from loopd.chat.mentions import named
 from loopd.chat.outbox import PART_PROP, TURN_PROP, Outbox
 from loopd.chat.rest import MattermostError
 from loopd.chat.split import split_message
@@ -137,6 +138,21 @@ def requesters(entries: list[Entry]) -> frozenset[str]:
         match = _AUTHOR.match(content) if isinstance(content, str) else None
         if match:
             names.add(match.group(1))
+    return frozenset(names)
+
+
+def thread_people(entries: list[Entry]) -> frozenset[str]:
+    """Whom the thread's posts may mention: the people who wrote in it, and the names they
+    mentioned themselves (lower case; ``loopd.chat.mentions``)."""
+    names: set[str] = set()
+    for entry in entries:
+        if entry.kind is not EntryKind.USER or entry.message is None:
+            continue
+        content = json.loads(entry.message).get("content")
+        match = _AUTHOR.match(content) if isinstance(content, str) else None
+        if match:
+            names.add(match.group(1).lower())
+            names |= named(content[match.end() :])
     return frozenset(names)
 
 
@@ -309,6 +325,7 @@ class Threads:
             log.error("no channel recorded for %s; its turn cannot be answered", name)
             return
         entries = self.runtime.log.entries(name)
+        self.outbox.client.mentionable[root_of(name)] = thread_people(entries)
         replayed = [e for e in entries if e.kind in REPLAYED_KINDS]
         posts = TurnPosts(
             self.outbox,
@@ -382,6 +399,9 @@ class Threads:
         alone when nothing was."""
         key = f"{name}#{stop.seq}:stopped"
         line = f"⏹️ Stopped by @{who}."
+        # Who stopped it is one of the thread's people (a stop word in it, a reaction on it).
+        people = self.outbox.client.mentionable
+        people[root_of(name)] = people.get(root_of(name), frozenset()) | {who.lower()}
         draft = running.posts.draft.post_id
         if draft is not None and not self.outbox.delivered(key):
             room = self.outbox.max_post_size - len(line) - 2
@@ -389,7 +409,7 @@ class Threads:
             text = f"{written}\n\n{line}" if written else line
             try:
                 await self.outbox.client.patch_message(
-                    draft, text, props={TURN_PROP: key, PART_PROP: 0}
+                    draft, text, root_id=root_of(name), props={TURN_PROP: key, PART_PROP: 0}
                 )
             except MattermostError as exc:
                 log.warning("the answer post of %s could not show the stop (%s)", name, exc)
@@ -445,6 +465,7 @@ class Threads:
         """Post the session's latest answer unless it is already in the thread: into the turn's
         answer post, written as it streamed, with any further parts as new posts."""
         entries = self.runtime.log.entries(name)
+        self.outbox.client.mentionable[root_of(name)] = thread_people(entries)
         last = latest_answer(entries)
         if last is None or last.message is None:
             return
@@ -472,7 +493,7 @@ class Threads:
                 continue
             try:
                 await self.outbox.client.patch_message(
-                    draft, first, props={TURN_PROP: key, PART_PROP: 0}
+                    draft, first, root_id=root_of(name), props={TURN_PROP: key, PART_PROP: 0}
                 )
             except MattermostError as exc:
                 # Deleted by someone, or past the edit time limit: the answer goes out as new

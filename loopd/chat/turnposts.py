@@ -92,7 +92,7 @@ class AnswerDraft:
                         self.key, self.channel_id, self.root_id, text
                     )
             elif text != self._sent:
-                await self.outbox.client.patch_message(self.post_id, text)
+                await self.outbox.client.patch_message(self.post_id, text, root_id=self.root_id)
         except (MattermostError, TimeoutError) as exc:
             # The answer still comes, as new posts, when the turn ends.
             log.warning("the answer post of %s could not be written (%s)", self.key, exc)

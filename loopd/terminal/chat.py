@@ -32,6 +32,7 @@ from loopd.terminal.lineinput import LineInput, PipedInput, TerminalInput
 from loopd.terminal.link import Link, ScreenWatch, connected
 from loopd.terminal.logfile import logs_out_of_the_way
 from loopd.terminal.render import DIM, RESET, Style, TurnView
+from loopd.terminal.sanitize import for_terminal
 
 HISTORY_FILE: Final = "chat_history"
 EXIT_FAILED: Final = 2
@@ -142,14 +143,15 @@ class TerminalChat:
                 try:
                     session = self.link.call(self.core.new_session, name)
                 except LoopdError as exc:
-                    self._write(self.err, f"loopd: {exc}\n")
+                    self._write(self.err, f"loopd: {for_terminal(str(exc))}\n")
                     return
                 self._write(self.out, f"new session {session.name!r} (slot {session.slot})\n")
             case "sessions":
                 listing, problem = io.StringIO(), io.StringIO()
                 list_sessions(db_path, listing, problem)
-                self._write(self.out, listing.getvalue())
-                self._write(self.err, problem.getvalue())
+                # Session names and what they wait for can hold anything a thread was named.
+                self._write(self.out, self._shown(listing.getvalue()))
+                self._write(self.err, for_terminal(problem.getvalue()))
                 self._write(self.out, f"(this chat: {self.core.session.name})\n")
             case "perf":
                 self._write(self.out, self.link.call(self.core.perf_text) + "\n")
@@ -169,6 +171,10 @@ class TerminalChat:
             line += f"\nlogs: {log_path}"
         dim, reset = (DIM, RESET) if self.err.isatty() else ("", "")
         self._write(self.err, f"{dim}{line}{reset}\n")
+
+    def _shown(self, text: str) -> str:
+        """Text from the log, made safe when stdout is a terminal (piped, it is data)."""
+        return for_terminal(text) if self.style is Style.TERMINAL else text
 
     @staticmethod
     def _write(stream: TextIO, text: str) -> None:

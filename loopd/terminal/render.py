@@ -8,6 +8,11 @@ start of its result; while the turn waits or reads the prompt, one transient lin
 wording every surface uses (``loopd.chat.status.phase_words``). With ``Style.PLAIN`` (stdout is a
 file or a pipe) nothing is written during the turn and the answer is written whole at its end, so
 a script reading stdout gets the answers and nothing else.
+
+Every piece of text that came from the model or the box (the answer, the thinking, a tool's name,
+arguments and result, a notice, a failure) passes ``for_terminal`` before it is written with
+``Style.TERMINAL``, so it shows as text and is never obeyed as a terminal control; the escapes
+here are loopd's own. A failure's line goes to stderr, a diagnostic, so it passes in both styles.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ from loopd.chat.status import InLine, in_line_words, phase_words
 from loopd.engine.notes import cut_note
 from loopd.engine.stream import Phase, Status
 from loopd.engine.turn import TurnOutcome
+from loopd.terminal.sanitize import for_terminal
 
 DIM = "\x1b[2m"
 BOLD = "\x1b[1m"
@@ -125,8 +131,10 @@ class TurnView:
     def tool_started(self, name: str, arguments: str) -> str:
         if self.style is Style.PLAIN:
             return ""
+        name = for_terminal(name)
         room = self.width - len(name) - 4
-        line = f"{BOLD}• {name}{RESET}{DIM}({short_arguments(arguments, room)}){RESET}\n"
+        shown = for_terminal(short_arguments(arguments, room))
+        line = f"{BOLD}• {name}{RESET}{DIM}({shown}){RESET}\n"
         return self._settle_thinking() + self._lasting(line, own_line=True)
 
     def tool_finished(self, result: str) -> str:
@@ -134,16 +142,16 @@ class TurnView:
             return ""
         # The next request's answer starts from nothing.
         self._answer = ""
-        line = f"{DIM}  └ {short_result(result, self.width - 4)}{RESET}\n"
+        line = f"{DIM}  └ {for_terminal(short_result(result, self.width - 4))}{RESET}\n"
         return self._lasting(line, own_line=True)
 
     # -- the end ---------------------------------------------------------------------------------
 
     def finished(self, outcome: TurnOutcome) -> Shown:
-        notices = "".join(f"[loopd] {notice}\n" for notice in outcome.notices)
-        err = f"loopd: {outcome.failure}\n" if outcome.failure is not None else ""
+        err = f"loopd: {for_terminal(outcome.failure)}\n" if outcome.failure is not None else ""
         cut = f"[loopd] {cut_note(outcome.cut_at)}\n" if outcome.cut_at is not None else ""
         if self.style is Style.PLAIN:
+            notices = "".join(f"[loopd] {notice}\n" for notice in outcome.notices)
             if outcome.failure is not None:
                 return Shown(notices, err)
             # stdout is the answer alone (data); the cut is said beside it, on stderr
@@ -156,6 +164,7 @@ class TurnView:
         out += self._end_line()
         if cut:
             out += f"{DIM}{cut}{RESET}"
+        notices = "".join(f"[loopd] {for_terminal(notice)}\n" for notice in outcome.notices)
         if notices:
             out += f"{DIM}{notices}{RESET}"
         return Shown(out, err)
@@ -180,7 +189,7 @@ class TurnView:
                 out += self._end_line()
             self._thought_written = len(self._thought)
             self._open = not new.endswith("\n")
-            return out + f"{DIM}{new}{RESET}"
+            return out + f"{DIM}{for_terminal(new)}{RESET}"
         head = f"thinking ({self._thought_tokens} tokens): "
         return self._transient_line(head + tail(self._thought, self.width - len(head) - 1))
 
@@ -194,7 +203,7 @@ class TurnView:
         if self.show_thinking:
             return self._end_line()
         head = f"thought for {tokens} tokens: "
-        line = f"{DIM}{head}{fit(thought, self.width - len(head) - 1)}{RESET}\n"
+        line = f"{DIM}{head}{for_terminal(fit(thought, self.width - len(head) - 1))}{RESET}\n"
         return self._lasting(line, own_line=True)
 
     def _answering(self, text: str) -> str:
@@ -215,12 +224,12 @@ class TurnView:
         if not new:
             return ""
         self._answer = text
-        return self._lasting(new)
+        return self._lasting(for_terminal(new))
 
     def _transient_line(self, words: str) -> str:
         out = self._end_line() if not self._transient else ""
         self._transient = True
-        return out + f"{CLEAR_LINE}{DIM}[{fit(words, self.width - 3)}]{RESET}"
+        return out + f"{CLEAR_LINE}{DIM}[{for_terminal(fit(words, self.width - 3))}]{RESET}"
 
     def _lasting(self, text: str, *, own_line: bool = False) -> str:
         out = self._clear() + (self._end_line() if own_line else "")

@@ -20,9 +20,10 @@ import signal
 import subprocess
 import sys
 import tempfile
-from collections.abc import Iterable, Sequence
+import time
+from collections.abc import Callable, Iterable, Sequence
 from contextlib import suppress
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import anyio
@@ -32,6 +33,7 @@ from loopd.tools import pidscgroup
 from loopd.tools.errors import ToolFailure, ToolSetupError
 from loopd.tools.launcher import CommandLimits
 from loopd.tools.limits import ToolLimits
+from loopd.tools.quota import POLL_S, free_bytes, usage
 
 COMMAND_PATH = "/usr/local/bin:/usr/bin:/bin"
 COMMAND_LANG = "C.UTF-8"
@@ -322,6 +324,10 @@ class CommandOutcome:
     timed_out: bool
     output: str
     cut: bool
+    quota: str | None = None
+    """The workspace's quota or the disk's reserve, passed: the one line saying so."""
+    stopped: bool = False
+    """The command was stopped for passing it."""
 
 
 async def run_command(
@@ -340,16 +346,30 @@ async def run_command(
     if sandbox.refused:
         raise ToolFailure(sandbox.refusal())
     limits = limits or ToolLimits()
+    quota = limits.quota
+
+    def passed() -> str | None:
+        return quota.passed(usage(workspace), free_bytes(workspace))
+
+    room = await anyio.to_thread.run_sync(
+        lambda: quota.room(usage(workspace), free_bytes(workspace))
+    )
+    # No file may grow past the room left (none left: files can still be deleted).
+    limits = replace(limits, command_max_file_bytes=min(limits.command_max_file_bytes, room))
     cgroup = None
     if sandbox.pids_cgroup_parent is not None:
         cgroup = pidscgroup.make(sandbox.pids_cgroup_parent, limits.command_max_processes)
     try:
-        return await _run_launched(
+        outcome = await _run_launched(
             launcher_argv(command_limits(limits, cgroup), sandbox.argv(workspace, command)),
             workspace=workspace,
             timeout_s=timeout_s,
             output_max_bytes=output_max_bytes,
+            watch=passed,
         )
+        if outcome.quota is None:
+            outcome = replace(outcome, quota=await anyio.to_thread.run_sync(passed))
+        return outcome
     finally:
         if cgroup is not None:
             with anyio.CancelScope(shield=True):
@@ -357,9 +377,17 @@ async def run_command(
 
 
 async def _run_launched(
-    argv: list[str], *, workspace: Path, timeout_s: float, output_max_bytes: int
+    argv: list[str],
+    *,
+    workspace: Path,
+    timeout_s: float,
+    output_max_bytes: int,
+    watch: Callable[[], str | None] | None = None,
 ) -> CommandOutcome:
+    """``watch`` (blocking, run in a thread every ``POLL_S``) stops the command when it returns
+    a line: the workspace's quota or the disk's reserve, passed."""
     output = CappedOutput(output_max_bytes)
+    stopped: str | None = None
     try:
         process = await anyio.open_process(
             argv,
@@ -376,8 +404,25 @@ async def _run_launched(
         if process.stdout is None:
             raise RuntimeError("the process was started without a stdout pipe")
         with anyio.move_on_after(timeout_s):
-            await _collect(process, process.stdout, output)
-        timed_out = process.returncode is None
+            async with anyio.create_task_group() as tg:
+
+                async def guard(check: Callable[[], str | None]) -> None:
+                    nonlocal stopped
+                    pause = POLL_S
+                    while stopped is None:
+                        await anyio.sleep(pause)
+                        started = time.monotonic()
+                        stopped = await anyio.to_thread.run_sync(check)
+                        # A workspace of many files takes a while to measure: at most a tenth
+                        # of loopd's time goes to it.
+                        pause = max(POLL_S, 9 * (time.monotonic() - started))
+                    tg.cancel_scope.cancel()
+
+                if watch is not None:
+                    tg.start_soon(guard, watch)
+                await _collect(process, process.stdout, output)
+                tg.cancel_scope.cancel()
+        timed_out = process.returncode is None and stopped is None
     finally:
         with anyio.CancelScope(shield=True):
             await _end(process)
@@ -387,6 +432,8 @@ async def _run_launched(
         timed_out=timed_out,
         output=output.render(),
         cut=output.cut,
+        quota=stopped,
+        stopped=stopped is not None,
     )
 
 
@@ -441,7 +488,13 @@ _SHELL_SIGNAL_BASE = 128  # a shell (and bubblewrap) reports death by signal N a
 def render_outcome(outcome: CommandOutcome, timeout_s: float) -> str:
     """The text the model reads; a limit that ended the command is named."""
     code = outcome.exit_code
-    if outcome.timed_out:
+    note = ""
+    if outcome.quota is not None:
+        stop = "stopped: " if outcome.stopped else ""
+        note = f"[{stop}{outcome.quota}]\n"
+    if outcome.stopped:
+        head = "the command and its children were killed"
+    elif outcome.timed_out:
         head = f"timed out after {timeout_s:g} s; the command and its children were killed"
     elif code is not None and code < 0:
         limit = _LIMIT_SIGNALS.get(-code)
@@ -452,5 +505,5 @@ def render_outcome(outcome: CommandOutcome, timeout_s: float) -> str:
     else:
         head = f"exit code {code}"
     if not outcome.output:
-        return f"{head}\n(no output)"
-    return f"{head}\n{outcome.output}"
+        return f"{note}{head}\n(no output)"
+    return f"{note}{head}\n{outcome.output}"

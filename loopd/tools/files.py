@@ -19,6 +19,7 @@ import re2
 
 from loopd.tools.errors import ToolFailure
 from loopd.tools.limits import ToolLimits
+from loopd.tools.quota import free_bytes, usage
 from loopd.tools.workspace import (
     DirEntry,
     TextWindow,
@@ -153,8 +154,17 @@ def read_file(
     return render_window(path, window, limits.read_max_bytes)
 
 
+def check_room(workspace: Workspace, adding: int, limits: ToolLimits) -> None:
+    """Refuse a write of ``adding`` bytes that would pass the workspace's quota or the disk's
+    reserve (``loopd.tools.quota``)."""
+    refusal = limits.quota.refusal(usage(workspace.root), free_bytes(workspace.root), adding)
+    if refusal is not None:
+        raise ToolFailure(f"refused: {refusal}")
+
+
 def write_file(workspace: Workspace, path: str, content: str, limits: ToolLimits) -> str:
     data = content.encode("utf-8")
+    check_room(workspace, len(data), limits)
     created = write_file_atomic(workspace, path, data, max_bytes=limits.write_max_bytes)
     return f"{'created' if created else 'wrote'} {path} ({describe_size(len(data))})"
 
@@ -162,6 +172,7 @@ def write_file(workspace: Workspace, path: str, content: str, limits: ToolLimits
 def edit_file(workspace: Workspace, path: str, old: str, new: str, limits: ToolLimits) -> str:
     text = read_text_whole(workspace, path, max_bytes=limits.write_max_bytes)
     edited = apply_edit(text, old, new, path)
+    check_room(workspace, max(len(edited.encode("utf-8")) - len(text.encode("utf-8")), 0), limits)
     write_file_atomic(workspace, path, edited.encode("utf-8"), max_bytes=limits.write_max_bytes)
     return f"edited {path}: replaced 1 occurrence"
 

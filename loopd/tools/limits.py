@@ -7,6 +7,8 @@ whole. The ``command_max_*`` caps bound what one run_command may take of the mac
 
 from dataclasses import dataclass
 
+from loopd.tools.quota import Quota
+
 
 @dataclass(frozen=True)
 class ToolLimits:
@@ -38,3 +40,11 @@ class ToolLimits:
     """CPU seconds of each process of a command (``RLIMIT_CPU``); past it, it is killed."""
     result_max_chars: int = 80_000
     """The last cap, on any result text."""
+    workspace_max_bytes: int = 1024**3
+    """The most a session's workspace may hold (0: no quota; ``loopd.tools.quota``)."""
+    disk_reserve_bytes: int = 64 * 1024**2
+    """Free space the workspaces' filesystem keeps for the session log."""
+
+    @property
+    def quota(self) -> Quota:
+        return Quota(self.workspace_max_bytes, self.disk_reserve_bytes)

@@ -7,6 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from loopd.chat.intake import Action, Allowlist, decide, is_stop, mentions
+from loopd.chat.mentions import defuse, named
 from loopd.chat.model import Channel, Post, User
 from loopd.chat.split import open_fence, split_message
 from loopd.chat.status import Finished, InLine, next_edit, status_text
@@ -230,3 +231,21 @@ def test_text_attachments_are_read_and_others_named() -> None:
         "(application/octet-stream); I read only text files."
     )
     assert "not text" in nul.notice
+
+
+def test_defuse_keeps_code_emails_and_the_names_asked_for() -> None:
+    text = "@channel @all, @here! (@bob) @alice. me@example.com `@here` @@x"
+    assert defuse(text, frozenset({"alice", "here"})) == (
+        "\uff20channel \uff20all, \uff20here! (\uff20bob) @alice. me@example.com `@here` @\uff20x"
+    )
+    fenced = "```\nnpm i @types/node\n```\n@types"
+    assert defuse(fenced) == "```\nnpm i @types/node\n```\n\uff20types"
+    assert defuse("```\n@here") == "```\n\uff20here"  # a fence not closed is text
+    assert named("ask @Bob and `@not` me@x.com") == frozenset({"bob"})
+
+
+@given(st.text(alphabet="@ab.-_`\n x"))
+def test_defuse_keeps_the_length_and_is_idempotent(text: str) -> None:
+    once = defuse(text)
+    assert len(once) == len(text)
+    assert defuse(once) == once

@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import unicodedata
+
+from hypothesis import given
+from hypothesis import strategies as st
+
 from loopd.engine.stream import Phase, Status
 from loopd.engine.turn import TurnOutcome
 from loopd.terminal.render import (
@@ -13,6 +18,7 @@ from loopd.terminal.render import (
     short_result,
     tail,
 )
+from loopd.terminal.sanitize import for_terminal
 from tests.terminal.support import plain
 
 
@@ -121,3 +127,19 @@ def test_short_forms() -> None:
     assert short_arguments("not json", 80) == "not json"
     assert short_result("", 80) == "(empty)"
     assert short_result("one\n\ntwo\n", 80) == "one (+1 lines)"
+
+
+def test_for_terminal_shows_controls_and_keeps_text() -> None:
+    assert for_terminal("a\tb\r\nc") == "a\tb\nc"
+    assert for_terminal("\x1b]0;t\x07\x9b2J\x7f\u202ex\rz") == "␛]0;t␇<U+009B>2J␡<U+202E>x␍z"
+    # Emoji sequences (zero-width joiners) and other scripts stay as written.
+    assert for_terminal("👩‍💻 café ここ") == "👩‍💻 café ここ"
+
+
+@given(st.text())
+def test_for_terminal_leaves_no_control_character(text: str) -> None:
+    shown = for_terminal(text)
+    assert all(
+        char in "\n\t" or (unicodedata.category(char) != "Cc" and char not in "\u202a\u202e")
+        for char in shown
+    )
