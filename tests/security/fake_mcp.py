@@ -3,7 +3,7 @@
 
 - ``silent``: reads its input and never answers ``initialize``.
 - ``stalled-list``: answers ``initialize``, never answers ``tools/list``.
-- ``huge-pages``: every ``tools/list`` page is one tool with a 10 MB description and a next
+- ``huge-pages``: every ``tools/list`` page is one tool with a 2 MB description and a next
   cursor, for ever.
 - ``patterns``: tools whose input schemas have patterns that backtrack catastrophically in
   Python's ``re`` (``slug``, ``words``) or that need backtracking (``echo_twice``, with a
@@ -13,7 +13,7 @@
 import json
 import sys
 
-HUGE_DESCRIPTION_CHARS = 10_000_000
+HUGE_DESCRIPTION_CHARS = 2_000_000
 CATASTROPHIC = "^([a-z0-9]+-?)*$"
 
 PATTERN_TOOLS = [
