@@ -6,6 +6,7 @@ bounded amount, while every request is answered as before. ``brokerd audit prune
 rows older than the retention and nothing else.
 """
 
+import functools
 import hashlib
 import os
 import sqlite3
@@ -85,7 +86,7 @@ def test_audit_prune_deletes_only_rows_older_than_the_retention(
     audit_db = tmp_path / "audit.db"
     for days, call_id in ((40, "old"), (1, "new")):
         at = datetime.now(UTC) - timedelta(days=days)
-        audit = AuditLog.open(audit_db, clock=lambda at=at: at)
+        audit = AuditLog.open(audit_db, clock=functools.partial(_fixed, at))
         audit.record_find("s", f"query {call_id}", ["clock_now"], "found")
         audit.record_start(CallRequest("s", call_id, "clock_now", "{}"))
         audit.record_end("s", call_id, "ok", "done")
@@ -117,3 +118,7 @@ def test_audit_prune_deletes_only_rows_older_than_the_retention(
         for statement in ("DELETE FROM find_tool_calls", "DELETE FROM audit_prunes"):
             with pytest.raises(sqlite3.IntegrityError, match="append-only"):
                 db.execute(statement)
+
+
+def _fixed(at: datetime) -> datetime:
+    return at
