@@ -1,5 +1,10 @@
 """brokerd's command line: ``brokerd serve [--only infer|chat|broker]``, ``brokerd tools list``
-(see ``brokerd.mcp.listing``), ``brokerd --version``.
+(see ``brokerd.mcp.listing``), ``brokerd audit prune [--older-than-days N]``, ``brokerd --version``.
+
+``audit prune`` deletes the audit rows older than the retention (``broker.audit_retention_days``,
+or ``--older-than-days``), after recording the cutoff in the log itself, and prints one line;
+exit status 2 when neither is given or the settings are bad, 1 when the database cannot be
+pruned.
 
 Exit status of ``serve``:
 
@@ -21,11 +26,13 @@ from typing import Final
 
 import anyio
 
-from brokerd.config import ConfigError, load_settings, read_secrets
+from brokerd.config import ConfigError, load_settings, read_secrets, setting_name
 from brokerd.mcp.listing import register as register_tools
 from brokerd.observe.server import metrics_service
 from brokerd.proxy.logs import configure_logging
 from brokerd.serve import SERVICES, ServeError, build_endpoints, run
+from brokerd.tools.audit import AuditLogError, open_audit_log, prune_audit_log
+from brokerd.tools.settings import BrokerSettings
 from loopd import anyio_unix_connect
 from loopd.version import package_version
 
@@ -52,7 +59,52 @@ def parser() -> argparse.ArgumentParser:
         help="serve just this socket; repeat for several (default: all three)",
     )
     register_tools(commands)
+    audit = commands.add_parser("audit", help="the tool broker's audit log")
+    audit_commands = audit.add_subparsers(dest="audit_command", required=True)
+    prune = audit_commands.add_parser(
+        "prune", help="delete the rows older than the retention (the cutoff is recorded)"
+    )
+    prune.add_argument(
+        "--older-than-days",
+        type=float,
+        metavar="DAYS",
+        help="instead of broker.audit_retention_days",
+    )
     return root
+
+
+def prune_audit(days: float | None) -> int:
+    try:
+        broker, days = _prune_settings(days)
+        audit = open_audit_log(broker)
+    except ConfigError as exc:
+        print(f"brokerd: {exc}", file=sys.stderr)
+        return EXIT_CONFIG
+    except AuditLogError as exc:
+        print(f"brokerd: {exc}", file=sys.stderr)
+        return EXIT_CANNOT_SERVE
+    try:
+        rows = prune_audit_log(audit, days)
+    except AuditLogError as exc:
+        print(f"brokerd: {exc}", file=sys.stderr)
+        return EXIT_CANNOT_SERVE
+    finally:
+        audit.close()
+    print(f"brokerd: pruned {rows} audit rows older than {days:g} days from {broker.audit_db}")
+    return 0
+
+
+def _prune_settings(days: float | None) -> tuple[BrokerSettings, float]:
+    broker = load_settings().broker
+    if broker is None:
+        raise ConfigError(f"{setting_name('broker', 'audit_db')}: required to prune")
+    days = days if days is not None else broker.audit_retention_days
+    if days is None or days <= 0:
+        raise ConfigError(
+            f"{setting_name('broker', 'audit_retention_days')} or --older-than-days: "
+            "a number of days above 0 is required to prune"
+        )
+    return broker, days
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -61,6 +113,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "tools":
         code: int = args.handler(args)
         return code
+    if args.command == "audit":
+        return prune_audit(args.older_than_days)
     services = tuple(dict.fromkeys(args.only)) if args.only else SERVICES
     try:
         settings = load_settings()

@@ -52,6 +52,18 @@ class McpServerConfig(BaseModel):
         default=(), description="The server's tools offered to the box (empty: all of them)."
     )
     timeout_s: float = Field(default=30.0, gt=0, le=3600, description="Each call's time limit.")
+    handshake_timeout_s: float = Field(
+        default=10.0, gt=0, le=600, description="Time the server has to answer initialize."
+    )
+    list_page_timeout_s: float = Field(
+        default=10.0, gt=0, le=600, description="Time the server has to send each tools/list page."
+    )
+    list_max_bytes: int = Field(
+        default=8 * 1024 * 1024,
+        gt=0,
+        le=256 * 1024 * 1024,
+        description="Largest tool listing, all pages together (the tools as JSON).",
+    )
 
     @model_validator(mode="after")
     def _one_transport(self) -> "McpServerConfig":

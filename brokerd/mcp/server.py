@@ -7,6 +7,11 @@ connection ends (the server crashed, exited, sent too much), the server is ``dow
 restarted after a backoff that grows with each failure in a row; calls meanwhile fail at once
 with a tool error saying so. Cancelling ``run`` (brokerd's shutdown) stops the server.
 
+What a server can make brokerd wait for or hold is bounded by its config: ``initialize`` must be
+answered within ``handshake_timeout_s``, each ``tools/list`` page within ``list_page_timeout_s``,
+and a listing's pages together hold at most ``list_max_bytes`` of tools. A server that fails one
+is down like a crashed one (one log line saying which), and restarted with the same backoff.
+
 The handshake is the initialize handshake (``mode="legacy"``), which every server speaks, the
 2025 ones and the 2026 ones alike, and over which ``list_changed`` arrives as a plain
 notification.
@@ -31,6 +36,7 @@ from brokerd.mcp.specs import offered_tools
 from brokerd.mcp.transport import ConfinedStdio
 from brokerd.tools.catalogue import ToolSpec
 from brokerd.tools.errors import ToolFailure
+from loopd.exceptiongroups import sole_kind
 
 logger = logging.getLogger(__name__)
 
@@ -57,6 +63,10 @@ class Backoff:
 DEFAULT_BACKOFF: Final = Backoff()
 
 
+class ListingError(Exception):
+    """The server's tool listing broke a bound; the message says which, for the log."""
+
+
 @dataclass(frozen=True)
 class ServerStatus:
     name: str
@@ -75,12 +85,10 @@ class McpServer:
         transport: TransportFactory,
         *,
         backoff: Backoff = DEFAULT_BACKOFF,
-        list_timeout_s: float = 30.0,
     ) -> None:
         self.config = config
         self._transport = transport
         self._backoff = backoff
-        self._list_timeout_s = list_timeout_s
         self.state: State = "starting"
         self.detail = ""
         self.tools: tuple[ToolSpec, ...] = ()
@@ -134,27 +142,44 @@ class McpServer:
         self._relist = anyio.Event()
         server: Transport | str = transport
         reason = "the connection ended"
+        handshake_s = self.config.handshake_timeout_s
         try:
-            async with Client(
-                server,
-                mode="legacy",
-                message_handler=self._on_message,
-                client_info=CLIENT_INFO,
-                cache=None,
-            ) as client:
-                await self._list(client)
-                self._client = client
-                self._set("up", "")
-                logger.info("mcp server %s is up: %d tools", self.name, len(self.tools))
-                while await _first_of(ended, self._relist) is self._relist:
-                    self._relist = anyio.Event()
+            # The deadline covers entering the client (the initialize handshake) only.
+            with anyio.CancelScope(deadline=anyio.current_time() + handshake_s) as handshake:
+                async with Client(
+                    server,
+                    mode="legacy",
+                    message_handler=self._on_message,
+                    client_info=CLIENT_INFO,
+                    cache=None,
+                ) as client:
+                    handshake.deadline = math.inf
                     await self._list(client)
+                    self._client = client
                     self._set("up", "")
-                    logger.info("mcp server %s changed its tools: %d", self.name, len(self.tools))
-            if ended.is_set():
+                    logger.info("mcp server %s is up: %d tools", self.name, len(self.tools))
+                    while await _first_of(ended, self._relist) is self._relist:
+                        self._relist = anyio.Event()
+                        await self._list(client)
+                        self._set("up", "")
+                        logger.info(
+                            "mcp server %s changed its tools: %d", self.name, len(self.tools)
+                        )
+            if handshake.cancelled_caught:
+                reason = f"did not answer initialize within {handshake_s:g} s"
+            elif ended.is_set():
                 reason = self._ended_reason()
         except Exception as exc:  # whatever the server or its transport did, it is only down
-            reason = self._ended_reason() if ended.is_set() else f"cannot connect: {describe(exc)}"
+            # The client's task group wraps a broken bound in a group; that is the reason.
+            listing = exc if isinstance(exc, ListingError) else None
+            if isinstance(exc, BaseExceptionGroup):
+                listing = sole_kind(exc, ListingError)
+            if listing is not None:
+                reason = str(listing)
+            elif ended.is_set():
+                reason = self._ended_reason()
+            else:
+                reason = f"cannot connect: {describe(exc)}"
         finally:
             # A call still waiting on this connection learns at once that it is over, and why.
             self._client = None
@@ -163,15 +188,23 @@ class McpServer:
         return reason
 
     async def _list(self, client: Client) -> None:
+        """List every page of tools; ``ListingError`` when a page is late or they grow too big."""
         listed: list[types.Tool] = []
         cursor: str | None = None
-        with anyio.fail_after(self._list_timeout_s):
-            for _ in range(MAX_LIST_PAGES):
+        size = 0
+        page_s, max_bytes = self.config.list_page_timeout_s, self.config.list_max_bytes
+        for number in range(1, MAX_LIST_PAGES + 1):
+            with anyio.move_on_after(page_s) as late:
                 page = await client.list_tools(cursor=cursor)
-                listed += page.tools
-                cursor = page.next_cursor
-                if cursor is None:
-                    break
+            if late.cancelled_caught:
+                raise ListingError(f"did not send page {number} of tools/list within {page_s:g} s")
+            size += sum(len(tool.model_dump_json(by_alias=True)) for tool in page.tools)
+            if size > max_bytes:
+                raise ListingError(f"listed over {max_bytes} bytes of tools (list_max_bytes)")
+            listed += page.tools
+            cursor = page.next_cursor
+            if cursor is None:
+                break
         offered = offered_tools(self.config, listed)
         for skipped in offered.skipped:
             logger.warning("mcp server %s: tool %s is not offered", self.name, skipped)

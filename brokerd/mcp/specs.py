@@ -13,12 +13,12 @@ from typing import Any, Final
 
 import jsonschema
 import mcp_types as types
-from jsonschema.validators import validator_for
 from pydantic import ValidationError
 
 from brokerd.mcp.config import McpServerConfig
 from brokerd.mcp.names import catalogue_name
 from brokerd.tools.catalogue import McpRun, ToolSpec
+from loopd.schemas import check_schema
 
 MAX_DESCRIPTION_CHARS: Final = 2000
 CUT_MARK: Final = "..."
@@ -72,7 +72,7 @@ def tool_spec(config: McpServerConfig, tool: types.Tool) -> ToolSpec:
 
 def check_input_schema(schema: dict[str, Any]) -> None:
     try:
-        validator_for(schema, default=jsonschema.Draft202012Validator).check_schema(schema)
+        check_schema(schema)
     except jsonschema.SchemaError as exc:
         raise ValueError(f"its inputSchema is not a valid JSON Schema: {exc.message}") from None
     except RecursionError:

@@ -44,17 +44,21 @@ REFUSED_STATUSES = {400: "bad_request", 409: "call_conflict"}  # reasons in brok
 MAX_BODY_DEPTH = 64
 
 
+# Names are stored whole in every audit row; the query and arguments are stored bounded.
+MAX_NAME_CHARS = 256
+
+
 class FindToolBody(BaseModel):
     model_config = ConfigDict(extra="ignore")
-    session: str = Field(min_length=1)
+    session: str = Field(min_length=1, max_length=MAX_NAME_CHARS)
     query: str
 
 
 class CallToolBody(BaseModel):
     model_config = ConfigDict(extra="ignore")
-    session: str = Field(min_length=1)
-    call_id: str = Field(min_length=1)
-    name: str
+    session: str = Field(min_length=1, max_length=MAX_NAME_CHARS)
+    call_id: str = Field(min_length=1, max_length=MAX_NAME_CHARS)
+    name: str = Field(max_length=MAX_NAME_CHARS)
     # The model's argument text, as produced; an already-parsed JSON value is accepted too.
     arguments: Any = Field(...)
 

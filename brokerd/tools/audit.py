@@ -6,6 +6,14 @@ started row without an end row is exactly a call that brokerd never finished. ``
 records what each session was shown; the names a session may call are derived from it, so they
 survive a restart. The view ``calls`` joins the two halves for reading.
 
+What the box sends is stored bounded (``brokerd.tools.auditbounds``): a query, a call's arguments
+and a result keep their first bytes, their whole length and a sha256 of the whole (a retry is
+recognised by the hash), and beyond a session's per-minute budget a row keeps no text at all.
+
+Rows are never updated. They are deleted only by ``prune``, and only those older than a cutoff
+that ``prune`` first records in ``audit_prunes`` (itself append-only): the triggers refuse the
+deletion of any row at or after the latest recorded cutoff, so what is kept stays append-only.
+
 Each write is a single statement in autocommit mode and takes well under a millisecond, so the
 store is called synchronously from the event loop: that also makes "check the key, then claim it"
 free of interleaving between coroutines. The schema is versioned by ``loopd.storage.migrations``.
@@ -14,12 +22,15 @@ free of interleaving between coroutines. The schema is versioned by ``loopd.stor
 import json
 import sqlite3
 from collections.abc import Callable, Sequence
-from datetime import UTC, datetime
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import get_args
 
+from brokerd.tools.auditbounds import Excerpt, WriteBudget, excerpt, reduced
 from brokerd.tools.calls import CallRequest, RecordedCall
 from brokerd.tools.errors import BrokerError
+from brokerd.tools.settings import BrokerSettings
 from brokerd.tools.wording import CallStatus
 from loopd.storage.migrations import (
     MigrationError,
@@ -71,6 +82,54 @@ def m001_initial(db: sqlite3.Connection) -> None:
     execute_script(db, _V1_SCHEMA + append_only_triggers(*APPEND_ONLY_TABLES))
 
 
+# The time column each table is pruned by.
+PRUNED_BY: dict[str, str] = {
+    "call_ended": "ended_at",
+    "call_started": "started_at",
+    "find_tool_calls": "at",
+}
+
+
+def _prunable_triggers() -> str:
+    return "".join(
+        f"DROP TRIGGER {table}_no_delete;\n"
+        f"CREATE TRIGGER {table}_no_delete BEFORE DELETE ON {table}\n"
+        f"WHEN OLD.{column} >= coalesce((SELECT max(before) FROM audit_prunes), '')\n"
+        f"BEGIN SELECT RAISE(ABORT, '{table} is append-only (but for rows older than a "
+        "recorded prune)'); END;\n"
+        for table, column in PRUNED_BY.items()
+    )
+
+
+@MIGRATIONS.step
+def m002_bounded_rows_and_prunes(db: sqlite3.Connection) -> None:
+    execute_script(
+        db,
+        """
+ALTER TABLE call_started ADD COLUMN call_sha256 TEXT;  -- of [tool, arguments]; NULL: older rows
+ALTER TABLE call_started ADD COLUMN arguments_bytes INTEGER;  -- the whole's length
+ALTER TABLE call_ended ADD COLUMN result_sha256 TEXT;
+ALTER TABLE call_ended ADD COLUMN result_bytes INTEGER;
+ALTER TABLE find_tool_calls ADD COLUMN query_sha256 TEXT;
+ALTER TABLE find_tool_calls ADD COLUMN query_bytes INTEGER;
+ALTER TABLE find_tool_calls ADD COLUMN result_bytes INTEGER;
+CREATE TABLE audit_prunes (
+    id INTEGER PRIMARY KEY,
+    before TEXT NOT NULL,  -- rows older than this were deleted
+    rows INTEGER NOT NULL,
+    at TEXT NOT NULL
+);
+DROP VIEW calls;
+CREATE VIEW calls AS
+    SELECT s.session, s.call_id, s.tool, s.arguments, s.started_at, e.status, e.result,
+        e.ended_at, s.call_sha256, e.result_bytes
+    FROM call_started AS s LEFT JOIN call_ended AS e USING (session, call_id);
+"""
+        + append_only_triggers("audit_prunes")
+        + _prunable_triggers(),
+    )
+
+
 STATUSES: frozenset[str] = frozenset(get_args(CallStatus))
 
 
@@ -78,19 +137,57 @@ def utc_now() -> datetime:
     return datetime.now(UTC)
 
 
+def open_audit_log(settings: BrokerSettings) -> "AuditLog":
+    """The audit log that ``settings`` name, with their bounds."""
+    bounds = AuditBounds(
+        excerpt_bytes=settings.audit_excerpt_bytes,
+        result_bytes=settings.audit_result_bytes,
+        session_bytes_per_minute=settings.audit_session_bytes_per_minute,
+        bytes_per_minute=settings.audit_bytes_per_minute,
+    )
+    return AuditLog.open(settings.audit_db, bounds=bounds)
+
+
+def prune_audit_log(audit: "AuditLog", days: float) -> int:
+    """Prune the rows older than ``days`` days; how many were deleted."""
+    return audit.prune(utc_now() - timedelta(days=days))
+
+
 class AuditLogError(BrokerError):
     """The audit database cannot be opened or written."""
+
+
+@dataclass(frozen=True)
+class AuditBounds:
+    """What the box's requests may make the audit log store (``BrokerSettings``' audit_*)."""
+
+    excerpt_bytes: int = 4096
+    result_bytes: int = 80 * 1024
+    session_bytes_per_minute: int = 1024 * 1024
+    bytes_per_minute: int = 16 * 1024 * 1024
 
 
 class AuditLog:
     """Append-only record of every find_tool and call_tool, in one SQLite file."""
 
-    def __init__(self, connection: sqlite3.Connection, clock: Callable[[], datetime]) -> None:
+    def __init__(
+        self,
+        connection: sqlite3.Connection,
+        clock: Callable[[], datetime],
+        bounds: AuditBounds = AuditBounds(),
+    ) -> None:
         self._db = connection
         self._clock = clock
+        self._bounds = bounds
+        self._budget = WriteBudget(bounds.session_bytes_per_minute, bounds.bytes_per_minute)
 
     @classmethod
-    def open(cls, path: Path, clock: Callable[[], datetime] = utc_now) -> "AuditLog":
+    def open(
+        cls,
+        path: Path,
+        clock: Callable[[], datetime] = utc_now,
+        bounds: AuditBounds = AuditBounds(),
+    ) -> "AuditLog":
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             # Autocommit: every write below is one statement, durable when it returns.
@@ -106,16 +203,30 @@ class AuditLog:
         except (sqlite3.Error, MigrationError) as exc:
             connection.close()
             raise AuditLogError(f"{path}: cannot open the audit database: {exc}") from exc
-        return cls(connection, clock)
+        return cls(connection, clock, bounds)
 
     def close(self) -> None:
         self._db.close()
 
     def record_find(self, session: str, query: str, names: Sequence[str], result: str) -> None:
+        asked, said = self._bounded(
+            session,
+            excerpt(query, self._bounds.excerpt_bytes),
+            excerpt(result, self._bounds.result_bytes),
+        )
         self._write(
-            "INSERT INTO find_tool_calls (session, query, names, result, at) "
-            "VALUES (?, ?, ?, ?, ?)",
-            (session, query, json.dumps(list(names)), result, self._now()),
+            "INSERT INTO find_tool_calls (session, query, names, result, at, query_sha256, "
+            "query_bytes, result_bytes) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+            (
+                session,
+                asked.text,
+                json.dumps(list(names)),
+                said.text,
+                self._now(),
+                asked.sha256,
+                asked.size,
+                said.size,
+            ),
         )
 
     def shown_names(self, session: str) -> frozenset[str]:
@@ -129,23 +240,72 @@ class AuditLog:
 
     def record_start(self, request: CallRequest) -> None:
         """Claim the key before the tool runs; a second claim of one key fails."""
+        (arguments,) = self._bounded(
+            request.session, excerpt(request.arguments, self._bounds.excerpt_bytes)
+        )
         self._write(
-            "INSERT INTO call_started (session, call_id, tool, arguments, started_at) "
-            "VALUES (?, ?, ?, ?, ?)",
-            (request.session, request.call_id, request.name, request.arguments, self._now()),
+            "INSERT INTO call_started (session, call_id, tool, arguments, started_at, "
+            "call_sha256, arguments_bytes) VALUES (?, ?, ?, ?, ?, ?, ?)",
+            (
+                request.session,
+                request.call_id,
+                request.name,
+                arguments.text,
+                self._now(),
+                request.sha256,
+                arguments.size,
+            ),
         )
 
     def record_end(self, session: str, call_id: str, status: CallStatus, result: str) -> None:
+        (kept,) = self._bounded(session, excerpt(result, self._bounds.result_bytes))
         self._write(
-            "INSERT INTO call_ended (session, call_id, status, result, ended_at) "
-            "VALUES (?, ?, ?, ?, ?)",
-            (session, call_id, status, result, self._now()),
+            "INSERT INTO call_ended (session, call_id, status, result, ended_at, result_sha256, "
+            "result_bytes) VALUES (?, ?, ?, ?, ?, ?, ?)",
+            (session, call_id, status, kept.text, self._now(), kept.sha256, kept.size),
         )
+
+    def prune(self, older_than: datetime) -> int:
+        """Delete the rows older than ``older_than``, recording the cutoff first; how many."""
+        before = older_than.astimezone(UTC).isoformat(timespec="milliseconds")
+        try:
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                # A call's start row goes only with its end row (or when it has none).
+                where = {
+                    "call_ended": "ended_at < :before",
+                    "call_started": "started_at < :before AND NOT EXISTS (SELECT 1 FROM "
+                    "call_ended AS e WHERE e.session = call_started.session AND e.call_id = "
+                    "call_started.call_id AND e.ended_at >= :before)",
+                    "find_tool_calls": "at < :before",
+                }
+                counted = {"before": before}
+                rows = sum(
+                    int(
+                        self._db.execute(f"SELECT count(*) FROM {t} WHERE {w}", counted).fetchone()[
+                            0
+                        ]
+                    )
+                    for t, w in where.items()
+                )
+                self._db.execute(
+                    "INSERT INTO audit_prunes (before, rows, at) VALUES (?, ?, ?)",
+                    (before, rows, self._now()),
+                )
+                for table, condition in where.items():
+                    self._db.execute(f"DELETE FROM {table} WHERE {condition}", counted)
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+            self._db.execute("COMMIT")
+        except sqlite3.Error as exc:
+            raise AuditLogError(f"cannot prune the audit log: {exc}") from exc
+        return rows
 
     def recorded_call(self, session: str, call_id: str) -> RecordedCall | None:
         row = self._db.execute(
-            "SELECT session, call_id, tool, arguments, started_at, status, result, ended_at "
-            "FROM calls WHERE session = ? AND call_id = ?",
+            "SELECT session, call_id, tool, arguments, started_at, status, result, ended_at, "
+            "call_sha256, result_bytes FROM calls WHERE session = ? AND call_id = ?",
             (session, call_id),
         ).fetchone()
         if row is None:
@@ -154,6 +314,14 @@ class AuditLog:
         if status is not None and status not in STATUSES:
             raise AuditLogError(f"call {call_id!r} has an unknown recorded status {status!r}")
         return RecordedCall(*row)
+
+    def _bounded(self, session: str, *fields: Excerpt) -> tuple[Excerpt, ...]:
+        """The excerpts as stored: whole, or reduced to no text past the write budget."""
+        size = sum(len(field.text.encode("utf-8", "surrogatepass")) for field in fields)
+        minute = int(self._clock().timestamp() // 60)
+        if self._budget.allow(session, size, minute):
+            return fields
+        return tuple(reduced(field) for field in fields)
 
     def _write(self, sql: str, parameters: Sequence[object]) -> None:
         try:

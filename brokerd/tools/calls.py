@@ -7,6 +7,7 @@ key seen before is answered from the audit log (its recorded result, or "interru
 started and never finished) instead of being run again.
 """
 
+import json
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,6 +21,7 @@ from brokerd.tools.arguments import (
     schema_problems,
 )
 from brokerd.tools.argv import build_argv
+from brokerd.tools.auditbounds import sha256
 from brokerd.tools.catalogue import Catalogue, CommandRun, ToolSpec
 from brokerd.tools.errors import ArgvError
 from brokerd.tools.paths import place_paths
@@ -34,6 +36,11 @@ class CallRequest:
     call_id: str
     name: str
     arguments: str
+
+    @property
+    def sha256(self) -> str:
+        """What identifies the call for idempotency (the audit log keeps only excerpts)."""
+        return sha256(json.dumps([self.name, self.arguments], ensure_ascii=False))
 
 
 @dataclass(frozen=True)
@@ -105,6 +112,8 @@ class RecordedCall:
     status: CallStatus | None = None
     result: str | None = None
     ended_at: str | None = None
+    call_sha256: str | None = None  # None: a row from before excerpts (its arguments whole)
+    result_bytes: int | None = None  # the whole result's length, when it was recorded
 
 
 @dataclass(frozen=True)
@@ -145,7 +154,12 @@ Decision = Run | Wait | Replay | Interrupted | Conflict
 def decide(recorded: RecordedCall | None, request: CallRequest, running_here: bool) -> Decision:
     if recorded is None:
         return Run()
-    if (recorded.tool, recorded.arguments) != (request.name, request.arguments):
+    same = (
+        recorded.call_sha256 == request.sha256
+        if recorded.call_sha256 is not None
+        else (recorded.tool, recorded.arguments) == (request.name, request.arguments)
+    )
+    if not same:
         # Only that the id was used: quoting the earlier call would show its tool and arguments
         # to anyone who guesses a session's call id.
         return Conflict(
@@ -153,7 +167,9 @@ def decide(recorded: RecordedCall | None, request: CallRequest, running_here: bo
             "another call; a retry must repeat the same call, and a new call needs a new call id"
         )
     if recorded.status is not None and recorded.result is not None:
-        return Replay(recorded.result, recorded.status)
+        return Replay(
+            wording.recorded_result(recorded.result, recorded.result_bytes), recorded.status
+        )
     if running_here:
         return Wait()
     return Interrupted(wording.interrupted(recorded.tool, recorded.call_id))

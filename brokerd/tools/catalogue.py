@@ -21,6 +21,7 @@ import jsonschema
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from brokerd.tools.errors import CatalogueError
+from loopd.schemas import check_schema
 
 TOOL_NAME_PATTERN = r"^[a-z][a-z0-9_]{0,63}$"
 # An MCP server's tool: "<server>.<tool part>" (``brokerd.mcp.names``); never a catalogue file's.
@@ -181,7 +182,7 @@ def _decode(source: str, text: str, file_format: str) -> object:
 
 def _check_parameters(source: str, parameters: Mapping[str, Any]) -> None:
     try:
-        jsonschema.Draft202012Validator.check_schema(parameters)
+        check_schema(dict(parameters))
     except jsonschema.SchemaError as exc:
         where = "/".join(str(part) for part in exc.absolute_path) or "(root)"
         raise CatalogueError(

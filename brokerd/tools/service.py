@@ -19,7 +19,7 @@ from brokerd.confine import (
     hidden_paths,
 )
 from brokerd.tools import wording
-from brokerd.tools.audit import AuditLog, AuditLogError
+from brokerd.tools.audit import AuditLog, AuditLogError, open_audit_log, prune_audit_log
 from brokerd.tools.builtins import BUILTINS, BuiltinContext, BuiltinHandler, WebTransport
 from brokerd.tools.calls import (
     CallRequest,
@@ -103,7 +103,14 @@ class ToolBroker:
         (``hidden``, plus the audit log).
         """
         catalogue = load_catalogue(settings.catalogue_dir, BUILTINS.keys())
-        audit = AuditLog.open(settings.audit_db)
+        audit = open_audit_log(settings)
+        if settings.audit_retention_days is not None:
+            pruned = prune_audit_log(audit, settings.audit_retention_days)
+            logger.info(
+                "audit log: pruned %d rows older than %g days",
+                pruned,
+                settings.audit_retention_days,
+            )
         try:
             confiner = cls._confiner_for(catalogue, settings, hidden)
             servers = cls._mcp_servers(mcp, settings, hidden)

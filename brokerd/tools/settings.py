@@ -18,6 +18,37 @@ class BrokerSettings(BaseModel):
     audit_db: Path = Field(
         description="SQLite file of the append-only audit log (created if absent)."
     )
+    audit_retention_days: float | None = Field(
+        default=None,
+        gt=0,
+        description=(
+            "Audit rows older than this many days are deleted by `brokerd audit prune` and when "
+            "brokerd starts (the cutoff recorded first); unset keeps every row."
+        ),
+    )
+    audit_excerpt_bytes: int = Field(
+        default=4096,
+        ge=0,
+        le=1024 * 1024,
+        description="First bytes of a find_tool query or a call's arguments the audit log keeps "
+        "(with the whole's length and sha256).",
+    )
+    audit_result_bytes: int = Field(
+        default=80 * 1024,
+        ge=0,
+        le=64 * 1024 * 1024,
+        description="First bytes of a result the audit log keeps (a replay shows these).",
+    )
+    audit_session_bytes_per_minute: int = Field(
+        default=1024 * 1024,
+        ge=0,
+        description="Text one session's rows may store per minute; past it rows keep no text.",
+    )
+    audit_bytes_per_minute: int = Field(
+        default=16 * 1024 * 1024,
+        ge=0,
+        description="Text all sessions' rows may store per minute; past it rows keep no text.",
+    )
     catalogue_dir: Path = Field(
         default=DEFAULT_CATALOGUE_DIR, description="Folder of tool definitions, one file per tool."
     )

@@ -115,6 +115,17 @@ def outcome_result(name: str, outcome: ToolOutcome) -> str:
     )
 
 
+def recorded_result(result: str, whole_bytes: int | None) -> str:
+    """A recorded result for a replay; the audit log may have kept only its first bytes."""
+    kept = len(result.encode("utf-8", "surrogatepass"))
+    if whole_bytes is None or whole_bytes <= kept:
+        return result
+    return (
+        f"{result}\n[brokerd's audit log kept {kept} of this result's {whole_bytes} bytes; "
+        "the rest is not shown again]"
+    )
+
+
 def interrupted(name: str, call_id: str) -> str:
     return (
         f"call_tool {quoted(name)} (call id {quoted(call_id)}) was started earlier, but brokerd "

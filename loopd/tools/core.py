@@ -15,9 +15,9 @@ from pathlib import Path
 from typing import Any
 
 import anyio
-from jsonschema import Draft202012Validator
 from jsonschema.exceptions import best_match
 
+from loopd.schemas import validator
 from loopd.tools import files
 from loopd.tools.command import Sandbox, check_protected_paths, render_outcome, run_command
 from loopd.tools.errors import NotACoreToolError, ToolFailure, ToolsSpecError
@@ -109,7 +109,7 @@ def parse_arguments(name: str, arguments: str, schema: dict[str, Any]) -> dict[s
         ) from None
     except RecursionError:
         raise ToolFailure(f"{name}: the arguments are nested too deeply") from None
-    error = best_match(Draft202012Validator(schema).iter_errors(value))
+    error = best_match(validator(schema).iter_errors(value))
     if error is not None:
         where = "".join(f"[{part!r}]" for part in error.absolute_path)
         at = f" at arguments{where}" if where else ""

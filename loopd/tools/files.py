@@ -15,8 +15,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-import re2
-
+from loopd.linearregex import RegexError, compile_linear
 from loopd.tools.errors import ToolFailure
 from loopd.tools.limits import ToolLimits
 from loopd.tools.quota import free_bytes, usage
@@ -92,39 +91,16 @@ def _entry_line(entry: DirEntry) -> str:
     return f"{entry.name} (special file)"
 
 
-_REGEX_MAX_MEMORY = 8 << 20
-"""RE2's memory budget for one compiled pattern; a pattern needing more is refused."""
-
-_UNSUPPORTED = {
-    "invalid perl operator: (?=": "lookahead is not supported",
-    "invalid perl operator: (?!": "lookahead is not supported",
-    "invalid perl operator: (?<": "lookbehind is not supported",
-}
-
-
 def compile_regex(pattern: str) -> Any:
     """The pattern compiled by RE2, or a ``ToolFailure`` naming why it cannot be."""
-    options = re2.Options()
-    options.max_mem = _REGEX_MAX_MEMORY
-    options.log_errors = False  # the model reads the reason; nothing goes to loopd's stderr
     try:
-        return re2.compile(pattern, options)
-    except re2.error as exc:
-        raise ToolFailure(describe_regex_error(pattern, exc.args[0] if exc.args else "")) from None
-
-
-def describe_regex_error(pattern: str, reason: object) -> str:
-    why = reason.decode("utf-8", "replace") if isinstance(reason, bytes) else str(reason)
-    why = why or "it does not compile"
-    feature = next((name for key, name in _UNSUPPORTED.items() if why.startswith(key)), None)
-    if feature is None and why.startswith("invalid escape sequence: \\") and why[-1:].isdigit():
-        feature = "backreferences are not supported"
-    unsupported = f" ({feature})" if feature else ""
-    return (
-        f"search_files: the regex {pattern!r} cannot be used: {why}{unsupported}. search_files "
-        "uses RE2 syntax, which has no backreferences or lookaround so that every search runs in "
-        "linear time; use a simpler pattern, or regex=false for a plain substring"
-    )
+        return compile_linear(pattern)
+    except RegexError as exc:
+        raise ToolFailure(
+            f"search_files: the regex {pattern!r} cannot be used: {exc}. search_files uses RE2 "
+            "syntax, which has no backreferences or lookaround so that every search runs in "
+            "linear time; use a simpler pattern, or regex=false for a plain substring"
+        ) from None
 
 
 def line_matcher(pattern: str, regex: bool) -> Callable[[str], bool]:

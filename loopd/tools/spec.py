@@ -14,10 +14,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from jsonschema import Draft202012Validator
 from jsonschema.exceptions import SchemaError
 
 from loopd.jsonbytes import dumps
+from loopd.schemas import check_schema
 from loopd.tools.errors import ToolsSpecError
 
 # The names the chat-completions API accepts for a function.
@@ -103,7 +103,7 @@ def _check_parameters(parameters: Any, where: str) -> dict[str, Any]:
     if not isinstance(parameters, dict) or parameters.get("type") != "object":
         raise ToolsSpecError(f'{where}: parameters must be a JSON Schema with "type": "object"')
     try:
-        Draft202012Validator.check_schema(parameters)
+        check_schema(parameters)
     except SchemaError as exc:
         path = "/".join(str(part) for part in exc.path) or "(top)"
         raise ToolsSpecError(

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from brokerd.tools.audit import AuditLog, AuditLogError
+from brokerd.tools.audit import MIGRATIONS, AuditLog, AuditLogError
 from brokerd.tools.calls import CallRequest, RecordedCall
 from tests.storage.storage_support import add_migration_record, copied_fixture, query, schema
 
@@ -38,8 +38,8 @@ def test_a_0_1_0_audit_log_reads_back_after_the_upgrade(old_audit: Path) -> None
         audit.record_end("alpha", "call_c1", "interrupted", "brokerd stopped")
     finally:
         audit.close()
-    assert query(old_audit, "SELECT name FROM _migrations") == [("m001_initial",)]
-    assert query(old_audit, "PRAGMA user_version") == [(1,)]
+    assert query(old_audit, "SELECT name FROM _migrations") == [(n,) for n in MIGRATIONS.names]
+    assert query(old_audit, "PRAGMA user_version") == [(len(MIGRATIONS.names),)]
 
 
 def test_an_upgraded_audit_log_has_the_schema_of_a_new_one(old_audit: Path, tmp_path: Path) -> None:
@@ -65,10 +65,14 @@ def test_the_audit_log_is_append_only(tmp_path: Path, statement: str) -> None:
 
 def test_an_audit_log_from_a_newer_brokerd_is_refused_in_one_line(old_audit: Path) -> None:
     AuditLog.open(old_audit).close()
-    add_migration_record(old_audit, "m002_later")
+    later = f"m{len(MIGRATIONS.names) + 1:03d}_later"
+    add_migration_record(old_audit, later)
     with pytest.raises(AuditLogError) as raised:
         AuditLog.open(old_audit)
     message = str(raised.value)
-    assert message.startswith(f"{old_audit}: cannot open the audit database: schema version 2")
-    assert "(m002_later)" in message
+    version = len(MIGRATIONS.names) + 1
+    assert message.startswith(
+        f"{old_audit}: cannot open the audit database: schema version {version}"
+    )
+    assert f"({later})" in message
     assert "\n" not in message
