@@ -17,6 +17,7 @@ import pytest
 from loopd.chat.outbox import TURN_PROP
 from loopd.chat.split import split_message
 from loopd.chat.threads import session_name
+from loopd.engine.notes import cut_note
 from loopd.sessionlog.records import EntryKind
 from loopd.sessionlog.store import SessionLog
 from loopd_dev import devserver
@@ -79,6 +80,17 @@ def logged_answer(env: Env, root_id: str) -> str:
     return content
 
 
+def posted_answer(env: Env, root_id: str) -> str:
+    """The answer as the thread shows it: the logged text, and the line saying it was cut when
+    the server ended it at max_tokens (loopd.engine.notes)."""
+    with SessionLog.open(env.settings.db_path, create=False) as log:
+        last = log.requests(session_name(root_id))[-1].record.perf
+    answer = logged_answer(env, root_id)
+    if last.extra.get("finish_reason") == "length":
+        answer += f"\n\n_{cut_note(last.predicted_n)}_"
+    return answer
+
+
 async def test_the_answer_post_is_written_as_the_model_writes(
     tmp_path: Path, sockets: Path, real_server: devserver.RunningServer
 ) -> None:
@@ -99,7 +111,7 @@ async def test_the_answer_post_is_written_as_the_model_writes(
                 await until(
                     lambda: env.status_posts_left(post.id) == [], "the status post to go", 30
                 )
-            answer = logged_answer(env, post.id)
+            answer = posted_answer(env, post.id)
             first = split_message(answer, mm.fake.config.max_post_size)[0]
             [post0, *_] = env.answers(post.id)
             edits = env.edits_of(post0.post_id)
