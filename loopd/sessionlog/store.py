@@ -747,6 +747,12 @@ class SessionLog:
         )
         return [rows.entry_from_row(row) for row in found]
 
+    def trace(self, callback: Callable[[str], None] | None) -> None:
+        """Pass each statement the log runs, its values filled in, to ``callback`` (None:
+        stop): how the query-plan test finds every query of a request's path."""
+        with self._lock:
+            self._conn.set_trace_callback(callback)
+
     def integrity_problems(self) -> list[str]:
         """SQLite's full integrity check; empty when the file is sound."""
         with self._reading():
