@@ -103,7 +103,7 @@ def recent_turns(entries: list[Entry]) -> list[Entry]:
     return entries[start:]
 
 
-RECENT_ENTRIES = 64  # the first read of ``thread_entries``; most threads need no more
+RECENT_ENTRIES = 16  # the first read of ``thread_entries``: a turn with a tool round or two
 
 
 def thread_entries(log: SessionLog, name: str) -> list[Entry]:
