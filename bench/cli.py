@@ -24,7 +24,7 @@ from pathlib import Path
 
 import anyio
 
-from bench import cache_reuse, hybrid, overhead, parsers, placement, pool, switching
+from bench import cache_reuse, hybrid, overhead, parsers, placement, pool, scale, switching
 from bench.errors import BenchError
 from bench.machine import describe, load_average
 from bench.plot import prompt_n_plot
@@ -64,6 +64,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "preset's cache reuse and switching, pinning on a unified pool, the hybrid model's losses",
     )
     parser.add_argument(
+        "--scale-only",
+        action="store_true",
+        help="only the scale section (loopd's own cost as a thread's log grows; no server)",
+    )
+    parser.add_argument(
         "--append",
         action="store_true",
         help="add the report below the day's earlier one instead of replacing it",
@@ -93,6 +98,8 @@ def main(argv: list[str] | None = None) -> int:
 def run(args: argparse.Namespace) -> Path:
     started, clock = datetime.now(), time.monotonic()
     load_before = load_average()
+    if args.scale_only:
+        return _scale_only(args, started)
     if library_parser() is None:
         log.info("%s is not installed: comparing with a line-by-line parser", REFERENCE_LIBRARY)
     reference = reference_parser()
@@ -118,6 +125,10 @@ def run(args: argparse.Namespace) -> Path:
         # A second report of the day is told apart by its start time, its plots by their names.
         title=started.strftime("%Y-%m-%d %H:%M") if args.append else "",
     )
+    log.info("scale: sessions of %s entries", ", ".join(map(str, scale.SIZES)))
+    results = replace(
+        results, scale=scale.render(scale.measure(command=args.command), scale.before())
+    )
     out: Path = args.out
     out.mkdir(parents=True, exist_ok=True)
     if not args.offline:
@@ -125,6 +136,17 @@ def run(args: argparse.Namespace) -> Path:
     results = _finished(results, clock)
     path = out / f"{results.date}.md"
     write_report(path, render(results), append=args.append)
+    return path
+
+
+def _scale_only(args: argparse.Namespace, started: datetime) -> Path:
+    """The scale section alone, beside the recorded run of the code before it (``scale``)."""
+    log.info("scale: sessions of %s entries", ", ".join(map(str, scale.SIZES)))
+    lines = scale.render(scale.measure(command=args.command), scale.before())
+    out: Path = args.out
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / f"{started.strftime('%Y-%m-%d')}-scale.md"
+    write_report(path, "\n".join(["# loopd benchmarks, scale", "", *lines, ""]), append=args.append)
     return path
 
 

@@ -56,6 +56,7 @@ class Results:
     pool: list[PoolRequest] | None = None
     hybrid: list[HybridRow] | None = None
     placement: list[PlacementRun] | None = None  # sessions across endpoints (bench/placement.py)
+    scale: list[str] = field(default_factory=list)  # its Markdown lines (bench/scale.py)
     command: str = COMMAND  # what made the report, as typed
     title: str = ""  # the report's heading; the date when empty
 
@@ -100,6 +101,8 @@ def render(results: Results) -> str:
     lines += [*_hybrid_section(results), ""]
     if results.placement:
         lines += [*placement_section(results.placement, results.date), ""]
+    if results.scale:
+        lines += [*results.scale, ""]
     return "\n".join(lines)
 
 

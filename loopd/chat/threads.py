@@ -41,6 +41,7 @@ from loopd.engine.turn import TurnOutcome
 from loopd.errors import LoopdError
 from loopd.sessionlog.errors import DiskFullError, LockedError
 from loopd.sessionlog.records import REPLAYED_KINDS, Entry, EntryKind
+from loopd.sessionlog.store import SessionLog
 from loopd.sessions import Runtime
 from loopd.turnstop import is_stop, record_stop, was_stopped
 
@@ -102,6 +103,28 @@ def recent_turns(entries: list[Entry]) -> list[Entry]:
     ends = [i for i, e in enumerate(entries) if ends_a_turn(e)]
     start = ends[-2] + 1 if len(ends) >= 2 else 0
     return entries[start:]
+
+
+RECENT_ENTRIES = 16  # the first read of ``thread_entries``: a turn with a tool round or two
+
+
+def thread_entries(log: SessionLog, name: str) -> list[Entry]:
+    """The session's recent entries, as many as the derivations above need: from just after an
+    assistant entry (where no summary is asked for) to the end, holding the latest answer and
+    the turn that ended before it. Read by index from the end, twice as many each time, so a
+    turn costs what the thread's last turns hold, not everything it ever logged."""
+    count = RECENT_ENTRIES
+    while True:
+        entries = log.latest_entries(name, count)
+        if len(entries) < count:
+            return entries  # the whole session
+        first = next((i for i, e in enumerate(entries) if e.kind is EntryKind.ASSISTANT), None)
+        if first is not None:
+            tail = entries[first + 1 :]
+            answer = latest_answer(tail)
+            if answer is not None and any(ends_a_turn(e) for e in tail if e.seq < answer.seq):
+                return tail
+        count *= 2
 
 
 def passes_on_its_own(exc: BaseException) -> bool:
@@ -324,7 +347,7 @@ class Threads:
         if channel is None:
             log.error("no channel recorded for %s; its turn cannot be answered", name)
             return
-        entries = self.runtime.log.entries(name)
+        entries = thread_entries(self.runtime.log, name)
         self.outbox.client.mentionable[root_of(name)] = thread_people(entries)
         replayed = [e for e in entries if e.kind in REPLAYED_KINDS]
         posts = TurnPosts(
@@ -380,7 +403,7 @@ class Threads:
             stop = self._record_stop(name, who)
             await self._close_stopped(name, channel, running, stop, who)
         elif outcome.failure is not None:
-            broken = self.runtime.log.entries(name)[-1].seq
+            broken = self.runtime.log.latest_entries(name, 1)[-1].seq
             await self.outbox.post_once(
                 f"{name}#{broken}:failed",
                 channel,
@@ -464,7 +487,7 @@ class Threads:
     async def deliver(self, name: str, notices: list[str] | None = None) -> None:
         """Post the session's latest answer unless it is already in the thread: into the turn's
         answer post, written as it streamed, with any further parts as new posts."""
-        entries = self.runtime.log.entries(name)
+        entries = thread_entries(self.runtime.log, name)
         self.outbox.client.mentionable[root_of(name)] = thread_people(entries)
         last = latest_answer(entries)
         if last is None or last.message is None:
@@ -509,7 +532,7 @@ class Threads:
         """Take away what earlier turns (and runs of them cut short) left: status posts, and
         answer posts that became nothing (the turn failed, or the answer went out as new posts).
         How many are still up (Mattermost away): every later tidy-up tries them again."""
-        for entry in recent_turns(self.runtime.log.entries(name)):
+        for entry in recent_turns(thread_entries(self.runtime.log, name)):
             for suffix in (STATUS, DRAFT):
                 # A post whose create was cut short (a kill, a stop) is found by its key.
                 try:

@@ -123,7 +123,7 @@ class MoveWarmer:
     async def _prewarm(self, server: Server, name: str, slot: int) -> PrewarmResult:
         session = self.runtime.log.get_session(name)
         turn = self.endpoints.aim(self.runtime, server, session, lambda status: None)
-        prev = previous_request(self.runtime.log.requests(name))
+        prev = previous_request(self.runtime.log.latest_request(name, counted=True))
         moved = prev if prev is not None and endpoint_changed(prev.endpoint, server.name) else None
         with request_scope(name):
             result = await server.prewarmer.prewarm(

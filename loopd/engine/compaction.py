@@ -196,16 +196,6 @@ def notice(old_epoch: int, new_epoch: int) -> str:
     )
 
 
-def previous_in_epoch(requests: Sequence[Request], epoch: int) -> Request | None:
-    """The epoch's last request the server reported counts for (a prompt it read)."""
-    for request in reversed(requests):
-        record = request.record
-        counted = record.perf.cache_n is not None and record.perf.prompt_n is not None
-        if record.epoch == epoch and record.kind is not RequestKind.SELFTEST and counted:
-            return request
-    return None
-
-
 def known_size(request: Request, messages: Sequence[str]) -> tuple[int, list[str]]:
     """The tokens the server held after ``request`` and the messages appended since.
 
@@ -313,12 +303,9 @@ class Compactor:
             verdict = judge(size.tokens, n_ctx, self.rules, turn_start=turn_start, exact=True)
         if verdict is not Verdict.COMPACT:
             return None
-        requests = turn.log.requests(turn.session)
-        has_turns = any(
-            r.record.epoch == epoch.number and r.record.kind in _TURN_KINDS for r in requests
-        )
+        has_turns = turn.log.latest_request(turn.session, epoch=epoch.number, kinds=_TURN_KINDS)
         if (
-            not has_turns
+            has_turns is None
             and size.tokens + self.rules.answer_room(n_ctx) + self.rules.margin <= n_ctx
         ):
             return None  # a fresh epoch past the threshold: nothing to summarise yet, and it fits
@@ -331,7 +318,8 @@ class Compactor:
         """The next prompt's size: known from the previous request plus an upper bound for what
         was appended since, or, in an epoch with no request yet, an upper bound for all of it."""
         messages = turn.log.replay_messages(turn.session)
-        previous = previous_in_epoch(turn.log.requests(turn.session), epoch.number)
+        # The epoch's last request the server reported counts for (a prompt it read).
+        previous = turn.log.latest_request(turn.session, epoch=epoch.number, counted=True)
         if previous is None:
             bound = upper_bound_tokens(epoch.tools_text) + sum(map(upper_bound_tokens, messages))
             return Size(bound, exact=False)
@@ -423,4 +411,4 @@ async def _byte_count(text: str) -> int:
 
 
 def _epoch_entries(turn: Turn, epoch: Epoch) -> list[Entry]:
-    return [e for e in turn.log.entries(turn.session) if e.fields.epoch_number == epoch.number]
+    return turn.log.epoch_entries(turn.session, epoch.number)

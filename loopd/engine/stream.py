@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import time
 from collections.abc import Callable
 from contextlib import AsyncExitStack
@@ -208,7 +209,9 @@ class StatusThrottle:
     """Passes a status on when it says something new, without flooding the receiver.
 
     A new phase (or a new tool) goes through at once; a changed figure within the same phase (a
-    percentage, a token count) at most once per ``interval_s``; a repeat never.
+    percentage, a token count) at most once per ``interval_s``; a repeat never. ``offer``
+    builds the status only when one of its kind is due: the answer's text so far is joined
+    once per interval, not once per token.
     """
 
     def __init__(
@@ -224,11 +227,16 @@ class StatusThrottle:
         self._at = 0.0
 
     def __call__(self, status: Status) -> None:
+        self.offer(status.phase, status.tool, lambda: status)
+
+    def offer(self, phase: Phase, tool: str | None, make: Callable[[], Status]) -> None:
+        """A status of ``phase`` (and ``tool``), built by ``make`` if it is to be sent."""
         last, now = self._last, self._clock()
-        if status == last:
-            return
-        same_kind = last is not None and (last.phase, last.tool) == (status.phase, status.tool)
+        same_kind = last is not None and (last.phase, last.tool) == (phase, tool)
         if same_kind and now - self._at < self._interval_s:
+            return
+        status = make()
+        if status == last:
             return
         self._last, self._at = status, now
         self._report(status)
@@ -431,7 +439,7 @@ class _Reader:
         client: InferenceClient,
         events: EventStream,
         limits: Limits,
-        report: StatusCallback,
+        report: StatusThrottle,
         result: RequestResult,
     ) -> None:
         self.client = client
@@ -442,18 +450,24 @@ class _Reader:
         self.cap = ThinkCap(limits.think_cap, limits.think_grace)
 
     async def read(self) -> None:
-        while True:
-            with anyio.move_on_after(self.limits.silence_s) as silence:
+        # One deadline for the whole stream, moved on by each chunk (a scope per read costs
+        # more than the read itself on a fast model).
+        silence_s = self.limits.silence_s
+        with anyio.CancelScope(deadline=anyio.current_time() + silence_s) as silence:
+            while True:
                 events = await self.events.receive()
-            if silence.cancelled_caught:
-                self.result.fail(
-                    Failure.SILENCE,
-                    f"llama-server at {self.client.url} went silent for "
-                    f"{self.limits.silence_s:g} s mid-stream; the connection was closed",
-                )
-                return
-            if self._apply(events) or self.events.at_end or not await self._follow_cap():
-                return
+                if self._apply(events) or self.events.at_end:
+                    return
+                silence.deadline = math.inf  # the control call has limits of its own
+                if not await self._follow_cap():
+                    return
+                silence.deadline = anyio.current_time() + silence_s
+        if silence.cancelled_caught:
+            self.result.fail(
+                Failure.SILENCE,
+                f"llama-server at {self.client.url} went silent for "
+                f"{silence_s:g} s mid-stream; the connection was closed",
+            )
 
     def _apply(self, events: list[StreamEvent]) -> bool:
         """Fold the events in; True when the stream is over or can no longer be trusted."""
@@ -499,15 +513,21 @@ async def _end_reasoning(client: InferenceClient, asm: StreamAssembler) -> str:
         return f"control call failed: {exc}"
 
 
-def _report_event(event: StreamEvent, asm: StreamAssembler, report: StatusCallback) -> None:
+def _report_event(event: StreamEvent, asm: StreamAssembler, report: StatusThrottle) -> None:
+    # The text so far is joined only when the throttle sends a status (``offer``).
     match event:
         case Progress(total, cache, processed, _):
             fresh = max(total - cache, 1)
-            report(Status(Phase.READING, percent=int(100 * (processed - cache) / fresh)))
+            percent = int(100 * (processed - cache) / fresh)
+            report(Status(Phase.READING, percent=percent))
         case ReasoningDelta():
-            report(Status(Phase.THINKING, tokens=asm.thinking_tokens, text=asm.reasoning))
+            report.offer(
+                Phase.THINKING,
+                None,
+                lambda: Status(Phase.THINKING, tokens=asm.thinking_tokens, text=asm.reasoning),
+            )
         case ContentDelta():
-            report(Status(Phase.ANSWERING, text=asm.content))
+            report.offer(Phase.ANSWERING, None, lambda: Status(Phase.ANSWERING, text=asm.content))
         case ToolCallDelta(name=name) if name:
             report(Status(Phase.TOOL_CALL, tool=name))
         case _:

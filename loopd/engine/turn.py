@@ -137,51 +137,46 @@ class Attempt:
     result: RequestResult
 
 
-def previous_request(requests: Sequence[Request]) -> PrevRequest | None:
-    """The cache-loss rule's view of the last request that reached the session's slot.
-
-    Self-tests send their own prompts, and a request the server never streamed for (a 4xx, a
-    refused connection), or one that broke before the server counted a prompt token, left the
-    slot as it was: they are passed over.
+def previous_request(request: Request | None) -> PrevRequest | None:
+    """The cache-loss rule's view of the last request that reached the session's slot: the
+    session's latest ``counted`` one (``SessionLog.latest_request``). Self-tests send their own
+    prompts, and a request the server never streamed for (a 4xx, a refused connection), or one
+    that broke before the server counted a prompt token, left the slot as it was: all are passed
+    over by that query.
     """
-    for request in reversed(requests):
-        record, perf = request.record, request.record.perf
-        if record.kind is RequestKind.SELFTEST or perf.cache_n is None or perf.prompt_n is None:
-            continue
-        if perf.outcome != "complete" and perf.cache_n + perf.prompt_n == 0:
-            continue
-        return PrevRequest(
-            epoch_id=record.epoch,
-            slot=record.slot,
-            cache_n=perf.cache_n,
-            prompt_n=perf.prompt_n,
-            predicted_n=perf.predicted_n or 0,
-            complete=perf.outcome == "complete",
-            capped=perf.capped,
-            had_reasoning=bool(perf.extra.get("had_reasoning")),
-            request_id=request.id,
-            messages_sha256=record.messages_sha256,
-            endpoint=perf.extra.get("endpoint"),
-        )
-    return None
+    perf = None if request is None else request.record.perf
+    if request is None or perf is None or perf.cache_n is None or perf.prompt_n is None:
+        return None
+    record = request.record
+    return PrevRequest(
+        epoch_id=record.epoch,
+        slot=record.slot,
+        cache_n=perf.cache_n,
+        prompt_n=perf.prompt_n,
+        predicted_n=perf.predicted_n or 0,
+        complete=perf.outcome == "complete",
+        capped=perf.capped,
+        had_reasoning=bool(perf.extra.get("had_reasoning")),
+        request_id=request.id,
+        messages_sha256=record.messages_sha256,
+        endpoint=perf.extra.get("endpoint"),
+    )
 
 
-def shared_head_bound(requests: Sequence[Request], epoch: int) -> int:
+def shared_head_bound(first: Request | None) -> int:
     """At most this many tokens begin every prompt of the epoch's sessions alike.
 
     Every session of the epoch begins with its system text and tools as the template renders
     them, the template's own text around the tools included (on the hybrid preset a 233-byte
     system text and tool came to 370 tokens: the bench's switching section), so the bytes of
     the texts do not bound it. The session's first prompt of the epoch does: that head and at
-    least one token of its first message. 0 while no request of the epoch has timings.
+    least one token of its first message (``first``: the epoch's first ``counted`` request,
+    ``SessionLog.latest_request``). 0 while no request of the epoch has timings.
     """
-    for request in requests:
-        record, perf = request.record, request.record.perf
-        if record.kind is RequestKind.SELFTEST or record.epoch != epoch:
-            continue
-        if perf.cache_n is not None and perf.prompt_n is not None:
-            return max(perf.cache_n + perf.prompt_n - 1, 0)
-    return 0
+    if first is None:
+        return 0
+    perf = first.record.perf
+    return max((perf.cache_n or 0) + (perf.prompt_n or 0) - 1, 0)
 
 
 @dataclass
@@ -213,13 +208,16 @@ class Turn:
     async def run(self) -> TurnOutcome:
         outcome = TurnOutcome(answer=None)
         kind = RequestKind.TURN
-        try:
-            for _ in range(self.max_rounds):
-                await self.round(kind, outcome)
-                kind = RequestKind.TOOL_FOLLOWUP
-            raise RoundsExhausted(self.max_rounds)
-        except TurnExit as way_out:
-            way_out.settle(outcome)
+        # Each request of the turn extends the previous one's messages; the session's text is
+        # let go when the turn ends.
+        with self.log.holding_replay(self.session):
+            try:
+                for _ in range(self.max_rounds):
+                    await self.round(kind, outcome)
+                    kind = RequestKind.TOOL_FOLLOWUP
+                raise RoundsExhausted(self.max_rounds)
+            except TurnExit as way_out:
+                way_out.settle(outcome)
         return outcome
 
     async def round(self, kind: RequestKind, outcome: TurnOutcome) -> None:
@@ -333,7 +331,7 @@ class Turn:
         timings = result.assembler.timings
         if timings is None:
             return Loss(0, 0, LossCause.NONE)  # it broke before the server said anything
-        prev = previous_request(self.log.requests(self.session))
+        prev = previous_request(self.log.latest_request(self.session, counted=True))
         return cache_loss(
             prev,
             epoch_id=epoch.number,
@@ -356,7 +354,9 @@ class Turn:
             pool_clears_idle_slots=self.pool_clears_idle_slots,
             slot_shared=others and self.pinned,
             other_session_ran=others and not self.pinned,
-            shared_head=shared_head_bound(self.log.requests(self.session), epoch.number),
+            shared_head=shared_head_bound(
+                self.log.latest_request(self.session, epoch=epoch.number, counted=True, first=True)
+            ),
             template_drops_reasoning=self.template_drops_reasoning,
             resend=digest == prev.messages_sha256,
             endpoint_changed=endpoint_changed(prev.endpoint, self.endpoint),

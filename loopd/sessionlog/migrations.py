@@ -99,5 +99,21 @@ def m001_initial(db: sqlite3.Connection) -> None:
     db.execute(f"PRAGMA application_id = {APPLICATION_ID}")
 
 
+_V2_INDEXES = """
+-- A session's state (its epoch's rows from the latest assistant entry on) and a compaction's
+-- read of its epoch: an indexed range of the epoch's rows, whatever else the file holds.
+CREATE INDEX IF NOT EXISTS entries_by_epoch ON entries (epoch_id, seq);
+CREATE INDEX IF NOT EXISTS entries_by_epoch_kind ON entries (epoch_id, kind, seq);
+-- The first and the last request of an epoch (the cache-loss rule, the prompt's known size).
+CREATE INDEX IF NOT EXISTS requests_by_epoch ON requests (epoch_id, id);
+"""
+
+
+@MIGRATIONS.step
+def m002_epoch_indexes(db: sqlite3.Connection) -> None:
+    """Indexes for the per-request reads, so that a request costs what is new, not the file."""
+    execute_script(db, _V2_INDEXES)
+
+
 def expected_triggers() -> frozenset[str]:
     return frozenset(f"{t}_no_{op}" for t in APPEND_ONLY_TABLES for op in ("update", "delete"))

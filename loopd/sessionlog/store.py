@@ -16,7 +16,7 @@ Settings, and why:
 import json
 import sqlite3
 import threading
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import replace
 from datetime import UTC, datetime
@@ -52,6 +52,7 @@ from loopd.sessionlog.records import (
     EntryKind,
     Epoch,
     Request,
+    RequestKind,
     RequestRecord,
     Session,
     SessionState,
@@ -63,6 +64,9 @@ _COPIED_KINDS = frozenset({EntryKind.USER, EntryKind.ASSISTANT, EntryKind.TOOL})
 
 WriteHook = Callable[[str], None]
 """Called after every write statement and every commit with a label; used by crash tests."""
+
+SESSION_KINDS = frozenset(RequestKind) - {RequestKind.SELFTEST}
+"""The requests that sent the session's own prompt (a self-test sends one of its own)."""
 
 
 def utc_now() -> str:
@@ -81,10 +85,12 @@ class SessionLog:
         self._on_write = on_write
         self._lock = threading.RLock()
         self._sessions: dict[str, Session] = {}
-        # Replayed messages per epoch id, with the last seq read: entries are never changed, so
-        # a build reads only the rows appended since (one request costs its new rows, not the
-        # whole session).
-        self._replayed: dict[int, tuple[int, list[str]]] = {}
+        # The replayed messages of each session whose turn is under way (``holding_replay``):
+        # its epoch id, the last seq read, the messages. Entries are never changed, so a build
+        # reads only the rows appended since (one request costs its new rows, not the whole
+        # epoch); an idle session holds none of its text.
+        self._replayed: dict[str, tuple[int, int, list[str]]] = {}
+        self._holds: dict[str, int] = {}
         self._savepoints = count()
 
     # -- opening and closing -------------------------------------------------------------------
@@ -552,6 +558,41 @@ class SessionLog:
             )
         return [rows.request_from_row(row) for row in found]
 
+    def latest_request(
+        self,
+        session: str,
+        *,
+        epoch: int | None = None,
+        kinds: Collection[RequestKind] = SESSION_KINDS,
+        counted: bool = False,
+        first: bool = False,
+    ) -> Request | None:
+        """The session's last request (``first``: its first) of one of ``kinds``, in ``epoch``
+        (its number) if given, and with the server's counts (``cache_n``, ``prompt_n``, not both
+        0 for a request that did not complete) if ``counted``; one indexed row, however many
+        requests the session made."""
+        where = ["r.session_id = ?", f"r.kind IN ({', '.join('?' * len(kinds))})"]
+        params: list[Any] = []
+        with self._reading():
+            target = self.get_session(session)
+            params = [target.id, *sorted(RequestKind(kind).value for kind in kinds)]
+            if epoch is not None:
+                where.append(
+                    "r.epoch_id = (SELECT id FROM epochs WHERE session_id = ? AND number = ?)"
+                )
+                params += [target.id, epoch]
+            if counted:  # a request that broke before the server counted a token left the slot
+                where.append(
+                    "r.cache_n IS NOT NULL AND r.prompt_n IS NOT NULL"
+                    " AND (r.outcome = 'complete' OR r.cache_n + r.prompt_n > 0)"
+                )
+            order = "ASC" if first else "DESC"
+            row = self._select_one(
+                f"{rows.REQUEST_SELECT} WHERE {' AND '.join(where)} ORDER BY r.id {order} LIMIT 1",
+                tuple(params),
+            )
+        return None if row is None else rows.request_from_row(row)
+
     def slot_used_since(self, slot: int | None, request_id: int, *, besides: str) -> bool:
         """Whether a request of a session other than ``besides`` ran on ``slot`` (None: on any
         slot) after the request ``request_id`` (the slot then held another prompt for a while)."""
@@ -584,25 +625,65 @@ class SessionLog:
         with self._reading():
             epoch = self._require_epoch(self.get_session(session))
             # Inside an open transaction rows may still be rolled back: read, but do not keep.
-            keep = not self._conn.in_transaction
-            last_seq, known = self._replayed.get(epoch.id, (-1, [])) if keep else (-1, [])
+            keep = session in self._holds and not self._conn.in_transaction
+            held = self._replayed.get(session) if keep else None
+            last_seq, known = (held[1], held[2]) if held and held[0] == epoch.id else (-1, [])
             found = self._conn.execute(
                 "SELECT seq, message FROM entries WHERE epoch_id = ? AND message IS NOT NULL"
                 " AND seq > ? ORDER BY seq",
                 (epoch.id, last_seq),
             ).fetchall()
-            if found:
-                # Plain tuples on this path: a request build reads it, and it names its columns.
-                known = known + [message for _, message in found]
-                if keep:
-                    self._replayed[epoch.id] = (found[-1][0], known)
+            # Plain tuples on this path: a request build reads it, and it names its columns.
+            known.extend(message for _, message in found)
+            if keep:
+                self._replayed[session] = (epoch.id, found[-1][0] if found else last_seq, known)
             return list(known)
+
+    @contextmanager
+    def holding_replay(self, session: str) -> Iterator[None]:
+        """Keep the session's replayed messages between requests while this lasts (a turn), so
+        that each build reads only what was appended since; dropped at the end. Nestable."""
+        with self._lock:
+            self._holds[session] = self._holds.get(session, 0) + 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._holds[session] -= 1
+                if not self._holds[session]:
+                    del self._holds[session]
+                    self._replayed.pop(session, None)
 
     def entries(self, session: str) -> list[Entry]:
         with self._reading():
             target = self.get_session(session)
             found = self._select(
                 f"{rows.ENTRY_SELECT} WHERE e.session_id = ? ORDER BY e.seq", (target.id,)
+            )
+        return [rows.entry_from_row(row) for row in found]
+
+    def latest_entries(
+        self, session: str, count: int, *, before_seq: int | None = None
+    ) -> list[Entry]:
+        """The session's last ``count`` entries (before ``before_seq``), in log order: a read
+        of what is recent, by index, however long the session is."""
+        with self._reading():
+            target = self.get_session(session)
+            found = self._select(
+                f"{rows.ENTRY_SELECT} WHERE e.session_id = ? AND e.seq < ?"
+                " ORDER BY e.seq DESC LIMIT ?",
+                (target.id, (1 << 62) if before_seq is None else before_seq, count),
+            )
+        return [rows.entry_from_row(row) for row in reversed(found)]
+
+    def epoch_entries(self, session: str, epoch: int) -> list[Entry]:
+        """The entries of the session's epoch ``epoch`` (its number), in log order."""
+        with self._reading():
+            target = self.get_session(session)
+            found = self._select(
+                f"{rows.ENTRY_SELECT} WHERE e.epoch_id = (SELECT id FROM epochs"
+                " WHERE session_id = ? AND number = ?) ORDER BY e.seq",
+                (target.id, epoch),
             )
         return [rows.entry_from_row(row) for row in found]
 
@@ -618,11 +699,13 @@ class SessionLog:
         """Each session with an answer, and the id of its latest assistant entry (entry ids grow
         with time, so the highest id is the most recently active session)."""
         with self._reading():
+            # One indexed row per session (its entries' ids grow with their seq).
             found = self._conn.execute(
-                "SELECT s.name, max(e.id) FROM sessions s JOIN entries e ON e.session_id = s.id"
-                " WHERE e.kind = 'assistant' GROUP BY s.id"
+                "SELECT s.name, (SELECT e.id FROM entries e WHERE e.session_id = s.id"
+                " AND e.kind = 'assistant' ORDER BY e.seq DESC LIMIT 1) AS last_id"
+                " FROM sessions s"
             ).fetchall()
-        return {name: last_id for name, last_id in found}
+        return {name: last_id for name, last_id in found if last_id is not None}
 
     def last_endpoints(self) -> dict[str, tuple[str, str]]:
         """Each session that sent a request naming its endpoint (``extra["endpoint"]``, where
@@ -656,13 +739,23 @@ class SessionLog:
             return [self.state(session.name) for session in self.sessions()]
 
     def _epoch_tail(self, epoch: Epoch) -> list[Entry]:
-        """The epoch's entries from its latest assistant entry on (all of them if none)."""
+        """The epoch's entries from its latest assistant entry on (all of them if none): two
+        indexed reads, of one row and of the tail."""
+        (since,) = self._conn.execute(
+            "SELECT coalesce(max(seq), 0) FROM entries WHERE epoch_id = ? AND kind = 'assistant'",
+            (epoch.id,),
+        ).fetchone()
         found = self._select(
-            f"{rows.ENTRY_SELECT} WHERE e.epoch_id = ? AND e.seq >= coalesce((SELECT max(seq)"
-            " FROM entries WHERE epoch_id = ? AND kind = 'assistant'), 0) ORDER BY e.seq",
-            (epoch.id, epoch.id),
+            f"{rows.ENTRY_SELECT} WHERE e.epoch_id = ? AND e.seq >= ? ORDER BY e.seq",
+            (epoch.id, since),
         )
         return [rows.entry_from_row(row) for row in found]
+
+    def trace(self, callback: Callable[[str], None] | None) -> None:
+        """Pass each statement the log runs, its values filled in, to ``callback`` (None:
+        stop): how the query-plan test finds every query of a request's path."""
+        with self._lock:
+            self._conn.set_trace_callback(callback)
 
     def integrity_problems(self) -> list[str]:
         """SQLite's full integrity check; empty when the file is sound."""

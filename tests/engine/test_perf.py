@@ -1,8 +1,11 @@
 """The cache-loss rule: expected reuse after exact replay, and the named causes of a loss."""
 
+from pathlib import Path
+
 from loopd.engine.perf import Circumstances, LossCause, PrevRequest, cache_loss
 from loopd.engine.turn import shared_head_bound
-from loopd.sessionlog.records import Perf, Request, RequestKind, RequestRecord
+from loopd.sessionlog.records import Perf, RequestKind, RequestRecord
+from loopd.sessionlog.store import SessionLog
 
 
 def prev(**overrides: object) -> PrevRequest:
@@ -145,27 +148,35 @@ def test_a_request_the_server_places_has_the_pools_causes() -> None:
     assert moved.cause is LossCause.CHECKPOINT
 
 
-def _request(epoch: int, cache_n: int | None, prompt_n: int | None, kind: RequestKind) -> Request:
+def _record(
+    epoch: int, cache_n: int | None, prompt_n: int | None, kind: RequestKind
+) -> RequestRecord:
     perf = Perf(outcome="complete", cache_n=cache_n, prompt_n=prompt_n, predicted_n=16)
-    return Request(0, 1, RequestRecord(kind, 0, epoch, 2, "", perf), "")
+    return RequestRecord(kind, 0, epoch, 2, "", perf)
 
 
-def test_the_shared_head_is_bounded_by_the_sessions_first_prompt_of_the_epoch() -> None:
+def test_the_shared_head_is_bounded_by_the_sessions_first_prompt_of_the_epoch(
+    tmp_path: Path,
+) -> None:
     """Measured on the hybrid preset (the bench's switching section): a 58-byte system text and
     a 175-byte tool rendered to a 370-token head, the template's text around the tools
     included. The session's first prompt held 596 tokens; a later request found only the head
     of another session's prompt in the slot (cache_n 370). A bound of a token per byte of the
     two texts (265 with the template's markers) left that loss unexplained."""
-    log = [
-        _request(1, 900, 40, RequestKind.TURN),  # an earlier epoch
-        _request(2, None, None, RequestKind.TURN),  # broke before the server said anything
-        _request(2, 0, 8, RequestKind.SELFTEST),  # the self-test's own prompt
-        _request(2, 0, 596, RequestKind.TURN),
-        _request(2, 592, 54, RequestKind.TURN),
-    ]
-    head = shared_head_bound(log, 2)
-    assert head == 595
-    assert shared_head_bound(log, 3) == 0
+    with SessionLog.open(tmp_path / "log.db") as log:
+        log.ensure_session("s", 0)
+        for epoch in (1, 2):
+            log.start_epoch("s", reason="test", tools_text="[]", system_text="system")
+            if epoch == 1:
+                log.record_request("s", _record(1, 900, 40, RequestKind.TURN))  # an earlier epoch
+        log.record_request("s", _record(2, None, None, RequestKind.TURN))  # broke before timings
+        log.record_request("s", _record(2, 0, 8, RequestKind.SELFTEST))  # its own prompt
+        log.record_request("s", _record(2, 0, 596, RequestKind.TURN))
+        log.record_request("s", _record(2, 592, 54, RequestKind.TURN))
+        first = log.latest_request("s", epoch=2, counted=True, first=True)
+        head = shared_head_bound(first)
+        assert head == 595
+        assert shared_head_bound(log.latest_request("s", epoch=3, counted=True, first=True)) == 0
     others = Circumstances(pinned=False, shared_head=head, other_session_ran=True)
     previous = prev(epoch_id=2, cache_n=592, prompt_n=54, predicted_n=16)
     loss = cache_loss(previous, epoch_id=2, slot=0, cache_n=370, around=others)

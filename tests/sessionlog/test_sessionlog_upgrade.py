@@ -35,10 +35,29 @@ def test_a_0_1_0_log_verifies_after_the_upgrade(old_log: Path) -> None:
     with SessionLog.open(old_log, create=False) as log:
         # The hash chain of 0.1.0, recomputed from the fields as read now: same order, same bytes.
         assert verify(log) == []
-    assert query(old_log, "SELECT name, applied_at FROM _migrations") == [
-        ("m001_initial", None)  # applied by 0.1.0, which counted it in user_version only
-    ]
-    assert query(old_log, "PRAGMA user_version") == [(1,)]
+    applied = query(old_log, "SELECT name, applied_at FROM _migrations ORDER BY name")
+    assert applied[0] == ("m001_initial", None)  # applied by 0.1.0, counted in user_version only
+    assert [name for name, _ in applied] == list(sessionlog_migrations.MIGRATIONS.names)
+    assert applied[1][1] is not None  # the indexes of the per-request reads, added on opening
+    assert query(old_log, "PRAGMA user_version") == [(len(applied),)]
+
+
+def test_the_upgrade_adds_the_indexes_of_the_per_request_reads(old_log: Path) -> None:
+    indexes = "SELECT name FROM sqlite_master WHERE type = 'index' AND sql IS NOT NULL"
+    before = {name for (name,) in query(old_log, indexes)}
+    with SessionLog.open(old_log, create=False) as log:
+        states = {name: log.state(name) for name in ("alpha", "beta")}
+        counted = [
+            r
+            for r in log.requests("alpha")
+            if r.record.kind is not RequestKind.SELFTEST and r.record.perf.cache_n is not None
+        ]
+        assert log.latest_request("alpha", counted=True) == counted[-1]
+        assert [e.seq for e in log.epoch_entries("alpha", 2)] == list(range(9, 17))
+    after = {name for (name,) in query(old_log, indexes)}
+    assert after - before == {"entries_by_epoch", "entries_by_epoch_kind", "requests_by_epoch"}
+    with SessionLog.open(old_log, create=False) as log:  # opened again: nothing more to do
+        assert {name: log.state(name) for name in ("alpha", "beta")} == states
 
 
 def test_a_0_1_0_log_reads_back_what_was_written(old_log: Path) -> None:
@@ -101,8 +120,11 @@ def test_an_upgraded_log_has_the_schema_of_a_new_one(old_log: Path, tmp_path: Pa
 
 def test_a_log_with_a_migration_this_loopd_does_not_know_is_refused(old_log: Path) -> None:
     SessionLog.open(old_log).close()
-    add_migration_record(old_log, "m002_later")
-    with pytest.raises(SchemaTooNewError, match=r"schema version 2 \(m002_later\) .* upgrade"):
+    add_migration_record(old_log, "m099_later")
+    newer = len(sessionlog_migrations.MIGRATIONS.names) + 1
+    with pytest.raises(
+        SchemaTooNewError, match=rf"schema version {newer} \(m099_later\) .* upgrade"
+    ):
         SessionLog.open(old_log)
 
 
