@@ -172,8 +172,8 @@ class Settings(configload.FileSettings):
         default=1024**3,
         ge=0,
         description="The most one session's workspace may hold, in bytes (0: no quota). A "
-        "command is stopped once the workspace passes it, and writes are refused until files "
-        "are deleted; each says so in one line.",
+        "command is stopped once it grows the workspace past it, and writes are refused until "
+        "files are deleted; each says so in one line.",
     )
     disk_reserve_bytes: int = Field(
         default=64 * 1024**2,

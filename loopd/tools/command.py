@@ -348,12 +348,18 @@ async def run_command(
     limits = limits or ToolLimits()
     quota = limits.quota
 
-    def passed() -> str | None:
-        return quota.passed(usage(workspace), free_bytes(workspace))
+    def measure() -> tuple[int, int]:
+        return usage(workspace), free_bytes(workspace)
 
-    room = await anyio.to_thread.run_sync(
-        lambda: quota.room(usage(workspace), free_bytes(workspace))
-    )
+    def passed() -> str | None:
+        return quota.passed(*measure())
+
+    started, free = await anyio.to_thread.run_sync(measure)
+
+    def stop() -> str | None:
+        return quota.stop(started, *measure())
+
+    room = quota.room(started, free)
     # No file may grow past the room left (none left: files can still be deleted).
     limits = replace(limits, command_max_file_bytes=min(limits.command_max_file_bytes, room))
     cgroup = None
@@ -365,7 +371,7 @@ async def run_command(
             workspace=workspace,
             timeout_s=timeout_s,
             output_max_bytes=output_max_bytes,
-            watch=passed,
+            watch=stop,
         )
         if outcome.quota is None:
             outcome = replace(outcome, quota=await anyio.to_thread.run_sync(passed))

@@ -10,7 +10,8 @@ log to record what happened, whatever a command does. loopd enforces both, outsi
   grow, but files can still be deleted), so no single file passes the quota;
 - while it runs, loopd measures the workspace and the free space every ``POLL_S`` (less often
   where measuring takes long: at most a tenth of the time), and stops the command once either is
-  passed (many files, each under the limit);
+  passed and the workspace holds more than when the command started (many files, each under the
+  limit): a command started past a bound runs on, so that it can delete files to make room;
 - write_file and edit_file refuse a write that would pass them;
 - every result over the quota says so in one line, naming the setting.
 
@@ -99,6 +100,12 @@ class Quota:
                 f"session log ({_RESERVE}): {after}"
             )
         return None
+
+    def stop(self, started: int, used: int, free: int) -> str | None:
+        """The line that stops a running command, or None: a bound passed while the workspace
+        holds more than the ``started`` bytes it held when the command began. What the workspace
+        and the disk held before is not the command's doing: it runs on, and may delete files."""
+        return self.passed(used, free) if used > started else None
 
     def refusal(self, used: int, free: int, adding: int) -> str | None:
         """Why writing ``adding`` more bytes is refused, or None."""

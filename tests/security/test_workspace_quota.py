@@ -30,7 +30,9 @@ from loopd.tools import (
 from loopd.tools.quota import RESERVE_FILE, RESERVE_FILE_BYTES, ReserveFile, usage
 
 QUOTA = 20 * 1024**2
-LIMITS = ToolLimits(workspace_max_bytes=QUOTA, command_timeout_max_s=120)
+# No reserve: what these limits allow depends on the quota alone, never on the free space of a
+# disk that other processes fill and empty (the reserve has a test of its own).
+LIMITS = ToolLimits(workspace_max_bytes=QUOTA, disk_reserve_bytes=0, command_timeout_max_s=120)
 TWELVE_FILES = (
     "for i in $(seq 12); do head -c 5000000 /dev/zero > f$i || echo f$i not written; done; "
     "echo wrote"
@@ -94,8 +96,11 @@ async def test_a_workspace_is_held_to_its_quota(
     assert text.startswith("refused: ")
     assert "LOOPD_WORKSPACE_MAX_BYTES" in text
     assert not (filler.workspace / "more.txt").exists()
-    ok, text = await call(filler, "run_command", {"command": "echo x > more.txt; echo $?"})
+    # A command in a workspace already past its quota is not stopped for what it found (it
+    # outlasts many measurements here): no file may grow, and it may delete files.
+    ok, text = await call(filler, "run_command", {"command": "sleep 1; echo x > more.txt; echo $?"})
     assert "File too large" in text, text
+    assert not text.startswith("[stopped"), text
 
     # Deleting files makes room again.
     ok, text = await call(filler, "run_command", {"command": "rm -f f*; echo gone"})
@@ -116,7 +121,7 @@ async def test_a_workspace_is_held_to_its_quota(
 
 @pytest.mark.attack(
     attack="A session's command leaves the disk of the workspaces without room for the session log",
-    input="LOOPD_DISK_RESERVE_BYTES above the free space of the disk; write_file and "
+    input="LOOPD_DISK_RESERVE_BYTES above the size of the disk; write_file and "
     "run_command writing a file",
     expected="write_file refused, the command's file cannot grow, one line naming "
     "LOOPD_DISK_RESERVE_BYTES",
@@ -124,19 +129,23 @@ async def test_a_workspace_is_held_to_its_quota(
 async def test_the_disk_keeps_a_reserve_for_the_session_log(
     tmp_path: Path, sandbox: Sandbox, observed: Callable[[str], None]
 ) -> None:
-    reserve = shutil.disk_usage(tmp_path).free + 1024**3  # more than is free: nothing may grow
+    # More than the whole disk: nothing may grow, however much other processes free meanwhile.
+    reserve = shutil.disk_usage(tmp_path).total + 1
     spec = load_tools_spec(CORE_TOOLS_FILE)
     workspace = tmp_path / "w"
     workspace.mkdir()
     limits = ToolLimits(disk_reserve_bytes=reserve)
     ctx = make_tool_context(workspace.resolve(), spec, sandbox, limits=limits)
     ok, written = await call(ctx, "write_file", {"path": "a.txt", "content": "hello"})
-    _, ran = await call(ctx, "run_command", {"command": "echo hello > b.txt; echo $?"})
+    # The disk is under its reserve as the command starts; it runs on (outlasting many
+    # measurements) and cannot grow a file.
+    _, ran = await call(ctx, "run_command", {"command": "sleep 1; echo hello > b.txt; echo $?"})
     observed(f"write_file: {written}; run_command: {ran.splitlines()[0]}")
     assert not ok
     assert "LOOPD_DISK_RESERVE_BYTES" in written
-    assert "File too large" in ran
-    assert ran.startswith("[")
+    assert "File too large" in ran, ran
+    assert ran.startswith("["), ran
+    assert not ran.startswith("[stopped"), ran
     assert "LOOPD_DISK_RESERVE_BYTES" in ran.splitlines()[0]
 
 
