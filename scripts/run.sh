@@ -22,11 +22,19 @@ wait_for_socket() {  # path, what, pid
     echo "run: $2 did not come up; see $run/$2.log" >&2; exit 1
 }
 
-echo "run: starting llama-server (router, SmolLM2-135M) ..." >&2
+# LOOPD_MODEL picks the model (a preset of loopd_dev.devserver: smollm2 by default, or
+# qwen-coder-tools, a model that really calls the tools); the router loads it before ready, and
+# the settings it needs (e.g. temperature 0) come with it unless the environment sets them.
+load=()
+if [ -n "${LOOPD_MODEL:-}" ]; then
+    load=(--load "$LOOPD_MODEL")
+    eval "$($bin/python -m loopd_dev.devserver --loopd-env "$LOOPD_MODEL")"
+fi
+echo "run: starting llama-server (router, ${LOOPD_MODEL:-SmolLM2-135M}) ..." >&2
 $bin/python -m loopd_dev.devserver --socket "$run/llama.sock" --workdir "$run/devserver" \
-    >"$run/llama-server.log" 2>&1 &
+    "${load[@]}" >"$run/llama-server.log" 2>&1 &
 pids+=($!)
-# The devserver prints "ready" once both models are loaded.
+# The devserver prints "ready" once its models are loaded.
 for _ in $(seq 1 600); do
     grep -q "ready at" "$run/llama-server.log" 2>/dev/null && break
     kill -0 "${pids[0]}" 2>/dev/null || { cat "$run/llama-server.log" >&2; exit 1; }
