@@ -3,12 +3,13 @@
 #   the real llama-server (router, tiny model) on state/run/llama.sock
 #   brokerd on state/run/{infer,broker}.sock, in front of it
 #   loopd chat in this terminal, talking to brokerd's inference proxy
-# Everything started here stops when the chat ends. Logs: state/run/*.log
+# Everything started here stops when the chat ends. Logs: state/run/*.log (or $MAKE_RUN_DIR)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bin=.venv/bin
-run=state/run
+run="${MAKE_RUN_DIR:-state/run}"  # the sockets and logs (a test gives one of its own)
 mkdir -p "$run"
+run=$(cd "$run" && pwd)
 pids=()
 cleanup() { for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done; wait 2>/dev/null || true; }
 trap cleanup EXIT INT TERM
@@ -43,16 +44,16 @@ done
 
 # brokerd in front of it: the inference proxy and the tool broker, as in the deployment.
 echo "run: starting brokerd (infer.sock, broker.sock) ..." >&2
-BROKERD_SOCKET_DIR="$PWD/$run/brokerd" \
-BROKERD_INFERENCE_URL="unix:$PWD/$run/llama.sock" \
-BROKERD_BROKER__AUDIT_DB="$PWD/$run/brokerd-audit.db" \
+BROKERD_SOCKET_DIR="$run/brokerd" \
+BROKERD_INFERENCE_URL="unix:$run/llama.sock" \
+BROKERD_BROKER__AUDIT_DB="$run/brokerd-audit.db" \
     $bin/brokerd serve --only infer --only broker >"$run/brokerd.log" 2>&1 &
 pids+=($!)
 wait_for_socket "$run/brokerd/infer.sock" brokerd "${pids[-1]}"
 wait_for_socket "$run/brokerd/broker.sock" brokerd "${pids[-1]}"
 
-export LOOPD_INFER_URL="unix:$PWD/$run/brokerd/infer.sock"
-export LOOPD_BROKER_URL="unix:$PWD/$run/brokerd/broker.sock"
+export LOOPD_INFER_URL="unix:$run/brokerd/infer.sock"
+export LOOPD_BROKER_URL="unix:$run/brokerd/broker.sock"
 export LOOPD_STATE_DIR="${LOOPD_STATE_DIR:-$PWD/state}"
 echo "run: loopd chat on $LOOPD_INFER_URL (state in $LOOPD_STATE_DIR); Ctrl-D ends it" >&2
 $bin/loopd chat --session "${SESSION:-terminal}"
