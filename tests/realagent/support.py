@@ -126,6 +126,7 @@ async def agent(
         **devserver.TOOL_MODEL_SETTINGS,
     )
     runtime = BoundedRuntime.open(settings)
+    assert isinstance(runtime, BoundedRuntime)  # open() builds the class it is called on
     runtime.max_rounds = max_rounds
     client = TappedClient(server.url, devserver.TOOL_MODEL)
     client.bodies, client.streams = [], []
