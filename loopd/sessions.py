@@ -324,6 +324,7 @@ class Runtime:
                 first_byte_s=s.first_byte_s, silence_s=s.silence_s, think_cap=s.stream_think_cap
             ),
             tools=self.tools,
+            repeat_limit=s.repeat_limit,
             report=report,
             gate=Compactor(self.budget, self.budget_rules()),
             template_drops_reasoning=view.template_drops_reasoning,

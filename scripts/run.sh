@@ -13,8 +13,9 @@ cd "$(dirname "$0")/.."
 bin=.venv/bin
 LOOPD_STATE_DIR="$(realpath -m "${LOOPD_STATE_DIR:-$PWD/state}")"
 export LOOPD_STATE_DIR
-run="$LOOPD_STATE_DIR/run"
+run="${MAKE_RUN_DIR:-$LOOPD_STATE_DIR/run}"  # the sockets and logs (a test gives one of its own)
 mkdir -p "$run"
+run=$(cd "$run" && pwd)
 pids=()
 cleanup() {
     for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done
@@ -26,13 +27,6 @@ trap cleanup EXIT
 trap 'exit 130' INT
 trap 'exit 143' TERM
 
-# The embedded model is 135 M parameters: left to production's max_tokens (12288) it can ramble
-# for minutes. Unless the person set either limit, a turn here is at most 512 tokens, with no
-# thinking cap (the rule think_cap_leaves_answer_room needs 1024 tokens above a cap).
-if [ -z "${LOOPD_MAX_TOKENS:-}" ] && [ -z "${LOOPD_THINK_CAP:-}" ]; then
-    export LOOPD_MAX_TOKENS=512 LOOPD_THINK_CAP=0
-fi
-
 wait_for_socket() {  # path, what, pid
     for _ in $(seq 1 600); do
         [ -S "$1" ] && return 0
@@ -42,11 +36,26 @@ wait_for_socket() {  # path, what, pid
     echo "run: $2 did not come up; see $run/$2.log" >&2; exit 1
 }
 
-echo "run: starting llama-server (router, SmolLM2-135M) ..." >&2
+# LOOPD_MODEL picks the model (a preset of loopd_dev.devserver: smollm2 by default, or
+# qwen-coder-tools, a model that really calls the tools); the router loads it before ready, and
+# the settings it needs (e.g. temperature 0) come with it unless the environment sets them.
+load=()
+if [ -n "${LOOPD_MODEL:-}" ]; then
+    load=(--load "$LOOPD_MODEL")
+    eval "$($bin/python -m loopd_dev.devserver --loopd-env "$LOOPD_MODEL")"
+fi
+# The embedded model is 135 M parameters: left to production's max_tokens (12288) it can ramble
+# for minutes. Unless the person (or the model's preset, above) set either limit, a turn here is
+# at most 512 tokens, with no thinking cap (think_cap_leaves_answer_room needs 1024 above a cap).
+if [ -z "${LOOPD_MAX_TOKENS:-}" ] && [ -z "${LOOPD_THINK_CAP:-}" ]; then
+    export LOOPD_MAX_TOKENS=512 LOOPD_THINK_CAP=0
+fi
+
+echo "run: starting llama-server (router, ${LOOPD_MODEL:-SmolLM2-135M}) ..." >&2
 setsid $bin/python -m loopd_dev.devserver --socket "$run/llama.sock" --workdir "$run/devserver" \
-    >"$run/llama-server.log" 2>&1 &
+    "${load[@]}" >"$run/llama-server.log" 2>&1 &
 pids+=($!)
-# The devserver prints "ready" once both models are loaded.
+# The devserver prints "ready" once its models are loaded.
 for _ in $(seq 1 600); do
     grep -q "ready at" "$run/llama-server.log" 2>/dev/null && break
     kill -0 "${pids[0]}" 2>/dev/null || { cat "$run/llama-server.log" >&2; exit 1; }

@@ -50,7 +50,11 @@ def _routers_for(socket: Path) -> list[int]:
 
 
 PROV = devserver.Provisioned(
-    Path("/b/llama-server"), Path("/t"), Path("/m.gguf"), Path("/m/qwen35moe-vocab.gguf")
+    Path("/b/llama-server"),
+    Path("/t"),
+    Path("/m.gguf"),
+    Path("/m/qwen35moe-vocab.gguf"),
+    Path("/m/tools.gguf"),
 )
 
 
@@ -88,6 +92,27 @@ def test_the_hybrid_preset_is_production_shaped() -> None:
         "kv-unified": "true",
         "chat-template-file": "/w/every.jinja",
     }
+
+
+def test_the_tool_preset_serves_loopds_template_on_one_slot() -> None:
+    found = sections(devserver.preset_ini(PROV, devserver.ServerLayout(), Path("/w/every.jinja")))
+    assert found["qwen-coder-tools"] == {
+        "model": "/m/tools.gguf",
+        "jinja": "true",
+        "chat-template-file": str(devserver.TOOL_TEMPLATE),
+        "c": "4096",
+        "np": "1",
+        "threads": "2",
+    }
+    assert devserver.TOOL_TEMPLATE.is_file()
+
+
+def test_the_tool_model_brings_its_settings_unless_the_environment_sets_them() -> None:
+    assert devserver.loopd_env("qwen-coder-tools", {"LOOPD_MAX_TOKENS": "99"}).splitlines() == [
+        "export LOOPD_TEMPERATURE=0.0",
+        "export LOOPD_THINK_CAP=0",
+    ]
+    assert devserver.loopd_env("smollm2", {}) == ""
 
 
 def test_presets_of_the_callers_own_follow_and_override() -> None:

@@ -19,6 +19,10 @@ router serves two presets of the same GGUF, as the production deployment is a ro
   text is random, but its tokenizer round-trips as production's does, so the thinking cap's
   forced ``</think>`` ends the thought, and the server's hybrid memory (recurrent state, context
   checkpoints, the host prompt cache) is the real code.
+- ``qwen-coder-tools``: Qwen2.5-Coder-0.5B-Instruct, the one small model that makes real tool
+  calls through the server's parser, with loopd's template for it (``templates/``, whose README
+  says where the model comes from): one slot of 4,096 tokens, two threads. It calls the same tool
+  again after every result; loopd's repeat guard ends such a turn.
 
 The SmolLM2 children run ``-np 2`` with an explicit slot count, so KV is not unified and a pinned
 slot keeps its cache; the ``qwen35moe`` child is unified, as production is.
@@ -36,7 +40,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -58,6 +62,13 @@ HYBRID_CONTEXT_OVERRIDE = "qwen35moe.context_length=int:65536"
 # starved the router's threads, so a thinking cap's control call reached the model after the
 # stream had run past loopd's runaway limit (7 of 60 capped requests; 1 of 60 with one thread).
 HYBRID_THREADS = "1"
+TOOL_MODEL = "qwen-coder-tools"
+TOOL_MODEL_FILE = "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf"
+TOOL_TEMPLATE = Path(__file__).parent / "templates" / "loopd-json-tool-calls.jinja"
+# What loopd sends this model (its settings: LOOPD_TEMPERATURE, LOOPD_MAX_TOKENS, LOOPD_THINK_CAP):
+# greedy, so a test's rounds repeat; 150 tokens hold any call it makes to loopd's tools; no
+# thinking cap, as the model does not think (and 150 leaves a cap no room).
+TOOL_MODEL_SETTINGS = {"temperature": 0.0, "max_tokens": 150, "think_cap": 0}
 # The one condition that limits rendered reasoning to the turns after the last user message.
 _LATEST_TURNS_ONLY = "{%- if loop.index0 > ns.last_query_index %}"
 
@@ -80,6 +91,7 @@ class Provisioned:
     templates: Path
     model: Path
     hybrid_model: Path
+    tool_model: Path
 
     @classmethod
     def in_cache(cls, cache_dir: Path) -> Provisioned:
@@ -89,6 +101,7 @@ class Provisioned:
             templates=server / "templates",
             model=cache_dir / "models" / MODEL_FILE,
             hybrid_model=cache_dir / "models" / HYBRID_MODEL_FILE,
+            tool_model=cache_dir / "models" / TOOL_MODEL_FILE,
         )
 
     @property
@@ -97,7 +110,13 @@ class Provisioned:
         return self.binary.parents[1] / "src"
 
     def check(self) -> None:
-        needed = (self.binary, self.model, self.hybrid_model, self.templates / THINKING_TEMPLATE)
+        needed = (
+            self.binary,
+            self.model,
+            self.hybrid_model,
+            self.tool_model,
+            self.templates / THINKING_TEMPLATE,
+        )
         for path in needed:
             if not path.exists():
                 raise DevServerError(f"{path} is missing: run `make llama-server` to provision it")
@@ -196,6 +215,22 @@ def _layout_preset(
     return Preset(name, tuple(options.items()))
 
 
+def tool_preset(prov: Provisioned) -> Preset:
+    """The tool model as the reference measurements served it: the server's Jinja engine with
+    loopd's template, one 4,096-token slot, two threads."""
+    return Preset(
+        TOOL_MODEL,
+        (
+            ("model", str(prov.tool_model)),
+            ("jinja", "true"),
+            ("chat-template-file", str(TOOL_TEMPLATE)),
+            ("c", "4096"),
+            ("np", "1"),
+            ("threads", "2"),
+        ),
+    )
+
+
 def every_turn_reasoning(template: str) -> str:
     """The Qwen3.5 template rendering every assistant turn's reasoning, not only the latest
     turns'; refused if the template is not the one this change was written for."""
@@ -237,6 +272,7 @@ def preset_ini(
             f"chat-template-file = {every_turn_template}",
             "",
             *hybrid_preset(prov, every_turn_template).lines(),
+            *tool_preset(prov).lines(),
             *(line for preset in extra for line in preset.lines()),
         ]
     )
@@ -428,6 +464,17 @@ def running(workdir: Path, cache_dir: Path, **kwargs: object) -> Iterator[Runnin
         server.stop()
 
 
+def loopd_env(model: str, environ: Mapping[str, str]) -> str:
+    """``LOOPD_*`` assignments for what ``model`` needs of loopd's settings, those the
+    environment leaves unset (the user's own win); empty for a model that needs nothing."""
+    wanted = TOOL_MODEL_SETTINGS if model == TOOL_MODEL else {}
+    return "\n".join(
+        f"export LOOPD_{name.upper()}={value}"
+        for name, value in wanted.items()
+        if f"LOOPD_{name.upper()}" not in environ
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m loopd_dev.devserver", description=__doc__)
     where = parser.add_mutually_exclusive_group()
@@ -439,7 +486,23 @@ def main(argv: list[str] | None = None) -> int:
         type=Path,
         default=default_cache_dir(),
     )
+    parser.add_argument(
+        "--load",
+        action="append",
+        metavar="MODEL",
+        help=f"a model id to load before ready (repeatable; default {PLAIN_MODEL} and "
+        f"{THINKING_MODEL})",
+    )
+    parser.add_argument(
+        "--loopd-env",
+        metavar="MODEL",
+        help="print, as shell assignments, the loopd settings MODEL wants that the environment "
+        "does not set already (scripts/run.sh evaluates them), and exit",
+    )
     args = parser.parse_args(argv)
+    if args.loopd_env is not None:
+        print(loopd_env(args.loopd_env, os.environ))
+        return 0
     # SIGTERM (what `make run` sends on exit) must also stop the router: it runs in its own
     # session, so without this it would outlive us. SystemExit unwinds through start()'s and
     # main's cleanup.
@@ -450,7 +513,7 @@ def main(argv: list[str] | None = None) -> int:
             args.cache_dir,
             socket_path=args.socket.resolve() if args.socket else None,
             port=args.port,
-            load=(PLAIN_MODEL, THINKING_MODEL),
+            load=tuple(args.load or (PLAIN_MODEL, THINKING_MODEL)),
         )
     except DevServerError as exc:
         print(f"devserver: {exc}", file=sys.stderr)

@@ -31,7 +31,7 @@ from tenacity import (
     wait_exponential,
 )
 
-from loopd.engine import pool
+from loopd.engine import pool, repeats
 from loopd.engine.client import InferenceClient
 from loopd.engine.perf import (
     Circumstances,
@@ -119,6 +119,17 @@ class RoundsExhausted(TurnExit):
         outcome.failure = str(self)
 
 
+class Repeated(TurnExit):
+    """The model made the same call again as often as the repeat guard allows
+    (``loopd.engine.repeats``)."""
+
+    def __init__(self, line: str) -> None:
+        super().__init__(line)
+
+    def settle(self, outcome: TurnOutcome) -> None:
+        outcome.failure = str(self)
+
+
 class ContextGate(Protocol):
     """Keeps a session inside its slot's context (``loopd.engine.compaction``)."""
 
@@ -197,6 +208,7 @@ class Turn:
     limits: Limits
     tools: ToolRunner | None = None
     max_rounds: int = 16
+    repeat_limit: int = repeats.DEFAULT_LIMIT
     template_drops_reasoning: bool = False
     report: StatusCallback = field(default=lambda status: None)
     gate: ContextGate | None = None
@@ -294,14 +306,21 @@ class Turn:
         return Attempt(record, result)
 
     async def execute(self, calls: Sequence[ToolCall]) -> None:
-        for call in calls:
-            if self.tools is None:
+        plan = repeats.plan(self.log.replay_messages(self.session), calls, self.repeat_limit)
+        for call, answer in zip(calls, plan.answers, strict=True):
+            if answer is not None:  # a repeat: loopd's own answer, the call is not run again
+                text = answer
+            elif self.tools is None:
                 text = f"error: tool {call.name!r} is not available in this session"
             else:
                 text = await self.tools.run(self.session, call)
                 if self.gate is not None:
                     text = await self.gate.fit_input(text, "this tool result")
             self.log.append_tool_result(self.session, tool_call_id=call.id, content=text)
+        METRICS.repeats_answered(plan.pointed, stopped=plan.stop is not None)
+        if plan.stop is not None:
+            self.log.append_note(self.session, plan.stop.line)
+            raise Repeated(plan.stop.line)
 
     def _record(
         self, kind: RequestKind, epoch: Epoch, messages: list[str], result: RequestResult

@@ -136,6 +136,13 @@ class LoopdMetrics:
         self.tool_calls = Counter(
             "loopd_tool_calls", "Tool calls, by tool and outcome.", ["tool", "outcome"], registry=r
         )
+        self.repeats = Counter(
+            "loopd_repeated_calls",
+            "Tool calls the model repeated within a turn (same name and arguments), by loopd's "
+            "answer: pointed (the earlier result named, not run) or stopped (the turn ended).",
+            ["answer"],
+            registry=r,
+        )
         self.tool_seconds = Histogram(
             "loopd_tool_call_seconds",
             "Time a tool call took, by tool.",
@@ -229,6 +236,14 @@ class LoopdMetrics:
     def tool_called(self, tool: str, outcome: str, seconds: float) -> None:
         self.tool_calls.labels(tool, outcome).inc()
         self.tool_seconds.labels(tool).observe(seconds)
+
+    def repeats_answered(self, pointed: int, *, stopped: bool) -> None:
+        """The repeat guard answered ``pointed`` calls with an earlier result, and perhaps
+        ended the turn (``loopd.engine.repeats``)."""
+        if pointed:
+            self.repeats.labels("pointed").inc(pointed)
+        if stopped:
+            self.repeats.labels("stopped").inc()
 
     def mattermost_event(self, event: str) -> None:
         self.mm_events.labels(event if event in MM_EVENTS else "other").inc()

@@ -361,7 +361,8 @@ async def test_a_model_that_keeps_calling_tools_stops_at_max_rounds(tmp_path: Pa
         server.fake.push(READ_A, READ_A, READ_A)
         log = open_log(tmp_path)
         say(log, "read a.txt")
-        outcome = await make_turn(server, log, tools=tools, max_rounds=2).run()
+        # The repeat guard off: the same call three times is what it would stop first.
+        outcome = await make_turn(server, log, tools=tools, max_rounds=2, repeat_limit=0).run()
     assert (outcome.answer, outcome.cause) == (None, None)
     assert outcome.failure == "stopped after 2 tool rounds without an answer"
     assert len(tools.calls) == 2
