@@ -26,6 +26,7 @@ from loopd.sessionlog.records import Entry
 from loopd.sessionlog.store import SessionLog
 from loopd.sessionlog.verify import verify
 from loopd.statedir import check_state_dir
+from loopd.turnstop import was_stopped
 
 if TYPE_CHECKING:
     from loopd.cli import Handler
@@ -176,7 +177,11 @@ def list_sessions(db_path: Path, out: TextIO, err: TextIO = sys.stderr) -> int:
                     ids = ", ".join(call.call_id for call in state.interrupted_calls)
                     label = f"interrupted tool calls: {ids}"
                 else:
-                    label = "pending turn" if state.pending_turn else "idle"
+                    label = (
+                        ("stopped" if was_stopped(state) else "pending turn")
+                        if state.pending_turn
+                        else "idle"
+                    )
                 slot = session.slot
                 if placed:
                     endpoint = placed[session.name][0] if session.name in placed else "-"

@@ -129,6 +129,10 @@ def test_ctrl_c_stops_the_run_records_the_stop_and_exits_130(tmp_path: Path) -> 
     assert err.splitlines()[-1] == "loopd: run: stopped (Ctrl-C); the turn is recorded as stopped"
     stop = of_kind(entries(tmp_path, "s"), EntryKind.BROKEN)[-1]
     assert (stop.fields.reason or "").startswith(f"{STOPPED}@")
+    # loopd sessions says the turn was stopped, not that it waits to be answered.
+    listed = run_loopd(["sessions"], fake_env(server, tmp_path))
+    [row] = [line for line in listed.stdout.splitlines() if line.startswith("s ")]
+    assert row.endswith("  stopped"), row
 
 
 @pytest.mark.real_server
