@@ -8,6 +8,7 @@ import signal
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -120,7 +121,7 @@ async def test_real_router_unloads_the_model(real: Restartable, observe: Observe
         with real.server.client(timeout=120) as other:
             response = _load_other_model(other)
             assert response.status_code == 200, response.text
-            models = other.get("/models").json()["data"]
+            models = _models(other)
         status = {m["id"]: m.get("status", {}).get("value") for m in models}
         assert status.get(PLAIN) != "loaded", status
         second = await turn(rt, "Name another colour.")
@@ -134,6 +135,16 @@ async def test_real_router_unloads_the_model(real: Restartable, observe: Observe
             checked.summary() + f"; reloaded: cache_n={perf.cache_n}, "
             f"loss={perf.cache_loss} ({perf.cache_loss_cause})"
         )
+
+
+def _models(client: httpx.Client) -> list[dict[str, Any]]:
+    """The router's ``/models``; right after a swap it too may drop a connection unanswered."""
+    for _ in range(4):
+        try:
+            return list(client.get("/models").json()["data"])
+        except httpx.RemoteProtocolError:
+            continue
+    return list(client.get("/models").json()["data"])
 
 
 def _load_other_model(client: httpx.Client) -> httpx.Response:
