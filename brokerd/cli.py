@@ -73,21 +73,24 @@ def parser() -> argparse.ArgumentParser:
     return root
 
 
+def _fail(exc: Exception, status: int) -> int:
+    """One line on stderr for what stopped brokerd, and the status that says which kind."""
+    print(f"brokerd: {exc}", file=sys.stderr)
+    return status
+
+
 def prune_audit(days: float | None) -> int:
     try:
         broker, days = _prune_settings(days)
         audit = open_audit_log(broker)
     except ConfigError as exc:
-        print(f"brokerd: {exc}", file=sys.stderr)
-        return EXIT_CONFIG
+        return _fail(exc, EXIT_CONFIG)
     except AuditLogError as exc:
-        print(f"brokerd: {exc}", file=sys.stderr)
-        return EXIT_CANNOT_SERVE
+        return _fail(exc, EXIT_CANNOT_SERVE)
     try:
         rows = prune_audit_log(audit, days)
     except AuditLogError as exc:
-        print(f"brokerd: {exc}", file=sys.stderr)
-        return EXIT_CANNOT_SERVE
+        return _fail(exc, EXIT_CANNOT_SERVE)
     finally:
         audit.close()
     print(f"brokerd: pruned {rows} audit rows older than {days:g} days from {broker.audit_db}")
@@ -126,11 +129,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         endpoints = build_endpoints(settings, secrets, services)
         anyio.run(run, endpoints, settings.socket_dir, metrics_service(settings))
     except ConfigError as exc:
-        print(f"brokerd: {exc}", file=sys.stderr)
-        return EXIT_CONFIG
+        return _fail(exc, EXIT_CONFIG)
     except ServeError as exc:
-        print(f"brokerd: {exc}", file=sys.stderr)
-        return EXIT_CANNOT_SERVE
+        return _fail(exc, EXIT_CANNOT_SERVE)
     except KeyboardInterrupt:
         return EXIT_INTERRUPTED
     return 0
