@@ -35,12 +35,12 @@ from bench.ideal import (
 )
 from bench.naive import NaiveHarness
 from bench.script import SCRIPT, SYSTEM_TEXT, TOOLS, ScriptedCall, UserTurn
+from loopcommon.jsonbytes import dumps
 from loopd.config import Settings, load_settings
 from loopd.engine.client import make_async_client
 from loopd.engine.request import Sampling, build_body
 from loopd.engine.stream import Failure, run_request
 from loopd.engine.turn import Turn
-from loopd.jsonbytes import dumps
 from loopd.sessionlog import Perf, RequestKind, RequestRecord, messages_digest
 from loopd.sessions import Runtime
 from loopd.wire import AssistantMessage

@@ -17,8 +17,8 @@ from pathlib import Path
 
 import anyio
 
+from loopcommon.jsonbytes import dumps
 from loopd.config import load_settings
-from loopd.jsonbytes import dumps
 from loopd.sessionlog import RequestKind, RequestRecord
 from loopd.sessions import Runtime
 

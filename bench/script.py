@@ -10,7 +10,7 @@ the model's own (its thinking included), replayed exactly as streamed, unless ``
 it off inside a tool call it made on its own (``cache_reuse`` says why that one is not replayed).
 
 A scripted message is stored exactly as loopd stores a streamed one (``AssistantMessage.to_wire``
-serialized with ``loopd.jsonbytes.dumps``), arguments in the compact form the server streams.
+serialized with ``loopcommon.jsonbytes.dumps``), arguments in the compact form the server streams.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from loopd.jsonbytes import dumps
+from loopcommon.jsonbytes import dumps
 from loopd.wire import AssistantMessage, ToolCall
 
 SYSTEM_TEXT = "You are loopd's benchmark agent in a team chat. Use the tools, then answer briefly."

@@ -26,8 +26,8 @@ from bench.errors import BenchError
 from bench.pool import explain
 from bench.serverlog import LogFollower, parse
 from bench.stats import Spread
+from loopcommon.jsonbytes import dumps
 from loopd.config import load_settings
-from loopd.jsonbytes import dumps
 from loopd.sessions import Runtime
 from loopd_dev.devserver import PLAIN_MODEL
 

@@ -1,5 +1,5 @@
 """``python -m brokerd``: the same entry as the ``brokerd`` command."""
 
-from loopd.entry import brokerd
+from loopcommon.entry import brokerd
 
 brokerd()

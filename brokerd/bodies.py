@@ -18,11 +18,13 @@ from typing import Final
 import anyio
 from starlette.types import Receive, Scope
 
+from brokerd.errors import BrokerdError
+
 DEFAULT_BUDGET_BYTES: Final = 128 * 1024 * 1024
 DEFAULT_BODY_TIMEOUT_S: Final = 60.0
 
 
-class BodyRefused(Exception):
+class BodyRefused(BrokerdError):
     """A request body the server will not hold; ``status`` is the HTTP answer."""
 
     status = 400
@@ -50,7 +52,7 @@ class BodyTimeout(BodyRefused):
         super().__init__(f"request body not received within {timeout_s:g} s")
 
 
-class ClientGone(Exception):
+class ClientGone(BrokerdError):
     """The client hung up before its request body was complete."""
 
 

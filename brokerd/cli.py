@@ -26,15 +26,16 @@ from typing import Final
 
 import anyio
 
-from brokerd.config import ConfigError, load_settings, read_secrets, setting_name
+from brokerd.config import load_settings, read_secrets, setting_name
 from brokerd.mcp.listing import register as register_tools
 from brokerd.observe.server import metrics_service
 from brokerd.proxy.logs import configure_logging
 from brokerd.serve import SERVICES, ServeError, build_endpoints, run
 from brokerd.tools.audit import AuditLogError, open_audit_log, prune_audit_log
 from brokerd.tools.settings import BrokerSettings
-from loopd import anyio_unix_connect
-from loopd.version import package_version
+from loopcommon import anyio_unix_connect
+from loopcommon.errors import ConfigError
+from loopcommon.version import package_version
 
 EXIT_CANNOT_SERVE: Final = 1
 EXIT_CONFIG: Final = 2

@@ -9,8 +9,9 @@ The inference proxy serves one llama-server (``inference_url`` and its ``inferen
 with its own URL, key file, slots and models. The two forms do not mix (rule
 ``one_inference_form``).
 
-The settings are loaded by ``loopd.configload``, as loopd's are: the same sources, the same refusal
-of an unknown ``BROKERD_*`` variable (with the likely name), the same one-line ``ConfigError``.
+The settings are loaded by ``loopcommon.configload``, as loopd's are: the same sources, the same
+refusal of an unknown ``BROKERD_*`` variable (with the likely name), the same one-line
+``ConfigError``.
 """
 
 from collections.abc import Mapping
@@ -25,9 +26,9 @@ from brokerd.mcp.config import McpServers
 from brokerd.proxy.chatpolicy import valid_entry
 from brokerd.proxy.upstream import parse_upstream
 from brokerd.tools.settings import BrokerSettings
-from loopd import configload
-from loopd.errors import ConfigError as ConfigError  # brokerd's too: one loader, one error
-from loopd.observe.address import check_address
+from loopcommon import configload
+from loopcommon.address import check_address
+from loopcommon.errors import ConfigError
 
 ENV_PREFIX: Final = "BROKERD_"
 NESTED_DELIMITER: Final = "__"

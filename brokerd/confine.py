@@ -34,6 +34,8 @@ from typing import Final
 import anyio
 from anyio.abc import Process
 
+from brokerd.errors import BrokerdError
+
 MIB: Final = 1024 * 1024
 
 SYSTEM_DIRS: Final = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
@@ -61,7 +63,7 @@ NETWORK_ETC_FILES: Final = (
 PROBE_TIMEOUT_S: Final = 10.0
 
 
-class ConfinementError(Exception):
+class ConfinementError(BrokerdError):
     """Confinement cannot be set up as declared (bwrap missing, a declared path hides a secret)."""
 
 

@@ -24,6 +24,8 @@ import uvicorn
 from anyio.abc import TaskStatus
 from starlette.types import ASGIApp
 
+from brokerd.errors import BrokerdError
+
 if TYPE_CHECKING:
     from brokerd.observe.server import MetricsService
 
@@ -31,7 +33,6 @@ from brokerd.bodies import BodyBudget, BodyRules
 from brokerd.config import (
     CONFIG_FILE_VARIABLE,
     BrokerdSettings,
-    ConfigError,
     InferenceEndpoint,
     Secrets,
     setting_name,
@@ -48,7 +49,8 @@ from brokerd.proxy.chatpolicy import ChatPolicy
 from brokerd.proxy.inference import InferencePolicy, create_inference_app
 from brokerd.proxy.upstream import parse_upstream
 from brokerd.sdnotify import notify
-from loopd.exceptiongroups import sole_kind
+from loopcommon.errors import ConfigError
+from loopcommon.exceptiongroups import sole_kind
 
 logger = logging.getLogger(__name__)
 
@@ -65,7 +67,7 @@ FILES_PER_CONNECTION: Final = 2
 SPARE_FILES: Final = 64
 
 
-class ServeError(Exception):
+class ServeError(BrokerdError):
     """brokerd cannot start serving (a socket folder it cannot make or write, a socket path taken
     by something else, a bind failure)."""
 

@@ -1,5 +1,5 @@
 """``python -m loopd``: the same entry as the ``loopd`` command."""
 
-from loopd.entry import loopd
+from loopcommon.entry import loopd
 
 loopd()

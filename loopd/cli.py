@@ -28,12 +28,12 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Final, TypeAlias
 
-from loopd import anyio_unix_connect
+from loopcommon import anyio_unix_connect
+from loopcommon.errors import DaemonError
+from loopcommon.logsetup import configure_logging
+from loopcommon.sanitize import for_terminal
+from loopcommon.version import package_version
 from loopd.config import Settings, load_settings, settings_table
-from loopd.errors import LoopdError
-from loopd.logsetup import configure_logging
-from loopd.terminal.sanitize import for_terminal
-from loopd.version import package_version
 
 Handler = Callable[[argparse.Namespace, Settings], int]
 Subparsers: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
@@ -97,14 +97,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         settings = load_settings()
-    except LoopdError as exc:
+    except DaemonError as exc:
         return _fail(exc)
     configure_logging(settings.log_format, settings.log_level)
     handler: Handler = args.handler
     try:
         status = handler(args, settings)
         sys.stdout.flush()  # a closed pipe shows here, not in the interpreter's last flush
-    except LoopdError as exc:
+    except DaemonError as exc:
         return _fail(exc)
     except BrokenPipeError:
         _discard_stdout()
@@ -115,7 +115,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     return status
 
 
-def _fail(exc: LoopdError) -> int:
+def _fail(exc: DaemonError) -> int:
     # The message may quote what a server, the model or the box sent: shown, never obeyed.
     print(f"loopd: {for_terminal(str(exc))}", file=sys.stderr)
     return EXIT_FAILED

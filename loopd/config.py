@@ -2,10 +2,10 @@
 
 Sources, highest priority first: ``LOOPD_*`` environment variables, then the TOML file named by
 ``LOOPD_CONFIG`` (optional), then the defaults below; ``load_settings`` reads them through
-``loopd.configload``, the loader brokerd shares. The Mattermost adapter's settings are the ``mm``
-table (``LOOPD_MM_URL`` or ``url`` under ``[mm]`` in the file), a ``ChatSettings``. Every knob is
-listed in the README's tables; ``loopd config --table`` prints them from this model so the two
-cannot drift.
+``loopcommon.configload``, the loader brokerd shares. The Mattermost adapter's settings are the
+``mm`` table (``LOOPD_MM_URL`` or ``url`` under ``[mm]`` in the file), a ``ChatSettings``. Every
+knob is listed in the README's tables; ``loopd config --table`` prints them from this model so the
+two cannot drift.
 
 The servers loopd places sessions on are ``endpoints()``: the file's ``[[endpoint]]`` tables
 (``name``, ``url``, ``model``, ``slots``), or else the one server that ``infer_url``, ``model``
@@ -38,12 +38,12 @@ from pydantic_settings import (
     SettingsConfigDict,
 )
 
-from loopd import configload
+from loopcommon import configload
+from loopcommon.address import check_address
+from loopcommon.configload import Rule
 from loopd.chat.config import ChatSettings
-from loopd.configload import Rule
 from loopd.engine.placement import PinSlots
 from loopd.engine.repeats import DEFAULT_LIMIT as DEFAULT_REPEAT_LIMIT
-from loopd.observe.address import check_address
 
 # The core tools array ships inside the package, so an installed wheel finds it wherever it lives.
 CORE_TOOLS_FILE = Path(__file__).resolve().parent / "data" / "tools.schema.json"

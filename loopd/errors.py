@@ -1,17 +1,17 @@
 """loopd's exception tree, in one place.
 
 Foreign errors (httpx, sqlite3, OS) are translated into these at the boundary where they happen
-(``raise ... from exc``), so callers above catch loopd's own types only. User-facing wording is
+(``raise ... from exc``), so callers above catch loopd's own types only (``DaemonError``, the
+root shared with brokerd, where shared code may raise too). User-facing wording is
 decided in one place per surface: the CLI's one-line message, the chat adapter's reply.
 """
 
-
-class LoopdError(Exception):
-    """Base of every error loopd raises on purpose."""
+from loopcommon.errors import DaemonError
 
 
-class ConfigError(LoopdError):
-    """The configuration (environment, TOML file) is invalid; the message names the field."""
+class LoopdError(DaemonError):
+    """Base of every error loopd raises on purpose (its configuration's errors are the shared
+    ``loopcommon.errors.ConfigError``)."""
 
 
 class InferenceError(LoopdError):

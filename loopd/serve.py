@@ -36,6 +36,8 @@ from pathlib import Path
 import anyio
 from anyio.abc import TaskStatus
 
+from loopcommon.errors import DaemonError
+from loopcommon.exceptiongroups import sole_kind
 from loopd.chat.adapter import ChatAdapter
 from loopd.chat.cursor import ChatState
 from loopd.chat.outbox import Outbox
@@ -45,7 +47,6 @@ from loopd.chat.threads import Threads
 from loopd.config import Settings
 from loopd.endpoints.start import EXIT_NONE_UP, check_at_start
 from loopd.errors import LoopdError
-from loopd.exceptiongroups import sole_kind
 from loopd.observe.server import serve_runtime
 from loopd.selftest.endpoints import down_line, endpoint_checker
 from loopd.selftest.expected import DEFAULT_DIR
@@ -96,7 +97,7 @@ class ServerWatch:
             await anyio.sleep(self.wait_s)
             try:
                 await self.check()
-            except LoopdError as exc:  # an expectations file that cannot be read, say
+            except DaemonError as exc:  # an expectations file that cannot be read, say
                 log.error("the server check failed: %s", exc)  # noqa: TRY400 (one line, no trace)
             self.checks += 1
 

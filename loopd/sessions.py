@@ -15,6 +15,7 @@ from pathlib import Path
 
 import anyio
 
+from loopcommon.errors import DaemonError
 from loopd.config import Settings
 from loopd.endpoints.serving import Endpoints
 from loopd.endpoints.start import reachability_checker
@@ -27,7 +28,7 @@ from loopd.engine.prewarm_plan import PrewarmPlan, restart_wants
 from loopd.engine.request import RequestSettings, Sampling
 from loopd.engine.stream import Limits, StatusCallback
 from loopd.engine.turn import Turn, TurnOutcome
-from loopd.errors import LoopdError, ServerRejected
+from loopd.errors import ServerRejected
 from loopd.observe.context import request_scope
 from loopd.observe.live import LiveTurns
 from loopd.observe.metrics import METRICS
@@ -399,7 +400,7 @@ class Runtime:
                 self._idle_slots.discard(slot)
                 try:
                     await self._prewarm_slot(slot)
-                except LoopdError:
+                except DaemonError:
                     # Optional work: a log or server error here must not end the front end.
                     log.exception("prewarm on slot %d failed; prewarm goes on", slot)
             await self._idle_wake.wait()

@@ -11,7 +11,7 @@ import os
 from pathlib import Path
 from typing import Final
 
-from loopd.errors import ConfigError
+from loopcommon.errors import ConfigError
 
 SETTING: Final = "LOOPD_STATE_DIR"
 

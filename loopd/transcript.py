@@ -19,12 +19,12 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Final, TextIO
 
+from loopcommon.sanitize import for_terminal
 from loopd.sessionlog.commands import existing_log
 from loopd.sessionlog.errors import LogError, UnknownSessionError
 from loopd.sessionlog.records import Entry, EntryKind, Epoch
 from loopd.sessionlog.replay import messages_array
 from loopd.sessionlog.store import SessionLog
-from loopd.terminal.sanitize import for_terminal
 
 FORMATS: Final = ("jsonl", "markdown", "openai")
 _FENCE = "```"

@@ -1,7 +1,7 @@
 """Shared pytest configuration.
 
 - anyio runs on asyncio, the backend loopd uses in production, with the fix of
-  ``loopd.anyio_unix_connect`` applied as loopd's and brokerd's entry points apply it.
+  ``loopcommon.anyio_unix_connect`` applied as loopd's and brokerd's entry points apply it.
 - ``real_server``: the real llama-server (build 11434, router mode, SmolLM2-135M), started once
   per test session on a Unix socket. It is provisioned by ``make llama-server``; when it is missing
   the tests that need it FAIL with the command to run. They are never skipped.
@@ -13,7 +13,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from loopd import anyio_unix_connect
+from loopcommon import anyio_unix_connect
 from loopd_dev import devserver
 
 

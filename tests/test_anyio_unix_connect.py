@@ -1,4 +1,4 @@
-"""The guarded fix of anyio's connect_unix race (see loopd/anyio_unix_connect.py)."""
+"""The guarded fix of anyio's connect_unix race (see loopcommon/anyio_unix_connect.py)."""
 
 import asyncio
 from pathlib import Path
@@ -7,7 +7,7 @@ import anyio
 import pytest
 from anyio._backends import _asyncio as anyio_asyncio
 
-from loopd import anyio_unix_connect
+from loopcommon import anyio_unix_connect
 
 
 def test_the_fix_is_installed_for_the_pinned_anyio() -> None:

@@ -95,4 +95,4 @@ def test_python_m_loopd_is_the_same_entry(tmp_path: Path) -> None:
     )
     assert result.returncode == 0, result
     assert result.stdout.startswith("loopd "), result
-    assert "loopd.entry" in (BIN / "loopd").read_text()  # the installed script is this entry
+    assert "loopcommon.entry" in (BIN / "loopd").read_text()  # the installed script is this entry

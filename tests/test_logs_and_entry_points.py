@@ -12,7 +12,7 @@ import sys
 import pytest
 
 from brokerd.proxy.logs import make_handler
-from loopd.logsetup import JsonLinesFormatter, rfc3339_utc
+from loopcommon.logsetup import JsonLinesFormatter, rfc3339_utc
 
 # 2025-12-01 14:23:07.215 UTC
 CREATED = 1764598987.215
@@ -46,7 +46,7 @@ def test_loopd_and_brokerd_write_the_same_json_line() -> None:
 
 
 INSTALLED = (
-    "from anyio._backends import _asyncio as a; from loopd import anyio_unix_connect as f; "
+    "from anyio._backends import _asyncio as a; from loopcommon import anyio_unix_connect as f; "
     "print(a.AsyncIOBackend.connect_unix.__func__ is f._connect_unix)"
 )
 

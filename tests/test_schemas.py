@@ -1,11 +1,11 @@
-"""loopd.schemas: tool schemas checked and applied with their patterns on RE2."""
+"""loopcommon.schemas: tool schemas checked and applied with their patterns on RE2."""
 
 from typing import Any
 
 import jsonschema
 import pytest
 
-from loopd.schemas import check_schema, validator
+from loopcommon.schemas import check_schema, validator
 
 
 def messages(schema: dict[str, Any], value: Any) -> list[str]:

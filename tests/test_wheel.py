@@ -42,7 +42,7 @@ def test_the_wheel_carries_the_core_tools_file(wheel: Path) -> None:
 
 def test_the_wheel_carries_the_product_only(wheel: Path) -> None:
     packages = {name.split("/")[0] for name in zipfile.ZipFile(wheel).namelist()}
-    assert {"loopd", "brokerd"} <= packages
+    assert {"loopcommon", "loopd", "brokerd"} <= packages
     assert not packages & {"loopd_dev", "tests", "bench"}
     assert not [n for n in zipfile.ZipFile(wheel).namelist() if "fakes" in n or "devserver" in n]
 

@@ -92,7 +92,7 @@ def as_json(found: Sequence[Row], statuses: "Sequence[ServerStatus]") -> dict[st
 
 def list_tools(args: argparse.Namespace) -> int:
     # Imported here, so that brokerd's other commands do not load the broker or the MCP SDK.
-    from brokerd.config import ConfigError, load_settings
+    from brokerd.config import load_settings
     from brokerd.confine import ConfinementError, hidden_paths
     from brokerd.mcp.servers import McpServers
     from brokerd.serve import own_paths
@@ -101,6 +101,7 @@ def list_tools(args: argparse.Namespace) -> int:
     from brokerd.tools.errors import CatalogueError
     from brokerd.tools.service import AUDIT_SUFFIXES
     from brokerd.tools.settings import DEFAULT_CATALOGUE_DIR
+    from loopcommon.errors import ConfigError
 
     try:
         settings = load_settings()

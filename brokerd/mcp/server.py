@@ -31,12 +31,13 @@ from mcp.client._transport import Transport
 from mcp.shared.exceptions import MCPError
 from pydantic import ValidationError
 
+from brokerd.errors import BrokerdError
 from brokerd.mcp.config import McpServerConfig
 from brokerd.mcp.specs import offered_tools
 from brokerd.mcp.transport import ConfinedStdio
 from brokerd.tools.catalogue import ToolSpec
 from brokerd.tools.errors import ToolFailure
-from loopd.exceptiongroups import sole_kind
+from loopcommon.exceptiongroups import sole_kind
 
 logger = logging.getLogger(__name__)
 
@@ -63,7 +64,7 @@ class Backoff:
 DEFAULT_BACKOFF: Final = Backoff()
 
 
-class ListingError(Exception):
+class ListingError(BrokerdError):
     """The server's tool listing broke a bound; the message says which, for the log."""
 
 

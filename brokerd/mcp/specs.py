@@ -18,7 +18,7 @@ from pydantic import ValidationError
 from brokerd.mcp.config import McpServerConfig
 from brokerd.mcp.names import catalogue_name
 from brokerd.tools.catalogue import McpRun, ToolSpec
-from loopd.schemas import check_schema
+from loopcommon.schemas import check_schema
 
 MAX_DESCRIPTION_CHARS: Final = 2000
 CUT_MARK: Final = "..."

@@ -15,7 +15,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from brokerd.observe.context import current
-from loopd.version import installed_version
+from loopcommon.version import installed_version
 
 if TYPE_CHECKING:
     from brokerd.mcp.servers import McpServers

@@ -34,8 +34,9 @@ import anyio.abc
 import h11
 from prometheus_client import CONTENT_TYPE_LATEST
 
+from brokerd.errors import BrokerdError
 from brokerd.observe.statuspage import NotAStatus, render_status
-from loopd.observe.status import REFRESH_S
+from loopcommon.statuspage import REFRESH_S
 
 MAX_BYTES: Final = 8 * 1024 * 1024
 MAX_HEAD_BYTES: Final = 16 * 1024  # a status line and headers larger than this are refused
@@ -68,7 +69,7 @@ PAGES: Final = {
 }
 
 
-class RelayError(Exception):
+class RelayError(BrokerdError):
     """loopd's page could not be relayed; the message says why (for the 502 and the log)."""
 
 

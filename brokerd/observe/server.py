@@ -20,11 +20,12 @@ from starlette.requests import Request
 from starlette.responses import PlainTextResponse, RedirectResponse, Response
 from starlette.routing import Route
 
-from brokerd.config import BrokerdSettings, ConfigError
+from brokerd.config import BrokerdSettings
 from brokerd.observe.metrics import BROKERD_METRICS, BrokerdMetrics
 from brokerd.observe.relay import PAGES, LoopdRelay, RelayBusy, RelayError
-from loopd.observe.address import Address, UnixAddress, parse_address
-from loopd.observe.serving import MetricsServeError, serve_http
+from loopcommon.address import Address, UnixAddress, parse_address
+from loopcommon.errors import ConfigError
+from loopcommon.httpserve import MetricsServeError, serve_http
 
 logger = logging.getLogger(__name__)
 

@@ -4,16 +4,17 @@ The box writes the folder loopd's socket is in, so the page it serves may be any
 and a Content-Security-Policy does not stop all of it: Chromium follows a ``<meta
 http-equiv="refresh">`` to another site under ``default-src 'none'``. So brokerd never relays the
 box's HTML: it reads ``/status.json``, checks it against the page's data types, and renders the
-page with loopd's own renderer, which escapes every string. The box's bytes reach the browser as
-text only. (The relay's policy adds ``sandbox`` besides, which stops meta refreshes and scripts
-in the page whatever it holds; the page's own refresh is the ``Refresh`` header.)
+page with the shared renderer (``loopcommon.statuspage``), which escapes every string. The box's
+bytes reach the browser as text only. (The relay's policy adds ``sandbox`` besides, which stops
+meta refreshes and scripts in the page whatever it holds; the page's own refresh is the
+``Refresh`` header.)
 """
 
 from typing import Final
 
 from pydantic import TypeAdapter, ValidationError
 
-from loopd.observe.status import StatusSnapshot, render
+from loopcommon.statuspage import StatusSnapshot, render
 
 STATUS: Final = TypeAdapter(StatusSnapshot)
 

@@ -22,6 +22,7 @@ from typing import Any, Final, Generic, TypeVar
 
 import httpx
 
+from brokerd.errors import BrokerdError
 from brokerd.proxy.forward import Refused
 from brokerd.proxy.upstream import Upstream
 
@@ -127,7 +128,7 @@ class Remembered(Generic[Key, Value]):
             self._items.popitem(last=False)
 
 
-class LookupFailed(Exception):
+class LookupFailed(BrokerdError):
     """Mattermost did not answer a lookup; the request is answered 502 (it can be retried)."""
 
 

@@ -1,5 +1,5 @@
 """brokerd's log output: loopd's formatters (JSON lines, or plain text on a terminal; see
-``loopd.logsetup``), with secrets redacted.
+``loopcommon.logsetup``), with secrets redacted.
 
 Redaction happens on the final formatted text, tracebacks included, so no code path (ours or a
 library's debug output, which for the WebSocket client lists the upgrade request's headers) can
@@ -12,8 +12,8 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Final, TextIO
 
-from brokerd.observe.context import ContextFields
-from loopd.logsetup import formatter
+from loopcommon.context import ContextFields
+from loopcommon.logsetup import formatter
 
 REDACTED: Final = "[redacted]"
 # Warnings of one kind (logger and message template) logged per window; the rest are counted.

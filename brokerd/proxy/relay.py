@@ -21,6 +21,7 @@ import anyio
 import httpx
 from starlette.types import Message, Receive, Send
 
+from brokerd.errors import BrokerdError
 from brokerd.proxy.headers import RawHeaders
 
 logger = logging.getLogger(__name__)
@@ -32,7 +33,7 @@ ErrorBody = Callable[[int, str], bytes]
 """Builds the JSON body of an error the proxy itself answers, in the upstream's own envelope."""
 
 
-class UpstreamBroke(Exception):
+class UpstreamBroke(BrokerdError):
     """The upstream failed after its response began; the client connection is aborted.
 
     Raised to the ASGI server on purpose: aborting the connection (no final chunk) is the only way

@@ -8,7 +8,7 @@ from typing import Any
 
 from jsonschema.exceptions import relevance
 
-from loopd.schemas import validator
+from loopcommon.schemas import validator
 
 MAX_PROBLEMS = 5
 MAX_MESSAGE_CHARS = 300

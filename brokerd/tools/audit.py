@@ -16,7 +16,7 @@ deletion of any row at or after the latest recorded cutoff, so what is kept stay
 
 Each write is a single statement in autocommit mode and takes well under a millisecond, so the
 store is called synchronously from the event loop: that also makes "check the key, then claim it"
-free of interleaving between coroutines. The schema is versioned by ``loopd.storage.migrations``.
+free of interleaving between coroutines. The schema is versioned by ``loopcommon.migrations``.
 """
 
 import json
@@ -25,14 +25,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import get_args
 
 from brokerd.tools.auditbounds import Excerpt, WriteBudget, excerpt, reduced
 from brokerd.tools.calls import CallRequest, RecordedCall
 from brokerd.tools.errors import BrokerError
 from brokerd.tools.settings import BrokerSettings
-from brokerd.tools.wording import CallStatus
-from loopd.storage.migrations import (
+from loopcommon.callstatus import CALL_STATUSES, CallStatus
+from loopcommon.migrations import (
     MigrationError,
     Migrations,
     append_only_triggers,
@@ -128,9 +127,6 @@ CREATE VIEW calls AS
         + append_only_triggers("audit_prunes")
         + _prunable_triggers(),
     )
-
-
-STATUSES: frozenset[str] = frozenset(get_args(CallStatus))
 
 
 def utc_now() -> datetime:
@@ -311,7 +307,7 @@ class AuditLog:
         if row is None:
             return None
         status = row[5]
-        if status is not None and status not in STATUSES:
+        if status is not None and status not in CALL_STATUSES:
             raise AuditLogError(f"call {call_id!r} has an unknown recorded status {status!r}")
         return RecordedCall(*row)
 

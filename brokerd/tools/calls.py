@@ -25,7 +25,7 @@ from brokerd.tools.auditbounds import sha256
 from brokerd.tools.catalogue import Catalogue, CommandRun, ToolSpec
 from brokerd.tools.errors import ArgvError
 from brokerd.tools.paths import place_paths
-from brokerd.tools.wording import CallStatus
+from loopcommon.callstatus import CallStatus
 
 
 @dataclass(frozen=True)

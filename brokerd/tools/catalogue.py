@@ -21,7 +21,7 @@ import jsonschema
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from brokerd.tools.errors import CatalogueError
-from loopd.schemas import check_schema
+from loopcommon.schemas import check_schema
 
 TOOL_NAME_PATTERN = r"^[a-z][a-z0-9_]{0,63}$"
 # An MCP server's tool: "<server>.<tool part>" (``brokerd.mcp.names``); never a catalogue file's.

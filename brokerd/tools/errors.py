@@ -5,8 +5,10 @@ are turned into a tool-result text or an HTTP error in one place each (``service
 the model always gets words it can act on instead of a traceback.
 """
 
+from brokerd.errors import BrokerdError
 
-class BrokerError(Exception):
+
+class BrokerError(BrokerdError):
     """Base of every error the tool broker raises on purpose."""
 
 

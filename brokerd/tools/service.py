@@ -38,7 +38,7 @@ from brokerd.tools.errors import CallConflictError
 from brokerd.tools.execute import Confiner, execute, limits_for
 from brokerd.tools.ranking import rank
 from brokerd.tools.settings import BrokerSettings
-from brokerd.tools.wording import CallStatus
+from loopcommon.callstatus import CallStatus
 
 if TYPE_CHECKING:
     from brokerd.mcp.config import McpServerConfig

@@ -16,7 +16,6 @@ from brokerd.tools.arguments import ArgumentProblems
 from brokerd.tools.catalogue import ToolSpec
 from brokerd.tools.ranking import RankedTool
 
-CallStatus = Literal["ok", "refused", "invalid", "error", "timeout", "replayed", "interrupted"]
 MAX_DESCRIPTION_CHARS = 600
 MAX_LISTED_NAMES = 50
 CALL_TOOL_RULE = (

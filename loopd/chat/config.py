@@ -10,7 +10,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 from pydantic_settings import NoDecode
 
-from loopd.errors import ConfigError
+from loopcommon.errors import ConfigError
 
 
 def _comma_list(value: Any) -> Any:

@@ -11,7 +11,7 @@ Rows are only ever added (the latest row wins), as in the session log, but for `
 - ``held``: messages that came while their thread's turn ran, kept here until it ends (a row is
   removed once its message is in the session log).
 
-The schema is versioned by ``loopd.storage.migrations``.
+The schema is versioned by ``loopcommon.migrations``.
 """
 
 from __future__ import annotations
@@ -24,13 +24,13 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from loopd.errors import LoopdError
-from loopd.storage.migrations import (
+from loopcommon.migrations import (
     MigrationError,
     Migrations,
     append_only_triggers,
     execute_script,
 )
+from loopd.errors import LoopdError
 
 # Before versions, loopd created its tables on every open (hence IF NOT EXISTS in the steps that
 # were its schema then): first these, then ``held`` (m002).

@@ -27,6 +27,7 @@ import anyio
 from anyio.abc import TaskGroup
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, wait_exponential
 
+from loopcommon.errors import DaemonError
 from loopd.chat.config import ChatSettings
 from loopd.chat.cursor import ChatState, ChatStateError
 from loopd.chat.mentions import named
@@ -38,7 +39,6 @@ from loopd.chat.turnposts import DRAFT, STATUS, TurnPosts, close, draft_post
 from loopd.engine.compaction import is_compaction_instruction
 from loopd.engine.notes import cut_note
 from loopd.engine.turn import TurnOutcome
-from loopd.errors import LoopdError
 from loopd.sessionlog.errors import DiskFullError, LockedError
 from loopd.sessionlog.records import REPLAYED_KINDS, Entry, EntryKind
 from loopd.sessionlog.store import SessionLog
@@ -281,7 +281,7 @@ class Threads:
                 self._dirty.discard(session)
                 try:
                     await self._step_until_done(session)
-                except* LoopdError:
+                except* DaemonError:
                     # One thread's failure (a damaged log, a post Mattermost refuses) must not
                     # end the daemon; the next message wakes the session again.
                     # except*: the turn runs in a task group, which wraps what it raises.

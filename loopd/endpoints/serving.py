@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING
 
 import anyio
 
+from loopcommon.errors import DaemonError
 from loopd.config import EndpointSettings, Settings
 from loopd.endpoints.fleet import Fleet
 from loopd.endpoints.health import endpoint_dead, needs_health_check
@@ -39,7 +40,6 @@ from loopd.engine.prewarm import Prewarmer
 from loopd.engine.prewarm_plan import PrewarmPlan
 from loopd.engine.stream import StatusCallback
 from loopd.engine.turn import Turn, TurnOutcome
-from loopd.errors import LoopdError
 from loopd.scheduler import PositionCallback, Scheduler
 from loopd.selftest.endpoints import Checker, recheck_down
 from loopd.sessionlog.records import Session
@@ -295,6 +295,6 @@ class Endpoints:
         if needs_health_check(outcome.cause):
             try:
                 answers = await server.client.health()
-            except LoopdError:
+            except DaemonError:
                 answers = False
         return endpoint_dead(outcome.cause, answers)

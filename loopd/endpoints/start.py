@@ -15,6 +15,7 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from loopcommon.errors import DaemonError
 from loopd.config import EndpointSettings
 from loopd.engine.client import InferenceClient
 from loopd.errors import LoopdError
@@ -67,7 +68,7 @@ def reachability_checker(clients: Mapping[str, InferenceClient]) -> Checker:
         client = clients[endpoint.name]
         try:
             healthy = await client.health()
-        except LoopdError as exc:
+        except DaemonError as exc:
             return EndpointCheck(endpoint, None, f"unreachable ({exc})")
         return EndpointCheck(endpoint, None, None if healthy else "/health is not ok")
 

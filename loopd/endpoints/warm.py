@@ -21,11 +21,11 @@ from typing import TYPE_CHECKING
 
 import anyio
 
+from loopcommon.errors import DaemonError
 from loopd.endpoints.placement import Move
 from loopd.engine.perf import endpoint_changed
 from loopd.engine.prewarm import PrewarmOutcome, PrewarmResult
 from loopd.engine.turn import previous_request
-from loopd.errors import LoopdError
 from loopd.observe.context import request_scope
 from loopd.observe.metrics import METRICS
 
@@ -106,7 +106,7 @@ class MoveWarmer:
         server.plan.drop(name)
         try:
             result = await self._prewarm(server, name, slot)
-        except LoopdError:  # optional work: a log or server error must not end the front end
+        except DaemonError:  # optional work: a log or server error must not end the front end
             log.exception("prewarm of %s on endpoint %s failed; prewarm goes on", name, server.name)
             return
         if result.outcome is PrewarmOutcome.DONE:

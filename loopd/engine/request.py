@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Final
 
-from loopd.jsonbytes import dumps
+from loopcommon.jsonbytes import dumps
 from loopd.sessionlog.replay import messages_array
 
 # ``id_slot`` for a request the server places itself: the idle slot whose prompt shares most with

@@ -31,6 +31,7 @@ from tenacity import (
     wait_exponential,
 )
 
+from loopcommon.jsonbytes import dumps
 from loopd.engine import pool, repeats
 from loopd.engine.client import InferenceClient
 from loopd.engine.perf import (
@@ -52,7 +53,6 @@ from loopd.engine.stream import (
     retry_safe,
     stream_into,
 )
-from loopd.jsonbytes import dumps
 from loopd.observe.context import request_scope
 from loopd.observe.metrics import METRICS
 from loopd.sessionlog.chain import messages_digest

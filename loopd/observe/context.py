@@ -4,8 +4,9 @@ The id lives in a context variable, so it follows the work through every await a
 work starts (the slot watch's ``/slots`` polls carry the id of the request they wait for), without
 being passed down through the engine. Three things read it:
 
-- ``ContextFields``, a logging filter: every line logged inside a scope gets ``session`` and
-  ``request_id`` as fields (JSON fields in the JSON format), beside the line's own;
+- the shared log filter (``loopcommon.context.ContextFields``): every line logged inside a scope
+  gets ``session`` and ``request_id`` as fields (JSON fields in the JSON format), beside the line's
+  own;
 - the event hooks of loopd's two HTTP clients (``inference_hooks``, ``broker_hooks``): each
   request sent inside a scope carries ``X-Loopd-Request`` and ``X-Loopd-Session``; brokerd logs
   them next to its own fields (``brokerd.observe``), so the two daemons' lines join on the id;
@@ -16,7 +17,6 @@ being passed down through the engine. Three things read it:
 from __future__ import annotations
 
 import json
-import logging
 import secrets
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
@@ -24,8 +24,8 @@ from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any, Final, Protocol
 
-REQUEST_HEADER: Final = "X-Loopd-Request"
-SESSION_HEADER: Final = "X-Loopd-Session"
+from loopcommon.context import REQUEST_HEADER, SESSION_HEADER, log_fields
+
 # brokerd's answer to a tool call is read for its status only below this size (results are
 # capped by brokerd; a larger body is left to the client and the status stays unknown).
 STATUS_READ_CAP: Final = 4 * 1024 * 1024
@@ -66,7 +66,8 @@ def new_request_id() -> str:
 def _entered(scope: Scope) -> Iterator[Scope]:
     token = _current.set(scope)
     try:
-        yield scope
+        with log_fields(scope.fields()):
+            yield scope
     finally:
         _current.reset(token)
 
@@ -86,21 +87,6 @@ def request_scope(session: str | None = None) -> Iterator[Scope]:
     name = session if session is not None else (outer.session if outer else None)
     with _entered(Scope(name, new_request_id())) as scope:
         yield scope
-
-
-class ContextFields(logging.Filter):
-    """Adds the scope's ``session`` and ``request_id`` to each record's structured fields (the
-    line's own fields win: a line about another session keeps its own)."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        scope = current()
-        if scope is not None:
-            own = getattr(record, "fields", None)
-            merged = scope.fields()
-            if isinstance(own, dict):
-                merged.update(own)
-            record.fields = merged
-        return True
 
 
 class _Headers(Protocol):

@@ -21,10 +21,10 @@ from prometheus_client import (
     disable_created_metrics,
 )
 
+from loopcommon.version import installed_version
 from loopd.engine.perf import LossCause
 from loopd.engine.prewarm import PrewarmOutcome, PrewarmResult
 from loopd.sessionlog.records import RequestKind, RequestRecord
-from loopd.version import installed_version
 
 SECONDS_BUCKETS: Final = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 900)
 TOOL_BUCKETS: Final = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300)

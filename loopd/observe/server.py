@@ -2,7 +2,7 @@
 
 In the box (``--network=none``) the address is a Unix socket in a folder of the host account that
 the container mounts (deploy/loopd.container): brokerd on the host relays it to a host address
-(its ``metrics_relay`` setting; see docs/observability.md). ``loopd.observe.serving`` serves it
+(its ``metrics_relay`` setting; see docs/observability.md). ``loopcommon.httpserve`` serves it
 (and brokerd's metrics address).
 
 Routes: ``GET /metrics`` (Prometheus text format), ``GET /`` (the status page), ``GET
@@ -25,10 +25,11 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, Response
 from starlette.routing import Route
 
-from loopd.observe.address import parse_address
+from loopcommon.address import parse_address
+from loopcommon.httpserve import serve_http
+from loopcommon.statuspage import render
 from loopd.observe.metrics import METRICS, LoopdMetrics
-from loopd.observe.serving import serve_http
-from loopd.observe.status import render, snapshot
+from loopd.observe.status import snapshot
 from loopd.sessions import Runtime
 
 log = logging.getLogger(__name__)

@@ -1,72 +1,24 @@
-"""The status page: slots, live turns and sessions, as plain HTML with inline SVG plots.
+"""The status page's data, read from the runtime: slots, live turns and sessions.
 
-``snapshot`` reads the runtime (its scheduler, its live turns, its session log) into plain data;
-``render`` turns that into the page, with no I/O; the page refreshes itself (``<meta
-http-equiv="refresh">``), so a browser left on it follows the box without any script.
+``snapshot`` reads the runtime (its scheduler, its live turns, its session log) into the page's
+plain data (``loopcommon.statuspage``, which also renders it, with no I/O).
 """
 
 from __future__ import annotations
 
-import html
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
-from typing import Any, Final
+from typing import Final
 
+from loopcommon.statuspage import LiveView, SessionView, SlotView, StatusSnapshot
 from loopd.perfreport import summarize
 from loopd.sessionlog.records import Request, RequestKind
 from loopd.sessions import Runtime
 
-REFRESH_S: Final = 5
 PLOT_POINTS: Final = 60  # the latest requests a session's plot shows
 MAX_SESSIONS: Final = 50  # the most recently active sessions listed
 PREWARM_PREFIX: Final = "prewarm:"  # the scheduler holds a slot for a prewarm under this name
-
-
-@dataclass(frozen=True)
-class SlotView:
-    slot: int
-    holder: str | None  # the session holding it (for a prewarm: the session being warmed)
-    phase: str | None
-    in_line: int  # sessions waiting for it in loopd's line
-
-    @property
-    def busy(self) -> bool:
-        return self.holder is not None
-
-
-@dataclass(frozen=True)
-class LiveView:
-    session: str
-    slot: int
-    phase: str
-    running_s: float
-    holding: bool
-    ahead: int
-
-
-@dataclass(frozen=True)
-class SessionView:
-    name: str
-    slot: int
-    requests: int
-    last_turn_at: str | None
-    hit_rate: float | None
-    prompt_n: tuple[int, ...]  # per request, oldest first (the latest PLOT_POINTS)
-    phase: str | None  # the live turn's, if one runs
-
-
-@dataclass(frozen=True)
-class StatusSnapshot:
-    generated_at: str
-    model: str
-    slots: tuple[SlotView, ...]
-    live: tuple[LiveView, ...]
-    sessions: tuple[SessionView, ...]
-
-    def as_json(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 def snapshot(runtime: Runtime, now: float | None = None) -> StatusSnapshot:
@@ -123,118 +75,3 @@ def session_view(
 
 def _stamp(wall: float) -> str:
     return datetime.fromtimestamp(wall, UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
-
-
-# -- rendering (pure) ---------------------------------------------------------------------------
-
-STYLE: Final = """
-body { font: 14px/1.4 system-ui, sans-serif; margin: 1.5em; color: #222; background: #fff; }
-h1 { font-size: 1.3em; margin: 0 0 .2em; } h2 { font-size: 1.1em; margin: 1.4em 0 .4em; }
-table { border-collapse: collapse; } td, th { padding: .3em .8em; text-align: left; }
-th { background: #eef; } tr:nth-child(even) td { background: #f7f7fa; }
-.busy { color: #fff; background: #c60; padding: 0 .4em; border-radius: 3px; }
-.idle { color: #fff; background: #393; padding: 0 .4em; border-radius: 3px; }
-.muted { color: #777; } code { font-size: .95em; } td { white-space: nowrap; }
-td.plot svg { vertical-align: middle; }
-"""
-
-
-def render(snap: StatusSnapshot) -> str:
-    """The page: one self-contained HTML document, no script."""
-    e = html.escape
-    parts = [
-        "<!DOCTYPE html>",
-        '<html lang="en"><head><meta charset="utf-8">',
-        f'<meta http-equiv="refresh" content="{REFRESH_S}">',
-        f"<title>loopd: {len(snap.live)} live</title>",
-        f"<style>{STYLE}</style></head><body>",
-        "<h1>loopd</h1>",
-        f'<p class="muted">model <code>{e(snap.model)}</code> · {e(snap.generated_at)} · '
-        f"refreshes every {REFRESH_S} s</p>",
-        "<h2>Slots</h2>",
-        _slots_table(snap.slots),
-        "<h2>Live turns</h2>",
-        _live_table(snap.live),
-        "<h2>Sessions</h2>",
-        _sessions_table(snap.sessions),
-        "</body></html>",
-    ]
-    return "\n".join(parts)
-
-
-def _slots_table(slots: Sequence[SlotView]) -> str:
-    e = html.escape
-    rows = ["<table><tr><th>slot</th><th>state</th><th>session</th><th>phase</th>"]
-    rows.append("<th>in line</th></tr>")
-    for s in slots:
-        state = '<span class="busy">busy</span>' if s.busy else '<span class="idle">idle</span>'
-        rows.append(
-            f"<tr><td>{s.slot}</td><td>{state}</td><td><code>{e(s.holder or '')}</code></td>"
-            f"<td>{e(s.phase or '')}</td><td>{s.in_line}</td></tr>"
-        )
-    rows.append("</table>")
-    return "".join(rows)
-
-
-def _live_table(live: Sequence[LiveView]) -> str:
-    if not live:
-        return '<p class="muted">no turn is under way</p>'
-    e = html.escape
-    rows = ["<table><tr><th>session</th><th>slot</th><th>phase</th><th>for</th></tr>"]
-    for t in live:
-        phase = t.phase if t.holding else f"in line ({t.ahead} ahead)"
-        rows.append(
-            f"<tr><td><code>{e(t.session)}</code></td><td>{t.slot}</td><td>{e(phase)}</td>"
-            f"<td>{t.running_s:.0f} s</td></tr>"
-        )
-    rows.append("</table>")
-    return "".join(rows)
-
-
-def _sessions_table(sessions: Sequence[SessionView]) -> str:
-    if not sessions:
-        return '<p class="muted">no sessions yet</p>'
-    e = html.escape
-    rows = [
-        "<table><tr><th>session</th><th>slot</th><th>last turn</th><th>requests</th>"
-        "<th>cache hit rate</th><th>prompt_n per request</th><th>now</th></tr>"
-    ]
-    for s in sessions:
-        hit = "" if s.hit_rate is None else f"{s.hit_rate:.0%}"
-        rows.append(
-            f"<tr><td><code>{e(s.name)}</code></td><td>{s.slot}</td>"
-            f"<td>{e(when(s.last_turn_at))}</td><td>{s.requests}</td><td>{hit}</td>"
-            f'<td class="plot">{sparkline(s.prompt_n)}</td><td>{e(s.phase or "")}</td></tr>'
-        )
-    rows.append("</table>")
-    return "".join(rows)
-
-
-def when(stamp: str | None) -> str:
-    """A stored time (ISO, with its offset) as ``2026-05-01 12:00:07Z``."""
-    if not stamp:
-        return ""
-    try:
-        moment = datetime.fromisoformat(stamp).astimezone(UTC)
-    except ValueError:
-        return stamp
-    return moment.strftime("%Y-%m-%d %H:%M:%SZ")
-
-
-def sparkline(values: Sequence[int], width: int = 180, height: int = 36) -> str:
-    """An inline SVG of ``values`` (one point per request), its largest value beside it."""
-    if not values:
-        return '<span class="muted">none</span>'
-    top = max(max(values), 1)
-    step = width / max(len(values) - 1, 1)
-    points = " ".join(
-        f"{i * step:.1f},{height - 2 - (v / top) * (height - 4):.1f}" for i, v in enumerate(values)
-    )
-    last_x, last_y = points.rsplit(" ", 1)[-1].split(",")
-    return (
-        f'<svg width="{width}" height="{height}" viewBox="0 0 {width} {height}" role="img" '
-        f'aria-label="prompt_n per request, largest {top}">'
-        f'<polyline points="{points}" fill="none" stroke="#36c" stroke-width="1.5"/>'
-        f'<circle cx="{last_x}" cy="{last_y}" r="2.5" fill="#c60"/></svg>'
-        f' <span class="muted">max {top:,}</span>'
-    )

@@ -16,17 +16,13 @@ from collections.abc import Collection, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
+from loopcommon.callstatus import CALL_STATUSES
 from loopd.observe.context import Scope, request_scope
 from loopd.observe.metrics import METRICS, LoopdMetrics, tool_label
 from loopd.tools.core import ToolResult
 from loopd.wire.assemble import ToolCall
 
 log = logging.getLogger("loopd.tools.calls")
-
-# brokerd's call statuses (brokerd.tools.wording.CallStatus) and find_tool's plain answer.
-BROKER_STATUSES = frozenset(
-    {"ok", "error", "timeout", "invalid", "refused", "replayed", "interrupted"}
-)
 
 
 @dataclass
@@ -51,7 +47,7 @@ def broker_outcome(scope: Scope) -> str:
     if not 200 <= scope.http_status < 300:
         return "http_error"
     status = scope.answer_status or "ok"
-    return status if status in BROKER_STATUSES else "other"
+    return status if status in CALL_STATUSES else "other"
 
 
 @contextmanager

@@ -17,7 +17,7 @@ from __future__ import annotations
 import hashlib
 from enum import StrEnum
 
-from loopd.jsonbytes import dumps
+from loopcommon.jsonbytes import dumps
 
 # Unlikely to occur in any template's own text, so finding it means the template rendered it.
 REASONING_MARKER = "selftest-reasoning-7d1c"

@@ -6,13 +6,13 @@ how records map to rows and ``migrations`` for the schema.
 
 The log uses the standard library's ``sqlite3`` directly, not sqlite-utils. Its schema is fixed
 SQL with what sqlite-utils' table builder does not express (CHECK constraints, append-only
-triggers, a partial index), applied by ``loopd.storage.migrations``; every write is an
+triggers, a partial index), applied by ``loopcommon.migrations``; every write is an
 explicit ``BEGIN IMMEDIATE`` transaction whose rows are hashed before they are inserted; and
 ``Table.insert`` reads the schema twice per row, ready to create a missing table with columns
 guessed from the row, which a log with a fixed schema never wants (27 µs an insert against 2 µs
 through ``sqlite3``, measured on a scratch table). What else it would give here is small: a
 table list is one query, and its script runner that stays inside a transaction is
-``execute_script`` in ``loopd.storage.migrations``, which the chat state and brokerd's audit log
+``execute_script`` in ``loopcommon.migrations``, which the chat state and brokerd's audit log
 use too.
 """
 

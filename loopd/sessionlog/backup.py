@@ -25,6 +25,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Final
 
+from loopcommon.errors import DaemonError
 from loopd.errors import LoopdError
 from loopd.sessionlog.store import SessionLog
 from loopd.sessionlog.verify import verify
@@ -141,7 +142,7 @@ def _verified(log_path: Path, copied: tuple[Copied, ...]) -> Report:
             problems = verify(log)
             sessions = log.sessions()
             entries = sum(len(log.entries(s.name)) for s in sessions)
-    except LoopdError as exc:
+    except DaemonError as exc:
         raise BackupError(f"{log_path}: {exc}") from exc
     if problems:
         raise BackupError(f"{log_path} does not verify: {problems[0]}")

@@ -3,7 +3,7 @@
 import hashlib
 from collections.abc import Iterable, Sequence
 
-from loopd import jsonbytes
+from loopcommon import jsonbytes
 from loopd.sessionlog.records import EntryFields
 
 _CHAIN_TAG = "loopd-session-log/1"

@@ -19,7 +19,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Final, TextIO
 
-from loopd import jsonbytes
+from loopcommon import jsonbytes
 from loopd.sessionlog.backup import backup_state, restore_state
 from loopd.sessionlog.errors import LogError, NotALogError, StorageError, UnknownSessionError
 from loopd.sessionlog.records import Entry

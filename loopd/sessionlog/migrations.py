@@ -1,4 +1,4 @@
-"""Versioned schema of the session log, by ``loopd.storage.migrations``.
+"""Versioned schema of the session log, by ``loopcommon.migrations``.
 
 The file is marked as a session log by ``PRAGMA application_id``, set by the first step. Every
 table is append-only: triggers refuse UPDATE and DELETE (those of the ``_migrations`` record are
@@ -7,7 +7,7 @@ the mechanism's own), and corrections are entries.
 
 import sqlite3
 
-from loopd.storage.migrations import Migrations, append_only_triggers, execute_script
+from loopcommon.migrations import Migrations, append_only_triggers, execute_script
 
 APPLICATION_ID = 0x6C6F6F70  # "loop"
 

@@ -8,7 +8,7 @@ in log order, and the request body embeds them with ``messages_array``.
 
 from collections.abc import Sequence
 
-from loopd import jsonbytes
+from loopcommon import jsonbytes
 
 
 def system_message(text: str) -> str:

@@ -12,7 +12,7 @@ from dataclasses import fields
 from functools import cache
 from typing import Any
 
-from loopd import jsonbytes
+from loopcommon import jsonbytes
 from loopd.sessionlog.records import (
     ENTRY_FIELDS,
     Entry,

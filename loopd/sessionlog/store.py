@@ -25,6 +25,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Self
 
+from loopcommon.migrations import NewerSchemaError
 from loopd.sessionlog import chain, replay, rows
 from loopd.sessionlog.assistant import MalformedAssistantError, tool_calls_of
 from loopd.sessionlog.errors import (
@@ -58,7 +59,6 @@ from loopd.sessionlog.records import (
     SessionState,
 )
 from loopd.sessionlog.state import derive_state, unanswered_calls
-from loopd.storage.migrations import NewerSchemaError
 
 _COPIED_KINDS = frozenset({EntryKind.USER, EntryKind.ASSISTANT, EntryKind.TOOL})
 

@@ -22,9 +22,10 @@ from datetime import datetime
 from pathlib import Path
 from typing import Final, TextIO
 
+from loopcommon.errors import DaemonError
+from loopcommon.sanitize import for_terminal
 from loopd.config import Settings
 from loopd.engine.turn import TurnOutcome
-from loopd.errors import LoopdError
 from loopd.sessionlog.commands import list_sessions
 from loopd.terminal import slash
 from loopd.terminal.core import ChatCore, Stopped, TurnEnd, Watcher
@@ -32,7 +33,6 @@ from loopd.terminal.lineinput import LineInput, PipedInput, TerminalInput
 from loopd.terminal.link import Link, ScreenWatch, connected
 from loopd.terminal.logfile import logs_out_of_the_way
 from loopd.terminal.render import DIM, RESET, Style, TurnView
-from loopd.terminal.sanitize import for_terminal
 
 HISTORY_FILE: Final = "chat_history"
 EXIT_FAILED: Final = 2
@@ -142,7 +142,7 @@ class TerminalChat:
                 name = command.argument or slash.new_session_name(datetime.now())
                 try:
                     session = self.link.call(self.core.new_session, name)
-                except LoopdError as exc:
+                except DaemonError as exc:
                     self._write(self.err, f"loopd: {for_terminal(str(exc))}\n")
                     return
                 self._write(self.out, f"new session {session.name!r} (slot {session.slot})\n")

@@ -15,8 +15,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Final, TextIO
 
+from loopcommon.logsetup import configure_logging
 from loopd.config import Settings
-from loopd.logsetup import configure_logging
 
 FILE_NAME: Final = "chat.log"
 MAX_BYTES: Final = 10 * 1024 * 1024

@@ -21,11 +21,11 @@ import json
 from dataclasses import dataclass
 from enum import Enum
 
+from loopcommon.sanitize import for_terminal
 from loopd.chat.status import InLine, in_line_words, phase_words
 from loopd.engine.notes import cut_note
 from loopd.engine.stream import Phase, Status
 from loopd.engine.turn import TurnOutcome
-from loopd.terminal.sanitize import for_terminal
 
 DIM = "\x1b[2m"
 BOLD = "\x1b[1m"

@@ -17,7 +17,7 @@ from typing import Any
 import anyio
 from jsonschema.exceptions import best_match
 
-from loopd.schemas import validator
+from loopcommon.schemas import validator
 from loopd.tools import files
 from loopd.tools.command import Sandbox, check_protected_paths, render_outcome, run_command
 from loopd.tools.errors import NotACoreToolError, ToolFailure, ToolsSpecError

@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from loopd.linearregex import RegexError, compile_linear
+from loopcommon.linearregex import RegexError, compile_linear
 from loopd.tools.errors import ToolFailure
 from loopd.tools.limits import ToolLimits
 from loopd.tools.quota import free_bytes, usage

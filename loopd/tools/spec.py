@@ -3,7 +3,8 @@
 The server renders the ``tools`` array at the very top of the prompt, so one change to it costs a
 full re-read of every session. The array is therefore read once at startup, checked, and turned
 into one string (``ToolsSpec.text``) that every request of the epoch sends unchanged. How the file
-is formatted on disk does not matter: ``text`` is ``loopd.jsonbytes.dumps`` of the parsed value.
+is formatted on disk does not matter: ``text`` is ``loopcommon.jsonbytes.dumps`` of the parsed
+value.
 """
 
 import hashlib
@@ -16,8 +17,8 @@ from typing import Any
 
 from jsonschema.exceptions import SchemaError
 
-from loopd.jsonbytes import dumps
-from loopd.schemas import check_schema
+from loopcommon.jsonbytes import dumps
+from loopcommon.schemas import check_schema
 from loopd.tools.errors import ToolsSpecError
 
 # The names the chat-completions API accepts for a function.

@@ -13,10 +13,10 @@ from bench.ideal import (
     reply_tokenized_anew,
     resumed_before_divergence,
 )
+from loopcommon.jsonbytes import dumps
 from loopd.engine.client import InferenceClient, make_async_client
 from loopd.engine.request import RequestSettings, Sampling, build_body
 from loopd.engine.stream import Limits, run_request
-from loopd.jsonbytes import dumps
 from loopd_dev.devserver import PLAIN_MODEL
 from tests.bench.fake_server import fake_server
 

@@ -6,7 +6,7 @@ import pytest
 
 from bench.parsers import STREAMS
 from bench.script import RECORDED_TOOL_CALL, SCRIPT, TOOLS, call_id, request_count, scripted
-from loopd.jsonbytes import dumps
+from loopcommon.jsonbytes import dumps
 from loopd.sessionlog.assistant import tool_calls_of
 from loopd.tools.spec import parse_tools_spec
 from loopd.wire import EventDecoder, StreamAssembler

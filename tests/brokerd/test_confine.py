@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from brokerd.config import BrokerdSettings, ConfigError, Secrets
+from brokerd.config import BrokerdSettings, Secrets
 from brokerd.confine import (
     Bind,
     Confinement,
@@ -21,6 +21,7 @@ from brokerd.confine import (
 )
 from brokerd.serve import build_endpoints
 from brokerd.tools.settings import BrokerSettings
+from loopcommon.errors import ConfigError
 
 VIEW = HostView(
     bwrap="/usr/bin/bwrap",

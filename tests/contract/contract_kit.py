@@ -23,8 +23,8 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from loopcommon.jsonbytes import dumps
 from loopd.engine.client import InferenceClient
-from loopd.jsonbytes import dumps
 from loopd.wire import (
     ChunkMeta,
     EventDecoder,

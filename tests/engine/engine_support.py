@@ -13,11 +13,11 @@ from typing import Any
 
 import anyio
 
+from loopcommon.jsonbytes import dumps
 from loopd.engine.client import InferenceClient
 from loopd.engine.request import RequestSettings, Sampling, build_body
 from loopd.engine.stream import Limits, Status
 from loopd.engine.turn import Turn
-from loopd.jsonbytes import dumps
 from loopd.sessionlog.records import EntryKind, Request, fresh_external_key
 from loopd.sessionlog.store import SessionLog
 from loopd.wire.assemble import ToolCall

@@ -10,9 +10,9 @@ from typing import Any
 
 import pytest
 
+from loopcommon.jsonbytes import dumps
 from loopd import perfreport
 from loopd.engine.perf import LossCause
-from loopd.jsonbytes import dumps
 from loopd.sessionlog.chain import messages_digest
 from loopd.sessionlog.records import Perf, RequestKind, RequestRecord
 from loopd.sessionlog.store import SessionLog

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from loopcommon.jsonbytes import dumps
 from loopd.engine import repeats
-from loopd.jsonbytes import dumps
 from loopd.observe.metrics import METRICS
 from loopd.sessionlog.records import EntryKind
 from loopd.wire.assemble import ToolCall

@@ -5,8 +5,8 @@ import json
 from hypothesis import given
 from hypothesis import strategies as st
 
+from loopcommon.jsonbytes import dumps
 from loopd.engine.request import RequestSettings, Sampling, build_body
-from loopd.jsonbytes import dumps
 
 SETTINGS = RequestSettings(model="m", slot=1, max_tokens=128)
 

@@ -10,10 +10,10 @@ from pathlib import Path
 import anyio
 import pytest
 
+from loopcommon.jsonbytes import dumps
 from loopd.engine.client import InferenceClient
 from loopd.engine.request import RequestSettings, Sampling, build_body
 from loopd.engine.stream import Failure, Limits, Phase, Status, run_request
-from loopd.jsonbytes import dumps
 from loopd_dev import devserver
 
 pytestmark = [pytest.mark.real_server, pytest.mark.anyio]

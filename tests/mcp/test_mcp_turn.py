@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from loopd.jsonbytes import dumps
+from loopcommon.jsonbytes import dumps
 from loopd.sessionlog.chain import messages_digest
 from loopd.sessionlog.records import Perf, RequestKind, RequestRecord, fresh_external_key
 from loopd_dev import devserver

@@ -14,9 +14,8 @@ import anyio
 from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
-from brokerd.observe.context import ContextFields as BrokerdFields
-from loopd.logsetup import JsonLinesFormatter
-from loopd.observe.context import ContextFields as LoopdFields
+from loopcommon.context import ContextFields
+from loopcommon.logsetup import JsonLinesFormatter
 
 Labels = dict[str, str]
 
@@ -36,12 +35,11 @@ class Captured:
 @contextmanager
 def captured_logs() -> Iterator[Captured]:
     """Every log line at INFO and above as JSON objects, with both daemons' context fields (the
-    two daemons run in one process here; each filter reads only its own context)."""
+    two daemons run in one process here; the shared filter reads the innermost scope's)."""
     captured = Captured()
     handler = logging.StreamHandler(captured.out)
     handler.setFormatter(JsonLinesFormatter())
-    handler.addFilter(LoopdFields())
-    handler.addFilter(BrokerdFields())
+    handler.addFilter(ContextFields())
     root = logging.getLogger()
     level = root.level
     root.addHandler(handler)

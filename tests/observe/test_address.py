@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
+from loopcommon.address import TcpAddress, UnixAddress, check_address, parse_address
+from loopcommon.errors import ConfigError
 from loopd.config import load_settings
-from loopd.errors import ConfigError
-from loopd.observe.address import TcpAddress, UnixAddress, check_address, parse_address
 
 
 @pytest.mark.parametrize(

@@ -14,7 +14,7 @@ import pytest
 from anyio.abc import SocketStream
 from starlette.types import Receive, Scope, Send
 
-from brokerd.config import BrokerdSettings, ConfigError
+from brokerd.config import BrokerdSettings
 from brokerd.observe.context import current
 from brokerd.observe.metrics import BROKERD_METRICS
 from brokerd.observe.middleware import instrument
@@ -22,9 +22,10 @@ from brokerd.observe.relay import MAX_BYTES, PAGE_POLICY, LoopdRelay
 from brokerd.observe.server import create_metrics_app, metrics_service
 from brokerd.proxy.inference import create_inference_app
 from brokerd.proxy.upstream import parse_upstream
+from loopcommon.errors import ConfigError
+from loopcommon.statuspage import REFRESH_S
 from loopd.config import load_settings
 from loopd.observe.server import serve_runtime
-from loopd.observe.status import REFRESH_S
 from loopd.sessions import Runtime
 from tests.observe.observe_support import captured_logs, sample, scraped, value
 

@@ -9,11 +9,9 @@ import logging
 import httpx
 import pytest
 
-from loopd.logsetup import JsonLinesFormatter
+from loopcommon.context import REQUEST_HEADER, SESSION_HEADER, ContextFields
+from loopcommon.logsetup import JsonLinesFormatter
 from loopd.observe.context import (
-    REQUEST_HEADER,
-    SESSION_HEADER,
-    ContextFields,
     broker_hooks,
     current,
     inference_hooks,

@@ -7,9 +7,9 @@ from __future__ import annotations
 from prometheus_client import generate_latest
 
 from brokerd.observe.metrics import BrokerdMetrics
+from loopcommon.version import installed_version
 from loopd.observe.metrics import LoopdMetrics
 from loopd.sessionlog.records import Perf, RequestKind, RequestRecord
-from loopd.version import installed_version
 
 VERSION = installed_version()
 

@@ -259,7 +259,7 @@ async def test_metrics_are_served_on_a_unix_socket_until_cancelled(
 async def test_a_stale_socket_is_replaced_and_a_file_is_refused(
     tmp_path: Path, sockets: Path
 ) -> None:
-    from loopd.observe.serving import MetricsServeError
+    from loopcommon.httpserve import MetricsServeError
 
     runtime = Runtime.open(load_settings(state_dir=tmp_path / "state", model=MODEL))
     plain = sockets / "plain"

@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
+from loopcommon.jsonbytes import dumps
 from loopd import perfreport
-from loopd.jsonbytes import dumps
 from loopd.sessionlog.chain import messages_digest
 from loopd.sessionlog.records import Perf, RequestKind, RequestRecord, fresh_external_key
 from loopd.sessionlog.store import SessionLog

@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import re
 
-from loopd.engine.stream import Phase, Status
-from loopd.observe.live import describe
-from loopd.observe.status import (
+from loopcommon.statuspage import (
     LiveView,
     SessionView,
     SlotView,
@@ -15,6 +13,8 @@ from loopd.observe.status import (
     sparkline,
     when,
 )
+from loopd.engine.stream import Phase, Status
+from loopd.observe.live import describe
 
 
 def snapshot(**changes: object) -> StatusSnapshot:

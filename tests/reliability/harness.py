@@ -34,10 +34,10 @@ import anyio.abc
 
 from brokerd.tools.app import create_broker_app
 from brokerd.tools.settings import BrokerSettings
+from loopcommon.jsonbytes import dumps
 from loopd.config import Settings
 from loopd.engine.stream import Limits, Status
 from loopd.engine.turn import TurnOutcome
-from loopd.jsonbytes import dumps
 from loopd.sessionlog.commands import verify_log
 from loopd.sessionlog.records import EntryKind, fresh_external_key
 from loopd.sessionlog.store import SessionLog

@@ -21,10 +21,10 @@ from brokerd.proxy.chat import create_chat_app
 from brokerd.proxy.chatpolicy import ChatPolicy
 from brokerd.proxy.inference import create_inference_app
 from brokerd.proxy.upstream import parse_upstream
+from loopcommon.jsonbytes import dumps
 from loopd.chat.model import Post, WireFormatError
 from loopd.chat.ws import _event, parse_frame
 from loopd.engine.turn import Turn
-from loopd.jsonbytes import dumps
 from loopd_dev.fakes.llama import ScriptedReply, ScriptedToolCall
 from tests.brokerd.proxy.proxy_support import serving
 from tests.chat.chat_support import Env, chat_settings_for, daemon, fake_mattermost, settings_for

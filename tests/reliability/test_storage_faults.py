@@ -7,7 +7,7 @@ import sqlite3
 import anyio
 import pytest
 
-from loopd.errors import LoopdError
+from loopcommon.errors import DaemonError
 from loopd_dev.fakes.llama import ScriptedReply
 from tests.reliability.conftest import Observe
 from tests.reliability.harness import (
@@ -45,7 +45,7 @@ async def test_disk_full_during_a_turn(observe: Observe) -> None:
             turn.limits = FAST
             try:
                 shown = terminal_text(await turn.run())
-            except LoopdError as exc:  # what `loopd chat` prints for it
+            except DaemonError as exc:  # what `loopd chat` prints for it
                 shown = f"loopd: {exc}"
         assert "full" in shown.lower()
         resumed = await chat(env)

@@ -21,7 +21,7 @@ import pexpect
 import pyte
 import pytest
 
-from loopd.logsetup import HumanFormatter
+from loopcommon.logsetup import HumanFormatter
 from loopd_dev.fakes.llama import ScriptedReply, ScriptedToolCall
 from tests.terminal.support import LOOPD, PROMPT, FakeServer, fake_env, fake_llama
 

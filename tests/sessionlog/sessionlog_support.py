@@ -3,7 +3,7 @@
 from collections.abc import Sequence
 from pathlib import Path
 
-from loopd import jsonbytes
+from loopcommon import jsonbytes
 from loopd.sessionlog import RequestKind, RequestRecord, SessionLog, messages_digest
 
 TOOLS = '[{"type":"function","function":{"name":"read_file","parameters":{"type":"object"}}}]'

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from loopd.storage.migrations import (
+from loopcommon.migrations import (
     MigrationError,
     Migrations,
     NewerSchemaError,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from loopd.jsonbytes import dumps
+from loopcommon.jsonbytes import dumps
 from loopd.sessionlog.records import RequestKind, RequestRecord
 from loopd.sessionlog.replay import messages_array
 from loopd.sessionlog.store import SessionLog

@@ -7,6 +7,7 @@ import unicodedata
 from hypothesis import given
 from hypothesis import strategies as st
 
+from loopcommon.sanitize import for_terminal
 from loopd.engine.stream import Phase, Status
 from loopd.engine.turn import TurnOutcome
 from loopd.terminal.render import (
@@ -18,7 +19,6 @@ from loopd.terminal.render import (
     short_result,
     tail,
 )
-from loopd.terminal.sanitize import for_terminal
 from tests.terminal.support import plain
 
 

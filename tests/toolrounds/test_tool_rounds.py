@@ -18,9 +18,9 @@ import pytest
 
 from brokerd.tools.app import create_broker_app
 from brokerd.tools.settings import BrokerSettings
+from loopcommon.jsonbytes import dumps
 from loopd.config import load_settings
 from loopd.engine.client import ChatStream, InferenceClient
-from loopd.jsonbytes import dumps
 from loopd.sessionlog.chain import messages_digest
 from loopd.sessionlog.records import Perf, RequestKind, RequestRecord, fresh_external_key
 from loopd.sessionlog.store import SessionLog

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from loopd.jsonbytes import dumps
+from loopcommon.jsonbytes import dumps
 from loopd.tools import ToolsSpec, ToolsSpecError, load_tools_spec, parse_tools_spec
 from loopd.tools.core import CORE_TOOL_NAMES, check_spec_runnable
 

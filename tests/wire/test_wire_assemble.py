@@ -1,6 +1,6 @@
 """StreamAssembler and AssistantMessage: exact assembly, outcomes, thinking count, wire form."""
 
-from loopd.jsonbytes import dumps
+from loopcommon.jsonbytes import dumps
 from loopd.wire.assemble import AssistantMessage, Outcome, StreamAssembler, ToolCall
 from loopd.wire.events import (
     ChunkMeta,

@@ -4,7 +4,8 @@ from pathlib import Path
 
 import pytest
 
-from brokerd.config import ConfigError, load_settings, read_secret, read_secrets
+from brokerd.config import load_settings, read_secret, read_secrets
+from loopcommon.errors import ConfigError
 
 
 @pytest.fixture(autouse=True)

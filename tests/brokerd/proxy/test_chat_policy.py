@@ -2,8 +2,9 @@
 
 import pytest
 
-from brokerd.config import ConfigError, load_settings
+from brokerd.config import load_settings
 from brokerd.proxy.chatpolicy import ChannelFacts, ChatPolicy, channel_refusal, direct_members
+from loopcommon.errors import ConfigError
 
 BOT, ALICE, MALLORY = "b" * 26, "a" * 26, "m" * 26
 TEAM, OTHER = "t" * 26, "o" * 26

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from brokerd.tools.audit import AuditLog
 from brokerd.tools.calls import CallRequest
-from loopd import jsonbytes
+from loopcommon import jsonbytes
 from loopd.chat.cursor import ChatState
 from loopd.sessionlog import (
     Perf,

@@ -7,7 +7,7 @@ from typing import Any
 import anyio
 from anyio.abc import ObjectReceiveStream
 
-from loopd.jsonbytes import dumps
+from loopcommon.jsonbytes import dumps
 
 from .chunks import PING
 from .errors import ApiError

@@ -8,7 +8,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from loopd.jsonbytes import dumps
+from loopcommon.jsonbytes import dumps
 
 from .messages import ToolCallText
 

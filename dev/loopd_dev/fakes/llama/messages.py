@@ -9,7 +9,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from loopd.jsonbytes import dumps
+from loopcommon.jsonbytes import dumps
 
 from .errors import invalid_request, server_error
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
-from loopd.jsonbytes import dumps
+from loopcommon.jsonbytes import dumps
 
 from .messages import Message, ToolCallText
 from .tokenize import EOS

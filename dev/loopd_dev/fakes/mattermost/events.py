@@ -10,7 +10,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from loopd.jsonbytes import dumps
+from loopcommon.jsonbytes import dumps
 from loopd_dev.fakes.mattermost.model import Channel, Post, Reaction, Team, User, World
 
 _MENTION = re.compile(r"@([A-Za-z0-9.\-_]+)")

@@ -13,7 +13,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
-from loopd.jsonbytes import dumps
+from loopcommon.jsonbytes import dumps
 from loopd_dev.fakes.mattermost.clock import Clock
 from loopd_dev.fakes.mattermost.errors import AppError, forbidden, invalid_param, not_found
 

@@ -21,8 +21,8 @@ import uvicorn
 from anyio.abc import TaskStatus
 from starlette.types import ASGIApp
 
-from loopd.errors import LoopdError
-from loopd.observe.address import Address, TcpAddress, UnixAddress
+from loopcommon.address import Address, TcpAddress, UnixAddress
+from loopcommon.errors import DaemonError
 
 log = logging.getLogger(__name__)
 
@@ -30,7 +30,7 @@ SOCKET_MODE: Final = 0o660
 SHUTDOWN_S: Final = 2.0
 
 
-class MetricsServeError(LoopdError):
+class MetricsServeError(DaemonError):
     """The metrics address cannot be served (taken, not a socket, no permission)."""
 
 

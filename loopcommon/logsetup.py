@@ -18,8 +18,8 @@ import time
 from datetime import UTC, datetime
 from typing import Any, TextIO
 
-from loopd.observe.context import ContextFields
-from loopd.terminal.sanitize import for_terminal
+from loopcommon.context import ContextFields
+from loopcommon.sanitize import for_terminal
 
 _RESERVED = frozenset(logging.LogRecord("", 0, "", 0, "", (), None).__dict__) | {"message"}
 
@@ -54,7 +54,7 @@ class JsonLinesFormatter(logging.Formatter):
 class HumanFormatter(logging.Formatter):
     """``HH:MM:SS level logger: message key=value ...``, shown as text: a message quoting what
     the model or the box sent is never obeyed by the terminal it lands on
-    (``loopd.terminal.sanitize``)."""
+    (``loopcommon.sanitize``)."""
 
     def format(self, record: logging.LogRecord) -> str:
         stamp = time.strftime("%H:%M:%S", time.localtime(record.created))

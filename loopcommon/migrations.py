@@ -33,7 +33,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from datetime import UTC, datetime
 
-from loopd.errors import LoopdError
+from loopcommon.errors import DaemonError
 
 Step = Callable[[sqlite3.Connection], None]
 
@@ -41,7 +41,7 @@ MIGRATIONS_TABLE = "_migrations"
 _STEP_NAME = re.compile(r"m(\d{3})_[a-z0-9_]+")
 
 
-class MigrationError(LoopdError):
+class MigrationError(DaemonError):
     """A file's schema cannot be brought up to date; the owner of the file adds its path."""
 
 

@@ -41,7 +41,7 @@ from pydantic_settings import (
     TomlConfigSettingsSource,
 )
 
-from loopd.errors import ConfigError
+from loopcommon.errors import ConfigError
 
 M = TypeVar("M")
 M_contra = TypeVar("M_contra", contravariant=True)

@@ -4,7 +4,7 @@ tools file, brokerd's catalogue, MCP servers' input schemas): one factory, ``val
 jsonschema matches ``pattern``, ``patternProperties`` and ``additionalProperties`` with Python's
 backtracking ``re``, synchronously: a schema pattern such as ``^([a-z0-9]+-?)*$`` and a short
 argument can hold the event loop for seconds, doubling with each character. Here those keywords
-match with RE2 (``loopd.linearregex``), in time linear in the argument, and ``check_schema``
+match with RE2 (``loopcommon.linearregex``), in time linear in the argument, and ``check_schema``
 refuses, when the schema is loaded, a pattern RE2 cannot compile (backreferences, lookaround)
 and ``unevaluatedProperties`` beside ``patternProperties`` (jsonschema matches that pair with
 ``re`` again). ``format`` is never asserted (no format checker is given), so ``format: regex``
@@ -20,7 +20,7 @@ from jsonschema import ValidationError
 from jsonschema.protocols import Validator
 from jsonschema.validators import extend, validator_for
 
-from loopd.linearregex import RegexError, compile_linear
+from loopcommon.linearregex import RegexError, compile_linear
 
 # Keywords whose values are data, not schemas: a "pattern" inside them is not a regex.
 _DATA_KEYWORDS: Final = frozenset({"const", "enum", "default", "examples"})

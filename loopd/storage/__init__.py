@@ -1,1 +1,0 @@
-"""SQLite plumbing shared by every file loopd and brokerd own; see ``migrations``."""

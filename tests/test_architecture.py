@@ -1,0 +1,113 @@
+"""The architecture, read from the source: which package may import which, and no import cycles.
+
+brokerd runs on the host and loopd in the box: what they share is the ``loopcommon`` package, so
+brokerd imports nothing of loopd, and ``loopcommon`` imports neither daemon. Within the three
+packages, the modules' imports form no cycle: a cycle means two modules are one concept split in
+two files, or a shared type kept inside an I/O module. Imports inside ``if TYPE_CHECKING:`` count
+too (they are still a dependency of the reader's).
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Collection, Iterator
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGES = ("loopcommon", "loopd", "brokerd")
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def modules() -> dict[str, Path]:
+    return {module_name(p): p for package in PACKAGES for p in (ROOT / package).rglob("*.py")}
+
+
+def imported_names(path: Path, known: Collection[str] = ()) -> Iterator[str]:
+    """Every module name ``path`` imports: ``from X import y`` is ``X.y`` when that is one of
+    the ``known`` modules (a submodule), else ``X``."""
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            yield from (alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            for alias in node.names:
+                submodule = f"{node.module}.{alias.name}"
+                yield submodule if submodule in known else node.module
+
+
+def import_graph() -> dict[str, set[str]]:
+    known = modules()
+    return {
+        name: {t for t in imported_names(path, known) if t in known and t != name}
+        for name, path in known.items()
+    }
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan's algorithm)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for nxt in sorted(graph[node]):
+            if nxt not in index:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in on_stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                component.append(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return found
+
+
+def test_the_graph_is_read() -> None:
+    graph = import_graph()
+    assert "loopcommon.context" in graph["loopd.observe.context"]
+    assert "loopcommon.context" in graph["brokerd.observe.context"]
+
+
+@pytest.mark.parametrize(
+    ("package", "forbidden"), [("brokerd", {"loopd"}), ("loopcommon", {"loopd", "brokerd"})]
+)
+def test_a_package_imports_only_what_it_may(package: str, forbidden: set[str]) -> None:
+    offending = sorted(
+        f"{module_name(path)} imports {target}"
+        for path in (ROOT / package).rglob("*.py")
+        for target in imported_names(path)
+        if target.split(".")[0] in forbidden
+    )
+    assert not offending, "\n".join(offending)
+
+
+def test_the_modules_import_no_cycle() -> None:
+    found = cycles(import_graph())
+    assert not found, "\n".join(" <-> ".join(component) for component in found)
+
+
+def test_a_cycle_is_found() -> None:
+    # The check itself: a graph with a cycle of three and a tail.
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
+    assert cycles(graph) == [["a", "b", "c"]]
