@@ -27,10 +27,11 @@ from typing import Final
 import anyio
 
 from brokerd.config import load_settings, read_secrets, setting_name
+from brokerd.errors import ServeError
 from brokerd.mcp.listing import register as register_tools
 from brokerd.observe.server import metrics_service
 from brokerd.proxy.logs import configure_logging
-from brokerd.serve import SERVICES, ServeError, build_endpoints, run
+from brokerd.serve import SERVICES, build_endpoints, run
 from brokerd.tools.audit import AuditLogError, open_audit_log, prune_audit_log
 from brokerd.tools.settings import BrokerSettings
 from loopcommon import anyio_unix_connect

@@ -9,3 +9,8 @@ from loopcommon.errors import DaemonError
 
 class BrokerdError(DaemonError):
     """Base of every error brokerd raises on purpose."""
+
+
+class ServeError(BrokerdError):
+    """brokerd cannot start serving (a socket folder it cannot make or write, a socket path taken
+    by something else, a bind failure)."""

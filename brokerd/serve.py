@@ -24,8 +24,6 @@ import uvicorn
 from anyio.abc import TaskStatus
 from starlette.types import ASGIApp
 
-from brokerd.errors import BrokerdError
-
 if TYPE_CHECKING:
     from brokerd.observe.server import MetricsService
 
@@ -37,6 +35,7 @@ from brokerd.config import (
     Secrets,
     setting_name,
 )
+from brokerd.errors import ServeError
 from brokerd.listen import (
     ConnectionLimits,
     GuardedListener,
@@ -65,11 +64,6 @@ GRACEFUL_SHUTDOWN_S: Final = 5
 FILES_PER_CONNECTION: Final = 2
 # Open files besides connections: listening sockets, the audit database, tool pipes, logs.
 SPARE_FILES: Final = 64
-
-
-class ServeError(BrokerdError):
-    """brokerd cannot start serving (a socket folder it cannot make or write, a socket path taken
-    by something else, a bind failure)."""
 
 
 @dataclass(frozen=True)

@@ -36,7 +36,7 @@ def _exit(status: int) -> NoReturn:
 
 
 def loopd() -> NoReturn:
-    _exit(run_program("loopd", "loopd.cli"))
+    _exit(run_program("loopd", "loopd.cli.main"))
 
 
 def brokerd() -> NoReturn:

@@ -21,8 +21,6 @@ next start.
 
 from __future__ import annotations
 
-import argparse
-import functools
 import json
 import logging
 import signal
@@ -54,7 +52,6 @@ from loopd.selftest.run import SelftestReport, format_report, run_selftest
 from loopd.serverchange import ServerChange, server_change, status_record
 from loopd.sessionlog.backup import hold_state
 from loopd.sessions import Runtime
-from loopd.statedir import check_state_dir
 from loopd.tools.spec import load_tools_spec
 
 log = logging.getLogger(__name__)
@@ -288,25 +285,6 @@ async def _cancel_on_signal(cancel: Callable[[], None]) -> None:
             return
 
 
-def handler(args: argparse.Namespace, settings: Settings) -> int:
-    check_state_dir(settings.state_dir, create=True)
-    report = None
-    down: dict[str, str] = {}
-    if args.skip_selftest:
-        log.warning("the self-test was skipped (--skip-selftest): the server is not checked")
-    elif settings.has_endpoint_tables:
-        status, down = anyio.run(startup_endpoints, settings, args.expected_dir)
-        if status != 0:
-            return status
-    else:
-        report = anyio.run(startup_selftest, settings, args.expected_dir)
-        if report.unreachable:
-            return report.exit_status
-    return anyio.run(
-        functools.partial(serve, settings, report, expected_dir=args.expected_dir, down=down)
-    )
-
-
 async def startup_endpoints(
     settings: Settings, expected_dir: Path = DEFAULT_DIR
 ) -> tuple[int, dict[str, str]]:
@@ -360,22 +338,3 @@ async def startup_selftest(settings: Settings, expected_dir: Path = DEFAULT_DIR)
             report.expectations,
         )
     return report
-
-
-def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    parser = subparsers.add_parser(
-        "serve", help="run the daemon: Mattermost threads drive sessions (LOOPD_MM_* settings)"
-    )
-    parser.add_argument(
-        "--skip-selftest",
-        action="store_true",
-        help="start without checking the server (development only)",
-    )
-    # Recorded on the host for the operator's own server, so the image needs no rebuild.
-    parser.add_argument(
-        "--expected-dir",
-        type=Path,
-        default=DEFAULT_DIR,
-        help="folder of the self-test's expectations files (default: the one in the package)",
-    )
-    parser.set_defaults(handler=handler)

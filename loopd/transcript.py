@@ -15,13 +15,9 @@ an epoch carried over from the one before are not repeated.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Sequence
-from pathlib import Path
-from typing import Any, Final, TextIO
+from collections.abc import Sequence
+from typing import Any, Final
 
-from loopcommon.sanitize import for_terminal
-from loopd.sessionlog.commands import existing_log
-from loopd.sessionlog.errors import LogError, UnknownSessionError
 from loopd.sessionlog.records import Entry, EntryKind, Epoch
 from loopd.sessionlog.replay import messages_array
 from loopd.sessionlog.store import SessionLog
@@ -127,34 +123,3 @@ def _fenced(text: str, language: str = "text") -> str:
     while fence in text:  # a fence longer than any run of backticks inside
         fence += "`"
     return f"{fence}{language}\n{text}\n{fence}"
-
-
-JsonLines = Callable[[Path, str, TextIO, TextIO], int]
-
-
-def export(
-    db_path: Path, session: str | None, fmt: str, out: TextIO, err: TextIO, *, jsonl: JsonLines
-) -> int:
-    """Write ``session`` (default: the one written to last) in ``fmt``; ``jsonl`` is the session
-    log's own export, the entries as JSON lines. 0, or 2 with one line when the log cannot give
-    it. The ``openai`` array is written as it is, byte for byte, with a newline only on a
-    terminal; the ``markdown`` transcript on a terminal passes ``for_terminal``."""
-    try:
-        with existing_log(db_path) as log:
-            name = session
-            if log is not None and name is None:
-                name = latest_session(log)
-            if log is None or name is None:
-                raise UnknownSessionError(
-                    db_path, f"no session {session!r}" if session else "no sessions yet"
-                )
-            if fmt == "openai":
-                out.write(openai_messages(log, name) + ("\n" if out.isatty() else ""))
-            elif fmt == "markdown":
-                text = markdown(name, log.epochs(name), log.entries(name))
-                # Read on a terminal, the transcript is shown as text; to a file it is as written.
-                out.write(for_terminal(text) if out.isatty() else text)
-    except LogError as exc:
-        err.write(f"loopd: {exc}\n")
-        return 2
-    return jsonl(db_path, name, out, err) if fmt == "jsonl" else 0

@@ -59,14 +59,14 @@ def _python(code: str) -> str:
 
 
 def test_importing_the_packages_leaves_anyio_alone() -> None:
-    imports = "import loopd, brokerd, loopd.cli, brokerd.cli, loopd.sessions, brokerd.serve"
+    imports = "import loopd, brokerd, loopd.cli.main, brokerd.cli, loopd.sessions, brokerd.serve"
     assert _python(f"{imports}; {INSTALLED}") == "False"
 
 
-@pytest.mark.parametrize("program", ["loopd", "brokerd"])
-def test_the_entry_points_apply_the_anyio_fix(program: str) -> None:
+@pytest.mark.parametrize("command_line", ["loopd.cli.main", "brokerd.cli"])
+def test_the_entry_points_apply_the_anyio_fix(command_line: str) -> None:
     run_main = (
-        f"from {program}.cli import main\n"
+        f"from {command_line} import main\n"
         "try:\n    main(['--version'])\nexcept SystemExit:\n    pass\n"
     )
     assert _python(f"{run_main}{INSTALLED}").splitlines()[-1] == "True"

@@ -21,6 +21,7 @@ from starlette.responses import PlainTextResponse, RedirectResponse, Response
 from starlette.routing import Route
 
 from brokerd.config import BrokerdSettings
+from brokerd.errors import ServeError
 from brokerd.observe.metrics import BROKERD_METRICS, BrokerdMetrics
 from brokerd.observe.relay import PAGES, LoopdRelay, RelayBusy, RelayError
 from loopcommon.address import Address, UnixAddress, parse_address
@@ -86,8 +87,6 @@ def check_outside(address: Address, settings: BrokerdSettings) -> None:
 async def _serve(
     app: Starlette, address: Address, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED
 ) -> None:
-    from brokerd.serve import ServeError  # the error brokerd's command line reports
-
     try:
         await serve_http(app, address, "brokerd metrics", task_status)
     except MetricsServeError as exc:

@@ -12,7 +12,7 @@ from datetime import UTC, datetime
 from typing import Final
 
 from loopcommon.statuspage import LiveView, SessionView, SlotView, StatusSnapshot
-from loopd.perfreport import summarize
+from loopd.observe.perfsummary import summarize
 from loopd.sessionlog.records import Request, RequestKind
 from loopd.sessions import Runtime
 

@@ -23,7 +23,7 @@ from loopd.config import Settings
 from loopd.engine.stream import Status
 from loopd.engine.turn import ToolRunner, Turn, TurnOutcome
 from loopd.errors import LoopdError
-from loopd.perfreport import format_summary, perf_records, summarize
+from loopd.observe.perfsummary import format_summary, perf_records, summarize
 from loopd.sessionlog.records import Session, fresh_external_key
 from loopd.sessions import Runtime
 from loopd.turnstop import record_stop, was_stopped

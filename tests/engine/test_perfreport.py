@@ -11,8 +11,9 @@ from typing import Any
 import pytest
 
 from loopcommon.jsonbytes import dumps
-from loopd import perfreport
+from loopd.cli import perf as perf_command
 from loopd.engine.perf import LossCause
+from loopd.observe import perfsummary
 from loopd.sessionlog.chain import messages_digest
 from loopd.sessionlog.records import Perf, RequestKind, RequestRecord
 from loopd.sessionlog.store import SessionLog
@@ -65,10 +66,10 @@ def db(tmp_path: Path) -> Path:
 
 def _run(db: Path, *argv: str) -> tuple[int, str, str]:
     parser = argparse.ArgumentParser()
-    perfreport.register(parser.add_subparsers())
+    perf_command.register(parser.add_subparsers())
     args = parser.parse_args(["perf", *argv])
     out, err = io.StringIO(), io.StringIO()
-    code = perfreport.run(args, db, out, err)
+    code = perf_command.run(args, db, out, err)
     return code, out.getvalue(), err.getvalue()
 
 
@@ -132,9 +133,9 @@ def test_summary_of_every_session_adds_a_total(db: Path) -> None:
 
 
 def test_summary_figures_from_requests() -> None:
-    summary = perfreport.summarize([])
+    summary = perfsummary.summarize([])
     assert (summary.requests, summary.hit_rate, summary.recompute_per_turn) == (0, None, None)
-    assert perfreport.format_summary("empty", summary).splitlines() == [
+    assert perfsummary.format_summary("empty", summary).splitlines() == [
         "empty: 0 requests",
         "  broken: 0, capped: 0",
         "  cache losses: none",

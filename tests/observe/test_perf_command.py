@@ -13,7 +13,8 @@ from typing import Any
 import pytest
 
 from loopcommon.jsonbytes import dumps
-from loopd import perfreport
+from loopd.cli import perf as perf_command
+from loopd.observe import perfsummary
 from loopd.sessionlog.chain import messages_digest
 from loopd.sessionlog.records import Perf, RequestKind, RequestRecord, fresh_external_key
 from loopd.sessionlog.store import SessionLog
@@ -24,10 +25,10 @@ NOW = datetime(2026, 5, 1, 12, 0, tzinfo=UTC)
 
 def _run(db: Path, *argv: str) -> tuple[int, str, str]:
     parser = argparse.ArgumentParser()
-    perfreport.register(parser.add_subparsers())
+    perf_command.register(parser.add_subparsers())
     args = parser.parse_args(["perf", *argv])
     out, err = io.StringIO(), io.StringIO()
-    code = perfreport.run(args, db, out, err)
+    code = perf_command.run(args, db, out, err)
     return code, out.getvalue(), err.getvalue()
 
 
@@ -79,9 +80,9 @@ def db(log: Log) -> Path:
 
 def test_percentiles_are_nearest_rank() -> None:
     values = [float(v) for v in range(1, 101)]
-    assert [perfreport.percentile(values, q) for q in (50, 90, 99, 100)] == [50, 90, 99, 100]
-    assert perfreport.percentile([7.0], 99) == 7.0
-    assert perfreport.percentile([3.0, 1.0, 2.0], 50) == 2.0
+    assert [perfsummary.percentile(values, q) for q in (50, 90, 99, 100)] == [50, 90, 99, 100]
+    assert perfsummary.percentile([7.0], 99) == 7.0
+    assert perfsummary.percentile([3.0, 1.0, 2.0], 50) == 2.0
 
 
 def test_the_summary_gives_the_percentiles(db: Path) -> None:
@@ -104,10 +105,10 @@ def test_since_keeps_the_requests_made_since(log: Log) -> None:
 
 
 def test_since_parses_spans_and_dates() -> None:
-    assert perfreport.parse_since("30m", NOW) == NOW - timedelta(minutes=30)
-    assert perfreport.parse_since("7d", NOW) == NOW - timedelta(days=7)
-    assert perfreport.parse_since("2026-04-30", NOW) == datetime(2026, 4, 30, tzinfo=UTC)
-    with_offset = perfreport.parse_since("2026-04-30T10:00+02:00", NOW)
+    assert perf_command.parse_since("30m", NOW) == NOW - timedelta(minutes=30)
+    assert perf_command.parse_since("7d", NOW) == NOW - timedelta(days=7)
+    assert perf_command.parse_since("2026-04-30", NOW) == datetime(2026, 4, 30, tzinfo=UTC)
+    with_offset = perf_command.parse_since("2026-04-30T10:00+02:00", NOW)
     assert with_offset == datetime(2026, 4, 30, 8, tzinfo=UTC)
 
 

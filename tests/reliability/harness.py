@@ -35,10 +35,10 @@ import anyio.abc
 from brokerd.tools.app import create_broker_app
 from brokerd.tools.settings import BrokerSettings
 from loopcommon.jsonbytes import dumps
+from loopd.cli.log import verify_log
 from loopd.config import Settings
 from loopd.engine.stream import Limits, Status
 from loopd.engine.turn import TurnOutcome
-from loopd.sessionlog.commands import verify_log
 from loopd.sessionlog.records import EntryKind, fresh_external_key
 from loopd.sessionlog.store import SessionLog
 from loopd.sessions import Runtime

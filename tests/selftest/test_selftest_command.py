@@ -11,8 +11,8 @@ import httpx
 import pytest
 import respx
 
+from loopd.cli.selftest import register, selftest
 from loopd.config import EndpointSettings, load_settings
-from loopd.selftest.commands import register, selftest
 from loopd.selftest.expected import DEFAULT_DIR
 
 

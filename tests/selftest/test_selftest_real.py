@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
+from loopd.cli.selftest import selftest
 from loopd.config import CORE_TOOLS_FILE, Settings, load_settings
 from loopd.engine.client import InferenceClient
 from loopd.selftest import TemplateAnswer, run_selftest, template_keeps_reasoning
-from loopd.selftest.commands import selftest
 from loopd.selftest.expected import DEFAULT_DIR, load_expectation, save_expectation
 from loopd.selftest.run import SelftestReport, format_result
 from loopd.tools.spec import load_tools_spec

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from loopd.cli.log import verify_log
 from loopd.sessionlog import EntryKind, SessionLog
-from loopd.sessionlog.commands import verify_log
 
 HELPER = Path(__file__).with_name("crash_turn.py")
 S = "thread-1"

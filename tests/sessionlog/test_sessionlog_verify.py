@@ -9,9 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from loopd.config import Settings
-from loopd.sessionlog import RequestKind, RequestRecord, SessionLog, messages_digest
-from loopd.sessionlog.commands import (
+from loopd.cli.log import (
     EXPORT_FIELDS,
     export_log,
     list_sessions,
@@ -19,6 +17,8 @@ from loopd.sessionlog.commands import (
     show_log,
     verify_log,
 )
+from loopd.config import Settings
+from loopd.sessionlog import RequestKind, RequestRecord, SessionLog, messages_digest
 from loopd.sessionlog.records import Perf
 from loopd.sessionlog.verify import verify
 from tests.sessionlog.sessionlog_support import assistant_text, request_for

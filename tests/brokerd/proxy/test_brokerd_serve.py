@@ -13,15 +13,9 @@ from anyio.abc import TaskStatus
 
 from brokerd.cli import main
 from brokerd.config import BrokerdSettings, InferenceEndpoint, Secrets
+from brokerd.errors import ServeError
 from brokerd.observe.middleware import Instrumented
-from brokerd.serve import (
-    Endpoint,
-    ServeError,
-    bind_unix_socket,
-    build_endpoints,
-    own_paths,
-    serve,
-)
+from brokerd.serve import Endpoint, bind_unix_socket, build_endpoints, own_paths, serve
 from brokerd.tools.settings import BrokerSettings
 from tests.brokerd.proxy.proxy_support import raw_request
 

@@ -1,4 +1,4 @@
-"""The terminal's subcommands: ``chat``, ``run`` and ``completion`` (see ``loopd.cli``)."""
+"""The terminal's subcommands: ``chat`` and ``run``."""
 
 from __future__ import annotations
 
@@ -6,7 +6,6 @@ import argparse
 
 from loopd.config import Settings
 from loopd.statedir import check_state_dir
-from loopd.terminal.completion import SHELLS
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -31,12 +30,6 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     _turn_options(run)
     run.set_defaults(handler=_run)
-
-    completion = subparsers.add_parser(
-        "completion", help="print a shell completion script (bash or zsh)"
-    )
-    completion.add_argument("shell", choices=SHELLS)
-    completion.set_defaults(handler=_completion)
 
 
 def _turn_options(parser: argparse.ArgumentParser) -> None:
@@ -66,11 +59,3 @@ def _run(args: argparse.Namespace, settings: Settings) -> int:
     check_state_dir(settings.state_dir, create=True)
     options = RunOptions(args.prompt, args.session, args.json, args.show_thinking, args.log_stderr)
     return run_once(settings, options)
-
-
-def _completion(args: argparse.Namespace, settings: Settings) -> int:
-    from loopd.cli import build_parser
-    from loopd.terminal.completion import completion_script
-
-    print(completion_script(build_parser(), args.shell), end="")
-    return 0

@@ -5,39 +5,33 @@ subcommand has (see ``loopd.cli``). The functions below do the work; they can be
 with a database path and text streams, and return the exit status: 0 done, 2 the log cannot be
 read or has no such session; ``verify_log`` 1 when the log is not sound.
 
-Reading never creates or changes a log. One that does not exist yet is an empty one (a fresh
-install lists no sessions), and a file that is not an SQLite database is refused before SQLite
-opens it: SQLite takes an empty file for an empty database and would write a new log into it.
+Reading never creates or changes a log (``loopd.sessionlog.reading``).
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Final, TextIO
 
 from loopcommon import jsonbytes
+from loopcommon.sanitize import for_terminal
+from loopd.cli.base import EXIT_CANNOT, log_handler
 from loopd.sessionlog.backup import backup_state, restore_state
-from loopd.sessionlog.errors import LogError, NotALogError, StorageError, UnknownSessionError
+from loopd.sessionlog.errors import LogError, UnknownSessionError
+from loopd.sessionlog.reading import existing_log
 from loopd.sessionlog.records import Entry
-from loopd.sessionlog.store import SessionLog
 from loopd.sessionlog.verify import verify
 from loopd.statedir import check_state_dir
+from loopd.transcript import latest_session, markdown, openai_messages
 from loopd.turnstop import was_stopped
 
 if TYPE_CHECKING:
-    from loopd.cli import Handler
     from loopd.config import Settings
 
-# A command that reads the log: the parsed arguments, the log's path, stdout and stderr.
-LogCommand = Callable[[argparse.Namespace, Path, TextIO, TextIO], int]
-
 EXIT_BAD_LOG: Final = 1  # log verify: the log is not sound
-EXIT_CANNOT: Final = 2  # the log cannot be read, or has no such session
-SQLITE_HEADER: Final = b"SQLite format 3\x00"
 
 EXPORT_FIELDS = (
     "seq",
@@ -87,39 +81,6 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     restore.set_defaults(handler=_run_restore)
 
 
-def log_handler(command: LogCommand) -> Handler:
-    """The handler of a command that reads the session log: the state folder is checked (one
-    line naming LOOPD_STATE_DIR if loopd cannot use it), then ``command`` runs on the log's path
-    with the process's stdout and stderr."""
-
-    def handler(args: argparse.Namespace, settings: Settings) -> int:
-        check_state_dir(settings.state_dir, create=False)
-        return command(args, settings.db_path, sys.stdout, sys.stderr)
-
-    return handler
-
-
-@contextmanager
-def existing_log(db_path: Path) -> Iterator[SessionLog | None]:
-    """The log at ``db_path`` opened for reading, or None when there is none yet; a file that is
-    not an SQLite database is refused (``NotALogError``) without being opened by SQLite."""
-    try:
-        with db_path.open("rb") as file:
-            header = file.read(len(SQLITE_HEADER))
-    except (FileNotFoundError, NotADirectoryError):
-        header = None
-    except OSError as exc:
-        raise StorageError(db_path, f"cannot read: {(exc.strerror or str(exc)).lower()}") from None
-    if header is None:
-        yield None
-        return
-    if header != SQLITE_HEADER:
-        what = "an empty file" if not header else "not an SQLite database (a foreign file)"
-        raise NotALogError(db_path, f"{what}, not a loopd session log; left as it is")
-    with SessionLog.open(db_path, create=False) as log:
-        yield log
-
-
 def _run_sessions(args: argparse.Namespace, db_path: Path, out: TextIO, err: TextIO) -> int:
     return list_sessions(db_path, out, err)
 
@@ -129,9 +90,7 @@ def _run_show(args: argparse.Namespace, db_path: Path, out: TextIO, err: TextIO)
 
 
 def _run_export(args: argparse.Namespace, db_path: Path, out: TextIO, err: TextIO) -> int:
-    from loopd.transcript import export  # markdown and openai, and the default session
-
-    return export(db_path, args.session, args.format, out, err, jsonl=export_log)
+    return export(db_path, args.session, args.format, out, err)
 
 
 def _run_verify(args: argparse.Namespace, db_path: Path, out: TextIO, err: TextIO) -> int:
@@ -292,3 +251,32 @@ def verify_log(db_path: Path, session: str | None, out: TextIO, err: TextIO = sy
         return EXIT_BAD_LOG
     out.write(f"ok: {db_path}: {len(checked)} session(s), hash chain and replay identity hold\n")
     return 0
+
+
+JsonLines = Callable[[Path, str, TextIO, TextIO], int]
+
+
+def export(db_path: Path, session: str | None, fmt: str, out: TextIO, err: TextIO) -> int:
+    """Write ``session`` (default: the one written to last) in ``fmt``; ``jsonl`` is the entries as
+    JSON lines (``export_log``). 0, or 2 with one line when the log cannot give
+    it. The ``openai`` array is written as it is, byte for byte, with a newline only on a
+    terminal; the ``markdown`` transcript on a terminal passes ``for_terminal``."""
+    try:
+        with existing_log(db_path) as log:
+            name = session
+            if log is not None and name is None:
+                name = latest_session(log)
+            if log is None or name is None:
+                raise UnknownSessionError(
+                    db_path, f"no session {session!r}" if session else "no sessions yet"
+                )
+            if fmt == "openai":
+                out.write(openai_messages(log, name) + ("\n" if out.isatty() else ""))
+            elif fmt == "markdown":
+                text = markdown(name, log.epochs(name), log.entries(name))
+                # Read on a terminal, the transcript is shown as text; to a file it is as written.
+                out.write(for_terminal(text) if out.isatty() else text)
+    except LogError as exc:
+        err.write(f"loopd: {exc}\n")
+        return 2
+    return export_log(db_path, name, out, err) if fmt == "jsonl" else 0

@@ -26,17 +26,16 @@ import argparse
 import os
 import sys
 from collections.abc import Callable, Sequence
-from typing import Final, TypeAlias
+from typing import Final
 
 from loopcommon import anyio_unix_connect
 from loopcommon.errors import DaemonError
 from loopcommon.logsetup import configure_logging
 from loopcommon.sanitize import for_terminal
 from loopcommon.version import package_version
+from loopd.cli.base import Handler, Subparsers
 from loopd.config import Settings, load_settings, settings_table
-
-Handler = Callable[[argparse.Namespace, Settings], int]
-Subparsers: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
+from loopd.terminal.completion import SHELLS, completion_script
 
 EXIT_FAILED: Final = 2
 EXIT_INTERRUPTED: Final = 130
@@ -51,10 +50,18 @@ def _cmd_config(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
+def _cmd_completion(args: argparse.Namespace, settings: Settings) -> int:
+    print(completion_script(build_parser(), args.shell), end="")
+    return 0
+
+
 def _register_builtin(sub: Subparsers) -> None:
     config = sub.add_parser("config", help="print the effective configuration")
     config.add_argument("--table", action="store_true", help="print the README's tables of knobs")
     config.set_defaults(handler=_cmd_config)
+    completion = sub.add_parser("completion", help="print a shell completion script (bash or zsh)")
+    completion.add_argument("shell", choices=SHELLS)
+    completion.set_defaults(handler=_cmd_completion)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -74,12 +81,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _registrations() -> list[Callable[[Subparsers], None]]:
     """Every module's ``register``; imported here so ``loopd --help`` needs no more than this."""
-    from loopd.perfreport import register as register_perf
-    from loopd.selftest.commands import register as register_selftest
-    from loopd.serve import register as register_serve
-    from loopd.sessionlog.commands import register as register_log
-    from loopd.terminal.commands import register as register_terminal
-    from loopd.tools.commands import register as register_tools
+    from loopd.cli.log import register as register_log
+    from loopd.cli.perf import register as register_perf
+    from loopd.cli.selftest import register as register_selftest
+    from loopd.cli.serve import register as register_serve
+    from loopd.cli.terminal import register as register_terminal
+    from loopd.cli.tools import register as register_tools
 
     return [
         _register_builtin,
