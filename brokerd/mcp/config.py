@@ -1,6 +1,6 @@
 """The ``[[mcp]]`` tables of brokerd's config: one MCP server each."""
 
-import os
+import posixpath
 from pathlib import Path
 from typing import Annotated, Final
 
@@ -24,7 +24,7 @@ def parse_path(entry: str) -> DeclaredPath:
     """``/srv/data`` or ``/srv/data:ro`` (read-only), ``/srv/data:rw`` (writable)."""
     writable = entry.endswith(WRITABLE_SUFFIX)
     path = entry.removesuffix(WRITABLE_SUFFIX).removesuffix(READ_ONLY_SUFFIX)
-    if not path.startswith("/") or path != os.path.normpath(path):
+    if not path.startswith("/") or path != posixpath.normpath(path):
         raise ValueError(f"{entry!r}: a path must be absolute and normal (no . or ..)")
     return DeclaredPath(path=Path(path), writable=writable)
 

@@ -9,7 +9,7 @@ catalogue stops brokerd at startup instead of failing a model's call later.
 """
 
 import json
-import os
+import posixpath
 import re
 import tomllib
 from collections.abc import Collection, Iterable, Iterator, Mapping
@@ -224,7 +224,7 @@ def _check_run(source: str, spec: ToolSpec, known_builtins: Collection[str]) -> 
 
 def _check_confine(source: str, spec: ToolSpec) -> None:
     for path in (*spec.confine.read_only, *spec.confine.read_write):
-        if not path.startswith("/") or path != os.path.normpath(path):
+        if not path.startswith("/") or path != posixpath.normpath(path):
             raise CatalogueError(
                 f"{source}: confine path {path!r} must be absolute and normal (no . or ..)"
             )

@@ -6,7 +6,7 @@ links are resolved later, inside the sandbox, which shows only the allowed folde
 path: a link that leads out of it leads nowhere.
 """
 
-import os
+import posixpath
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,7 +36,7 @@ def place_paths(
             return f"{name}: brokerd allows this tool no host folder (host_path_roots is empty)"
         if not isinstance(value, str) or not value.startswith("/"):
             return f"{name} must be an absolute path under {allowed}"
-        path = Path(os.path.normpath(value))
+        path = Path(posixpath.normpath(value))
         root = next((root for root in roots if path == root or root in path.parents), None)
         if root is None:
             return f"{name} must be a path under {allowed}"
