@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Final, TextIO, TypeAlias
 
 from loopd.config import Settings
+from loopd.selftest.expected import DEFAULT_DIR
 from loopd.statedir import check_state_dir
 
 Handler = Callable[[argparse.Namespace, Settings], int]
@@ -30,3 +31,14 @@ def log_handler(command: LogCommand) -> Handler:
         return command(args, settings.db_path, sys.stdout, sys.stderr)
 
     return handler
+
+
+def add_expected_dir(parser: argparse.ArgumentParser) -> None:
+    """``--expected-dir``, for ``selftest`` and ``serve``: expectations recorded on the host for
+    the operator's own server, so the image needs no rebuild."""
+    parser.add_argument(
+        "--expected-dir",
+        type=Path,
+        default=DEFAULT_DIR,
+        help="folder of the self-test's expectations files (default: the one in the package)",
+    )

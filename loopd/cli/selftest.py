@@ -16,6 +16,7 @@ from typing import TextIO
 
 import anyio
 
+from loopd.cli.base import add_expected_dir
 from loopd.config import CORE_TOOLS_FILE, EndpointSettings, Settings
 from loopd.selftest.expected import DEFAULT_DIR
 from loopd.selftest.run import EXIT_UNREACHABLE, SelftestReport, format_report, run_selftest
@@ -46,12 +47,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         type=Path,
         help="tools file the render probe sends (default: LOOPD_TOOLS_FILE)",
     )
-    parser.add_argument(
-        "--expected-dir",
-        type=Path,
-        default=DEFAULT_DIR,
-        help="folder of the expectations files (default: the one in the package)",
-    )
+    add_expected_dir(parser)
     parser.set_defaults(handler=cmd_selftest)
 
 

@@ -6,12 +6,11 @@ from __future__ import annotations
 import argparse
 import functools
 import logging
-from pathlib import Path
 
 import anyio
 
+from loopd.cli.base import add_expected_dir
 from loopd.config import Settings
-from loopd.selftest.expected import DEFAULT_DIR
 from loopd.serve import serve, startup_endpoints, startup_selftest
 from loopd.statedir import check_state_dir
 
@@ -46,11 +45,5 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         action="store_true",
         help="start without checking the server (development only)",
     )
-    # Recorded on the host for the operator's own server, so the image needs no rebuild.
-    parser.add_argument(
-        "--expected-dir",
-        type=Path,
-        default=DEFAULT_DIR,
-        help="folder of the self-test's expectations files (default: the one in the package)",
-    )
+    add_expected_dir(parser)
     parser.set_defaults(handler=handler)
