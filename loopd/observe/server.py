@@ -12,7 +12,9 @@ Routes: ``GET /metrics`` (Prometheus text format), ``GET /`` (the status page), 
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
+import os
+import time
+from collections.abc import Callable, Iterable
 from typing import Final
 
 import anyio
@@ -39,12 +41,17 @@ PAGE_POLICY: Final = "default-src 'none'; style-src 'unsafe-inline'; img-src dat
 
 
 class RuntimeCollector(Collector):
-    """What is read rather than counted: busy slots and the turns under way, at scrape time."""
+    """What is read rather than counted, at scrape time: busy slots, the turns under way and the
+    oldest one's age, whether the server changed, each endpoint's health, the state's disk."""
 
-    def __init__(self, runtime: Runtime) -> None:
+    def __init__(self, runtime: Runtime, clock: Callable[[], float] = time.time) -> None:
         self.runtime = runtime
+        self.clock = clock
 
     def collect(self) -> Iterable[GaugeMetricFamily]:
+        return [*self._turns(), *self._server(), *self._disk()]
+
+    def _turns(self) -> list[GaugeMetricFamily]:
         busy = GaugeMetricFamily("loopd_slot_busy", "1 while a slot is held.", labels=["slot"])
         for slot in self.runtime.settings.slots:
             held = self.runtime.scheduler.holder(slot) is not None
@@ -58,17 +65,53 @@ class RuntimeCollector(Collector):
             "loopd_turns_in_line", "Turns waiting for their slot in loopd's line."
         )
         in_line.add_metric([], float(sum(not turn.holding for turn in live)))
+        oldest = GaugeMetricFamily(
+            "loopd_turn_oldest_seconds",
+            "How long the oldest turn under way has run (0 with none): a stuck turn grows it.",
+        )
+        now = self.clock()
+        oldest.add_metric([], max((now - turn.started_at for turn in live), default=0.0))
+        return [busy, active, in_line, oldest]
+
+    def _server(self) -> list[GaugeMetricFamily]:
         changed = GaugeMetricFamily(
             "loopd_server_changed",
             "1 while the server differs from the recorded expectations (threads wait).",
         )
         changed.add_metric([], 0.0 if self.runtime.server_change is None else 1.0)
-        return [busy, active, in_line, changed]
+        up = GaugeMetricFamily(
+            "loopd_endpoint_up",
+            "1 while an [[endpoint]] is up, 0 while loopd holds it down (several servers only).",
+            labels=["endpoint"],
+        )
+        if self.runtime.endpoints is not None:
+            health = self.runtime.endpoints.fleet.health
+            for name in self.runtime.endpoints.servers:
+                up.add_metric([name], 1.0 if health.is_up(name) else 0.0)
+        return [changed, up]
+
+    def _disk(self) -> list[GaugeMetricFamily]:
+        free = GaugeMetricFamily(
+            "loopd_state_free_bytes",
+            "Bytes free to loopd on the filesystem of its state folder (the session log's).",
+        )
+        size = GaugeMetricFamily(
+            "loopd_state_size_bytes", "The size of the filesystem of loopd's state folder."
+        )
+        try:
+            fs = os.statvfs(self.runtime.settings.state_dir)
+        except OSError:
+            return []  # no figure rather than a wrong one; the log says why it cannot write
+        free.add_metric([], float(fs.f_bavail * fs.f_frsize))
+        size.add_metric([], float(fs.f_blocks * fs.f_frsize))
+        return [free, size]
 
 
-def create_app(runtime: Runtime, metrics: LoopdMetrics = METRICS) -> Starlette:
+def create_app(
+    runtime: Runtime, metrics: LoopdMetrics = METRICS, clock: Callable[[], float] = time.time
+) -> Starlette:
     state = CollectorRegistry(auto_describe=True)
-    state.register(RuntimeCollector(runtime))
+    state.register(RuntimeCollector(runtime, clock))
 
     async def metrics_page(request: Request) -> Response:
         body = generate_latest(metrics.registry) + generate_latest(state)
