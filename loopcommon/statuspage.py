@@ -9,13 +9,19 @@ refreshes itself, so a browser left on it follows the box without any script.
 
 from __future__ import annotations
 
+import functools
 import html
-from collections.abc import Sequence
+import re
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from typing import Any, Final
 
 REFRESH_S: Final = 5
+LABEL_CHARS: Final = 64  # the most of a name (a channel, a person, a session) the page shows
+FIRST_WORDS_CHARS: Final = 120
+POST_ID: Final = re.compile(r"[a-z0-9]{26}")  # Mattermost's ids: nothing else goes in a link
+WEB_URL: Final = re.compile(r"https?://[^\s\"'<>]+\Z")
 
 
 @dataclass(frozen=True)
@@ -41,6 +47,17 @@ class LiveView:
 
 
 @dataclass(frozen=True)
+class ThreadView:
+    """A Mattermost thread's label: its root post, its channel (``~town-square``, or ``direct
+    message``), the person who started it and its first words."""
+
+    root: str
+    channel: str
+    person: str
+    first_words: str
+
+
+@dataclass(frozen=True)
 class SessionView:
     name: str
     slot: int
@@ -49,6 +66,7 @@ class SessionView:
     hit_rate: float | None
     prompt_n: tuple[int, ...]  # per request, oldest first (the latest PLOT_POINTS)
     phase: str | None  # the live turn's, if one runs
+    thread: ThreadView | None = None  # a Mattermost thread's label
 
 
 @dataclass(frozen=True)
@@ -75,9 +93,12 @@ td.plot svg { vertical-align: middle; }
 """
 
 
-def render(snap: StatusSnapshot) -> str:
-    """The page: one self-contained HTML document, no script."""
+def render(snap: StatusSnapshot, thread_url: str | None = None) -> str:
+    """The page: one self-contained HTML document, no script. ``thread_url``: Mattermost's
+    address, where each thread's label links to its thread (none: no links)."""
     e = html.escape
+    threads = {s.name: s.thread for s in snap.sessions if s.thread is not None}
+    named = functools.partial(_session_cell, threads=threads, thread_url=thread_url)
     parts = [
         "<!DOCTYPE html>",
         '<html lang="en"><head><meta charset="utf-8">',
@@ -88,31 +109,31 @@ def render(snap: StatusSnapshot) -> str:
         f'<p class="muted">model <code>{e(snap.model)}</code> · {e(snap.generated_at)} · '
         f"refreshes every {REFRESH_S} s</p>",
         "<h2>Slots</h2>",
-        _slots_table(snap.slots),
+        _slots_table(snap.slots, named),
         "<h2>Live turns</h2>",
-        _live_table(snap.live),
+        _live_table(snap.live, named),
         "<h2>Sessions</h2>",
-        _sessions_table(snap.sessions),
+        _sessions_table(snap.sessions, named),
         "</body></html>",
     ]
     return "\n".join(parts)
 
 
-def _slots_table(slots: Sequence[SlotView]) -> str:
+def _slots_table(slots: Sequence[SlotView], named: Callable[[str], str]) -> str:
     e = html.escape
     rows = ["<table><tr><th>slot</th><th>state</th><th>session</th><th>phase</th>"]
     rows.append("<th>in line</th></tr>")
     for s in slots:
         state = '<span class="busy">busy</span>' if s.busy else '<span class="idle">idle</span>'
         rows.append(
-            f"<tr><td>{s.slot}</td><td>{state}</td><td><code>{e(s.holder or '')}</code></td>"
+            f"<tr><td>{s.slot}</td><td>{state}</td><td>{named(s.holder) if s.holder else ''}</td>"
             f"<td>{e(s.phase or '')}</td><td>{s.in_line}</td></tr>"
         )
     rows.append("</table>")
     return "".join(rows)
 
 
-def _live_table(live: Sequence[LiveView]) -> str:
+def _live_table(live: Sequence[LiveView], named: Callable[[str], str]) -> str:
     if not live:
         return '<p class="muted">no turn is under way</p>'
     e = html.escape
@@ -120,14 +141,14 @@ def _live_table(live: Sequence[LiveView]) -> str:
     for t in live:
         phase = t.phase if t.holding else f"in line ({t.ahead} ahead)"
         rows.append(
-            f"<tr><td><code>{e(t.session)}</code></td><td>{t.slot}</td><td>{e(phase)}</td>"
+            f"<tr><td>{named(t.session)}</td><td>{t.slot}</td><td>{e(phase)}</td>"
             f"<td>{t.running_s:.0f} s</td></tr>"
         )
     rows.append("</table>")
     return "".join(rows)
 
 
-def _sessions_table(sessions: Sequence[SessionView]) -> str:
+def _sessions_table(sessions: Sequence[SessionView], named: Callable[[str], str]) -> str:
     if not sessions:
         return '<p class="muted">no sessions yet</p>'
     e = html.escape
@@ -138,12 +159,30 @@ def _sessions_table(sessions: Sequence[SessionView]) -> str:
     for s in sessions:
         hit = "" if s.hit_rate is None else f"{s.hit_rate:.0%}"
         rows.append(
-            f"<tr><td><code>{e(s.name)}</code></td><td>{s.slot}</td>"
+            f"<tr><td>{named(s.name)}</td><td>{s.slot}</td>"
             f"<td>{e(when(s.last_turn_at))}</td><td>{s.requests}</td><td>{hit}</td>"
             f'<td class="plot">{sparkline(s.prompt_n)}</td><td>{e(s.phase or "")}</td></tr>'
         )
     rows.append("</table>")
     return "".join(rows)
+
+
+def _session_cell(name: str, *, threads: Mapping[str, ThreadView], thread_url: str | None) -> str:
+    """A session as people know it: a Mattermost thread by its channel, its person and its
+    first words (linked to the thread), then loopd's name for it. Everything the thread's
+    label holds came from people or the box: cut to a bound and escaped."""
+    e = html.escape
+    code = f"<code>{e(name[:LABEL_CHARS])}</code>"
+    thread = threads.get(name)
+    if thread is None:
+        return code
+    where = e(thread.channel[:LABEL_CHARS])
+    if thread_url is not None and POST_ID.fullmatch(thread.root) and WEB_URL.match(thread_url):
+        link = f"{thread_url.rstrip('/')}/_redirect/pl/{thread.root}"
+        where = f'<a href="{e(link)}" rel="noreferrer">{where}</a>'
+    words = e(thread.first_words[:FIRST_WORDS_CHARS])
+    person = e(thread.person[:LABEL_CHARS])
+    return f'{where} · @{person} · “{words}” <span class="muted">{code}</span>'
 
 
 def when(stamp: str | None) -> str:

@@ -251,7 +251,7 @@ async def run_daemon(
                 tg.start_soon(watch.run)
             tg.start_soon(runtime.keep_warm, threads.session_names())
             if settings.metrics_addr is not None:
-                await tg.start(serve_runtime, runtime, settings.metrics_addr)
+                await tg.start(serve_runtime, runtime, settings.metrics_addr, adapter.thread_labels)
             tg.start_soon(adapter.run)
             task_status.started(Daemon(runtime, state, client, threads, adapter, watch))
 

@@ -57,7 +57,7 @@ class Page:
 
     source: str
     content_type: str
-    render: Callable[[bytes], bytes] | None = None
+    render: Callable[[bytes, str | None], bytes] | None = None  # the body, Mattermost's URL
     refresh_s: int | None = None
 
 
@@ -112,9 +112,13 @@ def socket_by_descriptor(path: Path) -> Iterator[str]:
 
 
 class LoopdRelay:
-    def __init__(self, socket_path: Path, *, timeout_s: float = TIMEOUT_S) -> None:
+    def __init__(
+        self, socket_path: Path, *, timeout_s: float = TIMEOUT_S, thread_url: str | None = None
+    ) -> None:
+        """``thread_url``: Mattermost's address, where the status page's threads link to."""
         self.socket_path = socket_path
         self.timeout_s = timeout_s
+        self.thread_url = thread_url
         self._slots = anyio.Semaphore(MAX_AT_ONCE)
 
     async def fetch(self, page: str) -> Relayed:
@@ -134,7 +138,7 @@ class LoopdRelay:
                 # Up to MAX_BYTES of JSON to check and render: off the loop that serves the
                 # sockets, and within the slot, so at most MAX_AT_ONCE renders run.
                 try:
-                    body = await anyio.to_thread.run_sync(served.render, body)
+                    body = await anyio.to_thread.run_sync(served.render, body, self.thread_url)
                 except NotAStatus as exc:
                     raise RelayError(f"loopd's {served.source} is not a status: {exc}") from None
         return Relayed(body, served.content_type, served.refresh_s)

@@ -69,7 +69,11 @@ def metrics_service(settings: BrokerdSettings) -> MetricsService | None:
         return None
     address = parse_address(settings.metrics_addr)
     check_outside(address, settings)
-    relay = LoopdRelay(settings.metrics_relay) if settings.metrics_relay is not None else None
+    relay = (
+        LoopdRelay(settings.metrics_relay, thread_url=settings.mattermost_url)
+        if settings.metrics_relay is not None
+        else None
+    )
     return partial(_serve, create_metrics_app(relay), address)
 
 

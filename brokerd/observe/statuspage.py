@@ -23,8 +23,9 @@ class NotAStatus(ValueError):
     """The status data does not have the page's shape; the message says where."""
 
 
-def render_status(data: bytes) -> bytes:
-    """The status page for loopd's ``/status.json`` answer (pure; ``NotAStatus`` if invalid)."""
+def render_status(data: bytes, thread_url: str | None = None) -> bytes:
+    """The status page for loopd's ``/status.json`` answer (pure; ``NotAStatus`` if invalid);
+    ``thread_url``: Mattermost's address, where each thread's label links to."""
     try:
         snapshot = STATUS.validate_json(data)
     except ValidationError as exc:
@@ -33,4 +34,4 @@ def render_status(data: bytes) -> bytes:
         raise NotAStatus(
             f"{exc.error_count()} problem(s), the first at {where}: {first['msg']}"
         ) from None
-    return render(snapshot).encode("utf-8")
+    return render(snapshot, thread_url).encode("utf-8")

@@ -20,10 +20,12 @@ from dataclasses import dataclass
 
 import anyio
 
+from loopcommon.statuspage import ThreadView
 from loopd.chat.attachments import ReadFile, kind_of, read_file, unread_notice
 from loopd.chat.config import ChatSettings
 from loopd.chat.cursor import ChatState, ChatStateError
 from loopd.chat.intake import Action, Allowlist, Decision, decide
+from loopd.chat.labels import thread_label
 from loopd.chat.model import Channel, Post, User, WireFormatError
 from loopd.chat.outbox import Outbox
 from loopd.chat.rest import MattermostClient, MattermostError
@@ -120,6 +122,10 @@ class ChatAdapter:
         self._outsiders: dict[str, list[str]] = {}
 
     # -- the connection loop ---------------------------------------------------------------------
+
+    def thread_labels(self) -> dict[str, ThreadView]:
+        """The status page's label of each thread, by its session's name."""
+        return {session_name(root): label for root, label in self.state.thread_labels().items()}
 
     async def run(self) -> None:
         """Stay connected until cancelled."""
@@ -318,6 +324,7 @@ class ChatAdapter:
         text = user_text(post, author, self.settings.max_message_chars, files)
         context = await self._context(post, channel, decision)
         self.state.remember_thread(root, channel.id)
+        self.state.label_thread(thread_label(root, channel, author, post.message))
         self.runtime.ensure_session(name)
         for key, earlier in context:
             await self._take(name, key, earlier)

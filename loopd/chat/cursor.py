@@ -30,6 +30,7 @@ from loopcommon.migrations import (
     append_only_triggers,
     execute_script,
 )
+from loopcommon.statuspage import ThreadView
 from loopd.errors import LoopdError
 
 # Before versions, loopd created its tables on every open (hence IF NOT EXISTS in the steps that
@@ -79,6 +80,16 @@ APPEND_ONLY_TABLES = ("cursors", "connections", "seen", "threads", "outbox")
 @MIGRATIONS.step
 def m003_append_only(db: sqlite3.Connection) -> None:
     execute_script(db, append_only_triggers(*APPEND_ONLY_TABLES))
+
+
+@MIGRATIONS.step
+def m004_thread_labels(db: sqlite3.Connection) -> None:
+    """The status page's label of each thread: written once, when loopd first takes a post of it."""
+    db.execute(
+        "CREATE TABLE IF NOT EXISTS thread_labels (root_id TEXT PRIMARY KEY, channel TEXT NOT NULL,"
+        " person TEXT NOT NULL, first_words TEXT NOT NULL, saved_at REAL NOT NULL)"
+    )
+    execute_script(db, append_only_triggers("thread_labels"))
 
 
 class ChatStateError(LoopdError):
@@ -223,6 +234,19 @@ class ChatState:
             "INSERT OR IGNORE INTO threads (root_id, channel_id, saved_at) VALUES (?, ?, ?)",
             (root_id, channel_id, time.time()),
         )
+
+    def label_thread(self, label: ThreadView) -> None:
+        """The thread's label for the status page, unless it has one (the first post's)."""
+        self._run(
+            "INSERT OR IGNORE INTO thread_labels (root_id, channel, person, first_words, saved_at)"
+            " VALUES (?, ?, ?, ?, ?)",
+            (label.root, label.channel, label.person, label.first_words, time.time()),
+        )
+
+    def thread_labels(self) -> dict[str, ThreadView]:
+        """Every thread's label, by its root post's id."""
+        rows = self._run("SELECT root_id, channel, person, first_words FROM thread_labels")
+        return {str(r[0]): ThreadView(str(r[0]), str(r[1]), str(r[2]), str(r[3])) for r in rows}
 
     # -- the outbox ------------------------------------------------------------------------------
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import Final
 
 import anyio
@@ -29,7 +29,7 @@ from starlette.routing import Route
 
 from loopcommon.address import parse_address
 from loopcommon.httpserve import serve_http
-from loopcommon.statuspage import render
+from loopcommon.statuspage import ThreadView, render
 from loopd.observe.metrics import METRICS, LoopdMetrics
 from loopd.observe.status import snapshot
 from loopd.sessions import Runtime
@@ -107,9 +107,20 @@ class RuntimeCollector(Collector):
         return [free, size]
 
 
+ThreadLabels = Callable[[], Mapping[str, ThreadView]]
+
+
+def _no_threads() -> Mapping[str, ThreadView]:
+    return {}
+
+
 def create_app(
-    runtime: Runtime, metrics: LoopdMetrics = METRICS, clock: Callable[[], float] = time.time
+    runtime: Runtime,
+    metrics: LoopdMetrics = METRICS,
+    clock: Callable[[], float] = time.time,
+    threads: ThreadLabels = _no_threads,
 ) -> Starlette:
+    """``threads``: the Mattermost threads' labels by session name, read at each page."""
     state = CollectorRegistry(auto_describe=True)
     state.register(RuntimeCollector(runtime, clock))
 
@@ -118,10 +129,11 @@ def create_app(
         return Response(body, media_type=CONTENT_TYPE_LATEST)
 
     async def status_page(request: Request) -> Response:
-        return HTMLResponse(render(snapshot(runtime)), headers=_page_headers())
+        return HTMLResponse(render(snapshot(runtime, threads=threads())), headers=_page_headers())
 
     async def status_json(request: Request) -> Response:
-        return JSONResponse(snapshot(runtime).as_json(), headers=_page_headers())
+        data = snapshot(runtime, threads=threads()).as_json()
+        return JSONResponse(data, headers=_page_headers())
 
     return Starlette(
         routes=[
@@ -137,7 +149,12 @@ def _page_headers() -> dict[str, str]:
 
 
 async def serve_runtime(
-    runtime: Runtime, address: str, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED
+    runtime: Runtime,
+    address: str,
+    threads: ThreadLabels = _no_threads,
+    *,
+    task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
 ) -> None:
     """``loopd serve``'s metrics and status page, until cancelled."""
-    await serve_http(create_app(runtime), parse_address(address), "loopd metrics", task_status)
+    app = create_app(runtime, threads=threads)
+    await serve_http(app, parse_address(address), "loopd metrics", task_status)

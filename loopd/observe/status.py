@@ -7,11 +7,11 @@ plain data (``loopcommon.statuspage``, which also renders it, with no I/O).
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Final
 
-from loopcommon.statuspage import LiveView, SessionView, SlotView, StatusSnapshot
+from loopcommon.statuspage import LiveView, SessionView, SlotView, StatusSnapshot, ThreadView
 from loopd.observe.perfsummary import summarize
 from loopd.sessionlog.records import Request, RequestKind
 from loopd.sessions import Runtime
@@ -21,8 +21,11 @@ MAX_SESSIONS: Final = 50  # the most recently active sessions listed
 PREWARM_PREFIX: Final = "prewarm:"  # the scheduler holds a slot for a prewarm under this name
 
 
-def snapshot(runtime: Runtime, now: float | None = None) -> StatusSnapshot:
-    """What the page shows, read from the runtime now."""
+def snapshot(
+    runtime: Runtime, now: float | None = None, threads: Mapping[str, ThreadView] = {}
+) -> StatusSnapshot:
+    """What the page shows, read from the runtime now; ``threads``: the Mattermost threads'
+    labels, by session name."""
     wall = time.time() if now is None else now
     live = runtime.live.all()
     phases = {turn.session: turn.phase for turn in live}
@@ -39,7 +42,9 @@ def snapshot(runtime: Runtime, now: float | None = None) -> StatusSnapshot:
         for t in live
     )
     sessions = [
-        session_view(s.name, s.slot, runtime.log.requests(s.name), phases.get(s.name))
+        session_view(
+            s.name, s.slot, runtime.log.requests(s.name), phases.get(s.name), threads.get(s.name)
+        )
         for s in runtime.log.sessions()
     ]
     sessions.sort(key=lambda v: (v.phase is not None, v.last_turn_at or ""), reverse=True)
@@ -53,7 +58,11 @@ def snapshot(runtime: Runtime, now: float | None = None) -> StatusSnapshot:
 
 
 def session_view(
-    name: str, slot: int, requests: Sequence[Request], phase: str | None
+    name: str,
+    slot: int,
+    requests: Sequence[Request],
+    phase: str | None,
+    thread: ThreadView | None = None,
 ) -> SessionView:
     summary = summarize(requests)
     turns = [r for r in requests if r.record.kind is RequestKind.TURN]
@@ -70,6 +79,7 @@ def session_view(
         hit_rate=summary.hit_rate,
         prompt_n=prompt_n[-PLOT_POINTS:],
         phase=phase,
+        thread=thread,
     )
 
 
