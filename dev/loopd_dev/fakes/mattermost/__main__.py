@@ -20,6 +20,7 @@ from loopd_dev.fakes.mattermost.server import serve_fake_mattermost
 def _parse(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m loopd_dev.fakes.mattermost")
     parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=0, help="TCP port (default 0: a free one)")
     parser.add_argument("--uds", type=Path, help="listen on this Unix socket instead of TCP")
     parser.add_argument("--bot-username", default="loopd")
     parser.add_argument("--bot-token", default="fake-bot-token")
@@ -39,7 +40,9 @@ async def _run(args: argparse.Namespace) -> None:
     clock = ManualClock() if args.manual_clock else SystemClock()
     async with (
         anyio.create_task_group() as tg,
-        serve_fake_mattermost(tg, config=config, clock=clock, uds=args.uds, host=args.host) as run,
+        serve_fake_mattermost(
+            tg, config=config, clock=clock, uds=args.uds, host=args.host, port=args.port
+        ) as run,
     ):
         world = run.fake.world
         announcement = {

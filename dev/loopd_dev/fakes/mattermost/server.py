@@ -92,14 +92,14 @@ def _remove_socket_file(path: Path) -> None:
         path.unlink()
 
 
-def _bind(host: str, uds: Path | None) -> socket.socket:
+def _bind(host: str, uds: Path | None, port: int = 0) -> socket.socket:
     if uds is not None:
         _remove_socket_file(uds)
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         sock.bind(os.fspath(uds))
     else:
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        sock.bind((host, 0))
+        sock.bind((host, port))
     sock.listen(128)
     sock.setblocking(False)
     return sock
@@ -113,11 +113,13 @@ async def serve_fake_mattermost(
     clock: Clock | None = None,
     uds: Path | None = None,
     host: str = "127.0.0.1",
+    port: int = 0,
 ) -> AsyncIterator[RunningFake]:
-    """Start the fake in ``task_group`` (on a free port, or on ``uds``); stop it on exit."""
+    """Start the fake in ``task_group`` (on ``port``, 0 for a free one, or on ``uds``); stop it
+    on exit."""
     fake = FakeMattermost(config, clock)
     server = _EmbeddedServer(uvicorn_config(build_app(fake), fake))
-    sock = _bind(host, uds)
+    sock = _bind(host, uds, port)
     stopped = anyio.Event()
 
     async def run() -> None:
