@@ -22,11 +22,12 @@ from loopd.endpoints.start import reachability_checker
 from loopd.engine.budget import BudgetRules, ServerBudget
 from loopd.engine.client import InferenceClient
 from loopd.engine.compaction import Compactor
+from loopd.engine.limits import Limits
 from loopd.engine.placement import Placement, decide_placement
 from loopd.engine.prewarm import Prewarmer, PrewarmOutcome, PrewarmResult
 from loopd.engine.prewarm_plan import PrewarmPlan, restart_wants
+from loopd.engine.progress import StatusCallback
 from loopd.engine.request import RequestSettings, Sampling
-from loopd.engine.stream import Limits, StatusCallback
 from loopd.engine.turn import Turn, TurnOutcome
 from loopd.errors import ServerRejected
 from loopd.observe.context import request_scope

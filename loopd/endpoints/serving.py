@@ -38,7 +38,7 @@ from loopd.engine.client import InferenceClient
 from loopd.engine.compaction import Compactor
 from loopd.engine.prewarm import Prewarmer
 from loopd.engine.prewarm_plan import PrewarmPlan
-from loopd.engine.stream import StatusCallback
+from loopd.engine.progress import StatusCallback
 from loopd.engine.turn import Turn, TurnOutcome
 from loopd.scheduler import PositionCallback, Scheduler
 from loopd.selftest.endpoints import Checker, recheck_down

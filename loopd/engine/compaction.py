@@ -37,8 +37,8 @@ from loopd.engine.budget import (
     judge,
     upper_bound_tokens,
 )
+from loopd.engine.progress import Phase, Status
 from loopd.engine.request import build_body
-from loopd.engine.stream import Phase, Status
 from loopd.engine.turn import Turn, TurnOutcome
 from loopd.errors import InferenceError
 from loopd.sessionlog.records import (

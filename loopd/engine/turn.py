@@ -8,7 +8,7 @@ way out of a request skips it) before the next step begins, so a crash at any po
 the next start derives and resumes from.
 
 A request that fails is recorded as broken (never replayed) and sent again only when that is safe
-(``stream.retry_safe``: nothing the model made was lost, not a 4xx), a bounded number of times with
+(``outcome.retry_safe``: nothing the model made was lost, not a 4xx), a bounded number of times with
 a growing wait. The next attempt is built from the log like the first, so it sends the same bytes.
 
 Log calls are synchronous SQLite writes of well under a millisecond in WAL mode (``make bench``
@@ -34,6 +34,8 @@ from tenacity import (
 from loopcommon.jsonbytes import dumps
 from loopd.engine import pool, repeats
 from loopd.engine.client import InferenceClient
+from loopd.engine.limits import Limits
+from loopd.engine.outcome import Failure, RequestResult, retry_safe
 from loopd.engine.perf import (
     Circumstances,
     Loss,
@@ -42,17 +44,9 @@ from loopd.engine.perf import (
     cache_loss,
     endpoint_changed,
 )
+from loopd.engine.progress import Phase, Status, StatusCallback
 from loopd.engine.request import RequestSettings, build_body
-from loopd.engine.stream import (
-    Failure,
-    Limits,
-    Phase,
-    RequestResult,
-    Status,
-    StatusCallback,
-    retry_safe,
-    stream_into,
-)
+from loopd.engine.stream import stream_into
 from loopd.observe.context import request_scope
 from loopd.observe.metrics import METRICS
 from loopd.sessionlog.chain import messages_digest

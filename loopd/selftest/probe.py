@@ -28,9 +28,11 @@ from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt
 
 from loopd.config import Settings
 from loopd.engine.client import InferenceClient
+from loopd.engine.limits import Limits
+from loopd.engine.outcome import Failure, RequestResult
 from loopd.engine.placement import PinSlots, decide_placement
 from loopd.engine.request import RequestSettings, Sampling, build_body
-from loopd.engine.stream import Failure, Limits, RequestResult, run_request
+from loopd.engine.stream import run_request
 from loopd.errors import ConnectionDropped, InferenceError, ServerRejected, ServerUnreachable
 from loopd.selftest import template
 from loopd.selftest.facts import (

@@ -20,7 +20,7 @@ import anyio
 
 from loopd.chat.status import InLine
 from loopd.config import Settings
-from loopd.engine.stream import Status
+from loopd.engine.progress import Status
 from loopd.engine.turn import ToolRunner, Turn, TurnOutcome
 from loopd.errors import LoopdError
 from loopd.observe.perfsummary import format_summary, perf_records, summarize

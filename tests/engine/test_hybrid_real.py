@@ -13,8 +13,8 @@ import pytest
 
 from loopd.config import CORE_TOOLS_FILE, load_settings
 from loopd.engine.client import InferenceClient
+from loopd.engine.limits import Limits
 from loopd.engine.perf import LossCause
-from loopd.engine.stream import Limits
 from loopd.observe.metrics import METRICS
 from loopd.selftest.run import run_selftest
 from loopd.serve import ServerWatch

@@ -20,9 +20,11 @@ from loopd.config import load_settings
 from loopd.engine.budget import ServerBudget
 from loopd.engine.client import ChatStream, InferenceClient
 from loopd.engine.compaction import Compactor
+from loopd.engine.outcome import Failure, RequestResult, retry_safe
 from loopd.engine.pool import held_by_busy_slots
+from loopd.engine.progress import Phase, Status
 from loopd.engine.request import ANY_SLOT
-from loopd.engine.stream import Failure, Phase, RequestResult, Status, retry_safe, run_request
+from loopd.engine.stream import run_request
 from loopd.errors import ServerRejected
 from loopd.sessionlog.records import RequestKind, fresh_external_key
 from loopd.sessions import Runtime

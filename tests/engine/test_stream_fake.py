@@ -12,17 +12,10 @@ import pytest
 import respx
 
 from loopd.engine.client import InferenceClient
-from loopd.engine.stream import (
-    Failure,
-    Limits,
-    Phase,
-    RequestResult,
-    Status,
-    StatusThrottle,
-    retry_safe,
-    run_request,
-    stream_into,
-)
+from loopd.engine.limits import Limits
+from loopd.engine.outcome import Failure, RequestResult, retry_safe
+from loopd.engine.progress import Phase, Status
+from loopd.engine.stream import StatusThrottle, run_request, stream_into
 from loopd.wire.assemble import StreamAssembler
 from loopd_dev.fakes.llama import FakeLlama, ModelSpec, Pace, ScriptedReply, Trigger
 from tests.engine.engine_support import FAST, MODEL, SLOT, Served, eventually, served, user_body

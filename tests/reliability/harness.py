@@ -37,7 +37,8 @@ from brokerd.tools.settings import BrokerSettings
 from loopcommon.jsonbytes import dumps
 from loopd.cli.log import verify_log
 from loopd.config import Settings
-from loopd.engine.stream import Limits, Status
+from loopd.engine.limits import Limits
+from loopd.engine.progress import Status
 from loopd.engine.turn import TurnOutcome
 from loopd.sessionlog.records import EntryKind, fresh_external_key
 from loopd.sessionlog.store import SessionLog

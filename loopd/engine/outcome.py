@@ -1,0 +1,114 @@
+"""How a request ended (``Failure``, ``RequestResult``), and what follows from it: whether another
+attempt is safe (``retry_safe``), whether the message can be replayed (``unreplayable_call``).
+
+Data and rules only, no I/O: the stream fills a result in (``loopd.engine.stream``), the turn
+records it and decides on another attempt (``loopd.engine.turn``).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+from loopd.wire.assemble import Outcome, StreamAssembler
+
+
+class Failure(StrEnum):
+    UNREACHABLE = "unreachable"  # nothing answers at the URL (connection refused, no socket)
+    REJECTED = "rejected"  # an HTTP error before streaming (4xx, 500, 503 past the wait)
+    FIRST_BYTE_TIMEOUT = "first_byte_timeout"
+    SERVER_GONE = "server_gone"  # /slots and /health both fail, or the connection closed unanswered
+    SILENCE = "silence"
+    SERVER_ERROR = "server_error"  # an error event, or a router's plain-text line, mid-stream
+    MALFORMED = "malformed"
+    TRUNCATED = "truncated"  # the connection broke mid-stream, or it ended without [DONE]
+    THINK_RUNAWAY = "think_runaway"
+    CANCELLED = "cancelled"
+    BAD_TOOL_CALL = "bad_tool_call"  # a tool call whose arguments are not JSON (cut at max_tokens)
+    POOL_FULL = "pool_full"  # a shared KV pool ran out (500 "Context size has been exceeded.")
+
+
+# Failures after which nothing the model made was lost, and another attempt may well succeed.
+# A first-byte timeout is not among them: that limit is itself the bound on waiting; nor is a
+# runaway (it would run away again), a 4xx (the request itself is wrong) or a cancellation.
+_TRANSIENT = frozenset(
+    {
+        Failure.UNREACHABLE,
+        Failure.SERVER_GONE,
+        Failure.SILENCE,
+        Failure.SERVER_ERROR,
+        Failure.MALFORMED,
+        Failure.TRUNCATED,
+    }
+)
+
+
+@dataclass
+class RequestResult:
+    assembler: StreamAssembler
+    failure: Failure | None = None
+    detail: str = ""
+    status_code: int | None = None
+    error_type: str = ""
+    sent_at: float = 0.0
+    first_byte_s: float | None = None
+    queue_wait_s: float = 0.0
+    ended_s: float = 0.0
+    capped: bool = False
+    control_answer: str | None = None
+    events: int = 0
+    output_seen: bool = False  # a reasoning, content or tool-call delta arrived
+    notes: list[str] = field(default_factory=list)
+
+    @classmethod
+    def start(cls) -> RequestResult:
+        return cls(assembler=StreamAssembler(), sent_at=time.monotonic())
+
+    @property
+    def complete(self) -> bool:
+        return self.failure is None and self.assembler.outcome is Outcome.COMPLETE
+
+    def fail(self, failure: Failure, detail: str) -> None:
+        self.failure, self.detail = failure, detail
+
+
+def retry_safe(result: RequestResult) -> bool:
+    """True when sending the same request again can do no harm and may well succeed.
+
+    Safe means nothing is committed yet: the model produced nothing (no delta arrived), and the
+    request was not refused for what it is (4xx) or already waited out (a 503 past its wait).
+    """
+    if result.complete:
+        return False
+    if result.failure is Failure.POOL_FULL:
+        # Not the session's doing: the requests running at once outgrew the shared pool. What
+        # streamed before is recorded as broken (never replayed) and no tool call ran, so the
+        # same request can go again once the pool has room (``loopd.engine.pool``).
+        return True
+    if result.output_seen:
+        return False
+    if result.failure is Failure.REJECTED:
+        status = result.status_code or 0
+        return status >= 500 and status != 503
+    return result.failure in _TRANSIENT
+
+
+def unreplayable_call(asm: StreamAssembler) -> str | None:
+    """Why the message cannot be replayed, or None.
+
+    A tool call whose arguments are not JSON (in practice: cut by ``max_tokens``) must never be
+    replayed: a template that takes object arguments re-parses them, and the server then answers
+    every later request of the session with a 500. So the message is recorded as broken.
+    """
+    for call in asm.tool_calls.values():
+        try:
+            json.loads(call.arguments)
+        except ValueError:
+            cut = " (cut at max_tokens)" if asm.finish_reason == "length" else ""
+            return (
+                f"the model's call of {call.name!r} has arguments that are not JSON{cut}; "
+                "it was not kept, as the server could not read it back"
+            )
+    return None
