@@ -23,9 +23,8 @@ import anyio
 
 from loopcommon.errors import DaemonError
 from loopd.endpoints.placement import Move
-from loopd.engine.perf import endpoint_changed
+from loopd.engine.cacheloss import endpoint_changed, previous_request
 from loopd.engine.prewarm import PrewarmOutcome, PrewarmResult
-from loopd.engine.turn import previous_request
 from loopd.observe.context import request_scope
 from loopd.observe.metrics import METRICS
 

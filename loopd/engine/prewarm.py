@@ -49,8 +49,8 @@ from typing import Any
 
 import anyio
 
+from loopd.engine.cacheloss import Circumstances, PrevRequest, cache_loss
 from loopd.engine.client import InferenceClient
-from loopd.engine.perf import Circumstances, PrevRequest, cache_loss
 from loopd.engine.request import RequestSettings, build_body
 from loopd.errors import InferenceError, StreamBroken
 from loopd.scheduler import Scheduler

@@ -33,24 +33,26 @@ from tenacity import (
 
 from loopcommon.jsonbytes import dumps
 from loopd.engine import pool, repeats
-from loopd.engine.client import InferenceClient
-from loopd.engine.limits import Limits
-from loopd.engine.outcome import Failure, RequestResult, retry_safe
-from loopd.engine.perf import (
+from loopd.engine.cacheloss import (
     Circumstances,
     Loss,
     LossCause,
     PrevRequest,
     cache_loss,
     endpoint_changed,
+    previous_request,
+    shared_head_bound,
 )
+from loopd.engine.client import InferenceClient
+from loopd.engine.limits import Limits
+from loopd.engine.outcome import Failure, RequestResult, retry_safe
 from loopd.engine.progress import Phase, Status, StatusCallback
 from loopd.engine.request import RequestSettings, build_body
 from loopd.engine.stream import stream_into
 from loopd.observe.context import request_scope
 from loopd.observe.metrics import METRICS
 from loopd.sessionlog.chain import messages_digest
-from loopd.sessionlog.records import Epoch, Perf, Request, RequestKind, RequestRecord
+from loopd.sessionlog.records import Epoch, Perf, RequestKind, RequestRecord
 from loopd.sessionlog.store import SessionLog
 from loopd.wire.assemble import ToolCall
 
@@ -140,48 +142,6 @@ class Attempt:
 
     record: RequestRecord
     result: RequestResult
-
-
-def previous_request(request: Request | None) -> PrevRequest | None:
-    """The cache-loss rule's view of the last request that reached the session's slot: the
-    session's latest ``counted`` one (``SessionLog.latest_request``). Self-tests send their own
-    prompts, and a request the server never streamed for (a 4xx, a refused connection), or one
-    that broke before the server counted a prompt token, left the slot as it was: all are passed
-    over by that query.
-    """
-    perf = None if request is None else request.record.perf
-    if request is None or perf is None or perf.cache_n is None or perf.prompt_n is None:
-        return None
-    record = request.record
-    return PrevRequest(
-        epoch_id=record.epoch,
-        slot=record.slot,
-        cache_n=perf.cache_n,
-        prompt_n=perf.prompt_n,
-        predicted_n=perf.predicted_n or 0,
-        complete=perf.outcome == "complete",
-        capped=perf.capped,
-        had_reasoning=bool(perf.extra.get("had_reasoning")),
-        request_id=request.id,
-        messages_sha256=record.messages_sha256,
-        endpoint=perf.extra.get("endpoint"),
-    )
-
-
-def shared_head_bound(first: Request | None) -> int:
-    """At most this many tokens begin every prompt of the epoch's sessions alike.
-
-    Every session of the epoch begins with its system text and tools as the template renders
-    them, the template's own text around the tools included (on the hybrid preset a 233-byte
-    system text and tool came to 370 tokens: the bench's switching section), so the bytes of
-    the texts do not bound it. The session's first prompt of the epoch does: that head and at
-    least one token of its first message (``first``: the epoch's first ``counted`` request,
-    ``SessionLog.latest_request``). 0 while no request of the epoch has timings.
-    """
-    if first is None:
-        return 0
-    perf = first.record.perf
-    return max((perf.cache_n or 0) + (perf.prompt_n or 0) - 1, 0)
 
 
 @dataclass

@@ -22,7 +22,7 @@ from prometheus_client import (
 )
 
 from loopcommon.version import installed_version
-from loopd.engine.perf import LossCause
+from loopd.engine.cacheloss import LossCause
 from loopd.engine.prewarm import PrewarmOutcome, PrewarmResult
 from loopd.sessionlog.records import RequestKind, RequestRecord
 

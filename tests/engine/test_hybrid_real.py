@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 
 from loopd.config import CORE_TOOLS_FILE, load_settings
+from loopd.engine.cacheloss import LossCause
 from loopd.engine.client import InferenceClient
 from loopd.engine.limits import Limits
-from loopd.engine.perf import LossCause
 from loopd.observe.metrics import METRICS
 from loopd.selftest.run import run_selftest
 from loopd.serve import ServerWatch

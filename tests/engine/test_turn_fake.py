@@ -12,9 +12,9 @@ from typing import Any
 import anyio
 import pytest
 
+from loopd.engine.cacheloss import LossCause
 from loopd.engine.client import InferenceClient
 from loopd.engine.outcome import Failure
-from loopd.engine.perf import LossCause
 from loopd.engine.progress import Phase, Status
 from loopd.sessionlog.chain import messages_digest
 from loopd.sessionlog.records import EntryKind, RequestKind
