@@ -12,6 +12,9 @@ from loopd.engine.cacheloss import (
 from loopd.sessionlog.records import Perf, RequestKind, RequestRecord
 from loopd.sessionlog.store import SessionLog
 
+# The server's template drops the reasoning of earlier turns from the prompt.
+DROPS = Circumstances(template_drops_reasoning=True)
+
 
 def prev(**overrides: object) -> PrevRequest:
     fields: dict[str, object] = {
@@ -46,13 +49,7 @@ def test_causes_in_order_of_certainty() -> None:
         LossCause.CAPPED_TURN
     )
     assert cache_loss(prev(), epoch_id=1, slot=0, cache_n=0).cause is LossCause.COLD
-    dropped = cache_loss(
-        prev(had_reasoning=True),
-        epoch_id=1,
-        slot=0,
-        cache_n=150,
-        around=Circumstances(template_drops_reasoning=True),
-    )
+    dropped = cache_loss(prev(had_reasoning=True), epoch_id=1, slot=0, cache_n=150, around=DROPS)
     assert dropped.cause is LossCause.TEMPLATE_DROPS_REASONING
     assert dropped.lost == 95
     assert cache_loss(prev(), epoch_id=1, slot=0, cache_n=150).cause is LossCause.UNEXPLAINED
@@ -105,13 +102,7 @@ def test_a_known_cause_stays_first_with_the_checkpoint_said_beside_it() -> None:
     capped = cache_loss(prev(capped=True), epoch_id=1, slot=0, cache_n=218)
     assert capped.cause is LossCause.CAPPED_TURN
     assert capped.label == "previous turn was capped, resumed at a checkpoint"
-    dropped = cache_loss(
-        prev(had_reasoning=True),
-        epoch_id=1,
-        slot=0,
-        cache_n=218,
-        around=Circumstances(template_drops_reasoning=True),
-    )
+    dropped = cache_loss(prev(had_reasoning=True), epoch_id=1, slot=0, cache_n=218, around=DROPS)
     assert dropped.label == "template drops reasoning, resumed at a checkpoint"
     # Not at the checkpoint: the cause alone.
     assert cache_loss(prev(capped=True), epoch_id=1, slot=0, cache_n=150).label == (
