@@ -1,5 +1,6 @@
 """How a request ended (``Failure``, ``RequestResult``), and what follows from it: whether another
-attempt is safe (``retry_safe``), whether the message can be replayed (``unreplayable_call``).
+attempt is safe (``retry_safe``), whether the message can be replayed (``unreplayable_call``), and
+the perf record it leaves (``request_perf``).
 
 Data and rules only, no I/O: the stream fills a result in (``loopd.engine.stream``), the turn
 records it and decides on another attempt (``loopd.engine.turn``).
@@ -11,7 +12,10 @@ import json
 import time
 from dataclasses import dataclass, field
 from enum import StrEnum
+from typing import Any
 
+from loopd.engine.cacheloss import Loss
+from loopd.sessionlog.records import Perf
 from loopd.wire.assemble import Outcome, StreamAssembler
 
 
@@ -112,3 +116,43 @@ def unreplayable_call(asm: StreamAssembler) -> str | None:
                 "it was not kept, as the server could not read it back"
             )
     return None
+
+
+def request_perf(result: RequestResult, loss: Loss, endpoint: str | None = None) -> Perf:
+    """The request's perf record: the server's counters, the engine's times, the cache loss."""
+    asm, t = result.assembler, result.assembler.timings
+    return Perf(
+        outcome="complete" if result.complete else "broken",
+        cache_n=t.cache_n if t else None,
+        prompt_n=t.prompt_n if t else None,
+        predicted_n=t.predicted_n if t else None,
+        ttfb_ms=None if result.first_byte_s is None else round(result.first_byte_s * 1000, 1),
+        queue_wait_ms=round(result.queue_wait_s * 1000, 1),
+        prompt_per_second=t.prompt_per_second if t else None,
+        predicted_per_second=t.predicted_per_second if t else None,
+        thinking_tokens=asm.thinking_tokens,
+        capped=result.capped,
+        cache_loss=loss.lost,
+        cache_loss_cause=loss.label or None,
+        extra=_perf_extra(result, loss) | ({"endpoint": endpoint} if endpoint else {}),
+    )
+
+
+def _perf_extra(result: RequestResult, loss: Loss) -> dict[str, Any]:
+    asm, t = result.assembler, result.assembler.timings
+    extra: dict[str, Any] = {
+        "expected_reuse": loss.expected,
+        "duration_ms": round(result.ended_s * 1000, 1),
+        "finish_reason": asm.finish_reason,
+        "completion_id": asm.completion_id,
+        "had_reasoning": bool(asm.reasoning),
+    }
+    if t is not None:
+        extra.update(prompt_ms=t.prompt_ms, predicted_ms=t.predicted_ms)
+    if result.failure is not None:
+        extra.update(failure=result.failure.value, detail=result.detail)
+    if result.status_code is not None:
+        extra["status_code"] = result.status_code
+    if result.control_answer is not None:
+        extra["control_answer"] = result.control_answer
+    return extra

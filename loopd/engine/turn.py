@@ -45,14 +45,14 @@ from loopd.engine.cacheloss import (
 )
 from loopd.engine.client import InferenceClient
 from loopd.engine.limits import Limits
-from loopd.engine.outcome import Failure, RequestResult, retry_safe
+from loopd.engine.outcome import Failure, RequestResult, request_perf, retry_safe
 from loopd.engine.progress import Phase, Status, StatusCallback
 from loopd.engine.request import RequestSettings, build_body
 from loopd.engine.stream import stream_into
 from loopd.observe.context import request_scope
 from loopd.observe.metrics import METRICS
 from loopd.sessionlog.chain import messages_digest
-from loopd.sessionlog.records import Epoch, Perf, RequestKind, RequestRecord
+from loopd.sessionlog.records import Epoch, RequestKind, RequestRecord
 from loopd.sessionlog.store import SessionLog
 from loopd.wire.assemble import ToolCall
 
@@ -341,46 +341,6 @@ def _last_attempt(state: RetryCallState) -> Attempt:
     assert state.outcome is not None
     attempt: Attempt = state.outcome.result()
     return attempt
-
-
-def request_perf(result: RequestResult, loss: Loss, endpoint: str | None = None) -> Perf:
-    """The request's perf record: the server's counters, the engine's times, the cache loss."""
-    asm, t = result.assembler, result.assembler.timings
-    return Perf(
-        outcome="complete" if result.complete else "broken",
-        cache_n=t.cache_n if t else None,
-        prompt_n=t.prompt_n if t else None,
-        predicted_n=t.predicted_n if t else None,
-        ttfb_ms=None if result.first_byte_s is None else round(result.first_byte_s * 1000, 1),
-        queue_wait_ms=round(result.queue_wait_s * 1000, 1),
-        prompt_per_second=t.prompt_per_second if t else None,
-        predicted_per_second=t.predicted_per_second if t else None,
-        thinking_tokens=asm.thinking_tokens,
-        capped=result.capped,
-        cache_loss=loss.lost,
-        cache_loss_cause=loss.label or None,
-        extra=_perf_extra(result, loss) | ({"endpoint": endpoint} if endpoint else {}),
-    )
-
-
-def _perf_extra(result: RequestResult, loss: Loss) -> dict[str, Any]:
-    asm, t = result.assembler, result.assembler.timings
-    extra: dict[str, Any] = {
-        "expected_reuse": loss.expected,
-        "duration_ms": round(result.ended_s * 1000, 1),
-        "finish_reason": asm.finish_reason,
-        "completion_id": asm.completion_id,
-        "had_reasoning": bool(asm.reasoning),
-    }
-    if t is not None:
-        extra.update(prompt_ms=t.prompt_ms, predicted_ms=t.predicted_ms)
-    if result.failure is not None:
-        extra.update(failure=result.failure.value, detail=result.detail)
-    if result.status_code is not None:
-        extra["status_code"] = result.status_code
-    if result.control_answer is not None:
-        extra["control_answer"] = result.control_answer
-    return extra
 
 
 def _log_request(session: str, record: RequestRecord) -> None:
