@@ -36,6 +36,7 @@ from loopd.endpoints.warm import MoveWarmer, Warmed
 from loopd.engine.budget import ServerBudget
 from loopd.engine.client import InferenceClient
 from loopd.engine.compaction import Compactor
+from loopd.engine.pinning import choose_slot
 from loopd.engine.prewarm import Prewarmer
 from loopd.engine.prewarm_plan import PrewarmPlan
 from loopd.engine.progress import StatusCallback
@@ -74,11 +75,6 @@ class Server:
     @property
     def name(self) -> str:
         return self.endpoint.name
-
-
-def choose_server_slot(slots: Sequence[int], taken: Sequence[int]) -> int:
-    """The slot of a server with the fewest of its sessions (lowest id on a tie)."""
-    return min(slots, key=lambda slot: (taken.count(slot), slot))
 
 
 class Endpoints:
@@ -151,7 +147,7 @@ class Endpoints:
                 for (other, where), slot in self._slots.items()
                 if where == server.name and self.fleet.endpoint_of(other) == where
             ]
-            slot = self._slots[key] = choose_server_slot(server.endpoint.slots, taken)
+            slot = self._slots[key] = choose_slot(server.endpoint.slots, taken)
         return slot
 
     def where(self) -> Mapping[str, tuple[str, int]]:
@@ -269,7 +265,7 @@ class Endpoints:
         slot = self.slot_on(server, session.name)
         turn = runtime.turn(session, report)
         turn.client, turn.slot = server.client, slot
-        # Pinned or placed by the server as the runtime decided (engine.placement).
+        # Pinned or placed by the server as the runtime decided (engine.pinning).
         id_slot = slot if turn.pinned else -1
         turn.settings = replace(turn.settings, model=server.endpoint.model, slot=id_slot)
         turn.gate = Compactor(server.budget, runtime.budget_rules())

@@ -150,7 +150,7 @@ class Turn:
 
     ``slot`` is the session's slot, recorded with every request; ``settings.slot`` is what goes
     out as ``id_slot``: the same where sessions are pinned, else ``ANY_SLOT`` (the server places
-    the request; ``loopd.engine.placement``). ``pinned`` and ``pool_clears_idle_slots`` tell the
+    the request; ``loopd.engine.pinning``). ``pinned`` and ``pool_clears_idle_slots`` tell the
     cache-loss rule which causes are possible.
     """
 

@@ -60,7 +60,7 @@ async def test_sessions_taking_turns_on_the_hybrid_pool_name_every_loss(
     try:
         ServerWatch(settings, runtime).start(report)
         assert runtime.server is not None
-        assert not runtime.server.placement.pinned
+        assert not runtime.server.pinning.pinned
         for number in range(4):
             for name in ("north", "south"):
                 session = runtime.ensure_session(name)

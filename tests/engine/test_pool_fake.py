@@ -116,7 +116,7 @@ async def test_without_a_self_test_or_a_record_requests_are_not_pinned(tmp_path:
         finally:
             await runtime.aclose()
     assert view is not None
-    assert not view.placement.pinned
+    assert not view.pinning.pinned
     assert _id_slots(server) == [ANY_SLOT]
 
 
