@@ -45,7 +45,7 @@ import anyio
 from bench.errors import BenchError
 from loopd.config import load_settings
 from loopd.engine.cacheloss import LossCause
-from loopd.engine.prewarm import PrewarmOutcome, PrewarmResult
+from loopd.prewarm.prewarmer import PrewarmOutcome, PrewarmResult
 from loopd.sessionlog.records import Request, RequestKind, fresh_external_key
 from loopd.sessions import Runtime
 from loopd_dev import devserver

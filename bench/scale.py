@@ -45,9 +45,9 @@ from unittest import mock
 
 import httpx
 
-from loopd.engine.budget import ServerBudget
+from loopd.contextwindow.budget import ServerBudget
+from loopd.contextwindow.compaction import Compactor
 from loopd.engine.client import InferenceClient
-from loopd.engine.compaction import Compactor
 from loopd.engine.limits import Limits
 from loopd.engine.outcome import RequestResult
 from loopd.engine.progress import Status

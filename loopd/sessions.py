@@ -16,15 +16,13 @@ import anyio
 
 from loopcommon.errors import DaemonError
 from loopd.config import Settings
+from loopd.contextwindow.budget import BudgetRules, ServerBudget
+from loopd.contextwindow.compaction import Compactor
 from loopd.endpoints.serving import Endpoints
 from loopd.endpoints.start import reachability_checker
-from loopd.engine.budget import BudgetRules, ServerBudget
 from loopd.engine.client import InferenceClient
-from loopd.engine.compaction import Compactor
 from loopd.engine.limits import Limits
 from loopd.engine.pinning import Pinning, choose_slot, decide_pinning
-from loopd.engine.prewarm import Prewarmer, PrewarmOutcome, PrewarmResult
-from loopd.engine.prewarm_plan import PrewarmPlan, restart_wants
 from loopd.engine.progress import StatusCallback
 from loopd.engine.request import RequestSettings, Sampling
 from loopd.engine.turn import Turn, TurnOutcome
@@ -33,6 +31,8 @@ from loopd.observe.context import request_scope
 from loopd.observe.live import LiveTurns
 from loopd.observe.metrics import METRICS
 from loopd.observe.toolcalls import tool_call
+from loopd.prewarm.plan import PrewarmPlan, restart_wants
+from loopd.prewarm.prewarmer import Prewarmer, PrewarmOutcome, PrewarmResult
 from loopd.scheduler import PositionCallback, Scheduler
 from loopd.selftest.endpoints import endpoint_checker
 from loopd.selftest.expected import DEFAULT_DIR, ExpectationsError, load_expectation
@@ -338,7 +338,7 @@ class Runtime:
         return self.log.append_user(session, fitted, external_key=external_key)
 
     async def prewarm(self, session: Session) -> PrewarmResult:
-        """Read the session's prompt into its idle slot (LOOPD_PREWARM); see engine.prewarm."""
+        """Read the session's prompt into its idle slot (LOOPD_PREWARM); see ``loopd.prewarm``."""
         settings = self.turn(session, lambda status: None).settings
         with request_scope(session.name):
             result = await self.prewarmer.prewarm(session, settings)
@@ -354,7 +354,7 @@ class Runtime:
         """A turn, once the session's slot is free (FIFO behind other sessions on it)."""
         if self.endpoints is not None:
             return await self.endpoints.run_turn(self, session, report, on_position)
-        # Real work: every prewarm gives way (one beside a turn slows both; engine.prewarm).
+        # Real work: every prewarm gives way (one beside a turn slows both; ``loopd.prewarm``).
         self.prewarmer.preempt_all()
         self.prewarm_plan.drop(session.name)
         view = self._view()
@@ -375,7 +375,7 @@ class Runtime:
     async def keep_warm(self, restarted: Collection[str] = ()) -> None:
         """Prewarm wanted sessions whenever their slot falls idle, until cancelled; returns at
         once when LOOPD_PREWARM is off. ``restarted``: the front end's sessions, of which each
-        slot's most recently active one is read back first (see engine.prewarm_plan).
+        slot's most recently active one is read back first (see loopd.prewarm.plan).
         With several endpoints, this re-checks the down ones instead, and prewarms the front
         end's sessions (``restarted``) moved off one (loopd.endpoints.warm)."""
         if self.endpoints is not None:

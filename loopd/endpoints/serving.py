@@ -28,19 +28,19 @@ import anyio
 
 from loopcommon.errors import DaemonError
 from loopd.config import EndpointSettings, Settings
+from loopd.contextwindow.budget import ServerBudget
+from loopd.contextwindow.compaction import Compactor
 from loopd.endpoints.fleet import Fleet
 from loopd.endpoints.health import endpoint_dead, needs_health_check
 from loopd.endpoints.placement import Move, NowhereUp
 from loopd.endpoints.start import NoEndpointUp, StartChecks, check_at_start
 from loopd.endpoints.warm import MoveWarmer, Warmed
-from loopd.engine.budget import ServerBudget
 from loopd.engine.client import InferenceClient
-from loopd.engine.compaction import Compactor
 from loopd.engine.pinning import choose_slot
-from loopd.engine.prewarm import Prewarmer
-from loopd.engine.prewarm_plan import PrewarmPlan
 from loopd.engine.progress import StatusCallback
 from loopd.engine.turn import Turn, TurnOutcome
+from loopd.prewarm.plan import PrewarmPlan
+from loopd.prewarm.prewarmer import Prewarmer
 from loopd.scheduler import PositionCallback, Scheduler
 from loopd.selftest.endpoints import Checker, recheck_down
 from loopd.sessionlog.records import Session

@@ -3,7 +3,7 @@
 When an endpoint is marked down (a request found it dead, or the start's check did), each of its
 sessions with no turn under way or pending is placed again at once (``Fleet.place``: a ``Move``,
 so the endpoint it goes to counts it from now on) and wanted for a prewarm there. While that
-endpoint is idle (``loopd.engine.prewarm``'s rules: no turn of loopd's runs or waits on it, no
+endpoint is idle (``loopd.prewarm.prewarmer``'s rules: no turn of loopd's runs or waits on it, no
 slot busy with another client's request) the session's prompt is read there, ``max_tokens`` 1.
 That prewarm is the move's one re-read, recorded ``endpoint lost``; the session's next turn reads
 only its own tokens. A session moved by its own turn (the turn that found its server dead) needs
@@ -24,9 +24,9 @@ import anyio
 from loopcommon.errors import DaemonError
 from loopd.endpoints.placement import Move
 from loopd.engine.cacheloss import endpoint_changed, previous_request
-from loopd.engine.prewarm import PrewarmOutcome, PrewarmResult
 from loopd.observe.context import request_scope
 from loopd.observe.metrics import METRICS
+from loopd.prewarm.prewarmer import PrewarmOutcome, PrewarmResult
 
 if TYPE_CHECKING:
     from loopd.endpoints.serving import Endpoints, Server

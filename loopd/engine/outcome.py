@@ -89,7 +89,7 @@ def retry_safe(result: RequestResult) -> bool:
     if result.failure is Failure.POOL_FULL:
         # Not the session's doing: the requests running at once outgrew the shared pool. What
         # streamed before is recorded as broken (never replayed) and no tool call ran, so the
-        # same request can go again once the pool has room (``loopd.engine.pool``).
+        # same request can go again once the pool has room (``loopd.contextwindow.pool``).
         return True
     if result.output_seen:
         return False

@@ -26,7 +26,7 @@ turns run at once (one per lane, sessions on a lane in FIFO order; ``loopd.sched
 
 The pool is also *shared* where idle slots are cleared (only a unified pool clears them): every
 slot reports the whole pool as its context, and requests running at once share it
-(``loopd.engine.budget``).
+(``loopd.contextwindow.budget``).
 """
 
 from __future__ import annotations

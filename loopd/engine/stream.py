@@ -30,6 +30,7 @@ from tenacity import (
     wait_exponential,
 )
 
+from loopd.contextwindow.pool import is_pool_full
 from loopd.engine.client import ChatStream, EventStream, InferenceClient
 from loopd.engine.limits import Limits
 from loopd.engine.liveness import (
@@ -52,7 +53,6 @@ from loopd.engine.liveness import (
     worth_waiting_out,
 )
 from loopd.engine.outcome import Failure, RequestResult, unreplayable_call
-from loopd.engine.pool import is_pool_full
 from loopd.engine.progress import Phase, Status, StatusCallback
 from loopd.engine.request import ANY_SLOT
 from loopd.engine.thinkcap import Close, SendControl, ThinkCap, control_answer

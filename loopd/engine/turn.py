@@ -32,7 +32,8 @@ from tenacity import (
 )
 
 from loopcommon.jsonbytes import dumps
-from loopd.engine import pool, repeats
+from loopd.contextwindow import pool
+from loopd.engine import repeats
 from loopd.engine.cacheloss import (
     Circumstances,
     Loss,
@@ -127,7 +128,7 @@ class Repeated(TurnExit):
 
 
 class ContextGate(Protocol):
-    """Keeps a session inside its slot's context (``loopd.engine.compaction``)."""
+    """Keeps a session inside its slot's context (``loopd.contextwindow.compaction``)."""
 
     async def before_request(self, turn: Turn, kind: RequestKind, outcome: TurnOutcome) -> None:
         """Compact the session first when the next request would not fit."""

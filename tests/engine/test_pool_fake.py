@@ -17,11 +17,11 @@ import anyio
 import pytest
 
 from loopd.config import load_settings
-from loopd.engine.budget import ServerBudget
+from loopd.contextwindow.budget import ServerBudget
+from loopd.contextwindow.compaction import Compactor
+from loopd.contextwindow.pool import held_by_busy_slots
 from loopd.engine.client import ChatStream, InferenceClient
-from loopd.engine.compaction import Compactor
 from loopd.engine.outcome import Failure, RequestResult, retry_safe
-from loopd.engine.pool import held_by_busy_slots
 from loopd.engine.progress import Phase, Status
 from loopd.engine.request import ANY_SLOT
 from loopd.engine.stream import run_request

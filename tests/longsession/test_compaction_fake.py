@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from loopd.engine.compaction import (
+from loopd.contextwindow.compaction import (
     INSTRUCTION,
     INSTRUCTION_KEY,
     SUMMARY_KEY,

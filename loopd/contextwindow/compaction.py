@@ -25,8 +25,8 @@ import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
-from loopd.engine import pool
-from loopd.engine.budget import (
+from loopd.contextwindow import pool
+from loopd.contextwindow.budget import (
     MESSAGE_OVERHEAD,
     BudgetRules,
     ServerBudget,
