@@ -20,6 +20,7 @@ from loopd.contextwindow.budget import BudgetRules, ServerBudget
 from loopd.contextwindow.compaction import Compactor
 from loopd.endpoints.serving import Endpoints
 from loopd.endpoints.start import reachability_checker
+from loopd.endpoints.warm import keep_warm
 from loopd.engine.client import InferenceClient
 from loopd.engine.limits import Limits
 from loopd.engine.pinning import Pinning, choose_slot, decide_pinning
@@ -379,7 +380,7 @@ class Runtime:
         With several endpoints, this re-checks the down ones instead, and prewarms the front
         end's sessions (``restarted``) moved off one (loopd.endpoints.warm)."""
         if self.endpoints is not None:
-            await self.endpoints.keep_warm(self, restarted)
+            await keep_warm(self.endpoints, self, restarted)
             return
         if not self.prewarmer.enabled:
             return

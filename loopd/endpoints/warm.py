@@ -17,30 +17,42 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Collection
 from dataclasses import replace
-from typing import TYPE_CHECKING
 
 import anyio
 
 from loopcommon.errors import DaemonError
 from loopd.endpoints.placement import Move
+from loopd.endpoints.runtime import SessionRuntime
+from loopd.endpoints.serving import Endpoints, Server, Warmed
 from loopd.engine.cacheloss import endpoint_changed, previous_request
 from loopd.observe.context import request_scope
 from loopd.observe.metrics import METRICS
 from loopd.prewarm.prewarmer import PrewarmOutcome, PrewarmResult
 
-if TYPE_CHECKING:
-    from loopd.endpoints.serving import Endpoints, Server
-    from loopd.sessions import Runtime
-
 log = logging.getLogger(__name__)
 
-Warmed = Callable[[str, PrewarmResult], None]
+
+async def keep_warm(
+    endpoints: Endpoints, runtime: SessionRuntime, sessions: Collection[str]
+) -> None:
+    """Re-check down endpoints, and with LOOPD_PREWARM prewarm those of ``sessions`` (the front
+    end's) moved off one, until cancelled."""
+    if not runtime.settings.prewarm:
+        await endpoints.watch()
+        return
+    warmer = MoveWarmer(endpoints, runtime, sessions)
+    warmer.listeners.extend(endpoints.warm_listeners)
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(endpoints.watch)
+        tg.start_soon(warmer.run)
 
 
 class MoveWarmer:
     """Moves the idle sessions of an endpoint that went down, and prewarms them where they go."""
 
-    def __init__(self, endpoints: Endpoints, runtime: Runtime, sessions: Collection[str]) -> None:
+    def __init__(
+        self, endpoints: Endpoints, runtime: SessionRuntime, sessions: Collection[str]
+    ) -> None:
         """``sessions``: the front end's (a terminal's one, a daemon's threads); another
         front end's sessions are its own to prewarm."""
         self.endpoints = endpoints
