@@ -23,10 +23,11 @@ from loopd.endpoints.start import reachability_checker
 from loopd.endpoints.warm import keep_warm
 from loopd.engine.client import InferenceClient
 from loopd.engine.limits import Limits
+from loopd.engine.outcome import TurnOutcome
 from loopd.engine.pinning import Pinning, choose_slot, decide_pinning
 from loopd.engine.progress import StatusCallback
 from loopd.engine.request import RequestSettings, Sampling
-from loopd.engine.turn import Turn, TurnOutcome
+from loopd.engine.turn import Turn
 from loopd.errors import ServerRejected
 from loopd.observe.context import request_scope
 from loopd.observe.live import LiveTurns

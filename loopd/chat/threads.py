@@ -38,7 +38,7 @@ from loopd.chat.status import Finished, InLine
 from loopd.chat.turnposts import DRAFT, STATUS, TurnPosts, close, draft_post
 from loopd.contextwindow.compaction import is_compaction_instruction
 from loopd.engine.notes import cut_note
-from loopd.engine.turn import TurnOutcome
+from loopd.engine.outcome import TurnOutcome
 from loopd.sessionlog.errors import DiskFullError, LockedError
 from loopd.sessionlog.records import REPLAYED_KINDS, Entry, EntryKind
 from loopd.sessionlog.store import SessionLog

@@ -37,9 +37,10 @@ from loopd.contextwindow.budget import (
     judge,
     upper_bound_tokens,
 )
+from loopd.engine.outcome import TurnOutcome
 from loopd.engine.progress import Phase, Status
 from loopd.engine.request import build_body
-from loopd.engine.turn import Turn, TurnOutcome
+from loopd.engine.turn import Turn
 from loopd.errors import InferenceError
 from loopd.sessionlog.records import (
     REPLAYED_KINDS,

@@ -33,9 +33,10 @@ from loopd.endpoints.placement import Move, NowhereUp
 from loopd.endpoints.runtime import SessionRuntime
 from loopd.endpoints.start import NoEndpointUp, StartChecks, check_at_start
 from loopd.engine.client import InferenceClient
+from loopd.engine.outcome import TurnOutcome
 from loopd.engine.pinning import choose_slot
 from loopd.engine.progress import StatusCallback
-from loopd.engine.turn import Turn, TurnOutcome
+from loopd.engine.turn import Turn
 from loopd.prewarm.plan import PrewarmPlan
 from loopd.prewarm.prewarmer import Prewarmer, PrewarmResult
 from loopd.scheduler import PositionCallback, Scheduler

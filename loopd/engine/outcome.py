@@ -1,6 +1,6 @@
 """How a request ended (``Failure``, ``RequestResult``), and what follows from it: whether another
 attempt is safe (``retry_safe``), whether the message can be replayed (``unreplayable_call``), and
-the perf record it leaves (``request_perf``).
+the perf record it leaves (``request_perf``); how a turn ended (``TurnOutcome``).
 
 Data and rules only, no I/O: the stream fills a result in (``loopd.engine.stream``), the turn
 records it and decides on another attempt (``loopd.engine.turn``).
@@ -9,13 +9,12 @@ records it and decides on another attempt (``loopd.engine.turn``).
 from __future__ import annotations
 
 import json
-import time
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
 from loopd.engine.cacheloss import Loss
-from loopd.sessionlog.records import Perf
+from loopd.sessionlog.records import Perf, RequestRecord
 from loopd.wire.assemble import Outcome, StreamAssembler
 
 
@@ -66,16 +65,23 @@ class RequestResult:
     output_seen: bool = False  # a reasoning, content or tool-call delta arrived
     notes: list[str] = field(default_factory=list)
 
-    @classmethod
-    def start(cls) -> RequestResult:
-        return cls(assembler=StreamAssembler(), sent_at=time.monotonic())
-
     @property
     def complete(self) -> bool:
         return self.failure is None and self.assembler.outcome is Outcome.COMPLETE
 
     def fail(self, failure: Failure, detail: str) -> None:
         self.failure, self.detail = failure, detail
+
+
+@dataclass
+class TurnOutcome:
+    answer: str | None
+    failure: str | None = None  # the last failed request's message, for the thread
+    cause: Failure | None = None  # what ended the turn without an answer, when a request did
+    requests: list[RequestRecord] = field(default_factory=list)
+    notices: list[str] = field(default_factory=list)  # one line each, for the thread
+    cut_at: int | None = None  # the answer was cut at max_tokens: tokens generated (0: unknown)
+    compacted: bool = False  # the turn started a new epoch (its session is worth a prewarm)
 
 
 def retry_safe(result: RequestResult) -> bool:

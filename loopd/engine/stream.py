@@ -202,6 +202,11 @@ _WAIT_PHASES: dict[type[Verdict], Phase] = {
 }
 
 
+def start_result() -> RequestResult:
+    """The result of a request sent now."""
+    return RequestResult(assembler=StreamAssembler(), sent_at=time.monotonic())
+
+
 async def run_request(
     client: InferenceClient,
     body: bytes,
@@ -211,7 +216,7 @@ async def run_request(
     report: StatusCallback = _ignore_status,
 ) -> RequestResult:
     """Send one chat request and stream it to the end, or to a recorded failure."""
-    result = RequestResult.start()
+    result = start_result()
     await stream_into(result, client, body, slot=slot, limits=limits, report=report)
     return result
 

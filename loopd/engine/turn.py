@@ -46,10 +46,10 @@ from loopd.engine.cacheloss import (
 )
 from loopd.engine.client import InferenceClient
 from loopd.engine.limits import Limits
-from loopd.engine.outcome import Failure, RequestResult, request_perf, retry_safe
+from loopd.engine.outcome import Failure, RequestResult, TurnOutcome, request_perf, retry_safe
 from loopd.engine.progress import Phase, Status, StatusCallback
 from loopd.engine.request import RequestSettings, build_body
-from loopd.engine.stream import stream_into
+from loopd.engine.stream import start_result, stream_into
 from loopd.observe.context import request_scope
 from loopd.observe.metrics import METRICS
 from loopd.sessionlog.chain import messages_digest
@@ -64,17 +64,6 @@ class ToolRunner(Protocol):
     """Runs one tool call of a session and returns the result text for the log."""
 
     async def run(self, session: str, call: ToolCall) -> str: ...
-
-
-@dataclass
-class TurnOutcome:
-    answer: str | None
-    failure: str | None = None  # the last failed request's message, for the thread
-    cause: Failure | None = None  # what ended the turn without an answer, when a request did
-    requests: list[RequestRecord] = field(default_factory=list)
-    notices: list[str] = field(default_factory=list)  # one line each, for the thread
-    cut_at: int | None = None  # the answer was cut at max_tokens: tokens generated (0: unknown)
-    compacted: bool = False  # the turn started a new epoch (its session is worth a prewarm)
 
 
 class TurnExit(Exception):
@@ -244,7 +233,7 @@ class Turn:
         epoch = self.log.current_epoch(self.session)
         messages = self.log.replay_messages(self.session)
         body = build_body(self.settings, epoch.tools_text, messages)
-        result = RequestResult.start()
+        result = start_result()
         with request_scope(self.session):  # its id in the headers and the log lines
             try:
                 await stream_into(

@@ -14,7 +14,7 @@ from loopd.contextwindow.compaction import (
     SUMMARY_KEY,
     instruction_key,
 )
-from loopd.engine.turn import TurnOutcome
+from loopd.engine.outcome import TurnOutcome
 from loopd.sessionlog.records import EntryKind, RequestKind
 from loopd.sessionlog.store import SessionLog
 from loopd.sessionlog.verify import verify
