@@ -38,8 +38,9 @@ from bench.script import SCRIPT, SYSTEM_TEXT, TOOLS, ScriptedCall, UserTurn
 from loopcommon.jsonbytes import dumps
 from loopd.config import Settings, load_settings
 from loopd.engine.client import make_async_client
+from loopd.engine.outcome import Failure
 from loopd.engine.request import Sampling, build_body
-from loopd.engine.stream import Failure, run_request
+from loopd.engine.stream import run_request
 from loopd.engine.turn import Turn
 from loopd.sessionlog import Perf, RequestKind, RequestRecord, messages_digest
 from loopd.sessions import Runtime

@@ -44,8 +44,8 @@ import anyio
 
 from bench.errors import BenchError
 from loopd.config import load_settings
-from loopd.endpoints.placement import ENDPOINT_LOST
-from loopd.engine.prewarm import PrewarmOutcome, PrewarmResult
+from loopd.engine.cacheloss import LossCause
+from loopd.prewarm.prewarmer import PrewarmOutcome, PrewarmResult
 from loopd.sessionlog.records import Request, RequestKind, fresh_external_key
 from loopd.sessions import Runtime
 from loopd_dev import devserver
@@ -112,7 +112,9 @@ class PlacementRun:
         return sum(r.record.perf.cache_loss or 0 for r in self._perfs()) / len(self.turns)
 
     def lost(self) -> list[Request]:
-        return [r for r in self._perfs() if r.record.perf.cache_loss_cause == ENDPOINT_LOST]
+        return [
+            r for r in self._perfs() if r.record.perf.cache_loss_cause == LossCause.ENDPOINT_LOST
+        ]
 
     def delayed(self) -> tuple[int, float]:
         """Turns that found the dead server, and their median extra time over the others."""
@@ -275,13 +277,17 @@ def _moved_sessions(runtime: Runtime) -> tuple[MovedSession, ...]:
     found = []
     for session in runtime.log.sessions():
         requests = runtime.log.requests(session.name)
-        if any(r.record.perf.cache_loss_cause == ENDPOINT_LOST for r in requests):
+        if any(r.record.perf.cache_loss_cause == LossCause.ENDPOINT_LOST for r in requests):
             found.append(_moved(session.name, requests))
     return tuple(found)
 
 
 def _moved(name: str, requests: Sequence[Request]) -> MovedSession:
-    at = next(i for i, r in enumerate(requests) if r.record.perf.cache_loss_cause == ENDPOINT_LOST)
+    at = next(
+        i
+        for i, r in enumerate(requests)
+        if r.record.perf.cache_loss_cause == LossCause.ENDPOINT_LOST
+    )
     reread = requests[at]
     after = tuple(
         r

@@ -29,7 +29,7 @@ from bench.ideal import PromptTokens, ideal
 from bench.naive import NaiveHarness
 from loopd.config import load_settings
 from loopd.engine.client import make_async_client
-from loopd.engine.turn import TurnOutcome
+from loopd.engine.outcome import TurnOutcome
 from loopd.sessionlog import RequestRecord
 from loopd.sessionlog.records import fresh_external_key
 from loopd.sessions import Runtime

@@ -45,11 +45,13 @@ from unittest import mock
 
 import httpx
 
-from loopd.engine.budget import ServerBudget
+from loopd.contextwindow.budget import ServerBudget
+from loopd.contextwindow.compaction import Compactor
 from loopd.engine.client import InferenceClient
-from loopd.engine.compaction import Compactor
+from loopd.engine.limits import Limits
+from loopd.engine.outcome import RequestResult
+from loopd.engine.progress import Status
 from loopd.engine.request import RequestSettings, build_body
-from loopd.engine.stream import Limits, RequestResult, Status
 from loopd.engine.turn import Turn
 from loopd.sessionlog.records import Perf, RequestKind, RequestRecord
 from loopd.sessionlog.store import SessionLog

@@ -42,7 +42,7 @@ from loopcommon import configload
 from loopcommon.address import check_address
 from loopcommon.configload import Rule
 from loopd.chat.config import ChatSettings
-from loopd.engine.placement import PinSlots
+from loopd.engine.pinning import PinSlots
 from loopd.engine.repeats import DEFAULT_LIMIT as DEFAULT_REPEAT_LIMIT
 
 # The core tools array ships inside the package, so an installed wheel finds it wherever it lives.

@@ -4,7 +4,7 @@ A session keeps one slot for life (moving a pinned session costs a full re-read:
 behaviour (d), measured by tests/contract/test_contract_slots.py), so sessions on one slot wait
 for each other in FIFO order, while different slots run at once. FIFO is also the fairness rule: a
 session that just ran and comes back joins the end of the line, behind every session already
-waiting. Where the server places requests itself (``loopd.engine.placement``) a slot here is a
+waiting. Where the server places requests itself (``loopd.engine.pinning``) a slot here is a
 *lane*: the lanes bound how many of loopd's turns run at once, the same way.
 """
 

@@ -8,8 +8,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections import Counter
-from collections.abc import Collection, Sequence
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -17,22 +16,25 @@ import anyio
 
 from loopcommon.errors import DaemonError
 from loopd.config import Settings
+from loopd.contextwindow.budget import BudgetRules, ServerBudget
+from loopd.contextwindow.compaction import Compactor
 from loopd.endpoints.serving import Endpoints
 from loopd.endpoints.start import reachability_checker
-from loopd.engine.budget import BudgetRules, ServerBudget
+from loopd.endpoints.warm import keep_warm
 from loopd.engine.client import InferenceClient
-from loopd.engine.compaction import Compactor
-from loopd.engine.placement import Placement, decide_placement
-from loopd.engine.prewarm import Prewarmer, PrewarmOutcome, PrewarmResult
-from loopd.engine.prewarm_plan import PrewarmPlan, restart_wants
+from loopd.engine.limits import Limits
+from loopd.engine.outcome import TurnOutcome
+from loopd.engine.pinning import Pinning, choose_slot, decide_pinning
+from loopd.engine.progress import StatusCallback
 from loopd.engine.request import RequestSettings, Sampling
-from loopd.engine.stream import Limits, StatusCallback
-from loopd.engine.turn import Turn, TurnOutcome
+from loopd.engine.turn import Turn
 from loopd.errors import ServerRejected
 from loopd.observe.context import request_scope
 from loopd.observe.live import LiveTurns
 from loopd.observe.metrics import METRICS
 from loopd.observe.toolcalls import tool_call
+from loopd.prewarm.plan import PrewarmPlan, restart_wants
+from loopd.prewarm.prewarmer import Prewarmer, PrewarmOutcome, PrewarmResult
 from loopd.scheduler import PositionCallback, Scheduler
 from loopd.selftest.endpoints import endpoint_checker
 from loopd.selftest.expected import DEFAULT_DIR, ExpectationsError, load_expectation
@@ -63,14 +65,6 @@ INTERRUPTED = (
     "error: loopd stopped while this tool call ran; it may or may not have taken effect. "
     "Check before repeating it."
 )
-
-
-def choose_slot(harness_slots: Sequence[int], existing: Sequence[int]) -> int:
-    """The harness slot with the fewest sessions (lowest id on a tie). A session keeps it for
-    life, since moving a session to another slot costs a full re-read (measured by
-    ``test_d_evicted_session_returns_cheaply_on_its_slot_only`` in tests/contract/)."""
-    counts = Counter(s for s in existing if s in harness_slots)
-    return min(harness_slots, key=lambda slot: (counts[slot], slot))
 
 
 @dataclass
@@ -144,7 +138,7 @@ class ServerView:
     """What the engine was told about the server: where requests go, and whether its template
     drops past reasoning (the cache-loss rule's ``template_drops_reasoning``)."""
 
-    placement: Placement
+    pinning: Pinning
     keeps_past_reasoning: TemplateAnswer = TemplateAnswer.UNKNOWN
 
     @property
@@ -179,7 +173,7 @@ class Runtime:
     _idle_slots: set[int] = field(default_factory=set)
     _idle_wake: anyio.Event | None = None
     # Set by ``know_server`` (``loopd serve`` passes the self-test's answers); until then the
-    # recorded expectations decide where requests go (``loopd.engine.placement``).
+    # recorded expectations decide where requests go (``loopd.engine.pinning``).
     server: ServerView | None = None
     # Set while the server differs from the recorded expectations (``loopd serve``): the front
     # end then tells each thread so instead of running its turn (``loopd.serverchange``).
@@ -278,23 +272,23 @@ class Runtime:
         expected_dir: Path = DEFAULT_DIR,
     ) -> ServerView:
         """Take the self-test's answers (None / UNKNOWN where it did not run or could not tell):
-        pinning (``loopd.engine.placement``), the shared pool's budget, the template's verdict."""
-        placement = decide_placement(
+        pinning (``loopd.engine.pinning``), the shared pool's budget, the template's verdict."""
+        pinning = decide_pinning(
             self.settings.pin_slots,
             selftest=idle_slots_cleared,
             recorded=recorded_pool_answer(self.settings.model, expected_dir),
         )
-        view = ServerView(placement, keeps_past_reasoning)
+        view = ServerView(pinning, keeps_past_reasoning)
         self.server = view
-        self.budget.shared = placement.shared_pool
+        self.budget.shared = pinning.shared_pool
         self.budget.requests = self.settings.pool_requests
         log.info(
             "requests %s (%s); %s; the template keeps past reasoning: %s",
-            "pinned to each session's slot" if placement.pinned else "placed by the server",
-            placement.why,
+            "pinned to each session's slot" if pinning.pinned else "placed by the server",
+            pinning.why,
             f"the KV pool is shared: a request plans with {self.settings.pool_requests} "
             "requests' share of it"
-            if placement.shared_pool
+            if pinning.shared_pool
             else "each slot has its own context",
             keeps_past_reasoning.value,
         )
@@ -317,7 +311,7 @@ class Runtime:
             log=self.log,
             settings=RequestSettings(
                 model=s.model,
-                slot=view.placement.id_slot(session.slot),
+                slot=view.pinning.id_slot(session.slot),
                 max_tokens=s.max_tokens,
                 sampling=Sampling(s.temperature, s.top_p, s.top_k, s.min_p),
             ),
@@ -329,8 +323,8 @@ class Runtime:
             report=report,
             gate=Compactor(self.budget, self.budget_rules()),
             template_drops_reasoning=view.template_drops_reasoning,
-            pinned=view.placement.pinned,
-            pool_clears_idle_slots=view.placement.idle_slots_cleared is True,
+            pinned=view.pinning.pinned,
+            pool_clears_idle_slots=view.pinning.idle_slots_cleared is True,
         )
 
     def budget_rules(self) -> BudgetRules:
@@ -346,7 +340,7 @@ class Runtime:
         return self.log.append_user(session, fitted, external_key=external_key)
 
     async def prewarm(self, session: Session) -> PrewarmResult:
-        """Read the session's prompt into its idle slot (LOOPD_PREWARM); see engine.prewarm."""
+        """Read the session's prompt into its idle slot (LOOPD_PREWARM); see ``loopd.prewarm``."""
         settings = self.turn(session, lambda status: None).settings
         with request_scope(session.name):
             result = await self.prewarmer.prewarm(session, settings)
@@ -362,7 +356,7 @@ class Runtime:
         """A turn, once the session's slot is free (FIFO behind other sessions on it)."""
         if self.endpoints is not None:
             return await self.endpoints.run_turn(self, session, report, on_position)
-        # Real work: every prewarm gives way (one beside a turn slows both; engine.prewarm).
+        # Real work: every prewarm gives way (one beside a turn slows both; ``loopd.prewarm``).
         self.prewarmer.preempt_all()
         self.prewarm_plan.drop(session.name)
         view = self._view()
@@ -374,7 +368,7 @@ class Runtime:
                 finally:
                     self.prewarm_plan.used(session.name, session.slot)
                 # Placed by the server, the compacted epoch waits in its host cache: no read.
-                if outcome.compacted and view.placement.pinned:
+                if outcome.compacted and view.pinning.pinned:
                     self.prewarm_plan.want(session.name, session.slot)
                 return live.finished(outcome)
 
@@ -383,11 +377,11 @@ class Runtime:
     async def keep_warm(self, restarted: Collection[str] = ()) -> None:
         """Prewarm wanted sessions whenever their slot falls idle, until cancelled; returns at
         once when LOOPD_PREWARM is off. ``restarted``: the front end's sessions, of which each
-        slot's most recently active one is read back first (see engine.prewarm_plan).
+        slot's most recently active one is read back first (see loopd.prewarm.plan).
         With several endpoints, this re-checks the down ones instead, and prewarms the front
         end's sessions (``restarted``) moved off one (loopd.endpoints.warm)."""
         if self.endpoints is not None:
-            await self.endpoints.keep_warm(self, restarted)
+            await keep_warm(self.endpoints, self, restarted)
             return
         if not self.prewarmer.enabled:
             return

@@ -10,8 +10,8 @@ import pytest
 from loopcommon.configload import known_variables
 from loopcommon.errors import ConfigError
 from loopd.config import DEFAULTS, Settings, load_settings, settings_table, settings_tables
-from loopd.engine.budget import BudgetRules
-from loopd.engine.stream import Limits
+from loopd.contextwindow.budget import BudgetRules
+from loopd.engine.limits import Limits
 
 DEPLOY = Path(__file__).resolve().parent.parent / "deploy"
 

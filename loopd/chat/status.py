@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from loopd.engine.stream import Phase, Status
+from loopd.engine.progress import Phase, Status
 
 
 @dataclass(frozen=True)

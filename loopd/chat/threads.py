@@ -36,9 +36,9 @@ from loopd.chat.rest import MattermostError
 from loopd.chat.split import split_message
 from loopd.chat.status import Finished, InLine
 from loopd.chat.turnposts import DRAFT, STATUS, TurnPosts, close, draft_post
-from loopd.engine.compaction import is_compaction_instruction
+from loopd.contextwindow.compaction import is_compaction_instruction
 from loopd.engine.notes import cut_note
-from loopd.engine.turn import TurnOutcome
+from loopd.engine.outcome import TurnOutcome
 from loopd.sessionlog.errors import DiskFullError, LockedError
 from loopd.sessionlog.records import REPLAYED_KINDS, Entry, EntryKind
 from loopd.sessionlog.store import SessionLog

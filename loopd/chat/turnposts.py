@@ -18,7 +18,7 @@ import anyio
 from loopd.chat.outbox import Outbox, StatusPost
 from loopd.chat.rest import MattermostError
 from loopd.chat.status import Shown, draft_text, next_edit, wants_typing
-from loopd.engine.stream import Phase, Status
+from loopd.engine.progress import Phase, Status
 
 log = logging.getLogger("loopd.chat.turnposts")
 

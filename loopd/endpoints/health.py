@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Final
 
-from loopd.engine.stream import Failure
+from loopd.engine.outcome import Failure
 
 RECHECK_FIRST_S: Final = 2.0
 RECHECK_CAP_S: Final = 60.0

@@ -20,8 +20,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-# The cause recorded on the request that re-reads a moved session's prompt.
-ENDPOINT_LOST = "endpoint lost"
+from loopd.engine.cacheloss import LossCause
 
 
 @dataclass(frozen=True)
@@ -67,9 +66,9 @@ class Move:
     lost: str | None = None
 
     @property
-    def cause(self) -> str | None:
+    def cause(self) -> LossCause | None:
         """The cause its first request on ``to`` is recorded with, when it re-reads there."""
-        return ENDPOINT_LOST if self.lost is not None else None
+        return LossCause.ENDPOINT_LOST if self.lost is not None else None
 
 
 @dataclass(frozen=True)

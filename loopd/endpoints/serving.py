@@ -19,36 +19,35 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING
-
-import anyio
 
 from loopcommon.errors import DaemonError
 from loopd.config import EndpointSettings, Settings
+from loopd.contextwindow.budget import ServerBudget
+from loopd.contextwindow.compaction import Compactor
 from loopd.endpoints.fleet import Fleet
 from loopd.endpoints.health import endpoint_dead, needs_health_check
 from loopd.endpoints.placement import Move, NowhereUp
+from loopd.endpoints.runtime import SessionRuntime
 from loopd.endpoints.start import NoEndpointUp, StartChecks, check_at_start
-from loopd.endpoints.warm import MoveWarmer, Warmed
-from loopd.engine.budget import ServerBudget
 from loopd.engine.client import InferenceClient
-from loopd.engine.compaction import Compactor
-from loopd.engine.prewarm import Prewarmer
-from loopd.engine.prewarm_plan import PrewarmPlan
-from loopd.engine.stream import StatusCallback
-from loopd.engine.turn import Turn, TurnOutcome
+from loopd.engine.outcome import TurnOutcome
+from loopd.engine.pinning import choose_slot
+from loopd.engine.progress import StatusCallback
+from loopd.engine.turn import Turn
+from loopd.prewarm.plan import PrewarmPlan
+from loopd.prewarm.prewarmer import Prewarmer, PrewarmResult
 from loopd.scheduler import PositionCallback, Scheduler
 from loopd.selftest.endpoints import Checker, recheck_down
 from loopd.sessionlog.records import Session
 from loopd.sessionlog.store import SessionLog
 
-if TYPE_CHECKING:
-    from loopd.sessions import Runtime
-
 log = logging.getLogger(__name__)
+
+# Told of each prewarm of a moved session: its name and how the prewarm went.
+Warmed = Callable[[str, PrewarmResult], None]
 
 
 @dataclass
@@ -76,11 +75,6 @@ class Server:
         return self.endpoint.name
 
 
-def choose_server_slot(slots: Sequence[int], taken: Sequence[int]) -> int:
-    """The slot of a server with the fewest of its sessions (lowest id on a tie)."""
-    return min(slots, key=lambda slot: (taken.count(slot), slot))
-
-
 class Endpoints:
     """The servers of an ``[[endpoint]]`` configuration, and where each session's turns run."""
 
@@ -98,7 +92,7 @@ class Endpoints:
         self.check = check
         self._slots = dict(slots)  # (session, endpoint) -> its slot there
         self._up_listeners: list[Callable[[str], None]] = []
-        self._warm_listeners: list[Warmed] = []
+        self.warm_listeners: list[Warmed] = []
 
     @classmethod
     def open(
@@ -151,7 +145,7 @@ class Endpoints:
                 for (other, where), slot in self._slots.items()
                 if where == server.name and self.fleet.endpoint_of(other) == where
             ]
-            slot = self._slots[key] = choose_server_slot(server.endpoint.slots, taken)
+            slot = self._slots[key] = choose_slot(server.endpoint.slots, taken)
         return slot
 
     def where(self) -> Mapping[str, tuple[str, int]]:
@@ -162,21 +156,10 @@ class Endpoints:
                 found[session] = (endpoint, slot)
         return found
 
-    async def keep_warm(self, runtime: Runtime, sessions: Collection[str]) -> None:
-        """Re-check down endpoints, and with LOOPD_PREWARM prewarm those of ``sessions`` (the
-        front end's) moved off one (``loopd.endpoints.warm``), until cancelled."""
-        if not runtime.settings.prewarm:
-            await self.watch()
-            return
-        warmer = MoveWarmer(self, runtime, sessions)
-        warmer.listeners.extend(self._warm_listeners)
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(self.watch)
-            tg.start_soon(warmer.run)
-
     def on_warmed(self, listener: Warmed) -> None:
-        """Call ``listener(session, result)`` after each prewarm of a moved session."""
-        self._warm_listeners.append(listener)
+        """Call ``listener(session, result)`` after each prewarm of a moved session
+        (``loopd.endpoints.warm``)."""
+        self.warm_listeners.append(listener)
 
     async def watch(self) -> None:
         """Re-check down endpoints until cancelled (nothing to do without a checker)."""
@@ -195,7 +178,7 @@ class Endpoints:
 
     async def run_turn(
         self,
-        runtime: Runtime,
+        runtime: SessionRuntime,
         session: Session,
         report: StatusCallback,
         on_position: PositionCallback,
@@ -237,7 +220,7 @@ class Endpoints:
 
     async def _run_on(
         self,
-        runtime: Runtime,
+        runtime: SessionRuntime,
         server: Server,
         session: Session,
         report: StatusCallback,
@@ -263,13 +246,13 @@ class Endpoints:
         raise AssertionError("unreachable")  # pragma: no cover - the block returns
 
     def aim(
-        self, runtime: Runtime, server: Server, session: Session, report: StatusCallback
+        self, runtime: SessionRuntime, server: Server, session: Session, report: StatusCallback
     ) -> Turn:
         """The one-server turn of ``session``, aimed at ``server`` and its slot there."""
         slot = self.slot_on(server, session.name)
         turn = runtime.turn(session, report)
         turn.client, turn.slot = server.client, slot
-        # Pinned or placed by the server as the runtime decided (engine.placement).
+        # Pinned or placed by the server as the runtime decided (engine.pinning).
         id_slot = slot if turn.pinned else -1
         turn.settings = replace(turn.settings, model=server.endpoint.model, slot=id_slot)
         turn.gate = Compactor(server.budget, runtime.budget_rules())
@@ -277,7 +260,7 @@ class Endpoints:
         return turn
 
     def _learn_head(
-        self, runtime: Runtime, endpoint: str, session: str, outcome: TurnOutcome
+        self, runtime: SessionRuntime, endpoint: str, session: str, outcome: TurnOutcome
     ) -> None:
         """A session's first prompt on ``endpoint`` began with the system prompt and tools of
         its epoch; when those are the ones new sessions get, the endpoint holds them now."""

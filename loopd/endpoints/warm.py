@@ -3,7 +3,7 @@
 When an endpoint is marked down (a request found it dead, or the start's check did), each of its
 sessions with no turn under way or pending is placed again at once (``Fleet.place``: a ``Move``,
 so the endpoint it goes to counts it from now on) and wanted for a prewarm there. While that
-endpoint is idle (``loopd.engine.prewarm``'s rules: no turn of loopd's runs or waits on it, no
+endpoint is idle (``loopd.prewarm.prewarmer``'s rules: no turn of loopd's runs or waits on it, no
 slot busy with another client's request) the session's prompt is read there, ``max_tokens`` 1.
 That prewarm is the move's one re-read, recorded ``endpoint lost``; the session's next turn reads
 only its own tokens. A session moved by its own turn (the turn that found its server dead) needs
@@ -17,31 +17,42 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Collection
 from dataclasses import replace
-from typing import TYPE_CHECKING
 
 import anyio
 
 from loopcommon.errors import DaemonError
 from loopd.endpoints.placement import Move
-from loopd.engine.perf import endpoint_changed
-from loopd.engine.prewarm import PrewarmOutcome, PrewarmResult
-from loopd.engine.turn import previous_request
+from loopd.endpoints.runtime import SessionRuntime
+from loopd.endpoints.serving import Endpoints, Server, Warmed
+from loopd.engine.cacheloss import endpoint_changed, previous_request
 from loopd.observe.context import request_scope
 from loopd.observe.metrics import METRICS
-
-if TYPE_CHECKING:
-    from loopd.endpoints.serving import Endpoints, Server
-    from loopd.sessions import Runtime
+from loopd.prewarm.prewarmer import PrewarmOutcome, PrewarmResult
 
 log = logging.getLogger(__name__)
 
-Warmed = Callable[[str, PrewarmResult], None]
+
+async def keep_warm(
+    endpoints: Endpoints, runtime: SessionRuntime, sessions: Collection[str]
+) -> None:
+    """Re-check down endpoints, and with LOOPD_PREWARM prewarm those of ``sessions`` (the front
+    end's) moved off one, until cancelled."""
+    if not runtime.settings.prewarm:
+        await endpoints.watch()
+        return
+    warmer = MoveWarmer(endpoints, runtime, sessions)
+    warmer.listeners.extend(endpoints.warm_listeners)
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(endpoints.watch)
+        tg.start_soon(warmer.run)
 
 
 class MoveWarmer:
     """Moves the idle sessions of an endpoint that went down, and prewarms them where they go."""
 
-    def __init__(self, endpoints: Endpoints, runtime: Runtime, sessions: Collection[str]) -> None:
+    def __init__(
+        self, endpoints: Endpoints, runtime: SessionRuntime, sessions: Collection[str]
+    ) -> None:
         """``sessions``: the front end's (a terminal's one, a daemon's threads); another
         front end's sessions are its own to prewarm."""
         self.endpoints = endpoints

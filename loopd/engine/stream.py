@@ -16,14 +16,11 @@ client (``loopd.engine.client``) raises loopd's own errors only; each becomes a 
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import time
 from collections.abc import Callable
 from contextlib import AsyncExitStack
-from dataclasses import dataclass, field
-from enum import StrEnum
 
 import anyio
 from tenacity import (
@@ -33,8 +30,9 @@ from tenacity import (
     wait_exponential,
 )
 
-from loopd.config import DEFAULTS
+from loopd.contextwindow.pool import is_pool_full
 from loopd.engine.client import ChatStream, EventStream, InferenceClient
+from loopd.engine.limits import Limits
 from loopd.engine.liveness import (
     FirstByteWait,
     Gone,
@@ -54,7 +52,8 @@ from loopd.engine.liveness import (
     slots_verdict,
     worth_waiting_out,
 )
-from loopd.engine.pool import is_pool_full
+from loopd.engine.outcome import Failure, RequestResult, unreplayable_call
+from loopd.engine.progress import Phase, Status, StatusCallback
 from loopd.engine.request import ANY_SLOT
 from loopd.engine.thinkcap import Close, SendControl, ThinkCap, control_answer
 from loopd.errors import (
@@ -64,7 +63,7 @@ from loopd.errors import (
     StreamBroken,
     StreamCut,
 )
-from loopd.wire.assemble import Outcome, StreamAssembler
+from loopd.wire.assemble import StreamAssembler
 from loopd.wire.events import (
     ContentDelta,
     Done,
@@ -80,129 +79,8 @@ from loopd.wire.events import (
 log = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True)
-class Limits:
-    first_byte_s: float = DEFAULTS.first_byte_s  # queued behind another task, at most this
-    silence_s: float = DEFAULTS.silence_s  # once streaming, no event for this long is death
-    slots_poll_s: float = 2.0  # how often /slots is polled while waiting for the first byte
-    probe_timeout_s: float = 5.0  # each /slots or /health poll, on its own
-    think_cap: int = DEFAULTS.think_cap  # LOOPD_THINK_CAP: thinking tokens before the control call
-    think_grace: int = 256  # tokens past the cap before a stream still thinking is closed
-    loading_retry_s: float = 120.0  # how long a 503 "Loading model" is waited out
-    loading_wait_s: float = 0.5  # the first wait after a 503; doubles up to 10 s
-    attempts: int = 3  # attempts per request of a turn, when another one is safe
-    retry_wait_s: float = 1.0  # the first wait between attempts; doubles up to 30 s
-    status_interval_s: float = 0.5  # the least time between two reports of the same phase
-
-
-class Phase(StrEnum):
-    WAITING = "waiting"  # sent, no byte yet, slot not seen busy
-    QUEUED = "queued"  # the slot is busy with another task
-    STUCK = "stuck"  # /slots does not answer while /health does
-    READING = "reading"  # prompt processing (progress events)
-    THINKING = "thinking"
-    ANSWERING = "answering"
-    TOOL_CALL = "tool_call"
-
-
-@dataclass(frozen=True)
-class Status:
-    """What the request is doing now, for the status line or post."""
-
-    phase: Phase
-    percent: int | None = None
-    tokens: int | None = None
-    tool: str | None = None
-    # ANSWERING: the answer written so far (a chat thread shows it as it grows); THINKING: the
-    # thinking so far (the terminal shows it, folded or whole).
-    text: str = ""
-
-
-StatusCallback = Callable[[Status], None]
-
-
 def _ignore_status(status: Status) -> None:
     del status
-
-
-class Failure(StrEnum):
-    UNREACHABLE = "unreachable"  # nothing answers at the URL (connection refused, no socket)
-    REJECTED = "rejected"  # an HTTP error before streaming (4xx, 500, 503 past the wait)
-    FIRST_BYTE_TIMEOUT = "first_byte_timeout"
-    SERVER_GONE = "server_gone"  # /slots and /health both fail, or the connection closed unanswered
-    SILENCE = "silence"
-    SERVER_ERROR = "server_error"  # an error event, or a router's plain-text line, mid-stream
-    MALFORMED = "malformed"
-    TRUNCATED = "truncated"  # the connection broke mid-stream, or it ended without [DONE]
-    THINK_RUNAWAY = "think_runaway"
-    CANCELLED = "cancelled"
-    BAD_TOOL_CALL = "bad_tool_call"  # a tool call whose arguments are not JSON (cut at max_tokens)
-    POOL_FULL = "pool_full"  # a shared KV pool ran out (500 "Context size has been exceeded.")
-
-
-# Failures after which nothing the model made was lost, and another attempt may well succeed.
-# A first-byte timeout is not among them: that limit is itself the bound on waiting; nor is a
-# runaway (it would run away again), a 4xx (the request itself is wrong) or a cancellation.
-_TRANSIENT = frozenset(
-    {
-        Failure.UNREACHABLE,
-        Failure.SERVER_GONE,
-        Failure.SILENCE,
-        Failure.SERVER_ERROR,
-        Failure.MALFORMED,
-        Failure.TRUNCATED,
-    }
-)
-
-
-@dataclass
-class RequestResult:
-    assembler: StreamAssembler
-    failure: Failure | None = None
-    detail: str = ""
-    status_code: int | None = None
-    error_type: str = ""
-    sent_at: float = 0.0
-    first_byte_s: float | None = None
-    queue_wait_s: float = 0.0
-    ended_s: float = 0.0
-    capped: bool = False
-    control_answer: str | None = None
-    events: int = 0
-    output_seen: bool = False  # a reasoning, content or tool-call delta arrived
-    notes: list[str] = field(default_factory=list)
-
-    @classmethod
-    def start(cls) -> RequestResult:
-        return cls(assembler=StreamAssembler(), sent_at=time.monotonic())
-
-    @property
-    def complete(self) -> bool:
-        return self.failure is None and self.assembler.outcome is Outcome.COMPLETE
-
-    def fail(self, failure: Failure, detail: str) -> None:
-        self.failure, self.detail = failure, detail
-
-
-def retry_safe(result: RequestResult) -> bool:
-    """True when sending the same request again can do no harm and may well succeed.
-
-    Safe means nothing is committed yet: the model produced nothing (no delta arrived), and the
-    request was not refused for what it is (4xx) or already waited out (a 503 past its wait).
-    """
-    if result.complete:
-        return False
-    if result.failure is Failure.POOL_FULL:
-        # Not the session's doing: the requests running at once outgrew the shared pool. What
-        # streamed before is recorded as broken (never replayed) and no tool call ran, so the
-        # same request can go again once the pool has room (``loopd.engine.pool``).
-        return True
-    if result.output_seen:
-        return False
-    if result.failure is Failure.REJECTED:
-        status = result.status_code or 0
-        return status >= 500 and status != 503
-    return result.failure in _TRANSIENT
 
 
 class StatusThrottle:
@@ -324,6 +202,11 @@ _WAIT_PHASES: dict[type[Verdict], Phase] = {
 }
 
 
+def start_result() -> RequestResult:
+    """The result of a request sent now."""
+    return RequestResult(assembler=StreamAssembler(), sent_at=time.monotonic())
+
+
 async def run_request(
     client: InferenceClient,
     body: bytes,
@@ -333,7 +216,7 @@ async def run_request(
     report: StatusCallback = _ignore_status,
 ) -> RequestResult:
     """Send one chat request and stream it to the end, or to a recorded failure."""
-    result = RequestResult.start()
+    result = start_result()
     await stream_into(result, client, body, slot=slot, limits=limits, report=report)
     return result
 
@@ -556,22 +439,3 @@ def _classify_end(client: InferenceClient, result: RequestResult) -> None:
         result.fail(Failure.TRUNCATED, f"the stream from {client.url} ended without [DONE]")
     elif (bad := unreplayable_call(asm)) is not None:
         result.fail(Failure.BAD_TOOL_CALL, bad)
-
-
-def unreplayable_call(asm: StreamAssembler) -> str | None:
-    """Why the message cannot be replayed, or None.
-
-    A tool call whose arguments are not JSON (in practice: cut by ``max_tokens``) must never be
-    replayed: a template that takes object arguments re-parses them, and the server then answers
-    every later request of the session with a 500. So the message is recorded as broken.
-    """
-    for call in asm.tool_calls.values():
-        try:
-            json.loads(call.arguments)
-        except ValueError:
-            cut = " (cut at max_tokens)" if asm.finish_reason == "length" else ""
-            return (
-                f"the model's call of {call.name!r} has arguments that are not JSON{cut}; "
-                "it was not kept, as the server could not read it back"
-            )
-    return None

@@ -8,7 +8,7 @@ way out of a request skips it) before the next step begins, so a crash at any po
 the next start derives and resumes from.
 
 A request that fails is recorded as broken (never replayed) and sent again only when that is safe
-(``stream.retry_safe``: nothing the model made was lost, not a 4xx), a bounded number of times with
+(``outcome.retry_safe``: nothing the model made was lost, not a 4xx), a bounded number of times with
 a growing wait. The next attempt is built from the log like the first, so it sends the same bytes.
 
 Log calls are synchronous SQLite writes of well under a millisecond in WAL mode (``make bench``
@@ -32,31 +32,28 @@ from tenacity import (
 )
 
 from loopcommon.jsonbytes import dumps
-from loopd.engine import pool, repeats
-from loopd.engine.client import InferenceClient
-from loopd.engine.perf import (
+from loopd.contextwindow import pool
+from loopd.engine import repeats
+from loopd.engine.cacheloss import (
     Circumstances,
     Loss,
     LossCause,
     PrevRequest,
     cache_loss,
     endpoint_changed,
+    previous_request,
+    shared_head_bound,
 )
+from loopd.engine.client import InferenceClient
+from loopd.engine.limits import Limits
+from loopd.engine.outcome import Failure, RequestResult, TurnOutcome, request_perf, retry_safe
+from loopd.engine.progress import Phase, Status, StatusCallback
 from loopd.engine.request import RequestSettings, build_body
-from loopd.engine.stream import (
-    Failure,
-    Limits,
-    Phase,
-    RequestResult,
-    Status,
-    StatusCallback,
-    retry_safe,
-    stream_into,
-)
+from loopd.engine.stream import start_result, stream_into
 from loopd.observe.context import request_scope
 from loopd.observe.metrics import METRICS
 from loopd.sessionlog.chain import messages_digest
-from loopd.sessionlog.records import Epoch, Perf, Request, RequestKind, RequestRecord
+from loopd.sessionlog.records import Epoch, RequestKind, RequestRecord
 from loopd.sessionlog.store import SessionLog
 from loopd.wire.assemble import ToolCall
 
@@ -67,17 +64,6 @@ class ToolRunner(Protocol):
     """Runs one tool call of a session and returns the result text for the log."""
 
     async def run(self, session: str, call: ToolCall) -> str: ...
-
-
-@dataclass
-class TurnOutcome:
-    answer: str | None
-    failure: str | None = None  # the last failed request's message, for the thread
-    cause: Failure | None = None  # what ended the turn without an answer, when a request did
-    requests: list[RequestRecord] = field(default_factory=list)
-    notices: list[str] = field(default_factory=list)  # one line each, for the thread
-    cut_at: int | None = None  # the answer was cut at max_tokens: tokens generated (0: unknown)
-    compacted: bool = False  # the turn started a new epoch (its session is worth a prewarm)
 
 
 class TurnExit(Exception):
@@ -131,7 +117,7 @@ class Repeated(TurnExit):
 
 
 class ContextGate(Protocol):
-    """Keeps a session inside its slot's context (``loopd.engine.compaction``)."""
+    """Keeps a session inside its slot's context (``loopd.contextwindow.compaction``)."""
 
     async def before_request(self, turn: Turn, kind: RequestKind, outcome: TurnOutcome) -> None:
         """Compact the session first when the next request would not fit."""
@@ -148,55 +134,13 @@ class Attempt:
     result: RequestResult
 
 
-def previous_request(request: Request | None) -> PrevRequest | None:
-    """The cache-loss rule's view of the last request that reached the session's slot: the
-    session's latest ``counted`` one (``SessionLog.latest_request``). Self-tests send their own
-    prompts, and a request the server never streamed for (a 4xx, a refused connection), or one
-    that broke before the server counted a prompt token, left the slot as it was: all are passed
-    over by that query.
-    """
-    perf = None if request is None else request.record.perf
-    if request is None or perf is None or perf.cache_n is None or perf.prompt_n is None:
-        return None
-    record = request.record
-    return PrevRequest(
-        epoch_id=record.epoch,
-        slot=record.slot,
-        cache_n=perf.cache_n,
-        prompt_n=perf.prompt_n,
-        predicted_n=perf.predicted_n or 0,
-        complete=perf.outcome == "complete",
-        capped=perf.capped,
-        had_reasoning=bool(perf.extra.get("had_reasoning")),
-        request_id=request.id,
-        messages_sha256=record.messages_sha256,
-        endpoint=perf.extra.get("endpoint"),
-    )
-
-
-def shared_head_bound(first: Request | None) -> int:
-    """At most this many tokens begin every prompt of the epoch's sessions alike.
-
-    Every session of the epoch begins with its system text and tools as the template renders
-    them, the template's own text around the tools included (on the hybrid preset a 233-byte
-    system text and tool came to 370 tokens: the bench's switching section), so the bytes of
-    the texts do not bound it. The session's first prompt of the epoch does: that head and at
-    least one token of its first message (``first``: the epoch's first ``counted`` request,
-    ``SessionLog.latest_request``). 0 while no request of the epoch has timings.
-    """
-    if first is None:
-        return 0
-    perf = first.record.perf
-    return max((perf.cache_n or 0) + (perf.prompt_n or 0) - 1, 0)
-
-
 @dataclass
 class Turn:
     """Everything a turn needs; it holds no conversation state of its own.
 
     ``slot`` is the session's slot, recorded with every request; ``settings.slot`` is what goes
     out as ``id_slot``: the same where sessions are pinned, else ``ANY_SLOT`` (the server places
-    the request; ``loopd.engine.placement``). ``pinned`` and ``pool_clears_idle_slots`` tell the
+    the request; ``loopd.engine.pinning``). ``pinned`` and ``pool_clears_idle_slots`` tell the
     cache-loss rule which causes are possible.
     """
 
@@ -289,7 +233,7 @@ class Turn:
         epoch = self.log.current_epoch(self.session)
         messages = self.log.replay_messages(self.session)
         body = build_body(self.settings, epoch.tools_text, messages)
-        result = RequestResult.start()
+        result = start_result()
         with request_scope(self.session):  # its id in the headers and the log lines
             try:
                 await stream_into(
@@ -387,46 +331,6 @@ def _last_attempt(state: RetryCallState) -> Attempt:
     assert state.outcome is not None
     attempt: Attempt = state.outcome.result()
     return attempt
-
-
-def request_perf(result: RequestResult, loss: Loss, endpoint: str | None = None) -> Perf:
-    """The request's perf record: the server's counters, the engine's times, the cache loss."""
-    asm, t = result.assembler, result.assembler.timings
-    return Perf(
-        outcome="complete" if result.complete else "broken",
-        cache_n=t.cache_n if t else None,
-        prompt_n=t.prompt_n if t else None,
-        predicted_n=t.predicted_n if t else None,
-        ttfb_ms=None if result.first_byte_s is None else round(result.first_byte_s * 1000, 1),
-        queue_wait_ms=round(result.queue_wait_s * 1000, 1),
-        prompt_per_second=t.prompt_per_second if t else None,
-        predicted_per_second=t.predicted_per_second if t else None,
-        thinking_tokens=asm.thinking_tokens,
-        capped=result.capped,
-        cache_loss=loss.lost,
-        cache_loss_cause=loss.label or None,
-        extra=_perf_extra(result, loss) | ({"endpoint": endpoint} if endpoint else {}),
-    )
-
-
-def _perf_extra(result: RequestResult, loss: Loss) -> dict[str, Any]:
-    asm, t = result.assembler, result.assembler.timings
-    extra: dict[str, Any] = {
-        "expected_reuse": loss.expected,
-        "duration_ms": round(result.ended_s * 1000, 1),
-        "finish_reason": asm.finish_reason,
-        "completion_id": asm.completion_id,
-        "had_reasoning": bool(asm.reasoning),
-    }
-    if t is not None:
-        extra.update(prompt_ms=t.prompt_ms, predicted_ms=t.predicted_ms)
-    if result.failure is not None:
-        extra.update(failure=result.failure.value, detail=result.detail)
-    if result.status_code is not None:
-        extra["status_code"] = result.status_code
-    if result.control_answer is not None:
-        extra["control_answer"] = result.control_answer
-    return extra
 
 
 def _log_request(session: str, record: RequestRecord) -> None:

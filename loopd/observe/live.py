@@ -13,8 +13,8 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
-from loopd.engine.stream import Phase, Status, StatusCallback
-from loopd.engine.turn import TurnOutcome
+from loopd.engine.outcome import TurnOutcome
+from loopd.engine.progress import Phase, Status, StatusCallback
 from loopd.observe.context import session_scope
 from loopd.observe.metrics import METRICS, LoopdMetrics
 from loopd.scheduler import PositionCallback

@@ -22,8 +22,8 @@ from prometheus_client import (
 )
 
 from loopcommon.version import installed_version
-from loopd.engine.perf import LossCause
-from loopd.engine.prewarm import PrewarmOutcome, PrewarmResult
+from loopd.engine.cacheloss import LossCause
+from loopd.prewarm.prewarmer import PrewarmOutcome, PrewarmResult
 from loopd.sessionlog.records import RequestKind, RequestRecord
 
 SECONDS_BUCKETS: Final = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 900)

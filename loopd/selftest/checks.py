@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from loopd.engine.perf import CHECKPOINT_BEFORE_END, LOSS_TOLERANCE
+from loopd.engine.cacheloss import CHECKPOINT_BEFORE_END, LOSS_TOLERANCE
 from loopd.engine.request import ANY_SLOT
 from loopd.selftest.expected import ExpectationsError, ModelExpectation, build_number
 from loopd.selftest.facts import ServerFacts
@@ -18,7 +18,7 @@ from loopd.selftest.template import TemplateAnswer, template_sha256
 
 NOT_RECORDED = "(not recorded: run `loopd selftest --record`)"
 # A prompt sent again on a hybrid model resumes at the checkpoint ``CHECKPOINT_BEFORE_END`` tokens
-# before its end (``loopd.engine.perf``, where the turn engine accepts the same for a resend).
+# before its end (``loopd.engine.cacheloss``, where the turn engine accepts the same for a resend).
 
 
 @dataclass(frozen=True)

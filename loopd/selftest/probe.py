@@ -28,9 +28,11 @@ from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt
 
 from loopd.config import Settings
 from loopd.engine.client import InferenceClient
-from loopd.engine.placement import PinSlots, decide_placement
+from loopd.engine.limits import Limits
+from loopd.engine.outcome import Failure, RequestResult
+from loopd.engine.pinning import PinSlots, decide_pinning
 from loopd.engine.request import RequestSettings, Sampling, build_body
-from loopd.engine.stream import Failure, Limits, RequestResult, run_request
+from loopd.engine.stream import run_request
 from loopd.errors import ConnectionDropped, InferenceError, ServerRejected, ServerUnreachable
 from loopd.selftest import template
 from loopd.selftest.facts import (
@@ -185,8 +187,8 @@ async def _gather_live(connect: ClientFactory, config: ProbeConfig, facts: Serve
     facts.pool = await probe_pool(connect, config, other_slot(config, facts.slots))
     # The cache probe sends as the engine will, which the pool probe's answer decides.
     cleared = facts.pool.cleared if not facts.pool.failure else None
-    placement = decide_placement(config.pin_slots, selftest=cleared, recorded=None)
-    facts.cache = await probe_cache(connect, config, placement.id_slot(slot))
+    pinning = decide_pinning(config.pin_slots, selftest=cleared, recorded=None)
+    facts.cache = await probe_cache(connect, config, pinning.id_slot(slot))
     facts.stream = await probe_stream(connect, config)
 
 

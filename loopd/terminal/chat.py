@@ -26,7 +26,7 @@ from loopcommon.errors import DaemonError
 from loopcommon.sanitize import for_terminal
 from loopd.cli.log import list_sessions
 from loopd.config import Settings
-from loopd.engine.turn import TurnOutcome
+from loopd.engine.outcome import TurnOutcome
 from loopd.terminal import slash
 from loopd.terminal.core import ChatCore, Stopped, TurnEnd, Watcher
 from loopd.terminal.lineinput import LineInput, PipedInput, TerminalInput

@@ -21,7 +21,7 @@ from anyio.from_thread import BlockingPortal, start_blocking_portal
 
 from loopd.chat.status import InLine
 from loopd.config import Settings
-from loopd.engine.stream import Status
+from loopd.engine.progress import Status
 from loopd.terminal.core import ChatCore, TurnEnd, Watcher
 from loopd.terminal.render import TurnView
 from loopd.wire.assemble import ToolCall

@@ -25,7 +25,7 @@ from typing import Any, Final, TextIO
 
 from loopcommon.errors import ConfigError
 from loopd.config import Settings
-from loopd.engine.turn import TurnOutcome
+from loopd.engine.outcome import TurnOutcome
 from loopd.terminal.core import Stopped, TurnEnd, Watcher
 from loopd.terminal.link import ScreenWatch, connected
 from loopd.terminal.logfile import logs_out_of_the_way

@@ -24,8 +24,8 @@ from enum import Enum
 from loopcommon.sanitize import for_terminal
 from loopd.chat.status import InLine, in_line_words, phase_words
 from loopd.engine.notes import cut_note
-from loopd.engine.stream import Phase, Status
-from loopd.engine.turn import TurnOutcome
+from loopd.engine.outcome import TurnOutcome
+from loopd.engine.progress import Phase, Status
 
 DIM = "\x1b[2m"
 BOLD = "\x1b[1m"

@@ -15,8 +15,9 @@ from bench.ideal import (
 )
 from loopcommon.jsonbytes import dumps
 from loopd.engine.client import InferenceClient, make_async_client
+from loopd.engine.limits import Limits
 from loopd.engine.request import RequestSettings, Sampling, build_body
-from loopd.engine.stream import Limits, run_request
+from loopd.engine.stream import run_request
 from loopd_dev.devserver import PLAIN_MODEL
 from tests.bench.fake_server import fake_server
 

@@ -12,7 +12,7 @@ from loopd.chat.model import Channel, Post, User
 from loopd.chat.split import open_fence, split_message
 from loopd.chat.status import Finished, InLine, next_edit, status_text
 from loopd.chat.ws import Resume, SeqCheck, check_seq, websocket_uri
-from loopd.engine.stream import Phase, Status
+from loopd.engine.progress import Phase, Status
 
 BOT = User("bot", "loopd", is_bot=True)
 ALICE = User("alice-id", "alice")

@@ -9,7 +9,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from loopd.chat import threads
-from loopd.engine.compaction import INSTRUCTION, instruction_key
+from loopd.contextwindow.compaction import INSTRUCTION, instruction_key
 from loopd.sessionlog import SessionLog
 from loopd.turnstop import record_stop
 from tests.sessionlog.sessionlog_support import assistant_text, open_started, request_for

@@ -3,7 +3,13 @@ than the session's previous one is labelled ``endpoint lost`` by the cache-loss 
 
 from loopd.endpoints.fleet import Fleet
 from loopd.endpoints.placement import Move
-from loopd.engine.perf import Circumstances, LossCause, PrevRequest, cache_loss, endpoint_changed
+from loopd.engine.cacheloss import (
+    Circumstances,
+    LossCause,
+    PrevRequest,
+    cache_loss,
+    endpoint_changed,
+)
 
 
 def test_a_tie_goes_to_the_endpoint_whose_cache_holds_the_shared_head() -> None:

@@ -1,7 +1,8 @@
 """The fleet: each session's endpoint from the log, and the load new sessions are placed by."""
 
 from loopd.endpoints.fleet import ACTIVE_WINDOW_S, Fleet, parse_recorded_at
-from loopd.endpoints.placement import ENDPOINT_LOST, Move, NowhereUp, Stay
+from loopd.endpoints.placement import Move, NowhereUp, Stay
+from loopd.engine.cacheloss import LossCause
 
 
 class Clock:
@@ -57,7 +58,7 @@ def test_a_lost_endpoints_sessions_move_and_come_back_only_as_new_ones() -> None
     moved = fleet.place("a")
     assert moved == Move("gpu2", lost="gpu1")
     assert isinstance(moved, Move)
-    assert moved.cause == ENDPOINT_LOST
+    assert moved.cause is LossCause.ENDPOINT_LOST
     assert fleet.place("a") == Stay("gpu2")  # once moved, it stays: one re-read only
     assert fleet.place("c") == Move("gpu2")  # gpu1 is down
     fleet.health.mark_up("gpu1")

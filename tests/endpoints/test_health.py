@@ -8,7 +8,7 @@ from loopd.endpoints.health import (
     needs_health_check,
     recheck_delay,
 )
-from loopd.engine.stream import Failure
+from loopd.engine.outcome import Failure
 
 
 def test_recheck_delays_double_up_to_a_minute() -> None:

@@ -3,7 +3,6 @@
 import pytest
 
 from loopd.endpoints.placement import (
-    ENDPOINT_LOST,
     EndpointLoad,
     Move,
     NowhereUp,
@@ -11,6 +10,7 @@ from loopd.endpoints.placement import (
     choose_endpoint,
     place_turn,
 )
+from loopd.engine.cacheloss import LossCause
 
 
 def load(
@@ -57,7 +57,7 @@ def test_a_session_whose_endpoint_is_down_moves_and_says_why() -> None:
     placement = place_turn("a", [load("a", up=False), load("b", active=3), load("c", active=1)])
     assert placement == Move("c", lost="a")
     assert isinstance(placement, Move)
-    assert placement.cause == ENDPOINT_LOST
+    assert placement.cause is LossCause.ENDPOINT_LOST
 
 
 def test_a_session_whose_endpoint_left_the_configuration_moves_too() -> None:

@@ -10,7 +10,7 @@ import anyio
 import pytest
 
 from loopd.config import load_settings
-from loopd.engine.prewarm import PrewarmOutcome, PrewarmResult
+from loopd.prewarm.prewarmer import PrewarmOutcome, PrewarmResult
 from loopd.sessionlog.records import RequestKind, fresh_external_key
 from loopd.sessionlog.verify import verify
 from loopd.sessions import Runtime

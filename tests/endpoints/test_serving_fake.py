@@ -14,7 +14,7 @@ import pytest
 from anyio.abc import TaskStatus
 
 from loopd.config import load_settings
-from loopd.engine.stream import Phase, Status
+from loopd.engine.progress import Phase, Status
 from loopd.sessionlog.records import fresh_external_key
 from loopd.sessionlog.verify import verify
 from loopd.sessions import Runtime

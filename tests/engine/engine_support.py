@@ -15,8 +15,9 @@ import anyio
 
 from loopcommon.jsonbytes import dumps
 from loopd.engine.client import InferenceClient
+from loopd.engine.limits import Limits
+from loopd.engine.progress import Status
 from loopd.engine.request import RequestSettings, Sampling, build_body
-from loopd.engine.stream import Limits, Status
 from loopd.engine.turn import Turn
 from loopd.sessionlog.records import EntryKind, Request, fresh_external_key
 from loopd.sessionlog.store import SessionLog

@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 
 from loopd.config import CORE_TOOLS_FILE, load_settings
+from loopd.engine.cacheloss import LossCause
 from loopd.engine.client import InferenceClient
-from loopd.engine.perf import LossCause
-from loopd.engine.stream import Limits
+from loopd.engine.limits import Limits
 from loopd.observe.metrics import METRICS
 from loopd.selftest.run import run_selftest
 from loopd.serve import ServerWatch
@@ -60,7 +60,7 @@ async def test_sessions_taking_turns_on_the_hybrid_pool_name_every_loss(
     try:
         ServerWatch(settings, runtime).start(report)
         assert runtime.server is not None
-        assert not runtime.server.placement.pinned
+        assert not runtime.server.pinning.pinned
         for number in range(4):
             for name in ("north", "south"):
                 session = runtime.ensure_session(name)

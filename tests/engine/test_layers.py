@@ -113,7 +113,7 @@ PURE_PARTS: dict[str, set[str]] = {
     },
     "brokerd.proxy.chatpolicy": {"valid_entry", "direct_members", "channel_refusal"},
     "brokerd.tools.builtins": {"host_allowed", "url_problem", "is_text"},
-    "loopd.engine.budget": {
+    "loopd.contextwindow.budget": {
         "BudgetRules",
         "Verdict",
         "judge",
@@ -125,7 +125,7 @@ PURE_PARTS: dict[str, set[str]] = {
         "cut_text",
         "context_share",
     },
-    "loopd.engine.pool": {
+    "loopd.contextwindow.pool": {
         "is_pool_full",
         "_count",
         "held_by_busy_slots",

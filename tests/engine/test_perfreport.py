@@ -12,7 +12,7 @@ import pytest
 
 from loopcommon.jsonbytes import dumps
 from loopd.cli import perf as perf_command
-from loopd.engine.perf import LossCause
+from loopd.engine.cacheloss import LossCause
 from loopd.observe import perfsummary
 from loopd.sessionlog.chain import messages_digest
 from loopd.sessionlog.records import Perf, RequestKind, RequestRecord

@@ -17,12 +17,14 @@ import anyio
 import pytest
 
 from loopd.config import load_settings
-from loopd.engine.budget import ServerBudget
+from loopd.contextwindow.budget import ServerBudget
+from loopd.contextwindow.compaction import Compactor
+from loopd.contextwindow.pool import held_by_busy_slots
 from loopd.engine.client import ChatStream, InferenceClient
-from loopd.engine.compaction import Compactor
-from loopd.engine.pool import held_by_busy_slots
+from loopd.engine.outcome import Failure, RequestResult, retry_safe
+from loopd.engine.progress import Phase, Status
 from loopd.engine.request import ANY_SLOT
-from loopd.engine.stream import Failure, Phase, RequestResult, Status, retry_safe, run_request
+from loopd.engine.stream import run_request
 from loopd.errors import ServerRejected
 from loopd.sessionlog.records import RequestKind, fresh_external_key
 from loopd.sessions import Runtime
@@ -114,7 +116,7 @@ async def test_without_a_self_test_or_a_record_requests_are_not_pinned(tmp_path:
         finally:
             await runtime.aclose()
     assert view is not None
-    assert not view.placement.pinned
+    assert not view.pinning.pinned
     assert _id_slots(server) == [ANY_SLOT]
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from loopd.config import Settings, load_settings
-from loopd.engine.perf import LossCause
+from loopd.engine.cacheloss import LossCause
 from loopd.selftest.run import run_selftest
 from loopd.selftest.template import TemplateAnswer
 from loopd.serve import ServerWatch

@@ -12,17 +12,10 @@ import pytest
 import respx
 
 from loopd.engine.client import InferenceClient
-from loopd.engine.stream import (
-    Failure,
-    Limits,
-    Phase,
-    RequestResult,
-    Status,
-    StatusThrottle,
-    retry_safe,
-    run_request,
-    stream_into,
-)
+from loopd.engine.limits import Limits
+from loopd.engine.outcome import Failure, RequestResult, retry_safe
+from loopd.engine.progress import Phase, Status
+from loopd.engine.stream import StatusThrottle, run_request, start_result, stream_into
 from loopd.wire.assemble import StreamAssembler
 from loopd_dev.fakes.llama import FakeLlama, ModelSpec, Pace, ScriptedReply, Trigger
 from tests.engine.engine_support import FAST, MODEL, SLOT, Served, eventually, served, user_body
@@ -329,7 +322,7 @@ async def test_thinking_past_cap_and_grace_is_closed_when_nothing_was_armed() ->
 
 
 async def test_cancelling_a_request_closes_the_connection_and_says_so() -> None:
-    result = RequestResult.start()
+    result = start_result()
     async with served() as server:
         server.fake.faults.set(stall_mid_stream=Trigger(after=6))
         with anyio.move_on_after(0.2) as scope:

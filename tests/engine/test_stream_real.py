@@ -12,8 +12,11 @@ import pytest
 
 from loopcommon.jsonbytes import dumps
 from loopd.engine.client import InferenceClient
+from loopd.engine.limits import Limits
+from loopd.engine.outcome import Failure
+from loopd.engine.progress import Phase, Status
 from loopd.engine.request import RequestSettings, Sampling, build_body
-from loopd.engine.stream import Failure, Limits, Phase, Status, run_request
+from loopd.engine.stream import run_request
 from loopd_dev import devserver
 
 pytestmark = [pytest.mark.real_server, pytest.mark.anyio]

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from loopd.config import DEFAULTS, Settings, load_settings
-from loopd.engine.stream import Limits
+from loopd.engine.limits import Limits
 from loopd.sessionlog.records import fresh_external_key
 from loopd.sessions import Runtime
 from loopd_dev import devserver

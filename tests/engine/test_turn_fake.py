@@ -12,9 +12,10 @@ from typing import Any
 import anyio
 import pytest
 
+from loopd.engine.cacheloss import LossCause
 from loopd.engine.client import InferenceClient
-from loopd.engine.perf import LossCause
-from loopd.engine.stream import Failure, Phase, Status
+from loopd.engine.outcome import Failure
+from loopd.engine.progress import Phase, Status
 from loopd.sessionlog.chain import messages_digest
 from loopd.sessionlog.records import EntryKind, RequestKind
 from loopd.sessionlog.store import SessionLog

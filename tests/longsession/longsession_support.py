@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from loopd.engine.budget import BudgetRules, ServerBudget
-from loopd.engine.compaction import Compactor
+from loopd.contextwindow.budget import BudgetRules, ServerBudget
+from loopd.contextwindow.compaction import Compactor
 from loopd.engine.turn import Turn
 from loopd.sessionlog.store import SessionLog
 from loopd_dev.fakes.llama import FakeLlama, ModelSpec

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from loopd.engine.budget import (
+from loopd.contextwindow.budget import (
     MESSAGE_OVERHEAD,
     MIN_INPUT_CAP,
     BudgetRules,

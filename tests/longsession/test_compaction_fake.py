@@ -8,13 +8,13 @@ from pathlib import Path
 
 import pytest
 
-from loopd.engine.compaction import (
+from loopd.contextwindow.compaction import (
     INSTRUCTION,
     INSTRUCTION_KEY,
     SUMMARY_KEY,
     instruction_key,
 )
-from loopd.engine.turn import TurnOutcome
+from loopd.engine.outcome import TurnOutcome
 from loopd.sessionlog.records import EntryKind, RequestKind
 from loopd.sessionlog.store import SessionLog
 from loopd.sessionlog.verify import verify

@@ -15,8 +15,8 @@ import anyio
 import pytest
 
 from loopd.config import load_settings
-from loopd.engine.prewarm import PrewarmResult
 from loopd.errors import LoopdError
+from loopd.prewarm.prewarmer import PrewarmResult
 from loopd.sessionlog.records import Request, RequestKind, Session, fresh_external_key
 from loopd.sessionlog.verify import verify
 from loopd.sessions import Runtime

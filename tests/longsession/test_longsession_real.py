@@ -11,7 +11,7 @@ import anyio
 import pytest
 
 from loopd.config import load_settings
-from loopd.engine.prewarm import PrewarmOutcome, PrewarmResult
+from loopd.prewarm.prewarmer import PrewarmOutcome, PrewarmResult
 from loopd.sessionlog.records import Request, RequestKind, fresh_external_key
 from loopd.sessionlog.verify import verify
 from loopd.sessions import Runtime

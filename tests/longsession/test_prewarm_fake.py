@@ -8,7 +8,7 @@ from pathlib import Path
 import anyio
 import pytest
 
-from loopd.engine.prewarm import Prewarmer, PrewarmOutcome, PrewarmResult, final_timings
+from loopd.prewarm.prewarmer import Prewarmer, PrewarmOutcome, PrewarmResult, final_timings
 from loopd.scheduler import Scheduler
 from loopd.sessionlog.records import RequestKind
 from loopd.sessionlog.store import SessionLog

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from loopd.engine.prewarm_plan import PrewarmPlan, restart_wants
+from loopd.prewarm.plan import PrewarmPlan, restart_wants
 
 
 def test_a_compacted_session_is_prewarmed_only_once_another_has_used_its_slot() -> None:

@@ -13,7 +13,7 @@ from loopcommon.statuspage import (
     sparkline,
     when,
 )
-from loopd.engine.stream import Phase, Status
+from loopd.engine.progress import Phase, Status
 from loopd.observe.live import describe
 
 

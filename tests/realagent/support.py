@@ -18,8 +18,9 @@ from typing import Any
 
 from loopd.config import load_settings
 from loopd.engine.client import ChatStream, InferenceClient
-from loopd.engine.stream import StatusCallback
-from loopd.engine.turn import Turn, TurnOutcome
+from loopd.engine.outcome import TurnOutcome
+from loopd.engine.progress import StatusCallback
+from loopd.engine.turn import Turn
 from loopd.sessionlog.records import Session, fresh_external_key
 from loopd.sessions import Runtime
 from loopd.wire.assemble import ToolCall

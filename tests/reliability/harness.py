@@ -37,8 +37,9 @@ from brokerd.tools.settings import BrokerSettings
 from loopcommon.jsonbytes import dumps
 from loopd.cli.log import verify_log
 from loopd.config import Settings
-from loopd.engine.stream import Limits, Status
-from loopd.engine.turn import TurnOutcome
+from loopd.engine.limits import Limits
+from loopd.engine.outcome import TurnOutcome
+from loopd.engine.progress import Status
 from loopd.sessionlog.records import EntryKind, fresh_external_key
 from loopd.sessionlog.store import SessionLog
 from loopd.sessions import Runtime

@@ -13,7 +13,7 @@ from typing import Any
 import httpx
 import pytest
 
-from loopd.engine.stream import Phase, Status
+from loopd.engine.progress import Phase, Status
 from loopd.sessionlog.records import fresh_external_key
 from loopd.sessions import Runtime
 from loopd_dev import devserver

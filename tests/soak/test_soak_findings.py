@@ -29,7 +29,7 @@ import pytest
 from loopd.chat import threads
 from loopd.chat.cursor import ChatState, ChatStateError
 from loopd.chat.rest import MattermostError
-from loopd.engine.compaction import INSTRUCTION, instruction_key
+from loopd.contextwindow.compaction import INSTRUCTION, instruction_key
 from loopd.serve import Daemon
 from loopd.sessionlog.errors import CorruptLogError, DiskFullError
 from loopd.sessionlog.records import RequestKind

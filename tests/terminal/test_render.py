@@ -8,8 +8,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from loopcommon.sanitize import for_terminal
-from loopd.engine.stream import Phase, Status
-from loopd.engine.turn import TurnOutcome
+from loopd.engine.outcome import TurnOutcome
+from loopd.engine.progress import Phase, Status
 from loopd.terminal.render import (
     CLEAR_LINE,
     Style,

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from loopd.engine.placement import PinSlots, decide_placement
+from loopd.engine.pinning import PinSlots, choose_slot, decide_pinning
 from loopd.engine.request import ANY_SLOT
 
 
@@ -32,17 +32,24 @@ def test_pinning_follows_the_pool_answer_unless_the_operator_says(
     pinned: bool,
     cleared: bool | None,
 ) -> None:
-    placement = decide_placement(setting, selftest=selftest, recorded=recorded)
-    assert (placement.pinned, placement.idle_slots_cleared) == (pinned, cleared)
-    assert placement.id_slot(2) == (2 if pinned else ANY_SLOT)
-    assert placement.shared_pool is (cleared is True)
+    pinning = decide_pinning(setting, selftest=selftest, recorded=recorded)
+    assert (pinning.pinned, pinning.idle_slots_cleared) == (pinned, cleared)
+    assert pinning.id_slot(2) == (2 if pinned else ANY_SLOT)
+    assert pinning.shared_pool is (cleared is True)
 
 
 def test_the_reason_names_its_source() -> None:
-    assert decide_placement(PinSlots.AUTO, selftest=True, recorded=None).why == (
+    assert decide_pinning(PinSlots.AUTO, selftest=True, recorded=None).why == (
         "the self-test found idle slots cleared: not pinned"
     )
-    assert decide_placement(PinSlots.AUTO, selftest=None, recorded=False).why == (
+    assert decide_pinning(PinSlots.AUTO, selftest=None, recorded=False).why == (
         "the recorded expectations found idle slots kept: pinned"
     )
-    assert "unknown" in decide_placement(PinSlots.AUTO, selftest=None, recorded=None).why
+    assert "unknown" in decide_pinning(PinSlots.AUTO, selftest=None, recorded=None).why
+
+
+def test_a_new_session_gets_the_slot_fewest_sessions_have() -> None:
+    assert choose_slot([0, 1, 2], []) == 0
+    assert choose_slot([0, 1, 2], [0, 0, 1, 2]) == 1  # a tie goes to the lower id
+    # Sessions on slots outside the list (another endpoint's, or one no longer configured).
+    assert choose_slot([2, 3], [0, 0, 2, 5]) == 3

@@ -1,4 +1,5 @@
-"""Where a session's requests go: pinned to its slot, or placed by the server. Pure.
+"""A session's slot (``choose_slot``), and whether its requests are pinned to it or placed by the
+server (``decide_pinning``). Pure.
 
 On a unified KV pool with ``--cache-idle-slots`` (the server's default, and production's layout)
 every task launch saves each idle slot to the host prompt cache and clears it. A request pinned to
@@ -16,16 +17,22 @@ sessions that share the system text their own part (the similarity rule herds th
 slot), while pinning on a server that clears them loses everything. ``loopd chat`` does not probe
 the pool itself: the probe's three requests would themselves clear a clearing pool's idle slots.
 
+A new session gets the slot with the fewest sessions and keeps it for life, since moving a session
+to another slot costs a full re-read (measured by
+``test_d_evicted_session_returns_cheaply_on_its_slot_only`` in tests/contract/); where loopd has
+several servers, a session has such a slot on each endpoint it ran on (``loopd.endpoints``).
 A session's recorded slot stays its *lane* either way: ``LOOPD_SLOTS`` bounds how many of loopd's
 turns run at once (one per lane, sessions on a lane in FIFO order; ``loopd.scheduler``).
 
 The pool is also *shared* where idle slots are cleared (only a unified pool clears them): every
 slot reports the whole pool as its context, and requests running at once share it
-(``loopd.engine.budget``).
+(``loopd.contextwindow.budget``).
 """
 
 from __future__ import annotations
 
+from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 
@@ -39,7 +46,7 @@ class PinSlots(StrEnum):
 
 
 @dataclass(frozen=True)
-class Placement:
+class Pinning:
     """How requests are sent, and what that rests on (one line for the log)."""
 
     pinned: bool
@@ -58,21 +65,26 @@ class Placement:
         return lane if self.pinned else ANY_SLOT
 
 
-def decide_placement(
-    setting: PinSlots, *, selftest: bool | None, recorded: bool | None
-) -> Placement:
+def decide_pinning(setting: PinSlots, *, selftest: bool | None, recorded: bool | None) -> Pinning:
     """Pin or not. ``selftest``: the self-test's pool answer (idle slots cleared) when it ran;
     ``recorded``: the answer in the model's expectations file."""
     known = selftest if selftest is not None else recorded
     source = "the self-test" if selftest is not None else "the recorded expectations"
     if setting is PinSlots.YES:
-        return Placement(True, known, "LOOPD_PIN_SLOTS=yes")
+        return Pinning(True, known, "LOOPD_PIN_SLOTS=yes")
     if setting is PinSlots.NO:
-        return Placement(False, known, "LOOPD_PIN_SLOTS=no")
+        return Pinning(False, known, "LOOPD_PIN_SLOTS=no")
     if known is None:
-        return Placement(
+        return Pinning(
             False, None, "the slot pool is unknown (no self-test, nothing recorded): not pinned"
         )
     if known:
-        return Placement(False, True, f"{source} found idle slots cleared: not pinned")
-    return Placement(True, False, f"{source} found idle slots kept: pinned")
+        return Pinning(False, True, f"{source} found idle slots cleared: not pinned")
+    return Pinning(True, False, f"{source} found idle slots kept: pinned")
+
+
+def choose_slot(slots: Sequence[int], taken: Sequence[int]) -> int:
+    """The one of ``slots`` the fewest sessions have (lowest id on a tie); ``taken``: the slot of
+    each session there is (a slot outside ``slots`` counts for none)."""
+    counts = Counter(taken)
+    return min(slots, key=lambda slot: (counts[slot], slot))

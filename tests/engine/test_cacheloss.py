@@ -2,10 +2,18 @@
 
 from pathlib import Path
 
-from loopd.engine.perf import Circumstances, LossCause, PrevRequest, cache_loss
-from loopd.engine.turn import shared_head_bound
+from loopd.engine.cacheloss import (
+    Circumstances,
+    LossCause,
+    PrevRequest,
+    cache_loss,
+    shared_head_bound,
+)
 from loopd.sessionlog.records import Perf, RequestKind, RequestRecord
 from loopd.sessionlog.store import SessionLog
+
+# The server's template drops the reasoning of earlier turns from the prompt.
+DROPS = Circumstances(template_drops_reasoning=True)
 
 
 def prev(**overrides: object) -> PrevRequest:
@@ -41,9 +49,7 @@ def test_causes_in_order_of_certainty() -> None:
         LossCause.CAPPED_TURN
     )
     assert cache_loss(prev(), epoch_id=1, slot=0, cache_n=0).cause is LossCause.COLD
-    dropped = cache_loss(
-        prev(had_reasoning=True), epoch_id=1, slot=0, cache_n=150, template_drops_reasoning=True
-    )
+    dropped = cache_loss(prev(had_reasoning=True), epoch_id=1, slot=0, cache_n=150, around=DROPS)
     assert dropped.cause is LossCause.TEMPLATE_DROPS_REASONING
     assert dropped.lost == 95
     assert cache_loss(prev(), epoch_id=1, slot=0, cache_n=150).cause is LossCause.UNEXPLAINED
@@ -61,16 +67,16 @@ def test_small_boundary_losses_are_noise() -> None:
 
 
 def test_another_session_on_the_slot_explains_a_loss_before_a_cold_server() -> None:
-    shared = cache_loss(prev(), epoch_id=1, slot=0, cache_n=0, slot_shared=True)
+    # Another session's request (loopd's own, as its log shows) ran on the slot since.
+    used = Circumstances(slot_shared=True)
+    shared = cache_loss(prev(), epoch_id=1, slot=0, cache_n=0, around=used)
     assert (shared.lost, shared.cause) == (245, LossCause.SHARED_SLOT)
-    partly = cache_loss(prev(), epoch_id=1, slot=0, cache_n=150, slot_shared=True)
+    partly = cache_loss(prev(), epoch_id=1, slot=0, cache_n=150, around=used)
     assert partly.cause is LossCause.SHARED_SLOT
     # No loss, no cause: the host prompt cache gave the slot its prompt back.
-    assert cache_loss(prev(), epoch_id=1, slot=0, cache_n=245, slot_shared=True).cause is (
-        LossCause.NONE
-    )
+    assert cache_loss(prev(), epoch_id=1, slot=0, cache_n=245, around=used).cause is LossCause.NONE
     # A new epoch or another slot is the more certain cause.
-    assert cache_loss(prev(), epoch_id=2, slot=0, cache_n=0, slot_shared=True).cause is (
+    assert cache_loss(prev(), epoch_id=2, slot=0, cache_n=0, around=used).cause is (
         LossCause.NEW_EPOCH
     )
 
@@ -96,9 +102,7 @@ def test_a_known_cause_stays_first_with_the_checkpoint_said_beside_it() -> None:
     capped = cache_loss(prev(capped=True), epoch_id=1, slot=0, cache_n=218)
     assert capped.cause is LossCause.CAPPED_TURN
     assert capped.label == "previous turn was capped, resumed at a checkpoint"
-    dropped = cache_loss(
-        prev(had_reasoning=True), epoch_id=1, slot=0, cache_n=218, template_drops_reasoning=True
-    )
+    dropped = cache_loss(prev(had_reasoning=True), epoch_id=1, slot=0, cache_n=218, around=DROPS)
     assert dropped.label == "template drops reasoning, resumed at a checkpoint"
     # Not at the checkpoint: the cause alone.
     assert cache_loss(prev(capped=True), epoch_id=1, slot=0, cache_n=150).label == (

@@ -26,7 +26,7 @@ active slot roughly halves generation for everyone (docs/production-shape.md, it
   ``test_l_closing_the_stream_frees_the_slot_within_a_second`` in tests/contract/), so the turn
   waits only for that.
 
-Where requests are placed by the server (``id_slot`` -1, ``loopd.engine.placement``) the prewarm
+Where requests are placed by the server (``id_slot`` -1, ``loopd.engine.pinning``) the prewarm
 is too: the session's prompt then lives in the host prompt cache between its turns, and a prewarm
 helps only when the host cache lost it (a restart, a model unload).
 
@@ -49,8 +49,8 @@ from typing import Any
 
 import anyio
 
+from loopd.engine.cacheloss import Circumstances, PrevRequest, cache_loss
 from loopd.engine.client import InferenceClient
-from loopd.engine.perf import Circumstances, PrevRequest, cache_loss
 from loopd.engine.request import RequestSettings, build_body
 from loopd.errors import InferenceError, StreamBroken
 from loopd.scheduler import Scheduler

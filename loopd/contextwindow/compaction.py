@@ -25,8 +25,8 @@ import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
-from loopd.engine import pool
-from loopd.engine.budget import (
+from loopd.contextwindow import pool
+from loopd.contextwindow.budget import (
     MESSAGE_OVERHEAD,
     BudgetRules,
     ServerBudget,
@@ -37,9 +37,10 @@ from loopd.engine.budget import (
     judge,
     upper_bound_tokens,
 )
+from loopd.engine.outcome import TurnOutcome
+from loopd.engine.progress import Phase, Status
 from loopd.engine.request import build_body
-from loopd.engine.stream import Phase, Status
-from loopd.engine.turn import Turn, TurnOutcome
+from loopd.engine.turn import Turn
 from loopd.errors import InferenceError
 from loopd.sessionlog.records import (
     REPLAYED_KINDS,

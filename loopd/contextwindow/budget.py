@@ -22,7 +22,7 @@ requests running at once share it) the budget's context is a share of the pool: 
 by how many long requests to expect at once (``LOOPD_POOL_REQUESTS``, two on production: loopd and
 one other client). A session that alone filled 75 % of the pool could not run beside any other long
 request, and overflowing the pool fails every request running (docs/production-shape.md, "What
-loopd's engine must change", item 5; ``loopd.engine.pool``).
+loopd's engine must change", item 5; ``loopd.contextwindow.pool``).
 
 The decisions are pure functions; ``ServerBudget`` is the thin I/O shell that asks the server.
 """

@@ -1,4 +1,4 @@
-"""Per-request performance records and the cache-loss rule. Pure.
+"""The cache-loss rule: what a request should have reused of its cache, and why not. Pure.
 
 The server reports ``cache_n`` (prompt tokens reused) and ``prompt_n`` (prompt tokens evaluated).
 After an exact replay the next request on the same slot should reuse the whole previous prompt and
@@ -31,6 +31,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Final
+
+from loopd.sessionlog.records import Request
 
 # The server may re-evaluate a token or two at the boundary (a forced re-evaluation of the last
 # prompt token, a template joining differently at the end of a turn); losses up to this are noise.
@@ -101,7 +103,7 @@ class Circumstances:
     slot_shared: bool = False  # pinned: another loopd session ran on this slot since
     other_session_ran: bool = False  # unpinned: another loopd session's request ran since
     # At most this many tokens are shared by every session of the epoch (an upper bound: the
-    # session's first prompt of the epoch, ``loopd.engine.turn.shared_head_bound``).
+    # session's first prompt of the epoch, ``shared_head_bound``).
     shared_head: int = 0
     template_drops_reasoning: bool = False
     resend: bool = False  # the same messages as the previous request, sent again
@@ -133,6 +135,48 @@ def endpoint_changed(previous: str | None, now: str | None) -> bool:
     return previous is not None and now is not None and previous != now
 
 
+def previous_request(request: Request | None) -> PrevRequest | None:
+    """The cache-loss rule's view of the last request that reached the session's slot: the
+    session's latest ``counted`` one (``SessionLog.latest_request``). Self-tests send their own
+    prompts, and a request the server never streamed for (a 4xx, a refused connection), or one
+    that broke before the server counted a prompt token, left the slot as it was: all are passed
+    over by that query.
+    """
+    perf = None if request is None else request.record.perf
+    if request is None or perf is None or perf.cache_n is None or perf.prompt_n is None:
+        return None
+    record = request.record
+    return PrevRequest(
+        epoch_id=record.epoch,
+        slot=record.slot,
+        cache_n=perf.cache_n,
+        prompt_n=perf.prompt_n,
+        predicted_n=perf.predicted_n or 0,
+        complete=perf.outcome == "complete",
+        capped=perf.capped,
+        had_reasoning=bool(perf.extra.get("had_reasoning")),
+        request_id=request.id,
+        messages_sha256=record.messages_sha256,
+        endpoint=perf.extra.get("endpoint"),
+    )
+
+
+def shared_head_bound(first: Request | None) -> int:
+    """At most this many tokens begin every prompt of the epoch's sessions alike.
+
+    Every session of the epoch begins with its system text and tools as the template renders
+    them, the template's own text around the tools included (on the hybrid preset a 233-byte
+    system text and tool came to 370 tokens: the bench's switching section), so the bytes of
+    the texts do not bound it. The session's first prompt of the epoch does: that head and at
+    least one token of its first message (``first``: the epoch's first ``counted`` request,
+    ``SessionLog.latest_request``). 0 while no request of the epoch has timings.
+    """
+    if first is None:
+        return 0
+    perf = first.record.perf
+    return max((perf.cache_n or 0) + (perf.prompt_n or 0) - 1, 0)
+
+
 def at_checkpoint(prev: PrevRequest, cache_n: int, ubatch: int = DEFAULT_UBATCH) -> bool:
     """``cache_n`` is where a hybrid model's server checkpointed the previous prompt."""
     end = prev.prompt_end - CHECKPOINT_BEFORE_END
@@ -145,24 +189,16 @@ def cache_loss(
     epoch_id: int,
     slot: int,
     cache_n: int,
-    template_drops_reasoning: bool = False,
-    slot_shared: bool = False,
     around: Circumstances | None = None,
 ) -> Loss:
     """Expected reuse minus the real ``cache_n``, with the most likely cause.
 
     The expectation is the same whatever happened in between: the previous request's prompt and
     what it generated, as the server last held them. The cause is what best explains a
-    shortfall, the most certain first. ``slot_shared``: another session's request (loopd's
-    own, as its log shows) ran on the slot since the previous request, so the slot held another
-    prompt and only the host prompt cache could have kept this one. ``around`` holds the rest
-    (``template_drops_reasoning`` and ``slot_shared`` are its fields, kept as arguments for
-    a pinned request's callers).
+    shortfall, the most certain first. ``around``: what else is known of what ran since the
+    previous request (none of it: a pinned request with nothing else known).
     """
-    if around is None:
-        around = Circumstances(
-            slot_shared=slot_shared, template_drops_reasoning=template_drops_reasoning
-        )
+    around = around or Circumstances()
     if prev is None:
         return Loss(0, 0, LossCause.FIRST)
     expected = prev.cache_n + prev.prompt_n + (prev.predicted_n if prev.complete else 0) - 1

@@ -1,0 +1,164 @@
+"""How a request ended (``Failure``, ``RequestResult``), and what follows from it: whether another
+attempt is safe (``retry_safe``), whether the message can be replayed (``unreplayable_call``), and
+the perf record it leaves (``request_perf``); how a turn ended (``TurnOutcome``).
+
+Data and rules only, no I/O: the stream fills a result in (``loopd.engine.stream``), the turn
+records it and decides on another attempt (``loopd.engine.turn``).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+from loopd.engine.cacheloss import Loss
+from loopd.sessionlog.records import Perf, RequestRecord
+from loopd.wire.assemble import Outcome, StreamAssembler
+
+
+class Failure(StrEnum):
+    UNREACHABLE = "unreachable"  # nothing answers at the URL (connection refused, no socket)
+    REJECTED = "rejected"  # an HTTP error before streaming (4xx, 500, 503 past the wait)
+    FIRST_BYTE_TIMEOUT = "first_byte_timeout"
+    SERVER_GONE = "server_gone"  # /slots and /health both fail, or the connection closed unanswered
+    SILENCE = "silence"
+    SERVER_ERROR = "server_error"  # an error event, or a router's plain-text line, mid-stream
+    MALFORMED = "malformed"
+    TRUNCATED = "truncated"  # the connection broke mid-stream, or it ended without [DONE]
+    THINK_RUNAWAY = "think_runaway"
+    CANCELLED = "cancelled"
+    BAD_TOOL_CALL = "bad_tool_call"  # a tool call whose arguments are not JSON (cut at max_tokens)
+    POOL_FULL = "pool_full"  # a shared KV pool ran out (500 "Context size has been exceeded.")
+
+
+# Failures after which nothing the model made was lost, and another attempt may well succeed.
+# A first-byte timeout is not among them: that limit is itself the bound on waiting; nor is a
+# runaway (it would run away again), a 4xx (the request itself is wrong) or a cancellation.
+_TRANSIENT = frozenset(
+    {
+        Failure.UNREACHABLE,
+        Failure.SERVER_GONE,
+        Failure.SILENCE,
+        Failure.SERVER_ERROR,
+        Failure.MALFORMED,
+        Failure.TRUNCATED,
+    }
+)
+
+
+@dataclass
+class RequestResult:
+    assembler: StreamAssembler
+    failure: Failure | None = None
+    detail: str = ""
+    status_code: int | None = None
+    error_type: str = ""
+    sent_at: float = 0.0
+    first_byte_s: float | None = None
+    queue_wait_s: float = 0.0
+    ended_s: float = 0.0
+    capped: bool = False
+    control_answer: str | None = None
+    events: int = 0
+    output_seen: bool = False  # a reasoning, content or tool-call delta arrived
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def complete(self) -> bool:
+        return self.failure is None and self.assembler.outcome is Outcome.COMPLETE
+
+    def fail(self, failure: Failure, detail: str) -> None:
+        self.failure, self.detail = failure, detail
+
+
+@dataclass
+class TurnOutcome:
+    answer: str | None
+    failure: str | None = None  # the last failed request's message, for the thread
+    cause: Failure | None = None  # what ended the turn without an answer, when a request did
+    requests: list[RequestRecord] = field(default_factory=list)
+    notices: list[str] = field(default_factory=list)  # one line each, for the thread
+    cut_at: int | None = None  # the answer was cut at max_tokens: tokens generated (0: unknown)
+    compacted: bool = False  # the turn started a new epoch (its session is worth a prewarm)
+
+
+def retry_safe(result: RequestResult) -> bool:
+    """True when sending the same request again can do no harm and may well succeed.
+
+    Safe means nothing is committed yet: the model produced nothing (no delta arrived), and the
+    request was not refused for what it is (4xx) or already waited out (a 503 past its wait).
+    """
+    if result.complete:
+        return False
+    if result.failure is Failure.POOL_FULL:
+        # Not the session's doing: the requests running at once outgrew the shared pool. What
+        # streamed before is recorded as broken (never replayed) and no tool call ran, so the
+        # same request can go again once the pool has room (``loopd.contextwindow.pool``).
+        return True
+    if result.output_seen:
+        return False
+    if result.failure is Failure.REJECTED:
+        status = result.status_code or 0
+        return status >= 500 and status != 503
+    return result.failure in _TRANSIENT
+
+
+def unreplayable_call(asm: StreamAssembler) -> str | None:
+    """Why the message cannot be replayed, or None.
+
+    A tool call whose arguments are not JSON (in practice: cut by ``max_tokens``) must never be
+    replayed: a template that takes object arguments re-parses them, and the server then answers
+    every later request of the session with a 500. So the message is recorded as broken.
+    """
+    for call in asm.tool_calls.values():
+        try:
+            json.loads(call.arguments)
+        except ValueError:
+            cut = " (cut at max_tokens)" if asm.finish_reason == "length" else ""
+            return (
+                f"the model's call of {call.name!r} has arguments that are not JSON{cut}; "
+                "it was not kept, as the server could not read it back"
+            )
+    return None
+
+
+def request_perf(result: RequestResult, loss: Loss, endpoint: str | None = None) -> Perf:
+    """The request's perf record: the server's counters, the engine's times, the cache loss."""
+    asm, t = result.assembler, result.assembler.timings
+    return Perf(
+        outcome="complete" if result.complete else "broken",
+        cache_n=t.cache_n if t else None,
+        prompt_n=t.prompt_n if t else None,
+        predicted_n=t.predicted_n if t else None,
+        ttfb_ms=None if result.first_byte_s is None else round(result.first_byte_s * 1000, 1),
+        queue_wait_ms=round(result.queue_wait_s * 1000, 1),
+        prompt_per_second=t.prompt_per_second if t else None,
+        predicted_per_second=t.predicted_per_second if t else None,
+        thinking_tokens=asm.thinking_tokens,
+        capped=result.capped,
+        cache_loss=loss.lost,
+        cache_loss_cause=loss.label or None,
+        extra=_perf_extra(result, loss) | ({"endpoint": endpoint} if endpoint else {}),
+    )
+
+
+def _perf_extra(result: RequestResult, loss: Loss) -> dict[str, Any]:
+    asm, t = result.assembler, result.assembler.timings
+    extra: dict[str, Any] = {
+        "expected_reuse": loss.expected,
+        "duration_ms": round(result.ended_s * 1000, 1),
+        "finish_reason": asm.finish_reason,
+        "completion_id": asm.completion_id,
+        "had_reasoning": bool(asm.reasoning),
+    }
+    if t is not None:
+        extra.update(prompt_ms=t.prompt_ms, predicted_ms=t.predicted_ms)
+    if result.failure is not None:
+        extra.update(failure=result.failure.value, detail=result.detail)
+    if result.status_code is not None:
+        extra["status_code"] = result.status_code
+    if result.control_answer is not None:
+        extra["control_answer"] = result.control_answer
+    return extra
