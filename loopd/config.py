@@ -12,7 +12,8 @@ The servers loopd places sessions on are ``endpoints()``: the file's ``[[endpoin
 and ``slots`` describe (the shorthand); the two forms do not mix (rule ``one_endpoint_form``).
 
 The engine's own records of these numbers (``Limits``, ``BudgetRules``) take their defaults from
-``DEFAULTS``, so each default is written once, here.
+``DEFAULTS``, so each default is written once, here; the sampling settings the other way round
+(their defaults are the request's own ``Sampling``).
 """
 
 from __future__ import annotations
@@ -44,6 +45,10 @@ from loopcommon.configload import Rule
 from loopd.chat.config import ChatSettings
 from loopd.engine.placement import PinSlots
 from loopd.engine.repeats import DEFAULT_LIMIT as DEFAULT_REPEAT_LIMIT
+from loopd.engine.request import Sampling
+
+# The sampling settings' defaults are the request's own (``Sampling``), written once there.
+_SAMPLING: Final = Sampling()
 
 # The core tools array ships inside the package, so an installed wheel finds it wherever it lives.
 CORE_TOOLS_FILE = Path(__file__).resolve().parent / "data" / "tools.schema.json"
@@ -267,14 +272,18 @@ class Settings(configload.FileSettings):
         "`write_file`).",
     )
     temperature: float = Field(
-        default=0.6, ge=0, description="Sampling temperature sent in every request."
+        default=_SAMPLING.temperature,
+        ge=0,
+        description="Sampling temperature sent in every request.",
     )
     top_p: float = Field(
-        default=0.95, ge=0, le=1, description="Sampling top_p sent in every request."
+        default=_SAMPLING.top_p, ge=0, le=1, description="Sampling top_p sent in every request."
     )
-    top_k: int = Field(default=20, ge=0, description="Sampling top_k sent in every request.")
+    top_k: int = Field(
+        default=_SAMPLING.top_k, ge=0, description="Sampling top_k sent in every request."
+    )
     min_p: float = Field(
-        default=0.0, ge=0, le=1, description="Sampling min_p sent in every request."
+        default=_SAMPLING.min_p, ge=0, le=1, description="Sampling min_p sent in every request."
     )
     repeat_limit: int = Field(
         default=DEFAULT_REPEAT_LIMIT,
@@ -375,6 +384,11 @@ class Settings(configload.FileSettings):
                 "endpoint": (),
             }
         )
+
+    @property
+    def sampling(self) -> Sampling:
+        """The sampling settings every request sends."""
+        return Sampling(self.temperature, self.top_p, self.top_k, self.min_p)
 
     @property
     def stream_think_cap(self) -> int:

@@ -25,7 +25,7 @@ from loopd.engine.compaction import Compactor
 from loopd.engine.placement import Placement, decide_placement
 from loopd.engine.prewarm import Prewarmer, PrewarmOutcome, PrewarmResult
 from loopd.engine.prewarm_plan import PrewarmPlan, restart_wants
-from loopd.engine.request import RequestSettings, Sampling
+from loopd.engine.request import RequestSettings
 from loopd.engine.stream import Limits, StatusCallback
 from loopd.engine.turn import Turn, TurnOutcome
 from loopd.errors import ServerRejected
@@ -319,7 +319,7 @@ class Runtime:
                 model=s.model,
                 slot=view.placement.id_slot(session.slot),
                 max_tokens=s.max_tokens,
-                sampling=Sampling(s.temperature, s.top_p, s.top_k, s.min_p),
+                sampling=s.sampling,
             ),
             limits=Limits(
                 first_byte_s=s.first_byte_s, silence_s=s.silence_s, think_cap=s.stream_think_cap

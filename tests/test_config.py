@@ -11,6 +11,7 @@ from loopcommon.configload import known_variables
 from loopcommon.errors import ConfigError
 from loopd.config import DEFAULTS, Settings, load_settings, settings_table, settings_tables
 from loopd.engine.budget import BudgetRules
+from loopd.engine.request import Sampling
 from loopd.engine.stream import Limits
 
 DEPLOY = Path(__file__).resolve().parent.parent / "deploy"
@@ -101,6 +102,14 @@ def test_the_engines_records_default_to_the_settings() -> None:
         "max_tokens",
         "summary_max_tokens",
     }
+
+
+def test_the_sampling_settings_default_to_the_requests_own(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``Sampling`` holds the defaults; the settings take theirs from it and build it back."""
+    assert DEFAULTS.sampling == Sampling()
+    monkeypatch.setenv("LOOPD_TEMPERATURE", "0.2")
+    monkeypatch.setenv("LOOPD_TOP_K", "5")
+    assert load_settings().sampling == Sampling(temperature=0.2, top_k=5)
 
 
 @pytest.mark.parametrize(

@@ -102,7 +102,7 @@ class ProbeConfig:
     def from_settings(cls, settings: Settings, tools_text: str) -> ProbeConfig:
         return cls(
             harness_slots=settings.slots,
-            sampling=Sampling(settings.temperature, settings.top_p, settings.top_k, settings.min_p),
+            sampling=settings.sampling,
             max_tokens=settings.max_tokens,
             system_text=settings.system_text,
             tools_text=tools_text,
