@@ -42,6 +42,7 @@ from pydantic_settings import (
 from loopcommon import configload
 from loopcommon.address import check_address
 from loopcommon.configload import Rule
+from loopcommon.errors import ConfigError
 from loopd.chat.config import ChatSettings
 from loopd.engine.placement import PinSlots
 from loopd.engine.repeats import DEFAULT_LIMIT as DEFAULT_REPEAT_LIMIT
@@ -136,6 +137,10 @@ EndpointTables = Annotated[
 ]
 # The shorthand's settings; none of them may be set beside [[endpoint]] tables.
 SHORTHAND_SETTINGS: Final = ("infer_url", "model", "slots")
+NO_MODEL: Final = (
+    "no model named: set LOOPD_MODEL (`model` in the config file) to the model id the server "
+    "serves, or give [[endpoint]] tables"
+)
 
 
 class Settings(configload.FileSettings):
@@ -156,8 +161,9 @@ class Settings(configload.FileSettings):
         "`unix:/path/to.sock`.",
     )
     model: str = Field(
-        default="smollm2",
-        description="Model id sent in every request (router mode selects the child by it).",
+        default="",
+        description="Model id sent in every request (router mode selects the child by it). No "
+        "default: name the model the server serves, or give `[[endpoint]]` tables.",
     )
     state_dir: Path = Field(
         default_factory=_default_state_dir,
@@ -363,6 +369,8 @@ class Settings(configload.FileSettings):
         server (named ``default``)."""
         if self.endpoint:
             return self.endpoint
+        if not self.model:
+            raise ConfigError(NO_MODEL)
         shorthand = EndpointSettings(
             name=SHORTHAND_ENDPOINT, url=self.infer_url, model=self.model, slots=self.slots
         )

@@ -282,7 +282,7 @@ class Runtime:
         placement = decide_placement(
             self.settings.pin_slots,
             selftest=idle_slots_cleared,
-            recorded=recorded_pool_answer(self.settings.model, expected_dir),
+            recorded=recorded_pool_answer(self.client.model, expected_dir),  # the server's model
         )
         view = ServerView(placement, keeps_past_reasoning)
         self.server = view

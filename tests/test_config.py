@@ -9,7 +9,14 @@ import pytest
 
 from loopcommon.configload import known_variables
 from loopcommon.errors import ConfigError
-from loopd.config import DEFAULTS, Settings, load_settings, settings_table, settings_tables
+from loopd.config import (
+    DEFAULTS,
+    NO_MODEL,
+    Settings,
+    load_settings,
+    settings_table,
+    settings_tables,
+)
 from loopd.engine.budget import BudgetRules
 from loopd.engine.request import Sampling
 from loopd.engine.stream import Limits
@@ -324,6 +331,17 @@ def test_the_one_server_variables_are_the_shorthand(monkeypatch: pytest.MonkeyPa
     assert [(e.name, e.url, e.model, e.slots) for e in settings.endpoints()] == [
         ("default", "unix:/run/loopd/infer.sock", "qwen", (2, 3))
     ]
+
+
+def test_the_model_has_no_default_and_a_server_without_one_is_one_line() -> None:
+    """An operator names the model; only what talks to a server needs it (not ``loopd log``)."""
+    settings = load_settings()
+    assert settings.model == ""
+    with pytest.raises(ConfigError) as error:
+        settings.endpoints()
+    assert str(error.value) == NO_MODEL
+    assert "\n" not in NO_MODEL
+    assert "LOOPD_MODEL" in NO_MODEL
 
 
 @pytest.mark.parametrize(
