@@ -61,6 +61,7 @@ def measure(state_dir: Path, sessions: int = 100, turns: int = 5) -> MemorySampl
             state_dir=state_dir,
             tools_file=tools,
             infer_url=f"unix:{state_dir / 'no-server.sock'}",
+            model="none",  # no request is sent
             broker_url=f"unix:{state_dir / 'no-broker.sock'}",
         )
     )

@@ -12,7 +12,8 @@ The servers loopd places sessions on are ``endpoints()``: the file's ``[[endpoin
 and ``slots`` describe (the shorthand); the two forms do not mix (rule ``one_endpoint_form``).
 
 The engine's own records of these numbers (``Limits``, ``BudgetRules``) take their defaults from
-``DEFAULTS``, so each default is written once, here.
+``DEFAULTS``, so each default is written once, here; the sampling settings the other way round
+(their defaults are the request's own ``Sampling``).
 """
 
 from __future__ import annotations
@@ -41,9 +42,14 @@ from pydantic_settings import (
 from loopcommon import configload
 from loopcommon.address import check_address
 from loopcommon.configload import Rule
+from loopcommon.errors import ConfigError
 from loopd.chat.config import ChatSettings
 from loopd.engine.pinning import PinSlots
 from loopd.engine.repeats import DEFAULT_LIMIT as DEFAULT_REPEAT_LIMIT
+from loopd.engine.request import Sampling
+
+# The sampling settings' defaults are the request's own (``Sampling``), written once there.
+_SAMPLING: Final = Sampling()
 
 # The core tools array ships inside the package, so an installed wheel finds it wherever it lives.
 CORE_TOOLS_FILE = Path(__file__).resolve().parent / "data" / "tools.schema.json"
@@ -131,6 +137,10 @@ EndpointTables = Annotated[
 ]
 # The shorthand's settings; none of them may be set beside [[endpoint]] tables.
 SHORTHAND_SETTINGS: Final = ("infer_url", "model", "slots")
+NO_MODEL: Final = (
+    "no model named: set LOOPD_MODEL (`model` in the config file) to the model id the server "
+    "serves, or give [[endpoint]] tables"
+)
 
 
 class Settings(configload.FileSettings):
@@ -151,8 +161,9 @@ class Settings(configload.FileSettings):
         "`unix:/path/to.sock`.",
     )
     model: str = Field(
-        default="smollm2",
-        description="Model id sent in every request (router mode selects the child by it).",
+        default="",
+        description="Model id sent in every request (router mode selects the child by it). No "
+        "default: name the model the server serves, or give `[[endpoint]]` tables.",
     )
     state_dir: Path = Field(
         default_factory=_default_state_dir,
@@ -267,14 +278,18 @@ class Settings(configload.FileSettings):
         "`write_file`).",
     )
     temperature: float = Field(
-        default=0.6, ge=0, description="Sampling temperature sent in every request."
+        default=_SAMPLING.temperature,
+        ge=0,
+        description="Sampling temperature sent in every request.",
     )
     top_p: float = Field(
-        default=0.95, ge=0, le=1, description="Sampling top_p sent in every request."
+        default=_SAMPLING.top_p, ge=0, le=1, description="Sampling top_p sent in every request."
     )
-    top_k: int = Field(default=20, ge=0, description="Sampling top_k sent in every request.")
+    top_k: int = Field(
+        default=_SAMPLING.top_k, ge=0, description="Sampling top_k sent in every request."
+    )
     min_p: float = Field(
-        default=0.0, ge=0, le=1, description="Sampling min_p sent in every request."
+        default=_SAMPLING.min_p, ge=0, le=1, description="Sampling min_p sent in every request."
     )
     repeat_limit: int = Field(
         default=DEFAULT_REPEAT_LIMIT,
@@ -354,6 +369,8 @@ class Settings(configload.FileSettings):
         server (named ``default``)."""
         if self.endpoint:
             return self.endpoint
+        if not self.model:
+            raise ConfigError(NO_MODEL)
         shorthand = EndpointSettings(
             name=SHORTHAND_ENDPOINT, url=self.infer_url, model=self.model, slots=self.slots
         )
@@ -375,6 +392,11 @@ class Settings(configload.FileSettings):
                 "endpoint": (),
             }
         )
+
+    @property
+    def sampling(self) -> Sampling:
+        """The sampling settings every request sends."""
+        return Sampling(self.temperature, self.top_p, self.top_k, self.min_p)
 
     @property
     def stream_think_cap(self) -> int:

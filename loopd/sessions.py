@@ -26,7 +26,7 @@ from loopd.engine.limits import Limits
 from loopd.engine.outcome import TurnOutcome
 from loopd.engine.pinning import Pinning, choose_slot, decide_pinning
 from loopd.engine.progress import StatusCallback
-from loopd.engine.request import RequestSettings, Sampling
+from loopd.engine.request import RequestSettings
 from loopd.engine.turn import Turn
 from loopd.errors import ServerRejected
 from loopd.observe.context import request_scope
@@ -276,7 +276,7 @@ class Runtime:
         pinning = decide_pinning(
             self.settings.pin_slots,
             selftest=idle_slots_cleared,
-            recorded=recorded_pool_answer(self.settings.model, expected_dir),
+            recorded=recorded_pool_answer(self.client.model, expected_dir),  # the server's model
         )
         view = ServerView(pinning, keeps_past_reasoning)
         self.server = view
@@ -313,7 +313,7 @@ class Runtime:
                 model=s.model,
                 slot=view.pinning.id_slot(session.slot),
                 max_tokens=s.max_tokens,
-                sampling=Sampling(s.temperature, s.top_p, s.top_k, s.min_p),
+                sampling=s.sampling,
             ),
             limits=Limits(
                 first_byte_s=s.first_byte_s, silence_s=s.silence_s, think_cap=s.stream_think_cap

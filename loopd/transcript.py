@@ -18,9 +18,11 @@ import json
 from collections.abc import Sequence
 from typing import Any, Final
 
+from loopd.sessionlog.assistant import tool_calls_of
 from loopd.sessionlog.records import Entry, EntryKind, Epoch
 from loopd.sessionlog.replay import messages_array
 from loopd.sessionlog.store import SessionLog
+from loopd.wire.assemble import ToolCall
 
 FORMATS: Final = ("jsonl", "markdown", "openai")
 _FENCE = "```"
@@ -72,7 +74,7 @@ def _entry_markdown(entry: Entry, epoch: Epoch | None) -> list[str]:
         case EntryKind.USER:
             return [f"**User** ({fields.created_at}):", "", _quote(message.get("content")), ""]
         case EntryKind.ASSISTANT:
-            return _assistant_markdown(message)
+            return _assistant_markdown(message, tool_calls_of(entry.message or ""))
         case EntryKind.TOOL:
             return [
                 f"**Tool result** (`{fields.tool_call_id}`):",
@@ -87,7 +89,7 @@ def _entry_markdown(entry: Entry, epoch: Epoch | None) -> list[str]:
     return []  # pragma: no cover - every kind is matched
 
 
-def _assistant_markdown(message: dict[str, Any]) -> list[str]:
+def _assistant_markdown(message: dict[str, Any], calls: Sequence[ToolCall]) -> list[str]:
     lines = ["**Assistant:**", ""]
     reasoning = message.get("reasoning_content")
     if reasoning:
@@ -96,12 +98,11 @@ def _assistant_markdown(message: dict[str, Any]) -> list[str]:
     content = message.get("content")
     if content:
         lines += [str(content), ""]
-    for call in message.get("tool_calls") or ():
-        function = call.get("function", {})
+    for call in calls:
         lines += [
-            f"Tool call `{function.get('name', '')}` (`{call.get('id', '')}`):",
+            f"Tool call `{call.name}` (`{call.id}`):",
             "",
-            _fenced(str(function.get("arguments", "")), "json"),
+            _fenced(call.arguments, "json"),
             "",
         ]
     return lines

@@ -36,14 +36,13 @@ wait_for_socket() {  # path, what, pid
     echo "run: $2 did not come up; see $run/$2.log" >&2; exit 1
 }
 
-# LOOPD_MODEL picks the model (a preset of loopd_dev.devserver: smollm2 by default, or
-# qwen-coder-tools, a model that really calls the tools); the router loads it before ready, and
-# the settings it needs (e.g. temperature 0) come with it unless the environment sets them.
-load=()
-if [ -n "${LOOPD_MODEL:-}" ]; then
-    load=(--load "$LOOPD_MODEL")
-    eval "$($bin/python -m loopd_dev.devserver --loopd-env "$LOOPD_MODEL")"
-fi
+# LOOPD_MODEL picks the model (a preset of loopd_dev.devserver: smollm2 unless set, or
+# qwen-coder-tools, a model that really calls the tools; loopd itself has no default model); the
+# router loads it before ready, and the settings it needs (e.g. temperature 0) come with it
+# unless the environment sets them.
+export LOOPD_MODEL="${LOOPD_MODEL:-smollm2}"
+load=(--load "$LOOPD_MODEL")
+eval "$($bin/python -m loopd_dev.devserver --loopd-env "$LOOPD_MODEL")"
 # The embedded model is 135 M parameters: left to production's max_tokens (12288) it can ramble
 # for minutes. Unless the person (or the model's preset, above) set either limit, a turn here is
 # at most 512 tokens, with no thinking cap (think_cap_leaves_answer_room needs 1024 above a cap).
@@ -51,7 +50,7 @@ if [ -z "${LOOPD_MAX_TOKENS:-}" ] && [ -z "${LOOPD_THINK_CAP:-}" ]; then
     export LOOPD_MAX_TOKENS=512 LOOPD_THINK_CAP=0
 fi
 
-echo "run: starting llama-server (router, ${LOOPD_MODEL:-SmolLM2-135M}) ..." >&2
+echo "run: starting llama-server (router, $LOOPD_MODEL) ..." >&2
 setsid $bin/python -m loopd_dev.devserver --socket "$run/llama.sock" --workdir "$run/devserver" \
     "${load[@]}" >"$run/llama-server.log" 2>&1 &
 pids+=($!)

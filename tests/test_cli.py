@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from loopd.config import NO_MODEL
 from loopd_dev import devserver
 
 LOOPD = [sys.executable, "-m", "loopd"]
@@ -41,7 +42,7 @@ def run_loopd(
 def test_bad_server_url_gives_one_line_and_exit_2(tmp_path: Path, url: str, says: str) -> None:
     result = run_loopd(
         ["chat", "--session", "x"],
-        {"LOOPD_INFER_URL": url, "LOOPD_STATE_DIR": str(tmp_path)},
+        {"LOOPD_INFER_URL": url, "LOOPD_MODEL": "m", "LOOPD_STATE_DIR": str(tmp_path)},
         stdin="hello\n",
     )
     assert result.returncode == 2
@@ -53,12 +54,20 @@ def test_bad_server_url_gives_one_line_and_exit_2(tmp_path: Path, url: str, says
     assert result.stdout == ""
 
 
+def test_a_server_without_a_named_model_gives_one_line_and_exit_2(tmp_path: Path) -> None:
+    result = run_loopd(["chat", "--session", "x"], {"LOOPD_STATE_DIR": str(tmp_path)}, "hello\n")
+    assert result.returncode == 2
+    assert result.stderr == f"loopd: {NO_MODEL}\n"
+    assert result.stdout == ""
+
+
 @pytest.mark.real_server
 def test_chat_answers_each_line_then_resumes_the_log(
     real_server: devserver.RunningServer, tmp_path: Path
 ) -> None:
     env = {
         "LOOPD_INFER_URL": real_server.url,
+        "LOOPD_MODEL": devserver.PLAIN_MODEL,
         "LOOPD_STATE_DIR": str(tmp_path),
         "LOOPD_SLOTS": "1",
         "LOOPD_TEMPERATURE": "0",
@@ -90,7 +99,11 @@ def test_stopped_server_mid_session_fails_the_turn_with_exit_2(tmp_path: Path) -
     server.stop()
     result = run_loopd(
         ["chat", "--session", "gone"],
-        {"LOOPD_INFER_URL": server.url, "LOOPD_STATE_DIR": str(tmp_path / "state")},
+        {
+            "LOOPD_INFER_URL": server.url,
+            "LOOPD_MODEL": devserver.PLAIN_MODEL,
+            "LOOPD_STATE_DIR": str(tmp_path / "state"),
+        },
         stdin="hello\n",
     )
     assert result.returncode == 2
@@ -103,6 +116,7 @@ def test_serve_refuses_to_start_when_the_self_test_fails(tmp_path: Path) -> None
         ["serve"],
         {
             "LOOPD_INFER_URL": "http://127.0.0.1:1",
+            "LOOPD_MODEL": "m",
             "LOOPD_STATE_DIR": str(tmp_path),
             "LOOPD_MM_URL": "http://127.0.0.1:2",
         },

@@ -180,6 +180,7 @@ def test_a_bad_tools_file(home: Path, tmp_path: Path, command: list[str]) -> Non
         LOOPD_STATE_DIR=str(tmp_path / "state"),
         LOOPD_TOOLS_FILE=str(tools),
         LOOPD_INFER_URL=f"unix:{tmp_path / 'no-server.sock'}",
+        LOOPD_MODEL="m",
         LOOPD_MM_URL=f"unix:{tmp_path / 'no-mattermost.sock'}",
     )
     result = run([*LOOPD, *command], env, stdin="hello\n")

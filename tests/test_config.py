@@ -9,9 +9,17 @@ import pytest
 
 from loopcommon.configload import known_variables
 from loopcommon.errors import ConfigError
-from loopd.config import DEFAULTS, Settings, load_settings, settings_table, settings_tables
+from loopd.config import (
+    DEFAULTS,
+    NO_MODEL,
+    Settings,
+    load_settings,
+    settings_table,
+    settings_tables,
+)
 from loopd.contextwindow.budget import BudgetRules
 from loopd.engine.limits import Limits
+from loopd.engine.request import Sampling
 
 DEPLOY = Path(__file__).resolve().parent.parent / "deploy"
 
@@ -101,6 +109,14 @@ def test_the_engines_records_default_to_the_settings() -> None:
         "max_tokens",
         "summary_max_tokens",
     }
+
+
+def test_the_sampling_settings_default_to_the_requests_own(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``Sampling`` holds the defaults; the settings take theirs from it and build it back."""
+    assert DEFAULTS.sampling == Sampling()
+    monkeypatch.setenv("LOOPD_TEMPERATURE", "0.2")
+    monkeypatch.setenv("LOOPD_TOP_K", "5")
+    assert load_settings().sampling == Sampling(temperature=0.2, top_k=5)
 
 
 @pytest.mark.parametrize(
@@ -315,6 +331,17 @@ def test_the_one_server_variables_are_the_shorthand(monkeypatch: pytest.MonkeyPa
     assert [(e.name, e.url, e.model, e.slots) for e in settings.endpoints()] == [
         ("default", "unix:/run/loopd/infer.sock", "qwen", (2, 3))
     ]
+
+
+def test_the_model_has_no_default_and_a_server_without_one_is_one_line() -> None:
+    """An operator names the model; only what talks to a server needs it (not ``loopd log``)."""
+    settings = load_settings()
+    assert settings.model == ""
+    with pytest.raises(ConfigError) as error:
+        settings.endpoints()
+    assert str(error.value) == NO_MODEL
+    assert "\n" not in NO_MODEL
+    assert "LOOPD_MODEL" in NO_MODEL
 
 
 @pytest.mark.parametrize(

@@ -23,6 +23,7 @@ def test_five_turn_chat_reuses_the_whole_previous_prompt(
 ) -> None:
     env = {
         "LOOPD_INFER_URL": real_server.url,
+        "LOOPD_MODEL": devserver.PLAIN_MODEL,
         "LOOPD_STATE_DIR": str(tmp_path),
         "LOOPD_SLOTS": "0",
         "LOOPD_TEMPERATURE": "0",

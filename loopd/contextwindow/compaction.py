@@ -42,6 +42,7 @@ from loopd.engine.progress import Phase, Status
 from loopd.engine.request import build_body
 from loopd.engine.turn import Turn
 from loopd.errors import InferenceError
+from loopd.sessionlog.assistant import tool_calls_of
 from loopd.sessionlog.records import (
     REPLAYED_KINDS,
     Entry,
@@ -137,7 +138,7 @@ def tool_rounds_under_way(entries: Sequence[Entry], block: Sequence[Entry]) -> l
 def _answers(entry: Entry) -> bool:
     if entry.kind is not EntryKind.ASSISTANT:
         return False
-    return not json.loads(entry.message or "{}").get("tool_calls")
+    return not tool_calls_of(entry.message or "")
 
 
 def asked_at(entries: Sequence[Entry], session: str, epoch: int) -> int | None:
@@ -177,9 +178,9 @@ def excerpt_summary(entries: Sequence[Entry]) -> str:
             continue
         message = json.loads(entry.message)
         text = message.get("content") if isinstance(message.get("content"), str) else ""
-        if not text and message.get("tool_calls"):
-            names = [c.get("function", {}).get("name", "?") for c in message["tool_calls"]]
-            text = "(called " + ", ".join(names) + ")"
+        calls = tool_calls_of(entry.message) if entry.kind is EntryKind.ASSISTANT else ()
+        if not text and calls:
+            text = "(called " + ", ".join(call.name for call in calls) + ")"
         text = " ".join(text.split())
         if len(text) > EXCERPT_CHARS:
             text = text[:EXCERPT_CHARS] + "…"

@@ -22,6 +22,7 @@ import anyio
 import httpx
 
 from loopd.engine.liveness import slot_busy
+from loopd.engine.thinkcap import control_answer
 from loopd.errors import (
     ConnectionDropped,
     InferenceError,
@@ -239,6 +240,17 @@ class InferenceClient:
         body = {"id": completion_id, "action": "reasoning_end", "model": self.model}
         data = await self.post_json(CONTROL_PATH, body, self.connect_s)
         return data if isinstance(data, dict) else {}
+
+    async def end_reasoning(self, completion_id: str | None) -> str:
+        """The control call for a running completion, its answer in a word
+        (``thinkcap.control_answer``): what the engine's cap and the self-test's stream probe
+        record. A call that fails is that answer, not an error."""
+        if completion_id is None:
+            return "no completion id in the stream"
+        try:
+            return control_answer(await self.control_reasoning_end(completion_id))
+        except InferenceError as exc:
+            return f"control call failed: {exc}"
 
     @asynccontextmanager
     async def stream_chat(self, body: bytes) -> AsyncIterator[ChatStream]:

@@ -55,7 +55,7 @@ from loopd.engine.liveness import (
 from loopd.engine.outcome import Failure, RequestResult, unreplayable_call
 from loopd.engine.progress import Phase, Status, StatusCallback
 from loopd.engine.request import ANY_SLOT
-from loopd.engine.thinkcap import Close, SendControl, ThinkCap, control_answer
+from loopd.engine.thinkcap import Close, SendControl, ThinkCap
 from loopd.errors import (
     InferenceError,
     ServerRejected,
@@ -376,7 +376,7 @@ class _Reader:
         match decision:
             case SendControl():
                 result.capped = True
-                result.control_answer = await _end_reasoning(self.client, asm)
+                result.control_answer = await self.client.end_reasoning(asm.completion_id)
             case Close(why):
                 result.fail(
                     Failure.THINK_RUNAWAY,
@@ -385,15 +385,6 @@ class _Reader:
                 )
                 return False
         return True
-
-
-async def _end_reasoning(client: InferenceClient, asm: StreamAssembler) -> str:
-    if asm.completion_id is None:
-        return "no completion id"
-    try:
-        return control_answer(await client.control_reasoning_end(asm.completion_id))
-    except InferenceError as exc:
-        return f"control call failed: {exc}"
 
 
 def _report_event(event: StreamEvent, asm: StreamAssembler, report: StatusThrottle) -> None:

@@ -3,7 +3,8 @@ phase of the request in flight.
 
 ``Runtime.run_turn`` enters ``LiveTurns.turn`` around each turn and hands the engine the entry's
 ``report`` and ``on_position`` in place of the front end's (which are still called). The entry
-also times the wait for the slot and counts the turn's outcome in the metrics when it ends.
+also times the wait for the slot and counts the turn's outcome in the metrics when it ends. A phase
+is worded as on every other surface (``loopd.chat.status.phase_words``).
 """
 
 from __future__ import annotations
@@ -13,24 +14,12 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
+from loopd.chat.status import phase_words
 from loopd.engine.outcome import TurnOutcome
-from loopd.engine.progress import Phase, Status, StatusCallback
+from loopd.engine.progress import Status, StatusCallback
 from loopd.observe.context import session_scope
 from loopd.observe.metrics import METRICS, LoopdMetrics
 from loopd.scheduler import PositionCallback
-
-
-def describe(status: Status) -> str:
-    """A status in a few words, as the page shows it (``reading 40%``, ``tool_call read_file``)."""
-    match status.phase:
-        case Phase.READING if status.percent is not None:
-            return f"reading {status.percent}%"
-        case Phase.THINKING if status.tokens is not None:
-            return f"thinking ({status.tokens} tokens)"
-        case Phase.TOOL_CALL if status.tool:
-            return f"tool_call {status.tool}"
-        case _:
-            return status.phase.value
 
 
 @dataclass
@@ -49,7 +38,7 @@ class LiveTurn:
     clock: Callable[[], float] = time.monotonic
 
     def report(self, status: Status) -> None:
-        self.phase = describe(status)
+        self.phase = phase_words(status)  # the wording every surface uses
         self.report_to(status)
 
     def on_position(self, ahead: int) -> None:

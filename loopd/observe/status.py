@@ -50,7 +50,7 @@ def snapshot(
     sessions.sort(key=lambda v: (v.phase is not None, v.last_turn_at or ""), reverse=True)
     return StatusSnapshot(
         generated_at=_stamp(wall),
-        model=runtime.settings.model,
+        model=runtime.client.model,
         slots=tuple(slots),
         live=live_views,
         sessions=tuple(sessions[:MAX_SESSIONS]),

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from loopd.engine.cacheloss import CHECKPOINT_BEFORE_END, LOSS_TOLERANCE
 from loopd.engine.request import ANY_SLOT
+from loopd.engine.thinkcap import SUCCESS
 from loopd.selftest.expected import ExpectationsError, ModelExpectation, build_number
 from loopd.selftest.facts import ServerFacts
 from loopd.selftest.template import TemplateAnswer, template_sha256
@@ -192,7 +193,7 @@ def check_stream(facts: ServerFacts) -> CheckResult:
         missing.append("no progress events (return_progress ignored?)")
     if probe.token_counts < 2:
         missing.append("no per-token timings (timings_per_token ignored?)")
-    if probe.control_answer != "success":
+    if probe.control_answer != SUCCESS:
         answer = probe.control_answer or "never sent: the stream ended before the first token"
         missing.append(f"control call not accepted: {answer}")
     if not probe.complete and not probe.failure:

@@ -27,12 +27,13 @@ import anyio
 from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt
 
 from loopd.config import Settings
-from loopd.engine.client import InferenceClient
+from loopd.engine.client import EventStream, InferenceClient
 from loopd.engine.limits import Limits
 from loopd.engine.outcome import Failure, RequestResult
 from loopd.engine.pinning import PinSlots, decide_pinning
 from loopd.engine.request import RequestSettings, Sampling, build_body
 from loopd.engine.stream import run_request
+from loopd.engine.thinkcap import SUCCESS
 from loopd.errors import ConnectionDropped, InferenceError, ServerRejected, ServerUnreachable
 from loopd.selftest import template
 from loopd.selftest.facts import (
@@ -55,7 +56,6 @@ from loopd.selftest.facts import (
 )
 from loopd.selftest.template import TemplateAnswer
 from loopd.sessionlog.records import RequestKind
-from loopd.wire.events import EventDecoder
 
 log = logging.getLogger("loopd.selftest")
 
@@ -104,7 +104,7 @@ class ProbeConfig:
     def from_settings(cls, settings: Settings, tools_text: str) -> ProbeConfig:
         return cls(
             harness_slots=settings.slots,
-            sampling=Sampling(settings.temperature, settings.top_p, settings.top_k, settings.min_p),
+            sampling=settings.sampling,
             max_tokens=settings.max_tokens,
             system_text=settings.system_text,
             tools_text=tools_text,
@@ -320,17 +320,19 @@ STREAM_PROBE_ATTEMPTS = 3
 async def probe_stream(connect: ClientFactory, config: ProbeConfig) -> StreamProbe:
     """A streamed request with loopd's settings; the control call goes out at the first token.
 
-    Read event by event rather than through ``run_request``: the probe must see every timings
-    event, and send the control call whether or not the model thinks (a template without
-    thinking tags still arms the completion, and the server answers ``success``). When the
-    answer was complete before the control call reached the server, the probe runs again with a
-    longer answer (``STREAM_PROBE_GROWTH``), each time on a client of its own.
+    Read with the engine's own reader (``EventStream``) and control call (``end_reasoning``),
+    chunk by chunk rather than through ``run_request``: the probe must see every timings event,
+    and send the control call whether or not the model thinks (a template without thinking tags
+    still arms the completion, and the server answers ``success``), where the engine sends it
+    only at its thinking cap. When the answer was complete before the control call reached the
+    server, the probe runs again with a longer answer (``STREAM_PROBE_GROWTH``), each time on a
+    client of its own.
     """
     tokens = config.stream_probe_tokens
     for _ in range(STREAM_PROBE_ATTEMPTS):
         async with connect() as client:
             probe = await _stream_once(client, config, tokens)
-        if probe.control_answer == "success" or probe.failure or not probe.complete:
+        if probe.control_answer == SUCCESS or probe.failure or not probe.complete:
             return probe
         tokens *= STREAM_PROBE_GROWTH
     return probe
@@ -349,16 +351,14 @@ async def _stream_once(client: InferenceClient, config: ProbeConfig, tokens: int
     try:
         with anyio.fail_after(config.first_byte_s + config.silence_s):
             async with client.stream_chat(body) as response:
-                decoder = EventDecoder()
-                async for chunk in response.aiter_raw():
-                    for event in decoder.feed(chunk):
+                events = EventStream(response)
+                while not events.at_end:
+                    for event in await events.receive():
                         tally.apply(event)
                     if control is None and tally.generating:
-                        control = await _control(client, tally.assembler.completion_id)
+                        control = await client.end_reasoning(tally.assembler.completion_id)
                     if tally.assembler.done or tally.assembler.server_error is not None:
                         break
-                for event in decoder.flush():
-                    tally.apply(event)
     except TimeoutError:
         failure = f"no complete stream within {config.first_byte_s + config.silence_s:g} s"
         interrupted = True
@@ -380,18 +380,6 @@ async def _stream_once(client: InferenceClient, config: ProbeConfig, tokens: int
         },
     )
     return probe
-
-
-async def _control(client: InferenceClient, completion_id: str | None) -> str:
-    if completion_id is None:
-        return "no completion id in the stream"
-    try:
-        answer = await client.control_reasoning_end(completion_id)
-    except _PROBE_ERRORS as exc:
-        return f"control call failed: {exc}"
-    if answer.get("success") is True:
-        return "success"
-    return str(answer.get("message") or "success: false")
 
 
 async def probe_render(client: InferenceClient, config: ProbeConfig) -> RenderProbe:

@@ -18,6 +18,8 @@ import hashlib
 from enum import StrEnum
 
 from loopcommon.jsonbytes import dumps
+from loopd.sessionlog.replay import system_message, tool_message, user_message
+from loopd.wire.assemble import AssistantMessage, ToolCall
 
 # Unlikely to occur in any template's own text, so finding it means the template rendered it.
 REASONING_MARKER = "selftest-reasoning-7d1c"
@@ -48,46 +50,37 @@ def template_sha256(chat_template: str, tool_use_template: str | None) -> str:
 
 def first_turn(system_text: str, user_text: str = "Say OK.") -> list[str]:
     """A new session's first request: system text and one user message."""
-    return [
-        dumps({"role": "system", "content": system_text}),
-        dumps({"role": "user", "content": user_text}),
-    ]
+    return [system_message(system_text), user_message(user_text)]
 
 
 def tool_turn(system_text: str, tool_name: str) -> list[str]:
-    """A conversation ending in a tool result, shaped like loopd's replayed messages.
+    """A conversation ending in a tool result, built as loopd builds the messages it replays.
 
-    The assistant message is what ``AssistantMessage.to_wire`` stores for a turn that thought and
-    then called a tool: content null, reasoning, one call with its argument text.
+    The assistant message is what the engine stores for a turn that thought and then called a
+    tool: content null, reasoning, one call with its argument text.
     """
-    call = {
-        "id": PROBE_CALL_ID,
-        "type": "function",
-        "function": {"name": tool_name, "arguments": "{}"},
-    }
-    assistant = {
-        "role": "assistant",
-        "content": None,
-        "reasoning_content": f"I will call {tool_name}. {REASONING_MARKER}",
-        "tool_calls": [call],
-    }
-    tool = {"role": "tool", "tool_call_id": PROBE_CALL_ID, "content": "selftest tool result"}
-    return [*first_turn(system_text), dumps(assistant), dumps(tool)]
+    assistant = AssistantMessage(
+        content="",
+        reasoning_content=f"I will call {tool_name}. {REASONING_MARKER}",
+        tool_calls=(ToolCall(PROBE_CALL_ID, tool_name, "{}"),),
+    )
+    tool = tool_message(PROBE_CALL_ID, "selftest tool result")
+    return [*first_turn(system_text), _stored(assistant), tool]
 
 
 def answered_then_user(system_text: str) -> list[str]:
     """An assistant turn with reasoning and an answer, then the next user message."""
-    assistant = {
-        "role": "assistant",
-        "content": "OK.",
-        "reasoning_content": f"The user wants OK. {REASONING_MARKER}",
-    }
-    follow_up = {"role": "user", "content": "Again."}
-    return [*first_turn(system_text), dumps(assistant), dumps(follow_up)]
+    assistant = AssistantMessage("OK.", reasoning_content=f"The user wants OK. {REASONING_MARKER}")
+    return [*first_turn(system_text), _stored(assistant), user_message("Again.")]
 
 
 def user_after_tool(system_text: str, tool_name: str) -> list[str]:
-    return [*tool_turn(system_text, tool_name), dumps({"role": "user", "content": "Thanks."})]
+    return [*tool_turn(system_text, tool_name), user_message("Thanks.")]
+
+
+def _stored(message: AssistantMessage) -> str:
+    """The assistant message's text as the session log stores it (``Turn`` does the same)."""
+    return dumps(message.to_wire())
 
 
 def judge_keeps_reasoning(prompt: str | None) -> TemplateAnswer:

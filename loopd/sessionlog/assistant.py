@@ -2,6 +2,9 @@
 
 The stored text is never rewritten; it is parsed only to check its shape at append time and to
 read back its tool calls (which of them are unanswered, and what each asked, for a resume).
+``tool_calls_of`` is the one reader of a stored message's calls, as the stream assembler's
+``ToolCall`` is their one type: the resume, the repeat guard, compaction and the transcript all
+read them through it.
 """
 
 import json

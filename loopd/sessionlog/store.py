@@ -62,9 +62,6 @@ from loopd.sessionlog.state import derive_state, unanswered_calls
 
 _COPIED_KINDS = frozenset({EntryKind.USER, EntryKind.ASSISTANT, EntryKind.TOOL})
 
-WriteHook = Callable[[str], None]
-"""Called after every write statement and every commit with a label; used by crash tests."""
-
 SESSION_KINDS = frozenset(RequestKind) - {RequestKind.SELFTEST}
 """The requests that sent the session's own prompt (a self-test sends one of its own)."""
 
@@ -76,13 +73,10 @@ def utc_now() -> str:
 class SessionLog:
     """An open session log. Safe to share between threads (calls are serialized)."""
 
-    def __init__(
-        self, path: Path, conn: sqlite3.Connection, clock: Callable[[], str], on_write: WriteHook
-    ) -> None:
+    def __init__(self, path: Path, conn: sqlite3.Connection, clock: Callable[[], str]) -> None:
         self.path = path
         self._conn = conn
         self._clock = clock
-        self._on_write = on_write
         self._lock = threading.RLock()
         self._sessions: dict[str, Session] = {}
         # The replayed messages of each session whose turn is under way (``holding_replay``):
@@ -103,7 +97,6 @@ class SessionLog:
         create: bool = True,
         busy_timeout_ms: int = 5000,
         clock: Callable[[], str] = utc_now,
-        on_write: WriteHook | None = None,
     ) -> Self:
         """Open (and create or migrate) the log at ``path``; raises a ``StorageError`` naming it."""
         path = Path(path)
@@ -120,7 +113,7 @@ class SessionLog:
             )
         except sqlite3.Error as exc:
             raise translate_error(path, exc) from exc
-        log = cls(path, conn, clock, on_write or _no_hook)
+        log = cls(path, conn, clock)
         try:
             log._prepare(busy_timeout_ms)
         except BaseException:
@@ -213,7 +206,6 @@ class SessionLog:
                 if conn.in_transaction:  # SQLITE_FULL and others may have rolled back already
                     conn.execute("ROLLBACK")
                 raise
-            self._on_write("commit")
 
     @contextmanager
     def _reading(self) -> Iterator[None]:
@@ -237,9 +229,8 @@ class SessionLog:
         found = self._select(sql, params)
         return found[0] if found else None
 
-    def _insert(self, label: str, table: str, row: Mapping[str, Any]) -> int:
+    def _insert(self, table: str, row: Mapping[str, Any]) -> int:
         cursor = self._conn.execute(rows.insert_sql(table, tuple(row)), row)
-        self._on_write(label)
         return int(cursor.lastrowid or 0)
 
     # -- sessions -------------------------------------------------------------------------------
@@ -258,9 +249,7 @@ class SessionLog:
                     )
                 return existing
             created = Session(0, _utf8(self.path, name, "session name"), slot, self._clock())
-            row_id = self._insert(
-                "ensure_session:insert session", "sessions", rows.record_row(created)
-            )
+            row_id = self._insert("sessions", rows.record_row(created))
         return self._remember(replace(created, id=row_id))
 
     def get_session(self, name: str) -> Session:
@@ -319,7 +308,7 @@ class SessionLog:
                 system_text=system_text,
                 created_at=self._clock(),
             )
-            epoch_id = self._insert("start_epoch:insert epoch", "epochs", rows.record_row(epoch))
+            epoch_id = self._insert("epochs", rows.record_row(epoch))
             epoch = replace(epoch, id=epoch_id)
             self._append_entry(
                 target,
@@ -532,7 +521,6 @@ class SessionLog:
         )
         entry_hash = chain.entry_hash(prev_hash, fields)
         row_id = self._insert(
-            f"{kind.value}:insert entry",
             "entries",
             rows.entry_row(session.id, epoch.id, fields, prev_hash, entry_hash),
         )
@@ -616,7 +604,7 @@ class SessionLog:
             row = rows.request_row(session.id, epoch["id"], request, self._clock())
         except (TypeError, ValueError) as exc:
             raise InvalidAppendError(self.path, f"request extra is not JSON: {exc}") from exc
-        return self._insert("request:insert request", "requests", row)
+        return self._insert("requests", row)
 
     # -- reading --------------------------------------------------------------------------------
 
@@ -785,10 +773,6 @@ def translate_error(path: Path, exc: sqlite3.Error) -> LogError:
     if name.startswith("SQLITE_CANTOPEN"):
         return StorageError(path, f"cannot open the file ({exc})")
     return StorageError(path, f"{name}: {exc}")
-
-
-def _no_hook(label: str) -> None:
-    del label
 
 
 def _utf8(path: Path, text: str, what: str) -> str:

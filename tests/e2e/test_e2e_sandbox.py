@@ -63,6 +63,7 @@ def sandbox_run(e2e_dir: Path, brokerd: Brokerd, llama_tcp: devserver.RunningSer
         box / "home",
         PYTHONPATH=str(REPO_ROOT),  # for the probe; loopd itself is installed in the venv
         LOOPD_INFER_URL=f"unix:{brokerd.socket('infer')}",
+        LOOPD_MODEL=devserver.PLAIN_MODEL,
         LOOPD_BROKER_URL=f"unix:{brokerd.socket('broker')}",
         LOOPD_STATE_DIR=str(state_dir),
         LOOPD_MAX_TOKENS="48",

@@ -68,7 +68,11 @@ def _runtime(folder: Path, state: Path) -> Runtime:
         {"name": name, "url": f"unix:{folder}/{name}.sock", "model": MODEL, "slots": (0, 1)}
         for name in ("a", "b")
     ]
-    return Runtime.open(load_settings(endpoint=tables, state_dir=state, max_tokens=64, think_cap=0))
+    # Pinned: the fake keeps idle slots' prompts, and no expectations are recorded for its model.
+    settings = load_settings(
+        endpoint=tables, state_dir=state, max_tokens=64, think_cap=0, pin_slots="yes"
+    )
+    return Runtime.open(settings)
 
 
 async def _turn(runtime: Runtime, name: str, text: str) -> str | None:

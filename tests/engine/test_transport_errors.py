@@ -3,6 +3,7 @@ client comes out as loopd's own (``loopd.errors``), the original kept as the cau
 
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -11,7 +12,8 @@ import httpx
 import pytest
 import respx
 
-from loopd.engine.client import EventStream, InferenceClient
+from loopd.engine.client import CONTROL_PATH, EventStream, InferenceClient
+from loopd.engine.thinkcap import SUCCESS
 from loopd.errors import (
     InferenceError,
     ServerRejected,
@@ -166,3 +168,24 @@ def test_a_broker_answer_that_is_not_json_is_named_with_its_status() -> None:
         result_text(400, b'{"error": "bad request: session"}', "find_tool")
         == "find_tool: brokerd answered HTTP 400: bad request: session"
     )
+
+
+@respx.mock
+async def test_the_control_call_is_answered_in_a_word_and_never_raises() -> None:
+    """``end_reasoning``: what the engine's cap and the self-test's probe both record."""
+    control = respx.post(f"{URL}{CONTROL_PATH}")
+    async with InferenceClient(URL, MODEL) as client:
+        assert await client.end_reasoning(None) == "no completion id in the stream"
+        control.mock(return_value=httpx.Response(200, json={"success": True}))
+        assert await client.end_reasoning("c1") == SUCCESS
+        control.mock(return_value=httpx.Response(200, json={"success": False, "message": "no"}))
+        assert await client.end_reasoning("c1") == "no"
+        control.mock(return_value=httpx.Response(404, json={"error": {"message": "gone"}}))
+        answer = await client.end_reasoning("c1")
+    assert answer.startswith("control call failed: "), answer
+    assert "404" in answer, answer
+    assert json.loads(control.calls[0].request.content) == {
+        "id": "c1",
+        "action": "reasoning_end",
+        "model": MODEL,
+    }

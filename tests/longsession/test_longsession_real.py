@@ -47,6 +47,7 @@ def _message(number: int) -> str:
 def _runtime(real_server: devserver.RunningServer, tmp_path: Path, **extra: object) -> Runtime:
     settings = load_settings(
         infer_url=real_server.url,
+        model=devserver.PLAIN_MODEL,
         state_dir=tmp_path,
         slots=(0,),
         temperature=0.0,
@@ -198,6 +199,7 @@ async def test_a_turn_arriving_during_a_prewarm_waits_only_for_its_cancellation(
             runtime = Runtime.open(
                 load_settings(
                     infer_url=server.url,
+                    model=devserver.PLAIN_MODEL,
                     state_dir=work / "state",
                     slots=(0,),
                     temperature=0.0,

@@ -16,7 +16,9 @@ from brokerd.observe.metrics import BROKERD_METRICS
 from brokerd.observe.middleware import instrument
 from brokerd.tools.app import create_broker_app
 from brokerd.tools.settings import BrokerSettings
+from loopd.chat.status import phase_words
 from loopd.config import load_settings
+from loopd.engine.progress import Phase, Status
 from loopd.observe.metrics import METRICS
 from loopd.observe.server import create_app, serve_runtime
 from loopd.sessionlog.records import fresh_external_key
@@ -205,7 +207,7 @@ async def test_the_status_page_shows_a_live_turn_and_its_phase(
 
                 def queued() -> bool:
                     live = runtime.live.get("mm:live")
-                    return live is not None and live.phase == "queued"
+                    return live is not None and live.phase == phase_words(Status(Phase.QUEUED))
 
                 await eventually(queued, "the turn to be queued on the server")
                 during = (await page.get("/")).text
@@ -217,7 +219,8 @@ async def test_the_status_page_shows_a_live_turn_and_its_phase(
             await page.aclose()
             await runtime.aclose()
     assert '<meta http-equiv="refresh"' in during
-    assert '<span class="busy">busy</span></td><td><code>mm:live</code></td><td>queued' in during
+    queued_row = '<span class="busy">busy</span></td><td><code>mm:live</code></td><td>queued behind'
+    assert queued_row in during
     assert "<script" not in during
     assert value(metrics_during, "loopd_slot_busy", slot="0") == 1
     assert value(metrics_during, "loopd_sessions_active") == 1

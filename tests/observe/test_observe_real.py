@@ -23,6 +23,8 @@ from typing import Any
 import anyio
 import pytest
 
+from loopd.chat.status import phase_words
+from loopd.engine.progress import Phase, Status
 from loopd_dev import devserver
 from tests.observe.observe_support import Page, scraped, value
 from tests.observe.real_stack import (
@@ -51,7 +53,7 @@ async def queued_turn(stack: Stack) -> Page:
 
     async def queued() -> Page | None:
         status = (await stack.loopd_get("/status.json")).json()
-        if any(live["phase"] == "queued" for live in status["live"]):
+        if any(live["phase"] == phase_words(Status(Phase.QUEUED)) for live in status["live"]):
             return await stack.loopd_metrics()
         return None
 

@@ -13,17 +13,18 @@ from loopcommon.statuspage import (
     sparkline,
     when,
 )
+from loopd.chat.status import phase_words, status_text
 from loopd.engine.progress import Phase, Status
-from loopd.observe.live import describe
+from loopd.observe.live import LiveTurn
 
 
 def snapshot(**changes: object) -> StatusSnapshot:
     values: dict[str, object] = {
         "generated_at": "2026-05-01T12:00:00Z",
         "model": "smollm2",
-        "slots": (SlotView(0, "mm:abc", "reading 40%", 1), SlotView(1, None, None, 0)),
+        "slots": (SlotView(0, "mm:abc", "reading the prompt 40%", 1), SlotView(1, None, None, 0)),
         "live": (
-            LiveView("mm:abc", 0, "reading 40%", 12.4, True, 0),
+            LiveView("mm:abc", 0, "reading the prompt 40%", 12.4, True, 0),
             LiveView("mm:def", 0, "in line", 3.0, False, 1),
         ),
         "sessions": (
@@ -34,7 +35,7 @@ def snapshot(**changes: object) -> StatusSnapshot:
                 "2026-05-01T11:59:07.123456+00:00",
                 0.91,
                 (120, 40, 44),
-                "reading 40%",
+                "reading the prompt 40%",
             ),
         ),
     }
@@ -51,10 +52,10 @@ def test_the_page_shows_slots_live_turns_and_sessions() -> None:
     text = text_of(page)
     assert '<meta http-equiv="refresh" content="5">' in page
     assert "<script" not in page
-    assert " 0 busy mm:abc reading 40% 1 " in text
+    assert " 0 busy mm:abc reading the prompt 40% 1 " in text
     assert " 1 idle " in text
     assert " mm:def 0 in line (1 ahead) 3 s " in text
-    assert " mm:abc 0 reading 40% 12 s " in text
+    assert " mm:abc 0 reading the prompt 40% 12 s " in text
     assert " mm:abc 0 2026-05-01 11:59:07Z 4 91% " in text
     assert page.count("<svg") == 1
 
@@ -90,10 +91,20 @@ def test_the_sparkline_scales_to_the_largest_value() -> None:
     assert "<polyline" in sparkline([7])  # one request: one point
 
 
-def test_phases_in_words() -> None:
-    assert describe(Status(Phase.READING, percent=40)) == "reading 40%"
-    assert describe(Status(Phase.THINKING, tokens=12)) == "thinking (12 tokens)"
-    assert describe(Status(Phase.TOOL_CALL, tool="read_file")) == "tool_call read_file"
-    assert describe(Status(Phase.QUEUED)) == "queued"
+def test_a_live_turn_words_its_phase_as_every_other_surface() -> None:
+    live = LiveTurn("mm:abc", 0, started_at=0.0, asked_at=0.0)
+    for status in (
+        Status(Phase.READING, percent=40),
+        Status(Phase.THINKING, tokens=12),
+        Status(Phase.TOOL_CALL, tool="read_file"),
+        Status(Phase.QUEUED),
+    ):
+        live.report(status)
+        assert live.phase == phase_words(status)
+        assert status_text(status).endswith(live.phase)  # the thread's post: an icon, then this
+    assert live.phase == "queued behind another request on the server"
+
+
+def test_times_in_words() -> None:
     assert when("2026-05-01T13:00:00+01:00") == "2026-05-01 12:00:00Z"
     assert when(None) == ""

@@ -32,7 +32,7 @@ def test_register_adds_selftest_with_its_options() -> None:
 
 
 def test_unreachable_server_exits_2_and_says_so(tmp_path: Path) -> None:
-    settings = load_settings(infer_url=f"unix:{tmp_path / 'absent.sock'}", connect_s=1.0)
+    settings = load_settings(infer_url=f"unix:{tmp_path / 'absent.sock'}", model="m", connect_s=1.0)
     out = io.StringIO()
     status = selftest(settings, out=out, expected_dir=tmp_path)
     text = out.getvalue()
@@ -43,7 +43,7 @@ def test_unreachable_server_exits_2_and_says_so(tmp_path: Path) -> None:
 
 
 def test_unreachable_with_record_writes_nothing(tmp_path: Path) -> None:
-    settings = load_settings(infer_url=f"unix:{tmp_path / 'absent.sock'}", connect_s=1.0)
+    settings = load_settings(infer_url=f"unix:{tmp_path / 'absent.sock'}", model="m", connect_s=1.0)
     status = selftest(settings, record=True, out=io.StringIO(), expected_dir=tmp_path)
     assert status == 2
     assert list(tmp_path.glob("*.json")) == []
@@ -81,7 +81,7 @@ def test_a_model_the_router_does_not_serve_fails_naming_what_it_serves(tmp_path:
 
 @pytest.mark.parametrize("as_json", [False, True])
 def test_output_goes_to_out_only(tmp_path: Path, as_json: bool) -> None:
-    settings = load_settings(infer_url=f"unix:{tmp_path / 'absent.sock'}", connect_s=1.0)
+    settings = load_settings(infer_url=f"unix:{tmp_path / 'absent.sock'}", model="m", connect_s=1.0)
     out, err = io.StringIO(), io.StringIO()
     selftest(settings, as_json=as_json, out=out, err=err, expected_dir=tmp_path)
     assert err.getvalue() == ""

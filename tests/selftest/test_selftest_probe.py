@@ -13,6 +13,7 @@ import respx
 from loopd.engine.client import CONTROL_PATH, InferenceClient
 from loopd.engine.request import Sampling
 from loopd.errors import ServerRejected
+from loopd.selftest import template
 from loopd.selftest.probe import (
     STREAM_PROBE_GROWTH,
     ProbeConfig,
@@ -22,6 +23,13 @@ from loopd.selftest.probe import (
     probe_template,
 )
 from loopd.selftest.template import REASONING_MARKER, TemplateAnswer
+from loopd.sessionlog import (
+    RequestKind,
+    RequestRecord,
+    SessionLog,
+    fresh_external_key,
+    messages_digest,
+)
 
 pytestmark = pytest.mark.anyio
 
@@ -146,3 +154,24 @@ async def test_an_answer_over_before_the_control_call_is_asked_again_for_a_longe
     assert sent == [32, 32 * STREAM_PROBE_GROWTH]
     assert probe.control_answer == "success"
     assert probe.complete
+
+
+def test_the_probe_conversations_are_what_the_session_log_replays(tmp_path: Path) -> None:
+    """Built with the log's and the engine's own message builders, the tool round renders what a
+    session that lived it sends: the log replays the same bytes."""
+    log = SessionLog.open(tmp_path / "loopd.db")
+    try:
+        log.ensure_session("s", 0)
+        log.start_epoch("s", reason="start", tools_text="[]", system_text="S")
+        log.append_user("s", "Say OK.", external_key=fresh_external_key())
+        probe = template.user_after_tool("S", "read_file")
+        messages = log.replay_messages("s")
+        record = RequestRecord(RequestKind.TURN, 0, 1, len(messages), messages_digest(messages))
+        log.append_assistant("s", probe[2], request=record)
+        log.append_tool_result(
+            "s", tool_call_id=template.PROBE_CALL_ID, content="selftest tool result"
+        )
+        log.append_user("s", "Thanks.", external_key=fresh_external_key())
+        assert log.replay_messages("s") == probe
+    finally:
+        log.close()

@@ -1,17 +1,41 @@
 """Test helper: perform a turn write by write, stopping (to be SIGKILLed) at one write.
 
-Usage: python crash_turn.py DB_PATH STOP_AT. The store calls its write hook after every write
-statement and every commit; at hook call number STOP_AT (1-based) this script prints
+Usage: python crash_turn.py DB_PATH STOP_AT. The log here (``StoppingLog``) counts every write
+statement and every commit as a stopping point; at number STOP_AT (1-based) this script prints
 ``STOPPED <label>`` and waits to be killed. With STOP_AT 0 it runs to the end and prints
-``DONE <number of hook calls>``.
+``DONE <number of stopping points>``.
 """
 
 import sys
 import time
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 from loopd.sessionlog import SessionLog
 from tests.sessionlog.sessionlog_support import SYSTEM, TOOLS, assistant_text, request_for
+
+
+class StoppingLog(SessionLog):
+    """The session log, calling ``stop`` after each row it inserts and each commit (the points
+    where a crash must leave a consistent log), with a label: ``requests:insert``, ``commit``."""
+
+    stop: Callable[[str], None] = staticmethod(lambda label: None)
+
+    def _insert(self, table: str, row: Mapping[str, Any]) -> int:
+        row_id = super()._insert(table, row)
+        what = row.get("kind") if table == "entries" else None
+        self.stop(f"{table}:insert" + (f":{what}" if what else ""))
+        return row_id
+
+    @contextmanager
+    def transaction(self) -> Iterator[None]:
+        outermost = not self._conn.in_transaction
+        with super().transaction():
+            yield
+        if outermost:
+            self.stop("commit")
 
 
 def main(db_path: Path, stop_at: int) -> None:
@@ -25,7 +49,8 @@ def main(db_path: Path, stop_at: int) -> None:
             while True:  # the test kills this process here
                 time.sleep(60)
 
-    log = SessionLog.open(db_path, on_write=hook)
+    log = StoppingLog.open(db_path)
+    log.stop = hook
     run_turn(log)
     print(f"DONE {calls}", flush=True)
 

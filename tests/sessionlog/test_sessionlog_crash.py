@@ -51,7 +51,7 @@ def test_sigkill_between_every_pair_of_writes(tmp_path: Path) -> None:
         assert process.returncode == -signal.SIGKILL
         seen_labels.add(line.split()[1])
         _check_after_crash(db_path, complete)
-    assert {"commit", "request:insert"} <= seen_labels
+    assert {"commit", "requests:insert", "entries:insert:assistant"} <= seen_labels
 
 
 def _check_after_crash(db_path: Path, complete: list[tuple[EntryKind, str | None]]) -> None:

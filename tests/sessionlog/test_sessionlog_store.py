@@ -1,5 +1,6 @@
 """The store: exact storage, idempotent intake, epochs, append-only rows, requests."""
 
+import re
 import sqlite3
 from dataclasses import replace
 from pathlib import Path
@@ -20,6 +21,7 @@ from loopd.sessionlog import (
     fresh_external_key,
 )
 from loopd.sessionlog.chain import sha256_text
+from loopd.sessionlog.records import REPLAYED_KINDS
 from tests.sessionlog.sessionlog_support import SYSTEM, TOOLS, assistant_text, request_for
 
 S = "thread-1"
@@ -191,6 +193,27 @@ def test_rows_are_append_only(db_path: Path, log: SessionLog, statement: str) ->
     with pytest.raises(sqlite3.IntegrityError, match="append-only"):
         conn.execute(statement)
     conn.close()
+
+
+def _listed_kinds(db_path: Path, table: str, before: str = "CHECK ") -> set[str]:
+    """The kinds a ``kind IN (...)`` of the table's CHECKs lists, read from the migrated schema."""
+    conn = sqlite3.connect(db_path)
+    try:
+        [(sql,)] = conn.execute("SELECT sql FROM sqlite_master WHERE name = ?", (table,))
+    finally:
+        conn.close()
+    listed = re.search(re.escape(before) + r"\(kind IN \(([^)]*)\)\)", sql)
+    assert listed is not None, sql
+    return {value.strip().strip("'") for value in listed.group(1).split(",")}
+
+
+def test_the_schema_allows_exactly_the_kinds_the_enums_name(db_path: Path, log: SessionLog) -> None:
+    """The migrations' SQL stays literal (a shipped migration is never edited), so this holds the
+    CHECK lists and the enums equal: a new kind needs a migration as well as a member."""
+    assert _listed_kinds(db_path, "requests") == {kind.value for kind in RequestKind}
+    assert _listed_kinds(db_path, "entries") == {kind.value for kind in EntryKind}
+    # The kinds that must carry a message are the replayed ones.
+    assert _listed_kinds(db_path, "entries", before="= ") == {k.value for k in REPLAYED_KINDS}
 
 
 def test_append_only_violation_through_the_store_is_an_owned_error(log: SessionLog) -> None:

@@ -22,6 +22,7 @@ from anyio.from_thread import BlockingPortal, start_blocking_portal
 
 from loopd.sessionlog.records import Entry, EntryKind, Request
 from loopd.sessionlog.store import SessionLog
+from loopd_dev import devserver
 from loopd_dev.fakes.llama import FakeLlama, Pace, ScriptedReply, serve_fake_llama
 
 LOOPD = [sys.executable, "-m", "loopd"]
@@ -37,9 +38,11 @@ if TYPE_CHECKING:
 
 
 def loopd_env(url: str, state_dir: Path, **settings: str) -> dict[str, str]:
-    """The environment for a loopd process: the test's server and state dir, no outside LOOPD_*."""
+    """The environment for a loopd process: the test's server and state dir, the real server's
+    plain model unless ``model`` names another, no outside LOOPD_*."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("LOOPD_")}
     env.update(LOOPD_INFER_URL=url, LOOPD_STATE_DIR=str(state_dir), LOOPD_SLOTS="0")
+    env.update(LOOPD_MODEL=devserver.PLAIN_MODEL)
     env.update({f"LOOPD_{name.upper()}": value for name, value in settings.items()})
     return env
 

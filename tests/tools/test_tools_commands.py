@@ -131,7 +131,7 @@ def test_it_answers_as_the_engine_does_for_a_model_call(box: LoopdBox) -> None:
         ("read_file", {"path": "../outside"}),
         ("run_command", {"command": "ls src; echo $HOME"}),
     ]
-    values: dict[str, Any] = {"state_dir": box.state_dir}
+    values: dict[str, Any] = {"state_dir": box.state_dir, "model": "m"}
     settings = Settings(**values)
 
     async def in_process() -> list[str]:

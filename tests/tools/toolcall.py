@@ -145,7 +145,8 @@ class LoopdBox:
 
     def full_env(self, env: dict[str, str] | None) -> dict[str, str]:
         full = {k: v for k, v in os.environ.items() if not k.startswith("LOOPD_")}
-        full.update(LOOPD_STATE_DIR=str(self.state_dir), LOOPD_LOG_FORMAT="json")
+        # A runtime names its server's model, though a tool call sends no request.
+        full.update(LOOPD_STATE_DIR=str(self.state_dir), LOOPD_MODEL="m", LOOPD_LOG_FORMAT="json")
         full.update(self.env)
         full.update(env or {})
         return full
