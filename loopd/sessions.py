@@ -315,7 +315,7 @@ class Runtime:
             self.settings.durable, view.durable_available
         ):
             return None
-        return DurableSlots(self.client, SaveBook(self.settings.state_dir))
+        return DurableSlots(self.client, SaveBook(self.settings.state_dir), self.prewarmer)
 
     def _view(self) -> ServerView:
         """The server as told, or, without a self-test (``loopd chat``, ``--skip-selftest``),

@@ -27,7 +27,10 @@ from loopd.engine.durable import (
     usable,
     worth_restoring,
 )
+from loopd.engine.prewarm import Prewarmer, PrewarmOutcome
+from loopd.engine.request import RequestSettings
 from loopd.errors import InferenceError
+from loopd.sessionlog.records import Session
 
 log = logging.getLogger(__name__)
 
@@ -122,9 +125,16 @@ class Restore:
 class DurableSlots:
     """Saves a session's slot at the end of a turn and restores it when the server lost it."""
 
-    def __init__(self, client: InferenceClient, book: SaveBook, endpoint: str | None = None):
+    def __init__(
+        self,
+        client: InferenceClient,
+        book: SaveBook,
+        prewarmer: Prewarmer,
+        endpoint: str | None = None,
+    ) -> None:
         self.client = client
         self.book = book
+        self.prewarmer = prewarmer
         self.endpoint = endpoint
 
     def probe(self, session: str, tools_text: str, messages: Sequence[str], slot: int) -> Probe:
@@ -164,25 +174,41 @@ class DurableSlots:
         return verdict
 
     async def save(
-        self, session: str, tools_text: str, messages: Sequence[str], slot: int, prompt_end: int
+        self,
+        session: Session,
+        settings: RequestSettings,
+        tools_text: str,
+        messages: Sequence[str],
     ) -> Saved | None:
-        """Save the slot after ``messages`` (the turn's last request and its reply). Recorded
-        only on the server's success answer, and only when the state holds at least the
-        request's prompt (``prompt_end`` tokens): anything less is not this session's state."""
-        name = save_name(session, tools_text, messages)
-        try:
-            answer = await self.client.save_slot(slot, name)
-        except InferenceError as exc:
-            log.warning("%s: its slot was not saved: %s", session, exc)
+        """Save the session's slot as ``messages`` (the turn's last request and its reply)
+        leave it, for a caller that holds the slot.
+
+        The slot is first made to hold exactly those messages as the next request renders them
+        (the reply without its end-of-turn marker, ``Prewarmer.read_prefix``): what the server
+        generated may be tokenized otherwise than the reply is read back, and a hybrid model
+        cannot cut its state back to the common part. Recorded only on the server's success
+        answer for as many tokens as that read left in the slot: a save cut short, or of
+        something else, is never restored."""
+        read = await self.prewarmer.read_prefix(session, settings)
+        perf = read.record.perf if read.record is not None else None
+        if read.outcome is not PrewarmOutcome.DONE or perf is None or perf.cache_n is None:
+            log.warning("%s: its slot was not saved: the prefix read %s", session.name, read)
             return None
-        if answer.n_tokens < prompt_end:
+        held = perf.cache_n + (perf.prompt_n or 0)
+        name = save_name(session.name, tools_text, messages)
+        try:
+            answer = await self.client.save_slot(session.slot, name)
+        except InferenceError as exc:
+            log.warning("%s: its slot was not saved: %s", session.name, exc)
+            return None
+        if answer.n_tokens != held:
             log.warning(
-                "%s: the save holds %d tokens, fewer than the %d of its prompt; not used",
-                session,
+                "%s: the save holds %d tokens, not the %d its prefix read left; not used",
+                session.name,
                 answer.n_tokens,
-                prompt_end,
+                held,
             )
             return None
-        saved = Saved(name, len(messages), answer.n_tokens, slot, self.endpoint)
-        self.book.record(session, saved)
+        saved = Saved(name, len(messages), answer.n_tokens, session.slot, self.endpoint)
+        self.book.record(session.name, saved)
         return saved

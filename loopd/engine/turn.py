@@ -243,15 +243,13 @@ class Turn:
         the slot holds, the prefix the session's next request extends."""
         if self.durable is None or not self.pinned or not outcome.requests:
             return
-        perf = outcome.requests[-1].perf
-        if perf.outcome != "complete" or perf.cache_n is None or perf.prompt_n is None:
+        if outcome.requests[-1].perf.outcome != "complete":
             return
         await self.durable.save(
-            self.session,
+            self.log.get_session(self.session),
+            self.settings,
             self.log.current_epoch(self.session).tools_text,
             self.log.replay_messages(self.session),
-            self.slot,
-            prompt_end=perf.cache_n + perf.prompt_n,
         )
 
     async def round(self, kind: RequestKind, outcome: TurnOutcome) -> None:
