@@ -49,7 +49,7 @@ RETURN_CAUSES = (
 )
 
 # Recorded in a request's ``extra`` by the turn engine; copied into the JSON when present.
-_EXTRA_FIELDS = ("expected_reuse", "failure", "detail", "status_code", "finish_reason")
+_EXTRA_FIELDS = ("expected_reuse", "failure", "detail", "status_code", "finish_reason", "restore")
 
 
 def perf_record(session: str, request: Request) -> dict[str, Any]:

@@ -34,10 +34,17 @@ SECOND = "Message two: and tomorrow?"
 class Restartable:
     """A router with a slot-save folder, killed and started again on the same socket."""
 
-    def __init__(self, workdir: Path, model: str, extra: tuple[str, ...] = ()) -> None:
+    def __init__(
+        self,
+        workdir: Path,
+        model: str,
+        extra: tuple[str, ...] = (),
+        layout: devserver.ServerLayout | None = None,
+    ) -> None:
         self.workdir = workdir
         self.model = model
         self.extra = extra
+        self.layout = layout
         self.saves = workdir / "saves"
         self.saves.mkdir(parents=True, exist_ok=True)
         self.server: devserver.RunningServer | None = None
@@ -53,6 +60,7 @@ class Restartable:
                 devserver.default_cache_dir(),
                 socket_path=self.workdir / "llama.sock",
                 extra_args=("--slot-save-path", f"{self.saves}/", *self.extra),
+                layout=self.layout,
                 load=(self.model,),
             )
         except devserver.DevServerError as exc:
@@ -73,8 +81,8 @@ class Restartable:
 def restartable(tmp_path: Path) -> Iterator[Callable[..., Restartable]]:
     made: list[Restartable] = []
 
-    def make(model: str, *extra: str) -> Restartable:
-        server = Restartable(tmp_path / "server", model, extra)
+    def make(model: str, *extra: str, layout: devserver.ServerLayout | None = None) -> Restartable:
+        server = Restartable(tmp_path / "server", model, extra, layout)
         made.append(server)
         server.start()
         return server
@@ -111,14 +119,14 @@ async def runtime_for(settings: Settings) -> AsyncIterator[Runtime]:
         await runtime.aclose()
 
 
-async def say(runtime: Runtime, text: str) -> list[Request]:
-    """One turn; the requests it added to the log."""
-    session = runtime.ensure_session(SESSION)
-    before = len(runtime.log.requests(SESSION))
-    await runtime.append_user(SESSION, text, external_key=fresh_external_key())
+async def say(runtime: Runtime, text: str, name: str = SESSION) -> list[Request]:
+    """One turn of session ``name``; the requests it added to the log."""
+    session = runtime.ensure_session(name)
+    before = len(runtime.log.requests(name))
+    await runtime.append_user(name, text, external_key=fresh_external_key())
     outcome = await runtime.run_turn(session, lambda status: None)
     assert outcome.failure is None, outcome.failure
-    return runtime.log.requests(SESSION)[before:]
+    return runtime.log.requests(name)[before:]
 
 
 PRESETS = [devserver.PLAIN_MODEL, devserver.HYBRID_MODEL]
@@ -190,6 +198,27 @@ async def test_greedy_generation_after_a_restore_equals_a_full_re_read(
     assert timings is not None
     assert timings.cache_n == 0, "the second server read everything"
     assert dumps(reread.assembler.message().to_wire()) == restored_reply
+
+
+async def test_a_session_evicted_by_another_on_its_slot_comes_back_from_disk(
+    restartable: Callable[..., Restartable], tmp_path: Path
+) -> None:
+    """Two sessions take turns on one slot and the server has no host prompt cache: each
+    return finds the slot holding the other's prompt, and restores its own state instead of
+    reading it again."""
+    server = restartable(devserver.PLAIN_MODEL, layout=devserver.ServerLayout(cache_ram_mib=0))
+    settings = durable_settings(server, tmp_path / "state", DurableMode.ON)
+    # Long enough that the shared head (system text and tools) is under half of each prompt.
+    story = {name: f"{name}: " + " ".join(f"{name}-{i}" for i in range(150)) for name in "AB"}
+    async with runtime_for(settings) as runtime:
+        for name in "AB":
+            await say(runtime, story[name], name)
+        back = await say(runtime, "Summarise in three words.", "A")
+    assert back[0].record.perf.extra.get("failure") == Failure.LOST_BY_SERVER.value
+    answered = turn_request(back[1:]).record.perf
+    assert answered.cache_loss_cause == LossCause.RESTORED.value, answered
+    assert answered.prompt_n is not None
+    assert answered.prompt_n < 40, "only the new message was read"
 
 
 async def test_a_save_the_server_did_not_answer_is_never_restored(
