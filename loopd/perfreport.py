@@ -33,13 +33,23 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, TextIO
 
+from loopd.engine.perf import LossCause
 from loopd.sessionlog.commands import EXIT_CANNOT, existing_log, log_handler
 from loopd.sessionlog.errors import LogError, UnknownSessionError
 from loopd.sessionlog.records import Request, RequestKind
 from loopd.sessionlog.store import SessionLog
 
+# A session's return after the server lost it, as durable sessions name it (a restore is named
+# even when it left nothing to re-read).
+RETURN_CAUSES = (
+    LossCause.RESTORED,
+    LossCause.RESTORE_REFUSED,
+    LossCause.RESTORE_UNCONFIRMED,
+    LossCause.SERVER_RESTARTED,
+)
+
 # Recorded in a request's ``extra`` by the turn engine; copied into the JSON when present.
-_EXTRA_FIELDS = ("expected_reuse", "failure", "detail", "status_code", "finish_reason")
+_EXTRA_FIELDS = ("expected_reuse", "failure", "detail", "status_code", "finish_reason", "restore")
 
 
 def perf_record(session: str, request: Request) -> dict[str, Any]:
@@ -101,6 +111,7 @@ class PerfSummary:
     ttfb_ms: list[float] = field(default_factory=list)
     prompt_ns: list[int] = field(default_factory=list)
     tokens_per_s: list[float] = field(default_factory=list)
+    returns: dict[str, int] = field(default_factory=dict)  # by ``RETURN_CAUSES``
 
     @property
     def hit_rate(self) -> float | None:
@@ -136,6 +147,9 @@ def summarize(requests: Sequence[Request]) -> PerfSummary:
             summary.tokens_per_s.append(perf.predicted_per_second)
         if record.kind is RequestKind.TURN:
             turns.add(record.messages_sha256)
+        cause = (perf.cache_loss_cause or "").split(", ")[0]
+        if cause in RETURN_CAUSES:
+            summary.returns[cause] = summary.returns.get(cause, 0) + 1
         if perf.cache_loss:
             tally = summary.losses.setdefault(perf.cache_loss_cause or "unexplained", LossTally())
             tally.requests += 1
@@ -166,6 +180,11 @@ def format_summary(title: str, summary: PerfSummary) -> str:
             f"({summary.turns} turns)"
         )
     lines += percentile_lines(summary)
+    if summary.returns:
+        said = ", ".join(
+            f"{summary.returns[c]} {c}" for c in RETURN_CAUSES if c.value in summary.returns
+        )
+        lines.append(f"  returns after the server lost a session: {said}")
     if summary.losses:
         lines.append("  cache losses by cause:")
         for cause, tally in sorted(summary.losses.items(), key=lambda item: -item[1].tokens):

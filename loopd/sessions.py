@@ -21,10 +21,12 @@ from loopd.endpoints.start import reachability_checker
 from loopd.engine.budget import BudgetRules, ServerBudget
 from loopd.engine.client import InferenceClient
 from loopd.engine.compaction import Compactor
+from loopd.engine.durable import enabled as durable_enabled
 from loopd.engine.placement import Placement, decide_placement
 from loopd.engine.prewarm import Prewarmer, PrewarmOutcome, PrewarmResult
 from loopd.engine.prewarm_plan import PrewarmPlan, restart_wants
 from loopd.engine.request import RequestSettings, Sampling
+from loopd.engine.saves import DurableSlots, SaveBook
 from loopd.engine.stream import Limits, StatusCallback
 from loopd.engine.turn import Turn, TurnOutcome
 from loopd.errors import LoopdError, ServerRejected
@@ -145,6 +147,7 @@ class ServerView:
 
     placement: Placement
     keeps_past_reasoning: TemplateAnswer = TemplateAnswer.UNKNOWN
+    durable_available: bool | None = None  # the self-test's save-and-restore probe
 
     @property
     def template_drops_reasoning(self) -> bool:
@@ -275,6 +278,7 @@ class Runtime:
         idle_slots_cleared: bool | None,
         keeps_past_reasoning: TemplateAnswer = TemplateAnswer.UNKNOWN,
         expected_dir: Path = DEFAULT_DIR,
+        durable_available: bool | None = None,
     ) -> ServerView:
         """Take the self-test's answers (None / UNKNOWN where it did not run or could not tell):
         pinning (``loopd.engine.placement``), the shared pool's budget, the template's verdict."""
@@ -283,7 +287,7 @@ class Runtime:
             selftest=idle_slots_cleared,
             recorded=recorded_pool_answer(self.settings.model, expected_dir),
         )
-        view = ServerView(placement, keeps_past_reasoning)
+        view = ServerView(placement, keeps_past_reasoning, durable_available)
         self.server = view
         self.budget.shared = placement.shared_pool
         self.budget.requests = self.settings.pool_requests
@@ -297,7 +301,21 @@ class Runtime:
             else "each slot has its own context",
             keeps_past_reasoning.value,
         )
+        log.info(
+            "durable sessions: %s (LOOPD_DURABLE %s; the self-test's probe: %s)",
+            "on" if self._durable(view) is not None else "off",
+            self.settings.durable.value,
+            {True: "available", False: "not available", None: "not run"}[durable_available],
+        )
         return view
+
+    def _durable(self, view: ServerView) -> DurableSlots | None:
+        """Saves and restores for pinned sessions, where the setting and the self-test allow."""
+        if not view.placement.pinned or not durable_enabled(
+            self.settings.durable, view.durable_available
+        ):
+            return None
+        return DurableSlots(self.client, SaveBook(self.settings.state_dir), self.prewarmer)
 
     def _view(self) -> ServerView:
         """The server as told, or, without a self-test (``loopd chat``, ``--skip-selftest``),
@@ -330,6 +348,7 @@ class Runtime:
             template_drops_reasoning=view.template_drops_reasoning,
             pinned=view.placement.pinned,
             pool_clears_idle_slots=view.placement.idle_slots_cleared is True,
+            durable=self._durable(view),
         )
 
     def budget_rules(self) -> BudgetRules:
