@@ -8,10 +8,11 @@ benchmarks with routers of their own: pinning on a unified pool (``bench/pool.py
 hybrid model's cache goes (``bench/hybrid.py``), placement across two endpoints
 (``bench/placement.py``) and real tool calls by the tool model (``bench/realtools.py``; alone:
 ``--real-tools``, written to ``<date>-real-tools.md``) and durable sessions, a returning
-session's re-read after the server forgot it, with and without a saved slot state
-(``bench/durable.py``; alone: ``--durable``, written to ``<date>-durable.md``). The report goes to
-``bench/results/<date>.md`` with a plot per template beside it; ``--append`` adds it below the
-day's earlier report instead of replacing it.
+session's re-read after the server forgot it, with and without a saved slot state (the server's
+own save and restore, ``bench/durable.py``, then loopd's rule, ``bench/durable_loopd.py``; alone:
+``--durable``, written to ``<date>-durable.md``). The report goes to ``bench/results/<date>.md``
+with a plot per template beside it; ``--append`` adds it below the day's earlier report instead
+of replacing it.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ import anyio
 from bench import (
     cache_reuse,
     durable,
+    durable_loopd,
     hybrid,
     overhead,
     parsers,
@@ -182,7 +184,9 @@ def _real_tools(args: argparse.Namespace) -> str:
 
 def _durable(args: argparse.Namespace) -> str:
     with tempfile.TemporaryDirectory(prefix="bench-") as tmp:
-        return durable.render(durable.run(Path(tmp), args.cache_dir))
+        server = durable.render(durable.run(Path(tmp) / "server", args.cache_dir))
+        through_loopd = durable_loopd.render(durable_loopd.run(Path(tmp) / "loopd", args.cache_dir))
+        return server + "\n" + through_loopd
 
 
 def _section_only(

@@ -14,7 +14,7 @@ after the server forgot once more, once with them (``?action=restore`` of the sa
 the session's slot, then the same request).
 
 This drives the server's save and restore with raw HTTP calls: it measures what the server can
-do, not loopd's own rule for when to save and restore.
+do; ``bench/durable_loopd.py`` measures loopd's own rule for when to save and restore.
 
 - *ideal*: the new tokens, the returning prompt's tokens past what the first prompt shares with
   it (the server's own ``/tokenize`` of both prompts as the template renders them);
@@ -303,8 +303,8 @@ def render(result: Durable) -> str:
         "## Durable sessions: returning after the server forgot",
         "",
         "The server's own save and restore (`--slot-save-path`, `POST /slots/{id}?action=save` "
-        "and `restore`), driven by raw HTTP calls: loopd's own save and restore rule is not in "
-        "this run. Each session's first prompt is read once and its slot saved; then the "
+        "and `restore`), driven by raw HTTP calls: what the server can do (loopd's own rule "
+        "follows, below). Each session's first prompt is read once and its slot saved; then the "
         "server is killed and started again (*restart*) or the router unloads and reloads the "
         "model (*reload*), and each session returns with its next message, without and with "
         "a restore of its file first (the server forgot again in between). `max_tokens` 1.",
