@@ -7,12 +7,12 @@ preset) benchmarks, logging at trace level so the hybrid's turns say what the se
 benchmarks with routers of their own: pinning on a unified pool (``bench/pool.py``), where a
 hybrid model's cache goes (``bench/hybrid.py``), placement across two endpoints
 (``bench/placement.py``) and real tool calls by the tool model (``bench/realtools.py``; alone:
-``--real-tools``, written to ``<date>-real-tools.md``) and durable sessions, a returning
-session's re-read after the server forgot it, with and without a saved slot state (the server's
-own save and restore, ``bench/durable.py``, then loopd's rule, ``bench/durable_loopd.py``; alone:
-``--durable``, written to ``<date>-durable.md``). The report goes to ``bench/results/<date>.md``
-with a plot per template beside it; ``--append`` adds it below the day's earlier report instead
-of replacing it.
+``--real-tools``, written to ``<date>-real-tools.md``) and durable sessions, a returning session's
+re-read after the server forgot it, with and without a saved slot state (the server's own save and
+restore, ``bench/durable.py``, then loopd's rule, ``bench/durable_loopd.py``, and the save folder
+under brokerd's cap, ``bench/durable_cap.py``; alone: ``--durable``, written to
+``<date>-durable.md``). The report goes to ``bench/results/<date>.md`` with a plot per template
+beside it; ``--append`` adds it below the day's earlier report instead of replacing it.
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ import anyio
 from bench import (
     cache_reuse,
     durable,
+    durable_cap,
     durable_loopd,
     hybrid,
     overhead,
@@ -186,7 +187,8 @@ def _durable(args: argparse.Namespace) -> str:
     with tempfile.TemporaryDirectory(prefix="bench-") as tmp:
         server = durable.render(durable.run(Path(tmp) / "server", args.cache_dir))
         through_loopd = durable_loopd.render(durable_loopd.run(Path(tmp) / "loopd", args.cache_dir))
-        return server + "\n" + through_loopd
+        capped = durable_cap.render(durable_cap.run(Path(tmp) / "cap", args.cache_dir))
+        return server + "\n" + through_loopd + "\n" + capped
 
 
 def _section_only(

@@ -3,6 +3,8 @@ and its tables from the measured figures."""
 
 from bench.cli import parse_args
 from bench.durable import Durable, Return, Saved, render, state_sizes
+from bench.durable_cap import CapRun
+from bench.durable_cap import render as render_cap
 from bench.durable_loopd import LoopdReturn
 from bench.durable_loopd import render as render_loopd
 
@@ -43,3 +45,9 @@ def test_the_loopd_table_shows_the_ratio_and_the_cause() -> None:
     text = render_loopd(rows)
     assert "| qwen35moe | off | alpha | 0 | 560 | 40 | 14.00 | server restarted | 1 |" in text
     assert "| qwen35moe | on | alpha | 520 | 40 | 40 | 1.00 | restored from disk | 2 |" in text
+
+
+def test_the_cap_table_shows_disk_against_the_cap() -> None:
+    mib = 1024 * 1024
+    run = CapRun(21 * mib, 5 * mib, 12, 25 * mib, 20 * mib, 4, 4, 8)
+    assert "| 21.0 MiB | 25.0 MiB | 20.0 MiB | 4 | 4 | 8 |" in render_cap(run)
