@@ -201,9 +201,12 @@ def inference_rules(
         return body_refusal(bounds, method, path, body)
 
     async def before_forward(method: str, path: str, query: bytes, body: bytes) -> None:
-        restore = is_slot_action(method, path) and action_of(query) == "restore"
-        if slot_folder is not None and restore:
+        if slot_folder is None or not is_slot_action(method, path):
+            return
+        if action_of(query) == "restore":
             await slot_folder.used(str(json.loads(body)["filename"]))
+        else:
+            await slot_folder.evict(room_for_one=True)
 
     async def after_forward(
         method: str, path: str, query: bytes, _body: bytes, _status: int | None

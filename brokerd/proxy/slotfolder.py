@@ -3,8 +3,10 @@
 llama-server writes every slot save the box asks for into its ``--slot-save-path`` folder and
 never removes one; loopd saves at every turn's end, so without a bound the folder grows until
 the disk is full. brokerd runs on the host and can see that folder when the operator names it
-(``slot_save_dirs``, with ``slot_save_max_bytes``): after each save it forwarded, it removes
-loopd's files, least recently used first, until the folder is under the cap again. A file is
+(``slot_save_dirs``, with ``slot_save_max_bytes``): before each save it forwards, it removes
+loopd's files, least recently used first, until one more state as large as the largest there
+fits under the cap, and after the save (whose state may be larger) until the folder is under
+the cap again. A file is
 used when it is saved (the server writes it) and when brokerd forwards a restore of it (brokerd
 then stamps its modification time, before the restore, so the file being read is the last to
 go). Only files of loopd's shape count and go: the folder may hold other clients' files, which
@@ -18,6 +20,7 @@ import logging
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import anyio
@@ -73,10 +76,13 @@ class SlotFolder:
                     files.append(SavedFile(Path(entry.path), stat.st_size, stat.st_mtime_ns))
         return files
 
-    def evict_now(self) -> list[SavedFile]:
-        """Remove what the cap calls for; the files removed."""
+    def evict_now(self, *, room_for_one: bool = False) -> list[SavedFile]:
+        """Remove what the cap calls for; the files removed. ``room_for_one``: also leave room
+        for one more state as large as the largest there (before a save)."""
+        files = self.saved_files()
+        reserve = max((file.size for file in files), default=0) if room_for_one else 0
         removed = []
-        for file in evictions(self.saved_files(), self.max_bytes):
+        for file in evictions(files, max(self.max_bytes - reserve, 0)):
             try:
                 file.path.unlink()
             except FileNotFoundError:
@@ -102,10 +108,10 @@ class SlotFolder:
                 os.utime(folder / name, follow_symlinks=False)
                 return
 
-    async def evict(self) -> None:
+    async def evict(self, *, room_for_one: bool = False) -> None:
         # One eviction at a time: two would count the same files and remove more than needed.
         async with self._lock:
-            await anyio.to_thread.run_sync(self.evict_now)
+            await anyio.to_thread.run_sync(partial(self.evict_now, room_for_one=room_for_one))
 
     async def used(self, name: str) -> None:
         await anyio.to_thread.run_sync(self.mark_used, name)

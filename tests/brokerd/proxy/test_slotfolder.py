@@ -68,3 +68,12 @@ def test_a_missing_folder_is_logged_not_fatal(tmp_path: Path) -> None:
     folder = SlotFolder((tmp_path / "absent",), max_bytes=1)
     assert folder.evict_now() == []
     folder.mark_used(slot_file_name("a", b"a"))
+
+
+def test_before_a_save_room_is_made_for_one_more_state(tmp_path: Path) -> None:
+    older = write(tmp_path, "a", 1000, 100)
+    newer = write(tmp_path, "b", 1000, 200)
+    folder = SlotFolder((tmp_path,), max_bytes=2500)
+    assert folder.evict_now() == []
+    assert [file.path for file in folder.evict_now(room_for_one=True)] == [older]
+    assert newer.exists()
