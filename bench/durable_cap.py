@@ -23,7 +23,7 @@ from pathlib import Path
 
 import httpx
 
-from bench.durable import first_messages, returning_messages
+from bench.durable import first_messages, fresh_connections, returning_messages
 from bench.errors import BenchError
 from loopcommon.slotfiles import slot_file_name
 from loopd_dev import devserver
@@ -102,7 +102,7 @@ def slot_action(box: httpx.Client, action: str, slot: int, name: str) -> httpx.R
 
 def probe_state_bytes(server: devserver.RunningServer) -> int:
     """One session's state size, saved straight on the server and removed."""
-    with server.client(timeout=300) as direct:
+    with fresh_connections(server) as direct:
         chat(direct, 0, first_messages("probe", PARAGRAPHS))
         name = slot_file_name("probe", b"probe")
         saved = slot_action(direct, "save", 0, name)
