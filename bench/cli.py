@@ -7,9 +7,12 @@ preset) benchmarks, logging at trace level so the hybrid's turns say what the se
 benchmarks with routers of their own: pinning on a unified pool (``bench/pool.py``), where a
 hybrid model's cache goes (``bench/hybrid.py``), placement across two endpoints
 (``bench/placement.py``) and real tool calls by the tool model (``bench/realtools.py``; alone:
-``--real-tools``, written to ``<date>-real-tools.md``). The report goes to
-``bench/results/<date>.md`` with a plot per template beside it; ``--append`` adds it below the
-day's earlier report instead of replacing it.
+``--real-tools``, written to ``<date>-real-tools.md``) and durable sessions, a returning session's
+re-read after the server forgot it, with and without a saved slot state (the server's own save and
+restore, ``bench/durable.py``, then loopd's rule, ``bench/durable_loopd.py``, and the save folder
+under brokerd's cap, ``bench/durable_cap.py``; alone: ``--durable``, written to
+``<date>-durable.md``). The report goes to ``bench/results/<date>.md`` with a plot per template
+beside it; ``--append`` adds it below the day's earlier report instead of replacing it.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import logging
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import replace
 from datetime import datetime
 from pathlib import Path
@@ -27,6 +31,9 @@ import anyio
 
 from bench import (
     cache_reuse,
+    durable,
+    durable_cap,
+    durable_loopd,
     hybrid,
     overhead,
     parsers,
@@ -86,6 +93,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "written to <date>-real-tools.md",
     )
     parser.add_argument(
+        "--durable",
+        action="store_true",
+        help="only durable sessions (returning after a server restart or a model reload, with "
+        "and without a saved slot state), written to <date>-durable.md",
+    )
+    parser.add_argument(
         "--append",
         action="store_true",
         help="add the report below the day's earlier one instead of replacing it",
@@ -115,7 +128,9 @@ def main(argv: list[str] | None = None) -> int:
 def run(args: argparse.Namespace) -> Path:
     started, clock = datetime.now(), time.monotonic()
     if args.real_tools:
-        return _real_tools_only(args, started)
+        return _section_only(args, started, "real tool calls", "real-tools", _real_tools)
+    if args.durable:
+        return _section_only(args, started, "durable sessions", "durable", _durable)
     load_before = load_average()
     if args.scale_only:
         return _scale_only(args, started)
@@ -152,7 +167,11 @@ def run(args: argparse.Namespace) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     if not args.offline:
         results = _with_server(results, args)
-    section = "" if args.offline or args.production_shape else "\n" + _real_tools(args)
+    section = (
+        ""
+        if args.offline or args.production_shape
+        else "\n" + _real_tools(args) + "\n" + _durable(args)
+    )
     results = _finished(results, clock)
     path = out / f"{results.date}.md"
     write_report(path, render(results) + section, append=args.append)
@@ -164,15 +183,30 @@ def _real_tools(args: argparse.Namespace) -> str:
         return realtools.render(realtools.run(Path(tmp), args.cache_dir))
 
 
-def _real_tools_only(args: argparse.Namespace, started: datetime) -> Path:
-    section = _real_tools(args)
-    head = f"# loopd benchmark, real tool calls: {started:%Y-%m-%d %H:%M}\n\n"
+def _durable(args: argparse.Namespace) -> str:
+    with tempfile.TemporaryDirectory(prefix="bench-") as tmp:
+        server = durable.render(durable.run(Path(tmp) / "server", args.cache_dir))
+        through_loopd = durable_loopd.render(durable_loopd.run(Path(tmp) / "loopd", args.cache_dir))
+        capped = durable_cap.render(durable_cap.run(Path(tmp) / "cap", args.cache_dir))
+        return server + "\n" + through_loopd + "\n" + capped
+
+
+def _section_only(
+    args: argparse.Namespace,
+    started: datetime,
+    title: str,
+    stem: str,
+    section_of: Callable[[argparse.Namespace], str],
+) -> Path:
+    """One section alone, in ``<date>-<stem>.md``."""
+    head = f"# loopd benchmark, {title}: {started:%Y-%m-%d %H:%M}\n\n"
     machine = describe()
     head += (
         f"Command: `{args.command}`; machine: {machine.cpu_model}, {machine.cores} cores, "
         f"load average {load_average()} at the start.\n\n"
     )
-    path = Path(args.out) / f"{started:%Y-%m-%d}-real-tools.md"
+    section = section_of(args)
+    path = Path(args.out) / f"{started:%Y-%m-%d}-{stem}.md"
     path.parent.mkdir(parents=True, exist_ok=True)
     write_report(path, head + section, append=args.append)
     return path

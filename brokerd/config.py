@@ -37,6 +37,16 @@ DEFAULT_SOCKET_DIR: Final = Path("/run/brokerd")
 # An endpoint's name is part of its socket's file name (infer-NAME.sock) and of loopd's config.
 ENDPOINT_NAME_PATTERN: Final = r"^[a-z0-9][a-z0-9_-]{0,31}$"
 SlotId = Annotated[int, Field(ge=0)]
+DEFAULT_SLOT_SAVE_MAX_BYTES: Final = 20 * 1024**3
+SLOT_SAVE_DIRS_HELP: Final = (
+    "The server's --slot-save-path folder(s) as this host sees them (a router whose models "
+    "save apart: each); brokerd keeps loopd's files there under slot_save_max_bytes. "
+    "Empty: brokerd bounds nothing."
+)
+SLOT_SAVE_MAX_HELP: Final = (
+    "Bytes loopd's saved slot states may take in slot_save_dirs, all together; after each save "
+    "the least recently used go first."
+)
 
 
 def _checked_upstream(value: str) -> str:
@@ -65,6 +75,10 @@ class InferenceEndpoint(BaseModel):
     inference_models: tuple[str, ...] = Field(
         default=(), description="Model ids the box may name on this server (empty: any)."
     )
+    slot_save_dirs: tuple[Path, ...] = Field(default=(), description=SLOT_SAVE_DIRS_HELP)
+    slot_save_max_bytes: int = Field(
+        default=DEFAULT_SLOT_SAVE_MAX_BYTES, gt=0, description=SLOT_SAVE_MAX_HELP
+    )
 
     @property
     def socket_name(self) -> str:
@@ -80,6 +94,8 @@ SINGLE_ENDPOINT_SETTINGS: Final = (
     "inference_slots",
     "inference_models",
     "inference_key_file",
+    "slot_save_dirs",
+    "slot_save_max_bytes",
 )
 
 
@@ -111,11 +127,15 @@ class BrokerdSettings(configload.FileSettings):
     inference_key_file: Path | None = Field(
         default=None, description="File holding llama-server's API key, if it has one."
     )
+    slot_save_dirs: tuple[Path, ...] = Field(default=(), description=SLOT_SAVE_DIRS_HELP)
+    slot_save_max_bytes: int = Field(
+        default=DEFAULT_SLOT_SAVE_MAX_BYTES, gt=0, description=SLOT_SAVE_MAX_HELP
+    )
     endpoint: InferenceEndpoints = Field(
         default=(),
         description="Several llama-servers, one [[endpoint]] table each (name, url, key_file, "
-        "inference_slots, inference_models), each served on infer-NAME.sock; instead of "
-        "inference_url and its settings.",
+        "inference_slots, inference_models, slot_save_dirs, slot_save_max_bytes), each served "
+        "on infer-NAME.sock; instead of inference_url and its settings.",
     )
     mattermost_url: str | None = Field(
         default=None, description="Mattermost base URL (needed to serve chat.sock)."

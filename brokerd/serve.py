@@ -46,6 +46,7 @@ from brokerd.observe.middleware import instrument
 from brokerd.proxy.chat import create_chat_app
 from brokerd.proxy.chatpolicy import ChatPolicy
 from brokerd.proxy.inference import InferencePolicy, create_inference_app
+from brokerd.proxy.slotfolder import SlotFolder
 from brokerd.proxy.upstream import parse_upstream
 from brokerd.sdnotify import notify
 from loopcommon.errors import ConfigError
@@ -116,6 +117,7 @@ def _inference_endpoint(
         policy = InferencePolicy(
             frozenset(settings.inference_slots), frozenset(settings.inference_models)
         )
+        saves = settings.slot_save_dirs, settings.slot_save_max_bytes
         path = socket_path(settings, "infer")
     else:
         name, url, key = f"infer-{server.name}", server.url, secrets.endpoint_keys.get(server.name)
@@ -124,6 +126,7 @@ def _inference_endpoint(
             frozenset(server.inference_models),
             endpoint=server.name,
         )
+        saves = server.slot_save_dirs, server.slot_save_max_bytes
         path = settings.socket_dir / server.socket_name
     app = create_inference_app(
         parse_upstream(url),
@@ -131,6 +134,7 @@ def _inference_endpoint(
         policy=policy,
         body_cap=settings.body_cap_bytes,
         bodies=bodies,
+        slot_folder=SlotFolder(*saves) if saves[0] else None,
     )
     return Endpoint(name, path, instrument(name, app), limits)
 

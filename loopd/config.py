@@ -44,6 +44,7 @@ from loopcommon.address import check_address
 from loopcommon.configload import Rule
 from loopcommon.errors import ConfigError
 from loopd.chat.config import ChatSettings
+from loopd.engine.durable import DurableMode
 from loopd.engine.pinning import PinSlots
 from loopd.engine.repeats import DEFAULT_LIMIT as DEFAULT_REPEAT_LIMIT
 from loopd.engine.request import Sampling
@@ -317,6 +318,14 @@ class Settings(configload.FileSettings):
         "used the slot, and after a restart, for each slot's most recent session. With "
         "`[[endpoint]]` tables: after a move, a session moved off a dead server is read on its "
         "new one while that is idle.",
+    )
+    durable: DurableMode = Field(
+        default=DurableMode.AUTO,
+        description="Durable sessions: save a session's slot state on the server's disk at the "
+        "end of each turn (`--slot-save-path`), and restore it when the server no longer holds "
+        "the session (a restart, a model reload, its idle sleep, an eviction), so a returning "
+        "thread is not read again in full. `auto` turns them on where the self-test's probe "
+        "saves and restores a slot; `on` without asking; `off` never.",
     )
     system_text: str = Field(
         default="You are loopd, a helpful assistant working in a team's chat thread. "

@@ -145,6 +145,7 @@ class ServerWatch:
             idle_slots_cleared=report.idle_slots_cleared,
             keeps_past_reasoning=report.keeps_past_reasoning,
             expected_dir=self.expected_dir,
+            durable_available=report.durable_available,
         )
         self._write_status(None)
 

@@ -22,11 +22,13 @@ from loopd.endpoints.serving import Endpoints
 from loopd.endpoints.start import reachability_checker
 from loopd.endpoints.warm import keep_warm
 from loopd.engine.client import InferenceClient
+from loopd.engine.durable import enabled as durable_enabled
 from loopd.engine.limits import Limits
 from loopd.engine.outcome import TurnOutcome
 from loopd.engine.pinning import Pinning, choose_slot, decide_pinning
 from loopd.engine.progress import StatusCallback
 from loopd.engine.request import RequestSettings
+from loopd.engine.saves import DurableSlots, SaveBook
 from loopd.engine.turn import Turn
 from loopd.errors import ServerRejected
 from loopd.observe.context import request_scope
@@ -140,6 +142,7 @@ class ServerView:
 
     pinning: Pinning
     keeps_past_reasoning: TemplateAnswer = TemplateAnswer.UNKNOWN
+    durable_available: bool | None = None  # the self-test's save-and-restore probe
 
     @property
     def template_drops_reasoning(self) -> bool:
@@ -270,6 +273,7 @@ class Runtime:
         idle_slots_cleared: bool | None,
         keeps_past_reasoning: TemplateAnswer = TemplateAnswer.UNKNOWN,
         expected_dir: Path = DEFAULT_DIR,
+        durable_available: bool | None = None,
     ) -> ServerView:
         """Take the self-test's answers (None / UNKNOWN where it did not run or could not tell):
         pinning (``loopd.engine.pinning``), the shared pool's budget, the template's verdict."""
@@ -278,7 +282,7 @@ class Runtime:
             selftest=idle_slots_cleared,
             recorded=recorded_pool_answer(self.client.model, expected_dir),  # the server's model
         )
-        view = ServerView(pinning, keeps_past_reasoning)
+        view = ServerView(pinning, keeps_past_reasoning, durable_available)
         self.server = view
         self.budget.shared = pinning.shared_pool
         self.budget.requests = self.settings.pool_requests
@@ -292,7 +296,21 @@ class Runtime:
             else "each slot has its own context",
             keeps_past_reasoning.value,
         )
+        log.info(
+            "durable sessions: %s (LOOPD_DURABLE %s; the self-test's probe: %s)",
+            "on" if self._durable(view) is not None else "off",
+            self.settings.durable.value,
+            {True: "available", False: "not available", None: "not run"}[durable_available],
+        )
         return view
+
+    def _durable(self, view: ServerView) -> DurableSlots | None:
+        """Saves and restores for pinned sessions, where the setting and the self-test allow."""
+        if not view.pinning.pinned or not durable_enabled(
+            self.settings.durable, view.durable_available
+        ):
+            return None
+        return DurableSlots(self.client, SaveBook(self.settings.state_dir), self.prewarmer)
 
     def _view(self) -> ServerView:
         """The server as told, or, without a self-test (``loopd chat``, ``--skip-selftest``),
@@ -325,6 +343,7 @@ class Runtime:
             template_drops_reasoning=view.template_drops_reasoning,
             pinned=view.pinning.pinned,
             pool_clears_idle_slots=view.pinning.idle_slots_cleared is True,
+            durable=self._durable(view),
         )
 
     def budget_rules(self) -> BudgetRules:

@@ -25,7 +25,10 @@ BROKER_ROUTES: Final = frozenset(
 
 def infer_route(method: str, path: str) -> str:
     from brokerd.proxy.inference import ALLOWED_ROUTES
+    from brokerd.proxy.slotactions import is_slot_action
 
+    if is_slot_action(method, path):
+        return "/slots/{id}"  # one label for every slot: a label per id would grow unbounded
     return path if (method, path) in ALLOWED_ROUTES else "other"
 
 

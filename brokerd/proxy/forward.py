@@ -45,6 +45,13 @@ class Refused:
 BodyCheck = Callable[[str, str, bytes, bytes], Awaitable[Refused | None]]
 """(method, path, raw query, body) -> a refusal, or None when the request may pass."""
 
+Forwarding = Callable[[str, str, bytes, bytes], Awaitable[None]]
+"""(method, path, raw query, body): called just before a request that passed goes upstream."""
+
+Forwarded = Callable[[str, str, bytes, bytes, int | None], Awaitable[None]]
+"""(method, path, raw query, body, status or None): called once the answer is relayed, or
+the relay ended without one (the client gone)."""
+
 
 @dataclass(frozen=True)
 class ForwardRules:
@@ -57,6 +64,8 @@ class ForwardRules:
     drop_response_headers: frozenset[bytes] = frozenset()
     drop_query_params: frozenset[str] = frozenset()
     check_body: BodyCheck | None = None
+    before_forward: Forwarding | None = None
+    after_forward: Forwarded | None = None
 
 
 class Forwarder:
@@ -124,9 +133,16 @@ class Forwarder:
         )
         url = self.upstream.url(path, query)
         request = self.client.build_request(method, url, headers=headers, content=body)
-        await self._relay(request, receive, send, f"{method} {path}")
+        if self.rules.before_forward is not None:
+            await self.rules.before_forward(method, path, query, body)
+        status = await self._relay(request, receive, send, f"{method} {path}")
+        if self.rules.after_forward is not None:
+            await self.rules.after_forward(method, path, query, body, status)
 
-    async def _relay(self, request: httpx.Request, receive: Receive, send: Send, what: str) -> None:
+    async def _relay(
+        self, request: httpx.Request, receive: Receive, send: Send, what: str
+    ) -> int | None:
+        """Relay the request and its answer; the status the client got."""
         started = time.monotonic()
         result = RelayResult()
         try:
@@ -150,6 +166,7 @@ class Forwarder:
             self.logger.info(
                 "%s -> %s %s", what, result.status, result.outcome, extra={"fields": fields}
             )
+        return result.status
 
     def _response_headers(self, headers: RawHeaders) -> RawHeaders:
         return filter_headers(headers, drop=self.rules.drop_response_headers)

@@ -3,7 +3,9 @@
 The allowlist is one table of (method, path). Paths match exactly, after the ASGI server's
 percent-decoding, so no spelling (``//slots``, ``/v1/../slots/0``, ``/slots%2F0``) reaches a route
 the table does not name; the path forwarded is the very string that was checked. Query strings
-pass through untouched, except that ``GET /slots`` refuses an ``action`` parameter.
+pass through untouched, except that ``GET /slots`` refuses an ``action`` parameter. Beside the
+table, ``POST /slots/{id}`` passes for a save or a restore of the box's own slot under a file name
+of loopd's shape (``brokerd.proxy.slotactions``).
 
 The server is shared, so brokerd's config also bounds what the box may use of it
 (``InferencePolicy``): a chat request must name one of ``inference_slots`` as its ``id_slot``, and
@@ -31,6 +33,10 @@ from brokerd.proxy.headers import FORWARDING_HEADERS, REQUEST_FRAMING, query_key
 from brokerd.proxy.lifespan import closing_lifespan
 from brokerd.proxy.relay import json_error
 from brokerd.proxy.requestfields import field_refusal
+from brokerd.proxy.slotactions import action_of, is_slot_action
+from brokerd.proxy.slotactions import body_refusal as slot_body_refusal
+from brokerd.proxy.slotactions import query_refusal as slot_query_refusal
+from brokerd.proxy.slotfolder import SlotFolder
 from brokerd.proxy.upstream import Upstream
 from brokerd.tools.arguments import nests_deeper
 
@@ -85,6 +91,8 @@ def body_cap_for(large_cap: int) -> BodyCap:
 
 def refusal(method: str, path: str, query: bytes) -> str | None:
     """Why the inference proxy refuses this request, or None when it may pass."""
+    if is_slot_action(method, path):
+        return slot_query_refusal(path, query)
     if (method, path) not in ALLOWED_ROUTES:
         return f"brokerd refuses {method} {path}: not in the inference proxy's allowlist"
     if path == "/slots" and "action" in query_keys(query):
@@ -115,7 +123,8 @@ class InferencePolicy:
 
 def body_refusal(policy: InferencePolicy, method: str, path: str, body: bytes) -> Refused | None:
     """Why a request with this body may not reach the server, or None (pure)."""
-    if (method, path) not in JSON_ROUTES:
+    slot_action = is_slot_action(method, path)
+    if (method, path) not in JSON_ROUTES and not slot_action:
         return None
     try:
         value = json.loads(body)
@@ -130,6 +139,9 @@ def body_refusal(policy: InferencePolicy, method: str, path: str, body: bytes) -
         return Refused(
             403, f"brokerd refuses model {value.get('model')!r}{policy.where}: allowed {allowed}"
         )
+    if slot_action:
+        why = slot_body_refusal(path, policy.slots, policy.where, value)
+        return Refused(403, why) if why is not None else None
     if policy.slots and (method, path) in SLOT_ROUTES:
         slot = value.get("id_slot")
         if not (isinstance(slot, int) and not isinstance(slot, bool) and slot in policy.slots):
@@ -172,8 +184,13 @@ def llama_error(status: int, message: str) -> dict[str, dict[str, object]]:
     return {"error": {"code": status, "message": message, "type": kind}}
 
 
-def inference_rules(api_key: str | None, policy: InferencePolicy | None = None) -> ForwardRules:
-    """The inference proxy's rules; ``api_key`` (host config) is sent as a bearer token."""
+def inference_rules(
+    api_key: str | None,
+    policy: InferencePolicy | None = None,
+    slot_folder: SlotFolder | None = None,
+) -> ForwardRules:
+    """The inference proxy's rules; ``api_key`` (host config) is sent as a bearer token.
+    ``slot_folder``: the server's save folder, kept under its cap after each save."""
     inject = {b"authorization": b"Bearer " + api_key.encode()} if api_key else {}
     bounds = policy or InferencePolicy()
 
@@ -183,12 +200,29 @@ def inference_rules(api_key: str | None, policy: InferencePolicy | None = None) 
     async def check_body(method: str, path: str, _query: bytes, body: bytes) -> Refused | None:
         return body_refusal(bounds, method, path, body)
 
+    async def before_forward(method: str, path: str, query: bytes, body: bytes) -> None:
+        if slot_folder is None or not is_slot_action(method, path):
+            return
+        if action_of(query) == "restore":
+            await slot_folder.used(str(json.loads(body)["filename"]))
+        else:
+            await slot_folder.evict(room_for_one=True)
+
+    async def after_forward(
+        method: str, path: str, query: bytes, _body: bytes, _status: int | None
+    ) -> None:
+        # Whatever the status: a save the server answered with an error may still have written.
+        if slot_folder is not None and is_slot_action(method, path) and action_of(query) == "save":
+            await slot_folder.evict()
+
     return ForwardRules(
         refusal=refusal_with_policy,
         error_body=json_error(llama_error),
         drop_request_headers=DROPPED_REQUEST_HEADERS,
         inject_request_headers=inject,
         check_body=check_body,
+        before_forward=before_forward,
+        after_forward=after_forward,
     )
 
 
@@ -199,6 +233,7 @@ def create_inference_app(
     policy: InferencePolicy | None = None,
     body_cap: int = DEFAULT_BODY_CAP,
     bodies: BodyRules | None = None,
+    slot_folder: SlotFolder | None = None,
 ) -> Starlette:
     """The Starlette app served on ``infer.sock`` (or one server's ``infer-NAME.sock``).
 
@@ -210,7 +245,7 @@ def create_inference_app(
     """
     proxy = Forwarder(
         upstream,
-        inference_rules(api_key, policy),
+        inference_rules(api_key, policy, slot_folder),
         body_cap=body_cap_for(body_cap),
         bodies=bodies,
         logger=logger,

@@ -257,6 +257,9 @@ class Endpoints:
         turn.settings = replace(turn.settings, model=server.endpoint.model, slot=id_slot)
         turn.gate = Compactor(server.budget, runtime.budget_rules())
         turn.endpoint = server.name  # named in each request's record (the cache-loss rule)
+        # Durable sessions are not yet made per endpoint: each server would need its own
+        # self-test answer and save folder.
+        turn.durable = None
         return turn
 
     def _learn_head(

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Final
 
+from loopd.engine.durable import RestoreOutcome
 from loopd.sessionlog.records import Request
 
 # The server may re-evaluate a token or two at the boundary (a forced re-evaluation of the last
@@ -67,6 +68,14 @@ class LossCause(StrEnum):
     SHARED_HEAD = "another session's prompt in the slot: only the shared system text kept"
     CHECKPOINT = "resumed at a checkpoint"
     ENDPOINT_LOST = "endpoint lost"  # its server died; the session moved (loopd.endpoints)
+    # Durable sessions (loopd.engine.durable): the server had lost the session and loopd put its
+    # saved state back; or tried, and the server refused, or answered and then re-read anyway.
+    RESTORED = RestoreOutcome.RESTORED.value
+    RESTORE_REFUSED = RestoreOutcome.REFUSED.value
+    RESTORE_UNCONFIRMED = RestoreOutcome.UNCONFIRMED.value
+    # Durable sessions on, no save to restore, and the pinned slot held nothing at all (cache 0,
+    # not even a template's head): a restarted or reloaded server, or one back from its sleep.
+    SERVER_RESTARTED = "server restarted"
     UNEXPLAINED = "unexplained"
 
 
@@ -112,6 +121,9 @@ class Circumstances:
     # explains the whole loss.
     endpoint_changed: bool = False
     ubatch: int = DEFAULT_UBATCH
+    # Durable sessions: on for this request, and what became of a restore made before it.
+    durable: bool = False
+    restore: RestoreOutcome | None = None
 
 
 @dataclass(frozen=True)
@@ -207,6 +219,9 @@ def cache_loss(
     checkpoint = at_checkpoint(prev, cache_n, around.ubatch)
     # Noise, and a resend's checkpoint, are recorded as no loss (``expected_reuse`` and
     # ``cache_n`` stay in the record): a loss in the record always has a named cause.
+    if around.restore is RestoreOutcome.RESTORED:
+        # Named even when nothing was lost: ``loopd perf`` counts the returns a restore made.
+        return Loss(expected, lost if lost > LOSS_TOLERANCE else 0, LossCause.RESTORED)
     if lost <= LOSS_TOLERANCE:
         return Loss(expected, 0, LossCause.NONE)
     if around.resend and cache_n >= prev.prompt_end - CHECKPOINT_BEFORE_END:
@@ -230,6 +245,8 @@ def _cause(
     if prev.epoch_id != epoch_id:
         return LossCause.NEW_EPOCH
     nothing_kept = cache_n <= LOSS_TOLERANCE
+    if around.restore is not None:  # refused or unconfirmed: the re-read that followed
+        return LossCause(around.restore.value)
     if around.pinned:
         if prev.slot != slot:
             return LossCause.OTHER_SLOT
@@ -237,6 +254,8 @@ def _cause(
             return LossCause.SLOT_CLEARED
         if around.slot_shared:
             return LossCause.SHARED_SLOT
+        if around.durable and cache_n == 0:
+            return LossCause.SERVER_RESTARTED
         # Nothing reused at all: the server lost the slot's cache (a model unload, a restart, an
         # eviction). A broken or capped turn costs only what follows the previous prompt.
         if nothing_kept:

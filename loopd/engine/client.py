@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager
+from dataclasses import dataclass
 from enum import Enum
 from typing import Any, Protocol
 
@@ -36,6 +37,18 @@ from loopd.wire.events import EventDecoder, StreamEvent
 
 CHAT_PATH = "/v1/chat/completions"
 CONTROL_PATH = "/v1/chat/completions/control"
+# A save or restore writes or reads the whole state: far more than a small call's wait.
+SLOT_FILE_WAIT_S = 120.0
+
+
+@dataclass(frozen=True)
+class SlotFile:
+    """The server's answer of success to a save or a restore (``loopd.engine.durable``)."""
+
+    filename: str
+    n_tokens: int  # saved or restored
+    n_bytes: int
+    ms: float
 
 
 def make_async_client(url: str, connect_s: float) -> httpx.AsyncClient:
@@ -251,6 +264,39 @@ class InferenceClient:
             return control_answer(await self.control_reasoning_end(completion_id))
         except InferenceError as exc:
             return f"control call failed: {exc}"
+
+    async def save_slot(self, slot: int, filename: str) -> SlotFile:
+        """``POST /slots/{slot}?action=save``; ServerRejected unless the server answered success
+        (only then does the file hold a whole state)."""
+        return await self._slot_file(slot, "save", filename, "n_saved", "n_written", "save_ms")
+
+    async def restore_slot(self, slot: int, filename: str) -> SlotFile:
+        """``POST /slots/{slot}?action=restore``; ServerRejected when the server refused it (it
+        then cleared the slot)."""
+        return await self._slot_file(
+            slot, "restore", filename, "n_restored", "n_read", "restore_ms"
+        )
+
+    async def _slot_file(
+        self, slot: int, action: str, filename: str, tokens: str, size: str, took: str
+    ) -> SlotFile:
+        path = f"/slots/{slot}"
+        body = {"filename": filename, "model": self.model}
+        with _mapped(self.url, _Stage.CALL):
+            response = await self._http.post(
+                path, params={"action": action}, json=body, timeout=SLOT_FILE_WAIT_S
+            )
+        data = self._json(response, path)
+        try:
+            timings = data.get("timings") or {}
+            return SlotFile(
+                filename=str(data.get("filename", filename)),
+                n_tokens=int(data[tokens]),
+                n_bytes=int(data.get(size, 0)),
+                ms=float(timings.get(took, 0.0)),
+            )
+        except (AttributeError, KeyError, TypeError, ValueError) as exc:
+            raise ServerRejected(self.url, 200, f"{path} {action} answered {data!r}") from exc
 
     @asynccontextmanager
     async def stream_chat(self, body: bytes) -> AsyncIterator[ChatStream]:

@@ -31,6 +31,9 @@ class Failure(StrEnum):
     CANCELLED = "cancelled"
     BAD_TOOL_CALL = "bad_tool_call"  # a tool call whose arguments are not JSON (cut at max_tokens)
     POOL_FULL = "pool_full"  # a shared KV pool ran out (500 "Context size has been exceeded.")
+    # Closed at the first progress event: the server had lost the session, and loopd restores
+    # its saved state before sending again (``loopd.engine.durable``).
+    LOST_BY_SERVER = "lost_by_server"
 
 
 # Failures after which nothing the model made was lost, and another attempt may well succeed.

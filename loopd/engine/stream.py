@@ -229,10 +229,14 @@ async def stream_into(
     slot: int,
     limits: Limits,
     report: StatusCallback = _ignore_status,
+    lost: Callable[[int], bool] | None = None,
 ) -> None:
     """``run_request`` into a result the caller holds, so that it can record what happened even
     when the request is cancelled: the result then says CANCELLED, the connection is closed
-    (which stops the generation on the server) and the cancellation goes on."""
+    (which stops the generation on the server) and the cancellation goes on.
+
+    ``lost`` is asked the first progress event's ``cache`` count (what the server kept, told
+    before any prefill work); True closes the request then, as ``LOST_BY_SERVER``."""
     throttled = StatusThrottle(report, limits.status_interval_s)
     try:
         async with AsyncExitStack() as stack:
@@ -240,7 +244,7 @@ async def stream_into(
             answer = await _open(client, body, limits, watch, result, stack)
             if answer is not None:
                 result.first_byte_s = time.monotonic() - result.sent_at
-                reader = _Reader(client, EventStream(answer), limits, throttled, result)
+                reader = _Reader(client, EventStream(answer), limits, throttled, result, lost)
                 await reader.read()
     except ServerRejected as exc:
         failure = Failure.POOL_FULL if is_pool_full(exc.message) else Failure.REJECTED
@@ -324,12 +328,14 @@ class _Reader:
         limits: Limits,
         report: StatusThrottle,
         result: RequestResult,
+        lost: Callable[[int], bool] | None = None,
     ) -> None:
         self.client = client
         self.events = events
         self.limits = limits
         self.report = report
         self.result = result
+        self.lost = lost  # asked once, at the first progress event
         self.cap = ThinkCap(limits.think_cap, limits.think_grace)
 
     async def read(self) -> None:
@@ -363,7 +369,20 @@ class _Reader:
                 self.result.output_seen = True
             ended = ended or isinstance(event, _LAST_EVENTS)
             _report_event(event, asm, self.report)
+            if isinstance(event, Progress) and self._lost_at(event.cache):
+                return True
         return ended
+
+    def _lost_at(self, cache: int) -> bool:
+        lost, self.lost = self.lost, None
+        if lost is None or not lost(cache):
+            return False
+        self.result.fail(
+            Failure.LOST_BY_SERVER,
+            f"llama-server at {self.client.url} kept {cache} tokens of the session; "
+            "the request was closed to restore its saved state",
+        )
+        return True
 
     async def _follow_cap(self) -> bool:
         """Do what the thinking cap decides; False when the stream must be closed."""

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 from tenacity import (
@@ -49,6 +49,7 @@ from loopd.engine.limits import Limits
 from loopd.engine.outcome import Failure, RequestResult, TurnOutcome, request_perf, retry_safe
 from loopd.engine.progress import Phase, Status, StatusCallback
 from loopd.engine.request import RequestSettings, build_body
+from loopd.engine.saves import DurableSlots, Probe, Restore
 from loopd.engine.stream import start_result, stream_into
 from loopd.observe.context import request_scope
 from loopd.observe.metrics import METRICS
@@ -160,6 +161,9 @@ class Turn:
     pool_clears_idle_slots: bool = False
     # Where loopd runs several servers: this one's name (recorded with each request).
     endpoint: str | None = None
+    # Durable sessions (``loopd.engine.durable``): pinned requests only, as a restore fills one
+    # named slot.
+    durable: DurableSlots | None = None
 
     async def run(self) -> TurnOutcome:
         outcome = TurnOutcome(answer=None)
@@ -174,7 +178,23 @@ class Turn:
                 raise RoundsExhausted(self.max_rounds)
             except TurnExit as way_out:
                 way_out.settle(outcome)
+                if isinstance(way_out, Answered):
+                    await self.save_slot(outcome)
         return outcome
+
+    async def save_slot(self, outcome: TurnOutcome) -> None:
+        """At the end of an answered turn, while the session still holds its slot: save what
+        the slot holds, the prefix the session's next request extends."""
+        if self.durable is None or not self.pinned or not outcome.requests:
+            return
+        if outcome.requests[-1].perf.outcome != "complete":
+            return
+        await self.durable.save(
+            self.log.get_session(self.session),
+            self.settings,
+            self.log.current_epoch(self.session).tools_text,
+            self.log.replay_messages(self.session),
+        )
 
     async def round(self, kind: RequestKind, outcome: TurnOutcome) -> None:
         """One request and the tool calls it made; raises the turn's exit when none were made."""
@@ -229,7 +249,30 @@ class Turn:
             log.warning("%s: the pool stayed busy; sending again anyway", self.session)
 
     async def step(self, kind: RequestKind) -> Attempt:
-        """One request, built from the log, streamed, and recorded however it ended."""
+        """One request, built from the log, streamed, and recorded however it ended. Where the
+        server had lost the session and a save of it is usable, the request is closed at its
+        first progress event, the save restored, and the request sent again."""
+        probe = self._probe()
+        attempt = await self._send(kind, probe)
+        lost = attempt.result.failure is Failure.LOST_BY_SERVER
+        if lost and self.durable is not None and probe is not None:
+            restore = await self.durable.restore(probe)
+            attempt = await self._send(kind, None, restore)
+        return attempt
+
+    def _probe(self) -> Probe | None:
+        if self.durable is None or not self.pinned:
+            return None
+        return self.durable.probe(
+            self.session,
+            self.log.current_epoch(self.session).tools_text,
+            self.log.replay_messages(self.session),
+            self.slot,
+        )
+
+    async def _send(
+        self, kind: RequestKind, probe: Probe | None, restore: Restore | None = None
+    ) -> Attempt:
         epoch = self.log.current_epoch(self.session)
         messages = self.log.replay_messages(self.session)
         body = build_body(self.settings, epoch.tools_text, messages)
@@ -243,10 +286,11 @@ class Turn:
                     slot=self.settings.slot,
                     limits=self.limits,
                     report=self.report,
+                    lost=None if probe is None else probe.lost,
                 )
             finally:
                 # Synchronous, so a cancellation going on cannot interrupt it.
-                record = self._record(kind, epoch, messages, result)
+                record = self._record(kind, epoch, messages, result, restore)
         return Attempt(record, result)
 
     async def execute(self, calls: Sequence[ToolCall]) -> None:
@@ -267,17 +311,30 @@ class Turn:
             raise Repeated(plan.stop.line)
 
     def _record(
-        self, kind: RequestKind, epoch: Epoch, messages: list[str], result: RequestResult
+        self,
+        kind: RequestKind,
+        epoch: Epoch,
+        messages: list[str],
+        result: RequestResult,
+        restore: Restore | None = None,
     ) -> RequestRecord:
         """Append the assistant entry (or the broken one) with the request's record."""
         digest = messages_digest(messages)
+        perf = request_perf(result, self._loss(epoch, digest, result, restore), self.endpoint)
+        timings = result.assembler.timings
+        if result.failure is Failure.LOST_BY_SERVER:
+            # Closed before the server read anything: not a request the slot holds
+            # (``SessionLog.latest_request(counted=True)`` passes it over).
+            perf = replace(perf, cache_n=None, prompt_n=None, predicted_n=None)
+        elif restore is not None and timings is not None:
+            perf = replace(perf, extra={**perf.extra, "restore": restore.extra(timings.cache_n)})
         record = RequestRecord(
             kind=kind,
             slot=self.slot,
             epoch=epoch.number,
             message_count=len(messages),
             messages_sha256=digest,
-            perf=request_perf(result, self._loss(epoch, digest, result), self.endpoint),
+            perf=perf,
         )
         message = dumps(result.assembler.message().to_wire())
         if result.complete:
@@ -290,17 +347,27 @@ class Turn:
         METRICS.request_recorded(record)
         return record
 
-    def _loss(self, epoch: Epoch, digest: str, result: RequestResult) -> Loss:
+    def _loss(
+        self, epoch: Epoch, digest: str, result: RequestResult, restore: Restore | None
+    ) -> Loss:
         timings = result.assembler.timings
-        if timings is None:
-            return Loss(0, 0, LossCause.NONE)  # it broke before the server said anything
+        if timings is None or result.failure is Failure.LOST_BY_SERVER:
+            # It broke before the server said anything, or was closed before the server read
+            # anything: the request sent again after the restore carries the loss.
+            return Loss(0, 0, LossCause.NONE)
         prev = previous_request(self.log.latest_request(self.session, counted=True))
+        around = self._circumstances(prev, epoch, digest)
+        if self.durable is not None and self.pinned:
+            verdict = None
+            if restore is not None:
+                verdict = self.durable.settle(self.session, restore, timings.cache_n)
+            around = replace(around, durable=True, restore=verdict)
         return cache_loss(
             prev,
             epoch_id=epoch.number,
             slot=self.slot,
             cache_n=timings.cache_n,
-            around=self._circumstances(prev, epoch, digest),
+            around=around,
         )
 
     def _circumstances(self, prev: PrevRequest | None, epoch: Epoch, digest: str) -> Circumstances:

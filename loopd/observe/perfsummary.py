@@ -27,10 +27,20 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from loopd.engine.cacheloss import LossCause
 from loopd.sessionlog.records import Request, RequestKind
 
+# A session's return after the server lost it, as durable sessions name it (a restore is named
+# even when it left nothing to re-read).
+RETURN_CAUSES = (
+    LossCause.RESTORED,
+    LossCause.RESTORE_REFUSED,
+    LossCause.RESTORE_UNCONFIRMED,
+    LossCause.SERVER_RESTARTED,
+)
+
 # Recorded in a request's ``extra`` by the turn engine; copied into the JSON when present.
-_EXTRA_FIELDS = ("expected_reuse", "failure", "detail", "status_code", "finish_reason")
+_EXTRA_FIELDS = ("expected_reuse", "failure", "detail", "status_code", "finish_reason", "restore")
 
 
 def perf_record(session: str, request: Request) -> dict[str, Any]:
@@ -92,6 +102,7 @@ class PerfSummary:
     ttfb_ms: list[float] = field(default_factory=list)
     prompt_ns: list[int] = field(default_factory=list)
     tokens_per_s: list[float] = field(default_factory=list)
+    returns: dict[str, int] = field(default_factory=dict)  # by ``RETURN_CAUSES``
 
     @property
     def hit_rate(self) -> float | None:
@@ -127,6 +138,9 @@ def summarize(requests: Sequence[Request]) -> PerfSummary:
             summary.tokens_per_s.append(perf.predicted_per_second)
         if record.kind is RequestKind.TURN:
             turns.add(record.messages_sha256)
+        cause = (perf.cache_loss_cause or "").split(", ")[0]
+        if cause in RETURN_CAUSES:
+            summary.returns[cause] = summary.returns.get(cause, 0) + 1
         if perf.cache_loss:
             tally = summary.losses.setdefault(perf.cache_loss_cause or "unexplained", LossTally())
             tally.requests += 1
@@ -157,6 +171,11 @@ def format_summary(title: str, summary: PerfSummary) -> str:
             f"({summary.turns} turns)"
         )
     lines += percentile_lines(summary)
+    if summary.returns:
+        said = ", ".join(
+            f"{summary.returns[c]} {c}" for c in RETURN_CAUSES if c.value in summary.returns
+        )
+        lines.append(f"  returns after the server lost a session: {said}")
     if summary.losses:
         lines.append("  cache losses by cause:")
         for cause, tally in sorted(summary.losses.items(), key=lambda item: -item[1].tokens):

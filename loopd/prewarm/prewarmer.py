@@ -76,9 +76,9 @@ class PrewarmResult:
     record: RequestRecord | None = None
 
 
-def prewarm_settings(settings: RequestSettings) -> RequestSettings:
+def prewarm_settings(settings: RequestSettings, max_tokens: int = 1) -> RequestSettings:
     """The session's request settings, generating one token (streamed: see the module doc)."""
-    return replace(settings, max_tokens=1, stream=True)
+    return replace(settings, max_tokens=max_tokens, stream=True)
 
 
 def final_timings(stream: bytes) -> dict[str, Any] | None:
@@ -169,6 +169,13 @@ class Prewarmer:
                     del self._running[session.slot]
         return PrewarmResult(PrewarmOutcome.CANCELLED, "real work needed the slot")
 
+    async def read_prefix(self, session: Session, settings: RequestSettings) -> PrewarmResult:
+        """Read the session's messages into its slot and generate nothing (``max_tokens`` 0),
+        for a caller that holds the slot: the slot then holds exactly the prefix the session's
+        next request extends, which a durable session saves (``loopd.engine.durable``; a hybrid
+        model's state cannot be cut back to a prefix of what it holds)."""
+        return await self._send(session, settings, None, max_tokens=0)
+
     async def _why_not(self, session: Session) -> str:
         if not self.enabled:
             return "prewarm is off"
@@ -187,11 +194,15 @@ class Prewarmer:
         return ""
 
     async def _send(
-        self, session: Session, settings: RequestSettings, moved: PrevRequest | None
+        self,
+        session: Session,
+        settings: RequestSettings,
+        moved: PrevRequest | None,
+        max_tokens: int = 1,
     ) -> PrewarmResult:
         epoch = self.log.current_epoch(session.name)
         messages = self.log.replay_messages(session.name)
-        body = build_body(prewarm_settings(settings), epoch.tools_text, messages)
+        body = build_body(prewarm_settings(settings, max_tokens), epoch.tools_text, messages)
         record = RequestRecord(
             kind=RequestKind.PREWARM,
             slot=session.slot,

@@ -232,6 +232,29 @@ def template_info(facts: ServerFacts) -> list[CheckResult]:
     ]
 
 
+# What a thread loses without durable sessions, said once where the self-test reports them.
+WITHOUT_DURABLE = (
+    "without them, a thread re-reads its whole prompt after a server restart, a model reload, "
+    "the server's idle sleep or an eviction (start the server with --slot-save-path DIR)"
+)
+
+
+def durable_info(facts: ServerFacts) -> CheckResult:
+    """Durable sessions: informational, as the server works without them (as before)."""
+    name = "durable sessions"
+    want = "a slot saved and restored"
+    probe = facts.durable
+    if probe is None:
+        return CheckResult(
+            name, True, want, "not run", f"{facts.why_missing('durable')}", informational=True
+        )
+    if probe.available:
+        got = f"available ({probe.n_saved} tokens saved and restored)"
+        return CheckResult(name, True, want, got, f"slot {probe.slot}", informational=True)
+    detail = f"{probe.failure}; {WITHOUT_DURABLE}"
+    return CheckResult(name, True, want, "not available", detail, informational=True)
+
+
 def layout_checks(facts: ServerFacts, expected: ModelExpectation | None) -> list[CheckResult]:
     """The checks that need no live request: build, model, template, context and slots."""
     return [
@@ -253,6 +276,7 @@ def run_checks(facts: ServerFacts, expected: ModelExpectation | None) -> list[Ch
         check_stream(facts),
         check_render(facts),
         *template_info(facts),
+        durable_info(facts),
     ]
 
 

@@ -97,6 +97,22 @@ class PoolProbe:
 
 
 @dataclass(frozen=True)
+class DurableProbe:
+    """The probe's slot saved to the server's disk under loopd's own probe name and restored
+    (``loopd.engine.durable``): durable sessions are available when both answer success for the
+    same number of tokens."""
+
+    slot: int
+    n_saved: int | None = None
+    n_restored: int | None = None
+    failure: str = ""  # the server's refusal (501 without ``--slot-save-path``), or a mismatch
+
+    @property
+    def available(self) -> bool:
+        return not self.failure and self.n_saved is not None and self.n_saved > 0
+
+
+@dataclass(frozen=True)
 class StreamProbe:
     """One streamed request with loopd's settings, and the control call sent while it ran."""
 
@@ -141,6 +157,7 @@ class ServerFacts:
     stream: StreamProbe | None = None
     render: RenderProbe | None = None
     template: TemplateProbe | None = None
+    durable: DurableProbe | None = None
     missing: dict[str, str] = field(default_factory=dict)  # fact name -> why it is None
 
     def why_missing(self, name: str) -> str:

@@ -28,6 +28,7 @@ from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt
 
 from loopd.config import Settings
 from loopd.engine.client import EventStream, InferenceClient
+from loopd.engine.durable import probe_name
 from loopd.engine.limits import Limits
 from loopd.engine.outcome import Failure, RequestResult
 from loopd.engine.pinning import PinSlots, decide_pinning
@@ -38,6 +39,7 @@ from loopd.errors import ConnectionDropped, InferenceError, ServerRejected, Serv
 from loopd.selftest import template
 from loopd.selftest.facts import (
     CacheProbe,
+    DurableProbe,
     Health,
     Listing,
     MalformedAnswer,
@@ -162,7 +164,17 @@ async def gather_facts(
     return facts
 
 
-_ALL_FACTS = ("listing", "props", "slots", "cache", "pool", "stream", "render", "template")
+_ALL_FACTS = (
+    "listing",
+    "props",
+    "slots",
+    "cache",
+    "pool",
+    "durable",
+    "stream",
+    "render",
+    "template",
+)
 
 
 async def _gather_layout(client: InferenceClient, config: ProbeConfig, facts: ServerFacts) -> None:
@@ -182,13 +194,14 @@ async def _gather_live(connect: ClientFactory, config: ProbeConfig, facts: Serve
     if facts.slots is None or slot not in {s.id for s in facts.slots}:
         why = facts.why_missing("slots") if facts.slots is None else f"slot {slot} does not exist"
         facts.missing["cache"] = facts.missing["stream"] = f"not run: {why}"
-        facts.missing["pool"] = f"not run: {why}"
+        facts.missing["pool"] = facts.missing["durable"] = f"not run: {why}"
         return
     facts.pool = await probe_pool(connect, config, other_slot(config, facts.slots))
     # The cache probe sends as the engine will, which the pool probe's answer decides.
     cleared = facts.pool.cleared if not facts.pool.failure else None
     pinning = decide_pinning(config.pin_slots, selftest=cleared, recorded=None)
     facts.cache = await probe_cache(connect, config, pinning.id_slot(slot))
+    facts.durable = await probe_durable(connect, slot)
     facts.stream = await probe_stream(connect, config)
 
 
@@ -240,6 +253,26 @@ async def probe_cache(
             interrupted=on_the_way(second),
         )
     return CacheProbe(slot, t1.cache_n + t1.prompt_n, t2.cache_n, t2.prompt_n)
+
+
+async def probe_durable(connect: ClientFactory, slot: int) -> DurableProbe:
+    """Save the slot (it holds the cache probe's prompt) under loopd's probe name and restore
+    it: the round trip durable sessions rest on."""
+    async with connect() as client:
+        name = probe_name(client.model)
+        try:
+            saved = await client.save_slot(slot, name)
+            restored = await client.restore_slot(slot, name)
+        except InferenceError as exc:
+            return DurableProbe(slot, failure=str(exc))
+    if restored.n_tokens != saved.n_tokens:
+        return DurableProbe(
+            slot,
+            saved.n_tokens,
+            restored.n_tokens,
+            failure=f"saved {saved.n_tokens} tokens, restored {restored.n_tokens}",
+        )
+    return DurableProbe(slot, saved.n_tokens, restored.n_tokens)
 
 
 async def _cache_request(

@@ -84,6 +84,12 @@ class SelftestReport:
         probe = self.facts.pool
         return probe.cleared if probe is not None else None
 
+    @property
+    def durable_available(self) -> bool | None:
+        """Whether the probe's slot was saved and restored; None when it did not run."""
+        probe = self.facts.durable
+        return probe.available if probe is not None else None
+
     def to_json(self) -> dict[str, Any]:
         """The machine-readable report (``loopd selftest --json``)."""
         template = self.facts.template
@@ -106,6 +112,7 @@ class SelftestReport:
                 for r in self.results
             ],
             "pool": {"idle_slots_cleared": self.idle_slots_cleared},
+            "durable": {"available": self.durable_available},
             "template": {
                 "keeps_past_reasoning": self.keeps_past_reasoning.value,
                 "tool_turn_prefix_extension": (

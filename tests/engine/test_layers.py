@@ -112,6 +112,7 @@ PURE_PARTS: dict[str, set[str]] = {
         "mask_argv",
     },
     "brokerd.proxy.chatpolicy": {"valid_entry", "direct_members", "channel_refusal"},
+    "brokerd.proxy.slotfolder": {"SavedFile", "evictions"},
     "brokerd.tools.builtins": {"host_allowed", "url_problem", "is_text"},
     "loopd.contextwindow.budget": {
         "BudgetRules",

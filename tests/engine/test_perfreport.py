@@ -155,3 +155,18 @@ def test_an_unknown_session_is_one_clear_line_and_a_missing_log_is_empty(
     assert code == 2
     assert err == f"loopd: perf: session log {missing}: no session 'nobody'\n"
     assert not missing.exists(), "reading perf never creates a log"
+
+
+def test_summary_counts_the_returns_durable_sessions_made(tmp_path: Path) -> None:
+    """A restore is counted even where it left nothing to re-read; a refused one is a loss."""
+    with open_log(tmp_path) as log:
+        say(log, "one")
+        _answer(log, cache_n=0, prompt_n=300, predicted_n=20)
+        say(log, "two")
+        _answer(log, cache_n=319, prompt_n=9, cache_loss=0, cache_loss_cause="restored from disk")
+        say(log, "three")
+        _answer(log, cache_n=0, prompt_n=340, cache_loss=337, cache_loss_cause="restore refused")
+    code, out, _ = _run(tmp_path / "loopd.db", "--session", SESSION)
+    assert code == 0, out
+    assert "returns after the server lost a session: 1 restored from disk, 1 restore refused" in out
+    assert "restore refused                 1 request        337 tokens" in out

@@ -98,15 +98,30 @@ async def test_refusals_are_counted_by_reason_and_logged_with_the_request_id() -
     with captured_logs() as logs:
         async with asgi_client(app) as client:
             refused = await client.post(
-                "/slots/0?action=erase", content=b"{}", headers={"X-Loopd-Request": "feedbeef"}
+                "/models/load", content=b"{}", headers={"X-Loopd-Request": "feedbeef"}
             )
             not_json = await client.post("/v1/chat/completions", content=b"[1")
     assert refused.status_code == 403
     assert not_json.status_code == 400
     assert [a - b for a, b in zip(counts(), before, strict=True)] == [1, 1, 1]
-    [line] = [line for line in logs.of("brokerd.") if line["msg"] == "refused POST /slots/0"]
+    [line] = [line for line in logs.of("brokerd.") if line["msg"] == "refused POST /models/load"]
     assert line["request_id"] == "feedbeef"
     assert line["socket"] == "infer"
+
+
+async def test_slot_actions_share_one_route_label() -> None:
+    app = instrument("infer", create_inference_app(parse_upstream("http://127.0.0.1:9")))
+
+    def erased() -> float:
+        labels = {"socket": "infer", "route": "/slots/{id}", "status": "403"}
+        return sample(BROKERD_METRICS.registry, "brokerd_requests_total", **labels)
+
+    before = erased()
+    async with asgi_client(app) as client:
+        for slot in (0, 7):
+            refused = await client.post(f"/slots/{slot}?action=erase", content=b"{}")
+            assert refused.status_code == 403
+    assert erased() - before == 2
 
 
 # -- the metrics address -------------------------------------------------------------------------

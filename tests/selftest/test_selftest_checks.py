@@ -107,6 +107,7 @@ def test_a_server_as_recorded_passes_every_check() -> None:
     assert [r.name for r in results if r.informational] == [
         "keeps past reasoning",
         "tool turn + user extends prompt",
+        "durable sessions",
     ]
 
 

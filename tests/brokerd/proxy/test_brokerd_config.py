@@ -236,3 +236,26 @@ def test_an_unreadable_endpoint_key_names_the_endpoint(
     monkeypatch.setenv("BROKERD_CONFIG", str(config))
     with pytest.raises(ConfigError, match=r"^BROKERD_ENDPOINT gpu2: key_file: cannot read"):
         read_secrets(load_settings())
+
+
+def test_each_server_bounds_its_own_save_folders(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    config = tmp_path / "brokerd.toml"
+    config.write_text(
+        "[[endpoint]]\nname = 'gpu1'\nurl = 'http://gpu1:8080'\n"
+        "slot_save_dirs = ['/srv/saves/a', '/srv/saves/b']\nslot_save_max_bytes = 1000\n"
+        "[[endpoint]]\nname = 'gpu2'\nurl = 'http://gpu2:8080'\n"
+    )
+    monkeypatch.setenv("BROKERD_CONFIG", str(config))
+    gpu1, gpu2 = load_settings().inference_endpoints()
+    assert gpu1 is not None
+    assert gpu2 is not None
+    assert (gpu1.slot_save_dirs, gpu1.slot_save_max_bytes) == (
+        (Path("/srv/saves/a"), Path("/srv/saves/b")),
+        1000,
+    )
+    assert gpu2.slot_save_dirs == ()
+    monkeypatch.setenv("BROKERD_SLOT_SAVE_DIRS", '["/srv/saves"]')
+    with pytest.raises(ConfigError, match=r"one_inference_form.*slot_save_dirs"):
+        load_settings()

@@ -153,7 +153,8 @@ def test_each_endpoint_table_is_one_inference_socket_and_its_key_is_hidden(
     assert isinstance(app, Instrumented)
     assert app.socket == "infer-gpu1"
     assert app.route("POST", "/v1/chat/completions") == "/v1/chat/completions"
-    assert app.route("POST", "/slots/0") == "other"
+    assert app.route("POST", "/slots/0") == "/slots/{id}"
+    assert app.route("POST", "/models/load") == "other"
 
 
 async def serve_briefly(

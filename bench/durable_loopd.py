@@ -1,0 +1,174 @@
+"""Durable sessions through loopd itself: sessions that return after the server was killed and
+started again, with ``durable`` off and on (``loopd.engine.durable``: loopd saves each answered
+turn's slot and restores it when the first progress event shows the server lost the session).
+
+On each preset a router of its own (``--slot-save-path``), two sessions pinned to slots 0 and
+1, one turn each; the router is killed (SIGKILL to it and its children) and started again; each
+session's next turn is measured by its answered request's own perf record: ``cache_n``,
+``prompt_n``, and the ideal, the new tokens (what the request held past what loopd expected the
+server to keep, ``expected_reuse``).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+import anyio
+
+from loopd.config import Settings, load_settings
+from loopd.engine.durable import DurableMode
+from loopd.engine.pinning import PinSlots
+from loopd.sessionlog.records import Request, RequestKind, fresh_external_key
+from loopd.sessions import Runtime
+from loopd_dev import devserver
+
+log = logging.getLogger("bench.durable")
+
+PRESETS = (devserver.PLAIN_MODEL, devserver.HYBRID_MODEL)
+SESSIONS = ("alpha", "beta")
+NOTE = (
+    "Thread {session}, note {n}: the parser tests run nightly, the audit table moves on "
+    "Tuesday, and the deploy window opens on Thursday after every owner signs off."
+)
+NOTES = 20
+SECOND = "Which day does the deploy window open?"
+
+
+@dataclass(frozen=True)
+class LoopdReturn:
+    preset: str
+    durable: bool
+    session: str
+    cache_n: int
+    prompt_n: int
+    ideal_new: int
+    cause: str
+    requests: int  # the turn's requests to the server (a lost one, closed, and its resend)
+
+    @property
+    def over_ideal(self) -> float:
+        return self.prompt_n / max(self.ideal_new, 1)
+
+
+def first_message(session: str) -> str:
+    notes = " ".join(NOTE.format(session=session, n=n) for n in range(NOTES))
+    return f"Keep these notes for later, and say only 'noted'. {notes}"
+
+
+def settings_for(url: str, model: str, state: Path, durable: bool) -> Settings:
+    return load_settings(
+        infer_url=url,
+        model=model,
+        state_dir=state,
+        slots=(0, 1),
+        max_tokens=24,
+        think_cap=0,  # the random hybrid model never ends its thinking on its own
+        temperature=0.0,
+        pin_slots=PinSlots.YES,
+        durable=DurableMode.ON if durable else DurableMode.OFF,
+    )
+
+
+async def say(runtime: Runtime, session_id: str, text: str) -> list[Request]:
+    session = runtime.ensure_session(session_id)
+    before = len(runtime.log.requests(session_id))
+    await runtime.append_user(session_id, text, external_key=fresh_external_key())
+    outcome = await runtime.run_turn(session, lambda status: None)
+    if outcome.failure is not None:
+        raise RuntimeError(f"turn of {session_id} failed: {outcome.failure}")
+    return runtime.log.requests(session_id)[before:]
+
+
+def answered(requests: list[Request]) -> Request:
+    return next(
+        r
+        for r in requests
+        if r.record.kind is RequestKind.TURN and r.record.perf.outcome == "complete"
+    )
+
+
+def measured(preset: str, durable: bool, session: str, requests: list[Request]) -> LoopdReturn:
+    perf = answered(requests).record.perf
+    cache_n, prompt_n = perf.cache_n or 0, perf.prompt_n or 0
+    expected = int(perf.extra.get("expected_reuse", 0))
+    return LoopdReturn(
+        preset=preset,
+        durable=durable,
+        session=session,
+        cache_n=cache_n,
+        prompt_n=prompt_n,
+        ideal_new=cache_n + prompt_n - expected,
+        cause=perf.cache_loss_cause or "",
+        requests=sum(1 for r in requests if r.record.kind is RequestKind.TURN),
+    )
+
+
+def start(work: Path, cache_dir: Path, model: str) -> devserver.RunningServer:
+    return devserver.start(
+        work / "server",
+        cache_dir,
+        socket_path=work / "llama.sock",
+        extra_args=("--slot-save-path", str(work / "saves")),
+        load=(model,),
+    )
+
+
+def one_run(work: Path, cache_dir: Path, model: str, durable: bool) -> list[LoopdReturn]:
+    (work / "saves").mkdir(parents=True, exist_ok=True)
+    servers = [start(work, cache_dir, model)]
+
+    async def sessions() -> list[LoopdReturn]:
+        runtime = Runtime.open(settings_for(servers[0].url, model, work / "state", durable))
+        try:
+            # What ``loopd serve``'s self-test tells it: the slots keep their prompts (pinned),
+            # and save and restore round-trip here.
+            runtime.know_server(idle_slots_cleared=False, durable_available=durable)
+            for session in SESSIONS:
+                await say(runtime, session, first_message(session))
+            servers[0].kill()
+            servers[0] = start(work, cache_dir, model)
+            return [
+                measured(model, durable, session, await say(runtime, session, SECOND))
+                for session in SESSIONS
+            ]
+        finally:
+            await runtime.aclose()
+
+    try:
+        return anyio.run(sessions)
+    finally:
+        servers[0].stop()
+
+
+def run(work: Path, cache_dir: Path) -> list[LoopdReturn]:
+    returns = []
+    for model in PRESETS:
+        for durable in (False, True):
+            log.info("durable through loopd: %s, durable %s", model, "on" if durable else "off")
+            returns += one_run(work / f"{model}-{durable}", cache_dir, model, durable)
+    return returns
+
+
+def render(returns: list[LoopdReturn]) -> str:
+    lines = [
+        "### Through loopd (`durable` off and on): returning after a restart",
+        "",
+        "Two sessions per preset, pinned to slots 0 and 1, one turn each; the router killed "
+        "and started again; each session's next turn, measured by its answered request's perf "
+        "record. With `durable` on, loopd saved each answered turn's slot; its next request's "
+        "first progress event showed the server held nothing, so loopd closed it, restored the "
+        "save and sent it again (*requests* counts both).",
+        "",
+        "| Preset | durable | Session | cache_n | prompt_n | ideal (new tokens) | loopd/ideal "
+        "| Recorded cause | Requests |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in returns:
+        lines.append(
+            f"| {r.preset} | {'on' if r.durable else 'off'} | {r.session} | {r.cache_n} "
+            f"| {r.prompt_n} | {r.ideal_new} | {r.over_ideal:.2f} | {r.cause or '-'} "
+            f"| {r.requests} |"
+        )
+    return "\n".join(lines) + "\n"

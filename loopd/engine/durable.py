@@ -1,0 +1,145 @@
+"""Durable sessions: when loopd saves a session's slot state to the server's disk, when it
+restores it, and when it trusts a restore. Pure; the I/O is ``loopd.engine.durable_io`` (the
+saves loopd recorded) and ``InferenceClient.save_slot``/``restore_slot`` (the server's
+``POST /slots/{id}?action=save|restore``).
+
+The rule, and why:
+
+- **Save at the end of a turn** (its last request completed): the slot then holds exactly the
+  prompt loopd sent and the reply it logged, the prefix the session's next request extends
+  (docs/design, invariant 1). A save is recorded as usable only after the server answered it
+  with success: a save cut short (the server killed mid-write, the disk full) has no answer and
+  is never restored, whatever file it left behind.
+- **The file's name is the prefix's**: ``loopcommon.slotfiles`` names it from the session and a
+  hash of the epoch's tools and the exact messages the state holds, so a save is usable only for
+  a request whose messages begin with exactly those (``usable``): a stale file, or another
+  session's, never matches.
+- **Restore only when the server lost the session**, told by the first ``prompt_progress``
+  event of the session's next request: its ``cache`` count is what the server kept, after its
+  own host prompt cache was consulted, and it arrives before any prefill work, so closing the
+  request then costs nothing (docs/design, behaviour (l)). A count well below what the save
+  holds (``worth_restoring``) closes the request, restores, and sends it again. Asking before
+  every request instead (``GET /slots``) cannot tell which session a slot holds, and the
+  previous request's ``cache_n`` tells only after the re-read was paid.
+- **A restore is trusted only once confirmed** by the next request's ``cache_n``
+  (``confirmed``): a server can answer a restore with success and still re-read everything. A
+  save that does not confirm, or that the server refused, is never tried again (the record is
+  dropped) and the loss is recorded with its cause.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Final
+
+from loopcommon.slotfiles import slot_file_name
+
+# A restore is worth its round trip when the server kept less than half of the saved state, or
+# when it would re-read at least this many tokens (about a micro-batch: less than that is read in
+# well under a second on production, and a hybrid model's usual resume at its checkpoint, a few
+# tokens before the previous prompt's end, loses only the reply).
+RESTORE_GAIN_TOKENS: Final = 512
+# The server re-evaluates at least the last prompt token, and a template may join a turn's end
+# differently: a confirmed restore may fall short of the saved count by this much.
+CONFIRM_TOLERANCE: Final = 4
+
+
+class DurableMode(StrEnum):
+    AUTO = "auto"  # on where the self-test finds save and restore round-trip
+    ON = "on"
+    OFF = "off"
+
+
+def enabled(mode: DurableMode, available: bool | None) -> bool:
+    """Whether loopd saves and restores: ``available`` is the self-test's answer (None: it did
+    not run). ``on`` is the operator's word; ``auto`` needs the self-test's yes."""
+    if mode is DurableMode.OFF:
+        return False
+    if mode is DurableMode.ON:
+        return True
+    return available is True
+
+
+def state_prefix(tools_text: str, messages: Sequence[str]) -> bytes:
+    """The exact prefix a slot state belongs to: the epoch's tools and the messages array as
+    sent (``[`` + messages joined by ``,`` + ``]``), tools first as the template renders them."""
+    tools = tools_text.encode("utf-8")
+    array = b"[" + b",".join(m.encode("utf-8") for m in messages) + b"]"
+    return len(tools).to_bytes(8, "little") + tools + array
+
+
+def save_name(session: str, tools_text: str, messages: Sequence[str]) -> str:
+    """The file that holds ``session``'s state after exactly ``messages``."""
+    return slot_file_name(session, state_prefix(tools_text, messages))
+
+
+@dataclass(frozen=True)
+class Saved:
+    """A save the server answered with success: usable while the session's messages extend it."""
+
+    file: str
+    message_count: int  # the messages the state holds (the request's and the reply)
+    n_saved: int  # tokens the server said it wrote
+    slot: int
+    endpoint: str | None = None
+
+
+def usable(
+    saved: Saved | None,
+    *,
+    session: str,
+    tools_text: str,
+    messages: Sequence[str],
+    slot: int,
+    endpoint: str | None = None,
+) -> Saved | None:
+    """``saved`` when the request about to go out extends exactly the prefix it holds, on the
+    same slot and server; else None (another epoch, a rewritten history, another session)."""
+    if saved is None or saved.slot != slot or saved.endpoint != endpoint:
+        return None
+    if saved.message_count > len(messages) or saved.n_saved <= 0:
+        return None
+    if save_name(session, tools_text, messages[: saved.message_count]) != saved.file:
+        return None
+    return saved
+
+
+def worth_restoring(saved: Saved, cache: int) -> bool:
+    """The first progress event says the server kept ``cache`` tokens: restore when it lost
+    enough of what the save holds to be worth a restore's round trip."""
+    gain = saved.n_saved - cache
+    if gain <= CONFIRM_TOLERANCE:
+        return False
+    return cache * 2 < saved.n_saved or gain >= RESTORE_GAIN_TOKENS
+
+
+class RestoreOutcome(StrEnum):
+    """What became of a restore, as the cache-loss rule and ``loopd perf`` name it."""
+
+    RESTORED = "restored from disk"
+    REFUSED = "restore refused"  # the server answered an error (file gone, no save folder, ...)
+    UNCONFIRMED = "restore unconfirmed"  # answered success, but the next request re-read
+
+
+def confirmed(n_restored: int, held_before: int, cache_n: int) -> bool:
+    """The request after a restore reused what the restore put back: more than the server held
+    before it, and at least half of the restored tokens (the rest can be a reply the template
+    re-tokenizes differently). The known trap: a success answer, then ``cache_n`` 0."""
+    return cache_n > held_before + CONFIRM_TOLERANCE and cache_n * 2 >= n_restored
+
+
+def after_restore(n_restored: int | None, held_before: int, cache_n: int) -> RestoreOutcome:
+    """The verdict on a restore: refused (no answer of success: ``n_restored`` None), confirmed,
+    or answered and not confirmed."""
+    if n_restored is None:
+        return RestoreOutcome.REFUSED
+    if confirmed(n_restored, held_before, cache_n):
+        return RestoreOutcome.RESTORED
+    return RestoreOutcome.UNCONFIRMED
+
+
+def probe_name(model: str) -> str:
+    """The self-test's own probe file: under a session name no thread can have."""
+    return slot_file_name("\0loopd-selftest", model.encode("utf-8"))

@@ -1,0 +1,214 @@
+"""Durable sessions' I/O: the saves loopd may restore, and the server calls that make and use
+them (the rule is ``loopd.engine.durable``).
+
+The record of saves is one per session, in ``<state_dir>/durable/``: each session's latest
+save that the server answered with success, as a small JSON file written whole (a temporary
+file, then a rename), so a crash leaves the old record or the new one, never half of one. It is
+a hint, not history: the session log stays the truth, a missing or unreadable record only means
+no restore, and a save that failed to restore is forgotten so that it is never tried again.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from loopcommon.slotfiles import is_slot_file_name, session_tag
+from loopd.engine.client import InferenceClient
+from loopd.engine.durable import (
+    RestoreOutcome,
+    Saved,
+    after_restore,
+    save_name,
+    usable,
+    worth_restoring,
+)
+from loopd.engine.request import RequestSettings
+from loopd.errors import InferenceError
+from loopd.prewarm.prewarmer import Prewarmer, PrewarmOutcome
+from loopd.sessionlog.records import Session
+
+log = logging.getLogger(__name__)
+
+FOLDER = "durable"
+
+
+class SaveBook:
+    def __init__(self, state_dir: Path) -> None:
+        self.folder = state_dir / FOLDER
+
+    def _path(self, session: str) -> Path:
+        return self.folder / f"{session_tag(session)}.json"
+
+    def latest(self, session: str) -> Saved | None:
+        """The session's recorded save; None when there is none or it cannot be read."""
+        try:
+            data = json.loads(self._path(session).read_text("utf-8"))
+            saved = Saved(
+                file=str(data["file"]),
+                message_count=int(data["message_count"]),
+                n_saved=int(data["n_saved"]),
+                slot=int(data["slot"]),
+                endpoint=None if data.get("endpoint") is None else str(data["endpoint"]),
+            )
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            log.warning("%s: its save record cannot be read (%s); no restore", session, exc)
+            return None
+        return saved if is_slot_file_name(saved.file) else None
+
+    def record(self, session: str, saved: Saved) -> None:
+        """Record ``saved`` as the session's usable save (after the server's success answer)."""
+        path = self._path(session)
+        partial = path.with_suffix(".tmp")
+        try:
+            self.folder.mkdir(parents=True, exist_ok=True)
+            partial.write_text(json.dumps(asdict(saved)), "utf-8")
+            os.replace(partial, path)
+        except OSError as exc:
+            log.warning("%s: its save could not be recorded (%s); no restore", session, exc)
+
+    def forget(self, session: str) -> None:
+        """Never restore the session's recorded save again."""
+        try:
+            self._path(session).unlink(missing_ok=True)
+        except OSError as exc:
+            log.warning("%s: its save record could not be removed: %s", session, exc)
+
+
+@dataclass
+class Probe:
+    """One request's look at what the server kept (its first progress event)."""
+
+    saved: Saved | None  # the save this request could restore
+    held: int | None = None  # the first progress event's ``cache`` count
+
+    def lost(self, cache: int) -> bool:
+        """``stream_into``'s ``lost``: close the request to restore first?"""
+        self.held = cache
+        return self.saved is not None and worth_restoring(self.saved, cache)
+
+
+@dataclass(frozen=True)
+class Restore:
+    """A restore loopd made before sending a request again."""
+
+    saved: Saved
+    held_before: int
+    n_restored: int | None  # None: the server refused it
+    ms: float = 0.0
+    refusal: str = ""
+
+    def verdict(self, cache_n: int) -> RestoreOutcome:
+        return after_restore(self.n_restored, self.held_before, cache_n)
+
+    def extra(self, cache_n: int) -> dict[str, object]:
+        """What the request's perf record says of it."""
+        out: dict[str, object] = {
+            "file": self.saved.file,
+            "outcome": self.verdict(cache_n).value,
+            "held_before": self.held_before,
+            "n_saved": self.saved.n_saved,
+        }
+        if self.n_restored is not None:
+            out.update(n_restored=self.n_restored, restore_ms=self.ms)
+        if self.refusal:
+            out["refusal"] = self.refusal
+        return out
+
+
+class DurableSlots:
+    """Saves a session's slot at the end of a turn and restores it when the server lost it."""
+
+    def __init__(
+        self,
+        client: InferenceClient,
+        book: SaveBook,
+        prewarmer: Prewarmer,
+        endpoint: str | None = None,
+    ) -> None:
+        self.client = client
+        self.book = book
+        self.prewarmer = prewarmer
+        self.endpoint = endpoint
+
+    def probe(self, session: str, tools_text: str, messages: Sequence[str], slot: int) -> Probe:
+        saved = usable(
+            self.book.latest(session),
+            session=session,
+            tools_text=tools_text,
+            messages=messages,
+            slot=slot,
+            endpoint=self.endpoint,
+        )
+        return Probe(saved)
+
+    async def restore(self, probe: Probe) -> Restore:
+        assert probe.saved is not None
+        assert probe.held is not None
+        saved = probe.saved
+        try:
+            answer = await self.client.restore_slot(saved.slot, saved.file)
+        except InferenceError as exc:
+            return Restore(saved, probe.held, None, refusal=str(exc))
+        return Restore(saved, probe.held, answer.n_tokens, ms=answer.ms)
+
+    def settle(self, session: str, restore: Restore, cache_n: int) -> RestoreOutcome:
+        """The request after ``restore`` read ``cache_n`` tokens from the cache: a save that did
+        not come back is never tried again."""
+        verdict = restore.verdict(cache_n)
+        if verdict is not RestoreOutcome.RESTORED:
+            log.warning(
+                "%s: %s (%s; cache_n %d after it)",
+                session,
+                verdict.value,
+                restore.saved.file,
+                cache_n,
+            )
+            self.book.forget(session)
+        return verdict
+
+    async def save(
+        self,
+        session: Session,
+        settings: RequestSettings,
+        tools_text: str,
+        messages: Sequence[str],
+    ) -> Saved | None:
+        """Save the session's slot as ``messages`` (the turn's last request and its reply)
+        leave it, for a caller that holds the slot.
+
+        The slot is first made to hold exactly those messages as the next request renders them
+        (the reply without its end-of-turn marker, ``Prewarmer.read_prefix``): what the server
+        generated may be tokenized otherwise than the reply is read back, and a hybrid model
+        cannot cut its state back to the common part. Recorded only on the server's success
+        answer for as many tokens as that read left in the slot: a save cut short, or of
+        something else, is never restored."""
+        read = await self.prewarmer.read_prefix(session, settings)
+        perf = read.record.perf if read.record is not None else None
+        if read.outcome is not PrewarmOutcome.DONE or perf is None or perf.cache_n is None:
+            log.warning("%s: its slot was not saved: the prefix read %s", session.name, read)
+            return None
+        held = perf.cache_n + (perf.prompt_n or 0)
+        name = save_name(session.name, tools_text, messages)
+        try:
+            answer = await self.client.save_slot(session.slot, name)
+        except InferenceError as exc:
+            log.warning("%s: its slot was not saved: %s", session.name, exc)
+            return None
+        if answer.n_tokens != held:
+            log.warning(
+                "%s: the save holds %d tokens, not the %d its prefix read left; not used",
+                session.name,
+                answer.n_tokens,
+                held,
+            )
+            return None
+        saved = Saved(name, len(messages), answer.n_tokens, session.slot, self.endpoint)
+        self.book.record(session.name, saved)
+        return saved

@@ -1,0 +1,53 @@
+"""The durable section: chosen alone by its flag, the state's two parts fitted from two lengths,
+and its tables from the measured figures."""
+
+from bench.cli import parse_args
+from bench.durable import Durable, Return, Saved, render, state_sizes
+from bench.durable_cap import CapRun
+from bench.durable_cap import render as render_cap
+from bench.durable_loopd import LoopdReturn
+from bench.durable_loopd import render as render_loopd
+
+
+def saved(preset: str, slot: int, n_saved: int, n_written: int) -> Saved:
+    return Saved(preset, f"{preset}-{slot}", slot, "f.bin", n_saved, 31, n_saved, n_written, 1.0)
+
+
+def test_the_durable_flag_chooses_the_section_alone() -> None:
+    assert not parse_args([]).durable
+    args = parse_args(["--durable"])
+    assert args.durable
+    assert args.command == "python -m bench --durable"
+
+
+def test_the_fixed_and_the_per_token_parts_of_a_state() -> None:
+    # 1,000 fixed bytes (a recurrent state) and 50 a token.
+    saves = [saved("hybrid", 0, 100, 6_000), saved("hybrid", 1, 300, 16_000)]
+    assert state_sizes(saves) == {"hybrid": (1_000.0, 50.0)}
+
+
+def test_the_tables_show_each_return_and_each_state() -> None:
+    saves = [saved("smollm2", 0, 352, 8_116_488), saved("smollm2", 1, 788, 18_168_904)]
+    cold = Return("smollm2", "restart", "smollm2-0", False, 383, 0, 31, 8.1)
+    warm = Return("smollm2", "restart", "smollm2-0", True, 31, 352, 31, 0.2, 0.0087, 352)
+    text = render(Durable(saves, [cold, warm], state_sizes(saves)))
+    row = "| smollm2 | restart | 352 tokens |"
+    assert f"{row} no | 0 | 383 | 31 | 12.35 | 8100 ms | 0.0 ms |" in text
+    assert f"{row} yes | 352 | 31 | 31 | 1.00 | 200 ms | 8.7 ms |" in text
+    assert "| smollm2 | 352 | 8,116,488 | 23,058 | 1.0 |" in text
+
+
+def test_the_loopd_table_shows_the_ratio_and_the_cause() -> None:
+    rows = [
+        LoopdReturn("qwen35moe", False, "alpha", 0, 560, 40, "server restarted", 1),
+        LoopdReturn("qwen35moe", True, "alpha", 520, 40, 40, "restored from disk", 2),
+    ]
+    text = render_loopd(rows)
+    assert "| qwen35moe | off | alpha | 0 | 560 | 40 | 14.00 | server restarted | 1 |" in text
+    assert "| qwen35moe | on | alpha | 520 | 40 | 40 | 1.00 | restored from disk | 2 |" in text
+
+
+def test_the_cap_table_shows_disk_against_the_cap() -> None:
+    mib = 1024 * 1024
+    run = CapRun(21 * mib, 5 * mib, 12, 25 * mib, 20 * mib, 4, 4, 8)
+    assert "| 21.0 MiB | 25.0 MiB | 20.0 MiB | 4 | 4 | 8 |" in render_cap(run)

@@ -1,0 +1,79 @@
+"""The save folder's cap: loopd's files, least recently used first, until under the cap."""
+
+import os
+from pathlib import Path
+
+import anyio
+
+from brokerd.proxy.slotfolder import SavedFile, SlotFolder, evictions
+from loopcommon.slotfiles import slot_file_name
+
+
+def saved(name: str, size: int, used_ns: int) -> SavedFile:
+    return SavedFile(Path(name), size, used_ns)
+
+
+def test_the_least_recently_used_go_first_until_under_the_cap() -> None:
+    files = [saved("new", 40, 3), saved("old", 40, 1), saved("mid", 40, 2)]
+    assert [f.path.name for f in evictions(files, 100)] == ["old"]
+    assert [f.path.name for f in evictions(files, 80)] == ["old"]
+    assert [f.path.name for f in evictions(files, 79)] == ["old", "mid"]
+    assert evictions(files, 120) == []
+
+
+def test_a_file_alone_over_the_cap_goes_too() -> None:
+    assert [f.path.name for f in evictions([saved("big", 200, 1)], 100)] == ["big"]
+
+
+def write(folder: Path, session: str, size: int, used_s: int) -> Path:
+    path = folder / slot_file_name(session, session.encode())
+    path.write_bytes(b"\0" * size)
+    os.utime(path, ns=(used_s * 10**9, used_s * 10**9))
+    return path
+
+
+def test_the_folder_keeps_other_clients_files_and_counts_several_folders(tmp_path: Path) -> None:
+    one, two = tmp_path / "one", tmp_path / "two"
+    one.mkdir()
+    two.mkdir()
+    oldest = write(one, "a", 1000, 100)
+    middle = write(two, "b", 1000, 200)
+    newest = write(one, "c", 1000, 300)
+    theirs = one / "someone-elses.bin"
+    theirs.write_bytes(b"\0" * 5000)
+    folder = SlotFolder((one, two), max_bytes=2000)
+    removed = folder.evict_now()
+    assert [file.path for file in removed] == [oldest]
+    assert not oldest.exists()
+    assert middle.exists()
+    assert newest.exists()
+    assert theirs.exists()
+
+
+def test_a_restore_makes_its_file_the_last_to_go(tmp_path: Path) -> None:
+    older = write(tmp_path, "a", 1000, 100)
+    newer = write(tmp_path, "b", 1000, 200)
+    folder = SlotFolder((tmp_path,), max_bytes=1500)
+
+    async def restore_then_evict() -> None:
+        await folder.used(older.name)
+        await folder.evict()
+
+    anyio.run(restore_then_evict)
+    assert older.exists()
+    assert not newer.exists()
+
+
+def test_a_missing_folder_is_logged_not_fatal(tmp_path: Path) -> None:
+    folder = SlotFolder((tmp_path / "absent",), max_bytes=1)
+    assert folder.evict_now() == []
+    folder.mark_used(slot_file_name("a", b"a"))
+
+
+def test_before_a_save_room_is_made_for_one_more_state(tmp_path: Path) -> None:
+    older = write(tmp_path, "a", 1000, 100)
+    newer = write(tmp_path, "b", 1000, 200)
+    folder = SlotFolder((tmp_path,), max_bytes=2500)
+    assert folder.evict_now() == []
+    assert [file.path for file in folder.evict_now(room_for_one=True)] == [older]
+    assert newer.exists()

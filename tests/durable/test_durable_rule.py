@@ -1,0 +1,158 @@
+"""The durable-session rule (pure): which save is usable, when to restore, when a restore counts,
+and the causes the cache-loss rule names for them."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from loopcommon.slotfiles import belongs_to, is_slot_file_name
+from loopd.engine.cacheloss import Circumstances, LossCause, PrevRequest, cache_loss
+from loopd.engine.durable import (
+    DurableMode,
+    RestoreOutcome,
+    Saved,
+    after_restore,
+    enabled,
+    probe_name,
+    save_name,
+    usable,
+    worth_restoring,
+)
+from loopd.engine.saves import SaveBook
+
+TOOLS = '[{"type":"function","function":{"name":"read_file"}}]'
+TURN = ['{"role":"system","content":"s"}', '{"role":"user","content":"hi"}']
+REPLY = '{"role":"assistant","content":"hello"}'
+
+
+def saved_after(messages: list[str], n_saved: int = 300, slot: int = 0) -> Saved:
+    return Saved(save_name("t-1", TOOLS, messages), len(messages), n_saved, slot)
+
+
+@pytest.mark.parametrize(
+    ("mode", "available", "on"),
+    [
+        (DurableMode.AUTO, True, True),
+        (DurableMode.AUTO, False, False),
+        (DurableMode.AUTO, None, False),
+        (DurableMode.ON, None, True),
+        (DurableMode.OFF, True, False),
+    ],
+)
+def test_auto_needs_the_self_tests_yes(mode: DurableMode, available: bool | None, on: bool) -> None:
+    assert enabled(mode, available) is on
+
+
+def test_a_save_is_usable_for_a_request_that_extends_its_exact_prefix() -> None:
+    held = [*TURN, REPLY]
+    saved = saved_after(held)
+    assert is_slot_file_name(saved.file)
+    assert belongs_to(saved.file, "t-1")
+    after = [*held, '{"role":"user","content":"and now?"}']
+    assert usable(saved, session="t-1", tools_text=TOOLS, messages=after, slot=0) == saved
+
+
+@pytest.mark.parametrize(
+    ("session", "tools", "messages", "slot"),
+    [
+        ("t-2", TOOLS, [*TURN, REPLY, "{}"], 0),  # another session's file
+        ("t-1", "[]", [*TURN, REPLY, "{}"], 0),  # another epoch's tools
+        ("t-1", TOOLS, [*TURN, '{"role":"assistant","content":"hello!"}', "{}"], 0),  # rewritten
+        ("t-1", TOOLS, TURN, 0),  # shorter than the state
+        ("t-1", TOOLS, [*TURN, REPLY, "{}"], 1),  # another slot
+    ],
+)
+def test_a_save_is_never_used_for_another_prefix(
+    session: str, tools: str, messages: list[str], slot: int
+) -> None:
+    saved = saved_after([*TURN, REPLY])
+    assert usable(saved, session=session, tools_text=tools, messages=messages, slot=slot) is None
+
+
+def test_restore_only_when_the_server_lost_enough() -> None:
+    saved = saved_after([*TURN, REPLY], n_saved=300)
+    assert worth_restoring(saved, 0)  # a restarted server
+    assert worth_restoring(saved, 100)  # less than half kept
+    assert not worth_restoring(saved, 250)  # a hybrid checkpoint before a short reply
+    assert not worth_restoring(saved, 299)
+    big = saved_after([*TURN, REPLY], n_saved=30_000)
+    assert worth_restoring(big, 29_000)  # a thousand tokens to re-read: worth a restore
+    assert not worth_restoring(big, 29_800)
+
+
+def test_a_restore_counts_only_when_the_next_request_reused_it() -> None:
+    assert after_restore(None, 0, 0) is RestoreOutcome.REFUSED
+    assert after_restore(300, 0, 299) is RestoreOutcome.RESTORED
+    # The known trap: a success answer, then nothing reused.
+    assert after_restore(300, 0, 0) is RestoreOutcome.UNCONFIRMED
+    assert after_restore(300, 0, 100) is RestoreOutcome.UNCONFIRMED
+    # It put back nothing the server did not already hold.
+    assert after_restore(300, 290, 292) is RestoreOutcome.UNCONFIRMED
+
+
+def test_the_probe_name_is_loopds_shape_and_no_threads() -> None:
+    name = probe_name("smollm2")
+    assert is_slot_file_name(name)
+    assert not belongs_to(name, "smollm2")
+
+
+PREV = PrevRequest(
+    epoch_id=1,
+    slot=0,
+    cache_n=0,
+    prompt_n=300,
+    predicted_n=20,
+    complete=True,
+    capped=False,
+    had_reasoning=False,
+)
+
+
+@pytest.mark.parametrize(
+    ("restore", "cache_n", "cause", "lost"),
+    [
+        (RestoreOutcome.RESTORED, 318, LossCause.RESTORED, 0),
+        (RestoreOutcome.REFUSED, 0, LossCause.RESTORE_REFUSED, 319),
+        (RestoreOutcome.UNCONFIRMED, 0, LossCause.RESTORE_UNCONFIRMED, 319),
+        (None, 0, LossCause.SERVER_RESTARTED, 319),
+        (None, 2, LossCause.COLD, 317),  # a token or two kept: not an empty slot
+    ],
+)
+def test_the_cache_loss_rule_names_what_durable_sessions_did(
+    restore: RestoreOutcome | None, cache_n: int, cause: LossCause, lost: int
+) -> None:
+    loss = cache_loss(
+        PREV,
+        epoch_id=1,
+        slot=0,
+        cache_n=cache_n,
+        around=Circumstances(durable=True, restore=restore),
+    )
+    assert (loss.cause, loss.lost) == (cause, lost)
+    assert loss.label == cause.value
+
+
+def test_without_durable_sessions_an_empty_slot_stays_a_cold_server() -> None:
+    loss = cache_loss(PREV, epoch_id=1, slot=0, cache_n=0, around=Circumstances())
+    assert loss.cause is LossCause.COLD
+
+
+def test_the_save_book_keeps_the_latest_save_and_forgets_it(tmp_path: Path) -> None:
+    book = SaveBook(tmp_path)
+    assert book.latest("t-1") is None
+    saved = saved_after([*TURN, REPLY])
+    book.record("t-1", saved)
+    assert book.latest("t-1") == saved
+    assert book.latest("t-2") is None
+    book.forget("t-1")
+    assert book.latest("t-1") is None
+
+
+def test_an_unreadable_or_foreign_record_means_no_restore(tmp_path: Path) -> None:
+    book = SaveBook(tmp_path)
+    book.record("t-1", Saved("../etc/passwd", 2, 300, 0))
+    assert book.latest("t-1") is None
+    next(book.folder.iterdir()).write_text("{not json")
+    assert book.latest("t-1") is None
