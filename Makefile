@@ -6,7 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 export LOOPD_CACHE_DIR ?= $(HOME)/.cache/loopd
 
-.PHONY: run test lint types unit llama-server venv system-deps bench verify-device reliability clean \
+.PHONY: run demo test lint types unit llama-server venv system-deps bench verify-device reliability clean \
 	image install soak
 
 # loopd itself and its development kit (dev/: the fakes, the dev server), both editable.
@@ -75,6 +75,10 @@ install: image
 
 run: venv system-deps llama-server
 	scripts/run.sh
+
+# `make run` with the fake Mattermost and `loopd serve`: it prints how to post and read answers.
+demo: venv system-deps llama-server
+	DEMO=1 scripts/run.sh
 
 verify-device: venv llama-server
 	scripts/verify-device.sh

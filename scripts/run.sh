@@ -4,6 +4,10 @@
 #   brokerd on state/run/{infer,broker}.sock, in front of it
 #   loopd chat in this terminal, talking to brokerd's inference proxy
 # Everything started here stops when the chat ends, and leaves no socket behind.
+#
+# `make demo` (DEMO=1): the same, with the fake Mattermost (on 127.0.0.1:$DEMO_MM_PORT, 8065 by
+# default) and brokerd's chat proxy in front of it, and `loopd serve` in place of the chat: it
+# prints how to post as alice and read the answers; Ctrl-C ends it.
 # Logs: $LOOPD_STATE_DIR/run/*.log (LOOPD_STATE_DIR defaults to state/ in the checkout).
 #
 # The servers run in sessions of their own (setsid): a Ctrl-C in this terminal reaches loopd chat
@@ -61,18 +65,54 @@ for _ in $(seq 1 600); do
     sleep 0.2
 done
 
-# brokerd in front of it: the inference proxy and the tool broker, as in the deployment.
-echo "run: starting brokerd (infer.sock, broker.sock) ..." >&2
+only=(--only infer --only broker)
+if [ -n "${DEMO:-}" ]; then
+    mm_port="${DEMO_MM_PORT:-8065}"
+    echo "run: starting the fake Mattermost on 127.0.0.1:$mm_port ..." >&2
+    setsid $bin/python -m loopd_dev.fakes.mattermost --port "$mm_port" \
+        >"$run/mattermost.json" 2>"$run/mattermost.log" &
+    pids+=($!)
+    for _ in $(seq 1 300); do
+        [ -s "$run/mattermost.json" ] && break
+        kill -0 "${pids[-1]}" 2>/dev/null || { cat "$run/mattermost.log" >&2; exit 1; }
+        sleep 0.2
+    done
+    mm="http://127.0.0.1:$mm_port"
+    printf '%s' fake-bot-token >"$run/mm-token"
+    export BROKERD_MATTERMOST_URL="$mm" BROKERD_MATTERMOST_TOKEN_FILE="$run/mm-token"
+    # The fake's world is made anew at each start: brokerd lets the box act in all of it, and
+    # loopd's own allowlists (alice and bob, ~dev) decide whom it answers.
+    export BROKERD_CHAT_ALLOWED_TEAMS='["*"]' BROKERD_CHAT_ALLOWED_USERS='["*"]'
+    only+=(--only chat)
+fi
+
+# brokerd in front of it: the inference proxy and the tool broker (and in the demo the chat
+# proxy, which adds the bot's token), as in the deployment.
+echo "run: starting brokerd (${only[*]}) ..." >&2
 BROKERD_SOCKET_DIR="$run/brokerd" \
 BROKERD_INFERENCE_URL="unix:$run/llama.sock" \
 BROKERD_BROKER__AUDIT_DB="$run/brokerd-audit.db" \
-    setsid $bin/brokerd serve --only infer --only broker >"$run/brokerd.log" 2>&1 &
+    setsid $bin/brokerd serve "${only[@]}" >"$run/brokerd.log" 2>&1 &
 pids+=($!)
 wait_for_socket "$run/brokerd/infer.sock" brokerd "${pids[-1]}"
 wait_for_socket "$run/brokerd/broker.sock" brokerd "${pids[-1]}"
 
 export LOOPD_INFER_URL="unix:$run/brokerd/infer.sock"
 export LOOPD_BROKER_URL="unix:$run/brokerd/broker.sock"
+
+if [ -n "${DEMO:-}" ]; then
+    wait_for_socket "$run/brokerd/chat.sock" brokerd "${pids[-1]}"
+    export LOOPD_MM_URL="unix:$run/brokerd/chat.sock"
+    export LOOPD_MM_ALLOWED_USERS="${LOOPD_MM_ALLOWED_USERS:-alice,bob}"
+    export LOOPD_MM_ALLOWED_CHANNELS="${LOOPD_MM_ALLOWED_CHANNELS:-dev}"
+    echo "run: loopd serve against the fake Mattermost at $mm (state in $LOOPD_STATE_DIR);" \
+        "Ctrl-C ends it. Post as alice in ~dev, then read the thread:" >&2
+    echo "  curl -s $mm/_fake/act/post_as -d '{\"username\": \"alice\", \"channel\": \"dev\", \"message\": \"@loopd hello\"}'" >&2
+    echo "  curl -s $mm/_fake/log" >&2
+    status=0
+    $bin/loopd serve --skip-selftest || status=$?
+    exit "$status"
+fi
 echo "run: loopd chat on $LOOPD_INFER_URL (state in $LOOPD_STATE_DIR); Ctrl-D ends it" >&2
 # The chat runs as a job of its own with the terminal given to it (job control, set -m), so a
 # Ctrl-C reaches the chat alone, which stops the turn: not this script, and not the make that

@@ -99,6 +99,7 @@ def _bind(host: str, uds: Path | None, port: int = 0) -> socket.socket:
         sock.bind(os.fspath(uds))
     else:
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # a port just let go of
         sock.bind((host, port))
     sock.listen(128)
     sock.setblocking(False)
