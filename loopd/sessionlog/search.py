@@ -36,7 +36,8 @@ from loopd.sessionlog.searchtext import Hit, context_line, fts_query, search_wor
 INDEX_FILE: Final = "search.db"
 INDEX_VERSION: Final = 1  # the index's layout: another one is built again
 DEFAULT_LIMIT: Final = 20
-_TOKENIZER: Final = "unicode61 remove_diacritics 2"  # "cafe" finds "café"
+# English stems ("kiwi" finds "kiwis", "stream" finds "streaming"); "cafe" finds "café".
+_TOKENIZER: Final = "porter unicode61 remove_diacritics 2"
 _BATCH: Final = 500
 
 # The entries a person wrote or read: a compaction's copies (``refers_to`` set) are left out, so a
