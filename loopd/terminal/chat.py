@@ -124,8 +124,14 @@ class TerminalChat:
 
     def _turn(self, start: Callable[[Watcher], Awaitable[TurnEnd | None]]) -> bool:
         """Run a turn and show how it ended; False when it failed."""
-        width = shutil.get_terminal_size().columns
-        view = TurnView(self.style, show_thinking=self.options.show_thinking, width=width)
+        size = shutil.get_terminal_size()
+        view = TurnView(
+            self.style,
+            show_thinking=self.options.show_thinking,
+            width=size.columns,
+            height=size.lines,
+            markdown=True,
+        )
         end = self.link.turn(start, ScreenWatch(view, self.out))
         if isinstance(end, Stopped):
             self._write(self.out, view.stopped())
