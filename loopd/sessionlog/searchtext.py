@@ -30,8 +30,10 @@ class EmptyQueryError(ValueError):
 
 
 def search_words(words: Sequence[str]) -> list[str]:
-    """The words that can match, split at whitespace (``["a b"]`` is two words)."""
-    return [word for text in words for word in text.split() if _TOKEN.search(word)]
+    """The words that can match, split at whitespace and NUL (``["a b"]`` is two words)."""
+    # NUL ends a string in SQLite's C API: the query would end there, its quote unclosed.
+    split = (word for text in words for word in text.replace("\x00", " ").split())
+    return [word for word in split if _TOKEN.search(word)]
 
 
 def fts_query(words: Sequence[str]) -> str:

@@ -25,6 +25,7 @@ def test_every_word_is_a_quoted_phrase_and_all_must_match() -> None:
     assert fts_query(["cache", "reuse"]) == '"cache" "reuse"'
     assert fts_query(["cache reuse"]) == '"cache" "reuse"'
     assert fts_query(['say "hi"']) == '"say" """hi"""'
+    assert fts_query(["0\x00a"]) == '"0" "a"'
 
 
 @pytest.mark.parametrize("words", [[], [""], ["  "], ["*", "--", "()"], ['"']])
