@@ -1,9 +1,11 @@
-"""CLI commands over the session log: ``sessions``, ``log show|export|verify|backup|restore``.
+"""CLI commands over the session log: ``sessions``,
+``log show|export|verify|search|backup|restore``.
 
 ``register(subparsers)`` adds the parsers, each with a ``handler(args, settings)`` as every loopd
 subcommand has (see ``loopd.cli``). The functions below do the work; they can be called directly
 with a database path and text streams, and return the exit status: 0 done, 2 the log cannot be
-read or has no such session; ``verify_log`` 1 when the log is not sound.
+read or has no such session; ``verify_log`` 1 when the log is not sound; ``search_entries`` 1
+when no entry mentions the words (as grep).
 
 Reading never creates or changes a log (``loopd.sessionlog.reading``).
 """
@@ -23,6 +25,8 @@ from loopd.sessionlog.backup import backup_state, restore_state
 from loopd.sessionlog.errors import LogError, UnknownSessionError
 from loopd.sessionlog.reading import existing_log
 from loopd.sessionlog.records import Entry
+from loopd.sessionlog.search import DEFAULT_LIMIT, search_log
+from loopd.sessionlog.searchtext import EmptyQueryError
 from loopd.sessionlog.verify import verify
 from loopd.statedir import check_state_dir
 from loopd.transcript import latest_session, markdown, openai_messages
@@ -32,6 +36,7 @@ if TYPE_CHECKING:
     from loopd.config import Settings
 
 EXIT_BAD_LOG: Final = 1  # log verify: the log is not sound
+EXIT_NOT_FOUND: Final = 1  # log search: no entry mentions the words
 
 EXPORT_FIELDS = (
     "seq",
@@ -69,6 +74,18 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     check = log_commands.add_parser("verify", help="check the hash chain and replay identity")
     check.add_argument("session", nargs="?")
     check.set_defaults(handler=log_handler(_run_verify))
+    search = log_commands.add_parser(
+        "search",
+        help="the entries of every session that mention all the words, newest first",
+        epilog="Each word is searched as text (no query syntax); case and accents do not "
+        "matter. Exit status: 0 found, 1 nothing found, 2 the log cannot be read.",
+    )
+    search.add_argument("words", nargs="+", metavar="WORD")
+    search.add_argument("--session", help="only this session's entries")
+    search.add_argument(
+        "--limit", type=_positive, default=DEFAULT_LIMIT, help=f"default {DEFAULT_LIMIT}"
+    )
+    search.set_defaults(handler=log_handler(_run_search))
     backup = log_commands.add_parser(
         "backup", help="copy the session log and chat state into a new folder, and verify it"
     )
@@ -97,6 +114,20 @@ def _run_verify(args: argparse.Namespace, db_path: Path, out: TextIO, err: TextI
     return verify_log(db_path, args.session, out, err)
 
 
+def _run_search(args: argparse.Namespace, db_path: Path, out: TextIO, err: TextIO) -> int:
+    return search_entries(db_path, args.words, out, err, limit=args.limit, session=args.session)
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of 1 or more")
+    return value
+
+
 def _run_backup(args: argparse.Namespace, settings: Settings) -> int:
     check_state_dir(settings.state_dir, create=False)
     report = backup_state(settings.state_dir, args.dest)
@@ -108,6 +139,35 @@ def _run_restore(args: argparse.Namespace, settings: Settings) -> int:
     check_state_dir(settings.state_dir, create=True)
     report = restore_state(args.source, settings.state_dir)
     print(report.summary("restored", args.source))
+    return 0
+
+
+def search_entries(
+    db_path: Path,
+    words: list[str],
+    out: TextIO,
+    err: TextIO = sys.stderr,
+    *,
+    limit: int = DEFAULT_LIMIT,
+    session: str | None = None,
+) -> int:
+    """One line a hit, newest first: when, the session, the entry's seq and kind, and a line of
+    context around the words (``loopd.sessionlog.searchtext``). On a terminal each line passes
+    ``for_terminal`` (it quotes what the model or a person wrote); to a file or a pipe it is data.
+    The index beside the log is brought up to date first; the log itself is only read."""
+    try:
+        hits = search_log(db_path, words, limit=limit, session=session)
+    except (EmptyQueryError, LogError) as exc:
+        err.write(f"loopd: log search: {exc}\n")
+        return EXIT_CANNOT
+    if not hits:
+        where = f" of session {session!r}" if session else ""
+        asked = for_terminal(" ".join(words))
+        err.write(f"loopd: log search: no entry{where} mentions {asked!r}\n")
+        return EXIT_NOT_FOUND
+    shown = for_terminal if out.isatty() else str
+    for hit in hits:
+        out.write(shown(hit.line()) + "\n")
     return 0
 
 

@@ -24,11 +24,11 @@ from typing import Final, TextIO
 
 from loopcommon.errors import DaemonError
 from loopcommon.sanitize import for_terminal
-from loopd.cli.log import list_sessions
+from loopd.cli.log import list_sessions, search_entries
 from loopd.config import Settings
 from loopd.engine.outcome import TurnOutcome
 from loopd.terminal import slash
-from loopd.terminal.core import ChatCore, Stopped, TurnEnd, Watcher
+from loopd.terminal.core import ChatCore, SessionExists, Stopped, TurnEnd, Watcher
 from loopd.terminal.lineinput import LineInput, PipedInput, TerminalInput
 from loopd.terminal.link import Link, ScreenWatch, connected
 from loopd.terminal.logfile import logs_out_of_the_way
@@ -54,6 +54,10 @@ def run_chat(settings: Settings, options: ChatOptions) -> int:
             else PipedInput(sys.stdin)
         )
         with connected(settings, options.session) as link:
+            if isinstance(lines, TerminalInput):
+                lines.complete_with(
+                    lambda before: slash.completions(before, link.call(link.core.session_names))
+                )
             chat = TerminalChat(link, lines, options, interactive=interactive)
             return chat.run(settings.db_path, log_path)
 
@@ -120,8 +124,14 @@ class TerminalChat:
 
     def _turn(self, start: Callable[[Watcher], Awaitable[TurnEnd | None]]) -> bool:
         """Run a turn and show how it ended; False when it failed."""
-        width = shutil.get_terminal_size().columns
-        view = TurnView(self.style, show_thinking=self.options.show_thinking, width=width)
+        size = shutil.get_terminal_size()
+        view = TurnView(
+            self.style,
+            show_thinking=self.options.show_thinking,
+            width=size.columns,
+            height=size.lines,
+            markdown=True,
+        )
         end = self.link.turn(start, ScreenWatch(view, self.out))
         if isinstance(end, Stopped):
             self._write(self.out, view.stopped())
@@ -142,10 +152,18 @@ class TerminalChat:
                 name = command.argument or slash.new_session_name(datetime.now())
                 try:
                     session = self.link.call(self.core.new_session, name)
+                except SessionExists as exc:
+                    self._write(self.err, f"loopd: {for_terminal(str(exc))}\n")
+                    self.lines.offer(f"/resume {exc.name}")
+                    return
                 except DaemonError as exc:
                     self._write(self.err, f"loopd: {for_terminal(str(exc))}\n")
                     return
                 self._write(self.out, f"new session {session.name!r} (slot {session.slot})\n")
+            case "resume":
+                self._resume(command.argument)
+            case "search":
+                self._search(command.argument, db_path)
             case "sessions":
                 listing, problem = io.StringIO(), io.StringIO()
                 list_sessions(db_path, listing, problem)
@@ -155,6 +173,30 @@ class TerminalChat:
                 self._write(self.out, f"(this chat: {self.core.session.name})\n")
             case "perf":
                 self._write(self.out, self.link.call(self.core.perf_text) + "\n")
+
+    def _resume(self, name: str) -> None:
+        if not name:
+            self._write(self.err, "loopd: /resume takes a session's name (Tab completes it)\n")
+            return
+        try:
+            session = self.link.call(self.core.switch_to, name)
+        except DaemonError as exc:
+            self._write(self.err, f"loopd: {for_terminal(str(exc))}\n")
+            return
+        shown = for_terminal(session.name)
+        self._write(self.out, f"resumed session {shown!r} (slot {session.slot})\n")
+        # A turn that session left pending is finished now, as at the chat's start.
+        self._turn(self.core.resume)
+
+    def _search(self, words: str, db_path: Path) -> None:
+        if not words.strip():
+            self._write(self.err, "loopd: /search takes the words to look for\n")
+            return
+        found, problem = io.StringIO(), io.StringIO()
+        search_entries(db_path, words.split(), found, problem)
+        # The lines quote what the model, a tool or a person wrote.
+        self._write(self.out, self._shown(found.getvalue()))
+        self._write(self.err, for_terminal(problem.getvalue()))
 
     def _welcome(self, log_path: Path | None) -> None:
         """One line on a terminal: the session, how to get help and leave, where the logs go."""

@@ -184,10 +184,20 @@ class ChatCore:
     # -- the / commands --------------------------------------------------------------------------
 
     def new_session(self, name: str) -> Session:
-        if any(session.name == name for session in self.runtime.log.sessions()):
+        if name in self.session_names():
             raise SessionExists(name)
         self.session = self.runtime.ensure_session(name)
         return self.session
+
+    def switch_to(self, name: str) -> Session:
+        """Go on with the existing session ``name`` (its turns, its slot)."""
+        if name not in self.session_names():
+            raise NoSuchSession(name)
+        self.session = self.runtime.ensure_session(name)
+        return self.session
+
+    def session_names(self) -> list[str]:
+        return [session.name for session in self.runtime.log.sessions()]
 
     def perf_text(self) -> str:
         requests = self.runtime.log.requests(self.session.name)
@@ -205,4 +215,13 @@ class ChatCore:
 
 class SessionExists(LoopdError):
     def __init__(self, name: str) -> None:
-        super().__init__(f"a session {name!r} exists already; /new takes a name not used yet")
+        self.name = name
+        super().__init__(
+            f"a session {name!r} exists already: /resume {name} goes on with it "
+            "(on the line below: Enter sends it), or /new takes a name not used yet"
+        )
+
+
+class NoSuchSession(LoopdError):
+    def __init__(self, name: str) -> None:
+        super().__init__(f"no session {name!r}; /sessions lists them, /new {name} starts it")

@@ -5,13 +5,21 @@ kept in a file in the state dir, and bracketed paste is on: the terminal marks a
 inserts it whole (newlines included) and Enter sends it as one message. CPython's readline module
 turns bracketed paste off for its own prompt; loopd turns it back on. A paste of several lines is
 kept in this run's history but not written to the history file, which holds one entry a line.
+
+Tab completes the word before the cursor with what ``complete_with`` was given (words are split at
+whitespace only, so a session name such as ``mm:abc-1`` completes whole). ``offer`` puts a line
+on the next prompt, edited or sent with Enter as if typed.
 """
 
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable
 from pathlib import Path
 from typing import Protocol, TextIO
+
+# The words that may follow the text before the cursor.
+Completer = Callable[[str], list[str]]
 
 PROMPT = "you> "
 HISTORY_LENGTH = 1000
@@ -21,6 +29,9 @@ class LineInput(Protocol):
     def read(self) -> str | None:
         """The next message; None at the end of input (Ctrl-D). Ctrl-C raises
         KeyboardInterrupt."""
+
+    def offer(self, text: str) -> None:
+        """Have ``text`` on the next line, ready to send (where lines are typed)."""
 
 
 class PipedInput:
@@ -32,6 +43,9 @@ class PipedInput:
     def read(self) -> str | None:
         return self.stream.readline() or None
 
+    def offer(self, text: str) -> None:
+        """A pipe's lines are written beforehand: nothing to offer them."""
+
 
 class TerminalInput:
     """readline, with its history in ``history_path``."""
@@ -41,12 +55,35 @@ class TerminalInput:
 
         self.readline = readline
         self.history_path = history_path
+        self._complete: Completer = lambda before: []
+        self._found: list[str] = []
         readline.parse_and_bind("set enable-bracketed-paste on")
+        readline.parse_and_bind("tab: complete")
+        readline.set_completer_delims(" \t\n")
+        readline.set_completer(self._completion)
         readline.set_history_length(HISTORY_LENGTH)
         with contextlib.suppress(OSError):  # no history yet, or unreadable: start without
             readline.read_history_file(history_path)
             if readline.get_current_history_length() >= HISTORY_LENGTH:
                 readline.write_history_file(history_path)  # cut to the last HISTORY_LENGTH
+
+    def complete_with(self, complete: Completer) -> None:
+        self._complete = complete
+
+    def offer(self, text: str) -> None:
+        def insert() -> None:
+            self.readline.insert_text(text)
+            self.readline.redisplay()
+            self.readline.set_pre_input_hook(None)  # for the next line only
+
+        self.readline.set_pre_input_hook(insert)
+
+    def _completion(self, word: str, state: int) -> str | None:
+        """readline's completer: called with state 0, 1, ... for the candidates of ``word``."""
+        if state == 0:
+            before = self.readline.get_line_buffer()[: self.readline.get_endidx()]
+            self._found = self._complete(before)
+        return self._found[state] if state < len(self._found) else None
 
     def read(self) -> str | None:
         try:

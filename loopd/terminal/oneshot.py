@@ -63,8 +63,13 @@ def run_once(settings: Settings, options: RunOptions) -> int:
     name = options.session or fresh_session_name(datetime.now(), secrets.token_hex(2))
     out = sys.stdout
     style = Style.TERMINAL if out.isatty() and not options.json else Style.PLAIN
+    size = shutil.get_terminal_size()
     view = TurnView(
-        style, show_thinking=options.show_thinking, width=shutil.get_terminal_size().columns
+        style,
+        show_thinking=options.show_thinking,
+        width=size.columns,
+        height=size.lines,
+        markdown=True,
     )
     watch = ScreenWatch(view, out)
     with (

@@ -9,6 +9,10 @@ wording every surface uses (``loopd.chat.status.phase_words``). With ``Style.PLA
 file or a pipe) nothing is written during the turn and the answer is written whole at its end, so
 a script reading stdout gets the answers and nothing else.
 
+With ``markdown`` (the terminal's chat and run) each block of the answer, once complete, is
+written again rendered (``loopd.terminal.markdown`` says how, and why so); without it, and always
+with ``Style.PLAIN``, the answer is the model's text as written.
+
 Every piece of text that came from the model or the box (the answer, the thinking, a tool's name,
 arguments and result, a notice, a failure) passes ``for_terminal`` before it is written with
 ``Style.TERMINAL``, so it shows as text and is never obeyed as a terminal control; the escapes
@@ -26,6 +30,7 @@ from loopd.chat.status import InLine, in_line_words, phase_words
 from loopd.engine.notes import cut_note
 from loopd.engine.outcome import TurnOutcome
 from loopd.engine.progress import Phase, Status
+from loopd.terminal import markdown as md
 
 DIM = "\x1b[2m"
 BOLD = "\x1b[1m"
@@ -98,10 +103,22 @@ class TurnView:
     written) is ended before a tool line or a status.
     """
 
-    def __init__(self, style: Style, *, show_thinking: bool = False, width: int = 80) -> None:
+    def __init__(
+        self,
+        style: Style,
+        *,
+        show_thinking: bool = False,
+        width: int = 80,
+        height: int = 24,
+        markdown: bool = False,
+    ) -> None:
         self.style = style
         self.show_thinking = show_thinking
         self.width = max(width, 20)
+        self.height = height
+        self.markdown = markdown and style is Style.TERMINAL
+        self._block = ""  # markdown: the answer's block being written, as the model wrote it
+        self._block_shown = ""  # ... and as it was written raw to the screen
         self._transient = False  # a transient line is on screen
         self._open = False  # the cursor is after lasting text, not at a line's start
         self._answer = ""  # the current request's answer, as written so far
@@ -135,7 +152,7 @@ class TurnView:
         room = self.width - len(name) - 4
         shown = for_terminal(short_arguments(arguments, room))
         line = f"{BOLD}• {name}{RESET}{DIM}({shown}){RESET}\n"
-        return self._settle_thinking() + self._lasting(line, own_line=True)
+        return self._settle_answer() + self._settle_thinking() + self._lasting(line, own_line=True)
 
     def tool_finished(self, result: str) -> str:
         if self.style is Style.PLAIN:
@@ -161,7 +178,7 @@ class TurnView:
             out += self._rest_of_answer(outcome.answer or "")
             if not self._answer:
                 out += f"{DIM}(the model gave an empty answer){RESET}\n"
-        out += self._end_line()
+        out += self._settle_answer() + self._end_line()
         if cut:
             out += f"{DIM}{cut}{RESET}"
         notices = "".join(f"[loopd] {for_terminal(notice)}\n" for notice in outcome.notices)
@@ -174,7 +191,8 @@ class TurnView:
         if self.style is Style.PLAIN:
             return ""
         line = f"{DIM}[stopped: the turn was cancelled, and is recorded as stopped]{RESET}\n"
-        return self._settle_thinking() + self._clear() + self._end_line() + line
+        out = self._settle_answer() + self._settle_thinking() + self._clear()
+        return out + self._end_line() + line
 
     # -- pieces ----------------------------------------------------------------------------------
 
@@ -210,7 +228,7 @@ class TurnView:
         out = self._settle_thinking()
         if not text.startswith(self._answer):
             # Another request's answer (a tool round the view was not told of): a new line.
-            out += self._clear() + self._end_line()
+            out += self._settle_answer() + self._clear() + self._end_line()
             self._answer = ""
         return out + self._rest_of_answer(text)
 
@@ -218,21 +236,52 @@ class TurnView:
         if text.startswith(self._answer):
             new = text[len(self._answer) :]
         else:  # the outcome's answer is not what streamed: write it whole, on its own line
+            settled = self._settle_answer()
             new, self._answer = text, ""
             if self._open:
-                new = "\n" + new
+                settled, self._open = settled + "\n", False
+            return settled + self._rest_of_answer(text)
         if not new:
             return ""
         self._answer = text
-        return self._lasting(for_terminal(new))
+        shown = for_terminal(new)
+        out = self._lasting(shown)
+        if self.markdown:
+            self._block, self._block_shown = self._block + new, self._block_shown + shown
+            done, rest = md.split_blocks(self._block)
+            if done:
+                out += self._rendered(done, rest)
+        return out
+
+    def _settle_answer(self) -> str:
+        """The answer's block being written, rendered (markdown): its end has come."""
+        if not self._block:
+            return ""
+        return self._rendered(self._block, "")
+
+    def _rendered(self, done: str, rest: str) -> str:
+        """The raw lines of the current block erased and written again: its complete part
+        ``done`` rendered, then ``rest`` raw. A block taller than the screen stays raw: its top
+        has scrolled away."""
+        rows = md.screen_rows(self._block_shown, self.width)
+        shown_rest = for_terminal(rest)
+        self._block, self._block_shown = rest, shown_rest
+        if rows >= self.height or not done.strip():
+            return ""
+        blank = "\n" if done.endswith("\n\n") else ""  # the blank line that ended the block
+        out = md.erase_rows(rows) + md.render(done, self.width) + blank + shown_rest
+        self._open = bool(shown_rest) and not shown_rest.endswith("\n")
+        return out
 
     def _transient_line(self, words: str) -> str:
-        out = self._end_line() if not self._transient else ""
+        out = self._settle_answer()
+        out += self._end_line() if not self._transient else ""
         self._transient = True
         return out + f"{CLEAR_LINE}{DIM}[{for_terminal(fit(words, self.width - 3))}]{RESET}"
 
     def _lasting(self, text: str, *, own_line: bool = False) -> str:
-        out = self._clear() + (self._end_line() if own_line else "")
+        settled = self._settle_answer() if own_line else ""
+        out = settled + self._clear() + (self._end_line() if own_line else "")
         self._open = not text.endswith("\n")
         return out + text
 

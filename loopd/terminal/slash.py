@@ -2,22 +2,29 @@
 
 A line is a command when its first word is ``/`` and letters (``/new``, ``/perf``). Anything else
 starting with a slash, a path such as ``/etc/hosts is what?``, is a message like any other.
+``completions`` is what Tab offers: the command names, and after ``/resume`` the session names.
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Final
 
 COMMANDS: Final = {
     "new": "/new [NAME]    start a new session (default name: terminal-<date>-<time>)",
+    "resume": "/resume NAME   go on with an existing session (Tab completes the name)",
+    "search": "/search WORDS  the messages of every session that mention all the words",
     "sessions": "/sessions      list the sessions, with what each waits for",
     "perf": "/perf          this session's requests: prompt cache reuse, recompute, losses",
     "help": "/help          this list",
     "quit": "/quit          leave (so do Ctrl-D and Ctrl-C at the prompt)",
 }
+
+# Completed with a space after the name, ready for the argument.
+TAKES_ARGUMENT: Final = frozenset({"new", "resume", "search"})
 
 HELP: Final = "\n".join(
     [
@@ -29,6 +36,8 @@ HELP: Final = "\n".join(
 )
 
 _COMMAND = re.compile(r"/([A-Za-z]+)(?:\s+(.*))?", re.DOTALL)
+_COMMAND_WORD = re.compile(r"\s*(/[A-Za-z]*)")
+_RESUME_NAME = re.compile(r"\s*/resume\s+(\S*)", re.IGNORECASE)
 
 
 @dataclass(frozen=True)
@@ -58,3 +67,21 @@ def parse(text: str) -> Slash | UnknownSlash | None:
 
 def new_session_name(now: datetime) -> str:
     return f"terminal-{now:%Y%m%d-%H%M%S}"
+
+
+def completions(before_cursor: str, session_names: Iterable[str]) -> list[str]:
+    """What the word before the cursor may be completed to: a command name while the line is
+    that word alone, a session's name after ``/resume``; nothing for a message."""
+    command = _COMMAND_WORD.fullmatch(before_cursor)
+    if command is not None:
+        typed = command.group(1).lower()
+        return [
+            f"/{name}" + (" " if name in TAKES_ARGUMENT else "")
+            for name in COMMANDS
+            if f"/{name}".startswith(typed)
+        ]
+    resume = _RESUME_NAME.fullmatch(before_cursor)
+    if resume is not None:
+        typed = resume.group(1)
+        return sorted(name for name in session_names if name.startswith(typed))
+    return []

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import httpx
 import pexpect
+import pyte
 from anyio.from_thread import BlockingPortal, start_blocking_portal
 
 from loopd.sessionlog.records import Entry, EntryKind, Request
@@ -97,6 +98,14 @@ def matched(child: Chat) -> str:
 def plain(text: str) -> str:
     """``text`` without its colours (SGR sequences): the words as they read on screen."""
     return re.sub(r"\x1b\[[0-9;]*m", "", text)
+
+
+def emulated(written: str, columns: int = 120, lines: int = 40) -> list[str]:
+    """The rows a terminal of ``columns`` x ``lines`` shows after ``written`` (pyte, a VT100
+    emulator), each without its trailing blanks."""
+    emulated_screen = pyte.Screen(columns, lines)
+    pyte.Stream(emulated_screen).feed(written)
+    return [line.rstrip() for line in emulated_screen.display]
 
 
 def quit_chat(child: Chat) -> int:

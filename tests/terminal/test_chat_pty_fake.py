@@ -136,8 +136,8 @@ def test_slash_commands(tmp_path: Path) -> None:
         chat.expect_exact(PROMPT)
         chat.send("/new second\r")
         chat.expect_exact("a session 'second' exists already")
-        chat.expect_exact(PROMPT)
-        chat.send("Hello again?\r")
+        chat.expect_exact(PROMPT + "/resume second")  # offered: Ctrl-U clears it
+        chat.send("\x15Hello again?\r")
         chat.expect_exact(PROMPT)
         chat.send("/sessions\r")
         chat.expect(r"second\s+0\s+1\s+3\s+idle")

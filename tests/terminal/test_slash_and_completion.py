@@ -8,7 +8,15 @@ from pathlib import Path
 
 import pytest
 
-from loopd.terminal.slash import COMMANDS, HELP, Slash, UnknownSlash, new_session_name, parse
+from loopd.terminal.slash import (
+    COMMANDS,
+    HELP,
+    Slash,
+    UnknownSlash,
+    completions,
+    new_session_name,
+    parse,
+)
 from tests.test_cli import run_loopd
 
 
@@ -19,6 +27,8 @@ from tests.test_cli import run_loopd
         ("  /new  my-session ", Slash("new", "my-session")),
         ("/SESSIONS", Slash("sessions")),
         ("/perf", Slash("perf")),
+        ("/resume mm:abc-1", Slash("resume", "mm:abc-1")),
+        ("/search kiwi  OR eggs", Slash("search", "kiwi  OR eggs")),
         ("/quit", Slash("quit")),
         ("/help", Slash("help")),
         ("/nope", UnknownSlash("nope")),
@@ -74,3 +84,16 @@ def test_zsh_completion_is_a_compdef_script_with_the_same_commands(tmp_path: Pat
     assert result.stdout.startswith("#compdef loopd")
     for word in ("chat:", "run:", "completion:", "--show-thinking", "markdown", "openai"):
         assert word in result.stdout, word
+
+
+def test_tab_offers_command_names_then_session_names() -> None:
+    names = ["terminal", "mm:abc-1", "mm:abd", "run-2026"]
+    assert completions("/", names)[:3] == ["/new ", "/resume ", "/search "]
+    assert completions("/RE", names) == ["/resume "]
+    assert completions("/pe", names) == ["/perf"]
+    assert completions("/resume ", names) == sorted(names)
+    assert completions("/resume mm:ab", names) == ["mm:abc-1", "mm:abd"]
+    assert completions("  /resume  mm:abc", names) == ["mm:abc-1"]
+    assert completions("/new mm", names) == []  # a new name is not one in use
+    assert completions("hello /re", names) == []
+    assert completions("/etc/ho", names) == []
