@@ -57,11 +57,14 @@ EVERY_TURN_TEMPLATE = "Qwen3.5-4B-every-turn-reasoning.jinja"
 HYBRID_MODEL = "qwen35moe"
 # The file says 256 (test-llama-archs' training context); without this every slot gets 256 tokens.
 HYBRID_CONTEXT_OVERRIDE = "qwen35moe.context_length=int:65536"
-# One compute thread: the tiny model's matrices are too small to share out, and on a loaded
-# 2-core machine two threads waiting on each other wrote 90 tokens a second instead of 1,100 and
-# starved the router's threads, so a thinking cap's control call reached the model after the
-# stream had run past loopd's runaway limit (7 of 60 capped requests; 1 of 60 with one thread).
-HYBRID_THREADS = "1"
+# One compute thread for the tiny models (SmolLM2's presets and the hybrid): their matrices are
+# too small to share out, and on a loaded 2-core machine two threads waiting on each other wrote
+# 90 tokens a second instead of 1,100 and starved the router's threads, so a thinking cap's
+# control call reached the model after the stream had run past loopd's runaway limit (7 of 60
+# capped requests; 1 of 60 with one thread). SmolLM2 on two threads, beside other work, swung
+# between 6 and 125 tokens a second (45 to 94 on one), and the chat's real-server tests took
+# 61 s instead of 23 to 41.
+COMPUTE_THREADS = 1
 # How long the router may take to end its children on SIGTERM (on a loaded 2-core machine it
 # has taken seconds) before the whole group is killed.
 STOP_GRACE = 15.0
@@ -133,7 +136,7 @@ class ServerLayout:
     parallel: int = 2
     cache_ram_mib: int = 512
     models_max: int = 2
-    threads: int = 2
+    threads: int = COMPUTE_THREADS
 
 
 @dataclass(frozen=True)
@@ -178,7 +181,7 @@ def hybrid_preset(
         prov.hybrid_model,
         layout,
         template,
-        (("override-kv", HYBRID_CONTEXT_OVERRIDE), ("threads", HYBRID_THREADS)),
+        (("override-kv", HYBRID_CONTEXT_OVERRIDE), ("threads", str(COMPUTE_THREADS))),
         extra,
     )
 
