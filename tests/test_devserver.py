@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -17,22 +17,43 @@ pytestmark = pytest.mark.real_server
 
 
 def test_sigterm_stops_the_router_too(tmp_path: Path) -> None:
-    """The router runs in its own session; a SIGTERM to the devserver must not orphan it."""
+    """The router runs in its own session; a SIGTERM to the devserver, sent the moment it says
+    it is ready, must not orphan it: the devserver exits only once the router's whole process
+    group (the router and its model children) has."""
     socket = tmp_path / "llama.sock"
     argv = [sys.executable, "-m", "loopd_dev.devserver", "--socket", str(socket)]
     argv += ["--workdir", str(tmp_path / "work")]
     process = subprocess.Popen(argv, stderr=subprocess.PIPE, text=True)
     assert process.stderr is not None
-    with process.stderr:
-        ready = process.stderr.readline()
-        assert "ready at" in ready, ready
-        assert _routers_for(socket), "the router is running"
-        process.send_signal(signal.SIGTERM)
-        assert process.wait(timeout=30) == 0
-    deadline = time.monotonic() + 15
-    while _routers_for(socket) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert _routers_for(socket) == []
+    try:
+        with process.stderr:
+            ready = process.stderr.readline()
+            assert "ready at" in ready, ready
+            (router,) = _routers_for(socket)
+            process.send_signal(signal.SIGTERM)
+            assert process.wait(timeout=60) == 0
+        assert _routers_for(socket) == []
+        assert not _group_alive(router), "a model child outlived the devserver"
+    finally:
+        _end(process, socket)
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def _end(process: subprocess.Popen[str], socket: Path) -> None:
+    """Whatever the test left running, pass or fail: the devserver, then each router's group."""
+    if process.poll() is None:
+        process.kill()
+        process.wait()
+    for router in _routers_for(socket):
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(router, signal.SIGKILL)
 
 
 def _routers_for(socket: Path) -> list[int]:

@@ -57,11 +57,17 @@ EVERY_TURN_TEMPLATE = "Qwen3.5-4B-every-turn-reasoning.jinja"
 HYBRID_MODEL = "qwen35moe"
 # The file says 256 (test-llama-archs' training context); without this every slot gets 256 tokens.
 HYBRID_CONTEXT_OVERRIDE = "qwen35moe.context_length=int:65536"
-# One compute thread: the tiny model's matrices are too small to share out, and on a loaded
-# 2-core machine two threads waiting on each other wrote 90 tokens a second instead of 1,100 and
-# starved the router's threads, so a thinking cap's control call reached the model after the
-# stream had run past loopd's runaway limit (7 of 60 capped requests; 1 of 60 with one thread).
-HYBRID_THREADS = "1"
+# One compute thread for the tiny models (SmolLM2's presets and the hybrid): their matrices are
+# too small to share out, and on a loaded 2-core machine two threads waiting on each other wrote
+# 90 tokens a second instead of 1,100 and starved the router's threads, so a thinking cap's
+# control call reached the model after the stream had run past loopd's runaway limit (7 of 60
+# capped requests; 1 of 60 with one thread). SmolLM2 on two threads, beside other work, swung
+# between 6 and 125 tokens a second (45 to 94 on one), and the chat's real-server tests took
+# 61 s instead of 23 to 41.
+COMPUTE_THREADS = 1
+# How long the router may take to end its children on SIGTERM (on a loaded 2-core machine it
+# has taken seconds) before the whole group is killed.
+STOP_GRACE = 15.0
 TOOL_MODEL = "qwen-coder-tools"
 TOOL_MODEL_FILE = "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf"
 TOOL_TEMPLATE = Path(__file__).parent / "templates" / "loopd-json-tool-calls.jinja"
@@ -130,7 +136,7 @@ class ServerLayout:
     parallel: int = 2
     cache_ram_mib: int = 512
     models_max: int = 2
-    threads: int = 2
+    threads: int = COMPUTE_THREADS
 
 
 @dataclass(frozen=True)
@@ -175,7 +181,7 @@ def hybrid_preset(
         prov.hybrid_model,
         layout,
         template,
-        (("override-kv", HYBRID_CONTEXT_OVERRIDE), ("threads", HYBRID_THREADS)),
+        (("override-kv", HYBRID_CONTEXT_OVERRIDE), ("threads", str(COMPUTE_THREADS))),
         extra,
     )
 
@@ -301,20 +307,14 @@ class RunningServer:
         return httpx.Client(base_url=self.url, timeout=timeout)
 
     def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
+        _stop_router(self.process)
 
     def kill(self) -> None:
         """Kill the router and its model children at once (SIGKILL to its process group, which
         it leads: ``start_new_session``), as a crashed box goes: no request is finished."""
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.process.pid, signal.SIGKILL)
+        _kill_group(self.process)
         self.process.wait()
+        _group_gone(self.process.pid, STOP_GRACE)
 
     def log_tail(self, lines: int = 30) -> str:
         try:
@@ -322,6 +322,42 @@ class RunningServer:
         except OSError:
             return ""
         return "\n".join(text.splitlines()[-lines:])
+
+
+def _stop_router(process: subprocess.Popen[bytes]) -> None:
+    """SIGTERM the router and return once it and its model children have exited: the router
+    ends its children itself; what outlives it (or a router past ``STOP_GRACE``) is killed by
+    process group, which the router leads (``start_new_session``)."""
+    if process.poll() is None:
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(timeout=STOP_GRACE)
+        except subprocess.TimeoutExpired:
+            _kill_group(process)
+            process.wait()
+    if not _group_gone(process.pid, STOP_GRACE):
+        _kill_group(process)
+        _group_gone(process.pid, STOP_GRACE)
+
+
+def _kill_group(process: subprocess.Popen[bytes]) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, signal.SIGKILL)
+
+
+def _group_gone(pgid: int, timeout: float) -> bool:
+    """Wait until no process of group ``pgid`` is left (the model children are the router's,
+    not ours to ``wait`` for); False if some still are after ``timeout`` seconds. The group's id
+    is not handed out again while a member lives, so the probe cannot hit a stranger."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            return True
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
 
 
 def start(
@@ -371,21 +407,23 @@ def start(
         *host_args,
         *extra_args,
     ]
-    with log_path.open("wb") as log:
-        process = subprocess.Popen(
-            argv,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            cwd=workdir,
-            # Its own process group, so a Ctrl-C meant for loopd does not reach the server first.
-            start_new_session=True,
-        )
-    server = RunningServer(url=url, process=process, log_path=log_path, workdir=workdir)
+    process: subprocess.Popen[bytes] | None = None
     try:
+        with log_path.open("wb") as log:
+            process = subprocess.Popen(
+                argv,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                cwd=workdir,
+                # Its own process group, so a Ctrl-C meant for loopd does not reach it first.
+                start_new_session=True,
+            )
+        server = RunningServer(url=url, process=process, log_path=log_path, workdir=workdir)
         _wait_ready(server, load, ready_timeout)
-    except BaseException:
-        server.stop()
+    except BaseException:  # a SIGTERM's SystemExit too: the router must not outlive us
+        if process is not None:
+            _stop_router(process)
         raise
     return server
 
@@ -505,8 +543,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     # SIGTERM (what `make run` sends on exit) must also stop the router: it runs in its own
     # session, so without this it would outlive us. SystemExit unwinds through start()'s and
-    # main's cleanup.
-    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(0))
+    # serve()'s cleanup.
+    signal.signal(signal.SIGTERM, _exit_once)
     try:
         server = start(
             args.workdir.resolve(),
@@ -518,14 +556,28 @@ def main(argv: list[str] | None = None) -> int:
     except DevServerError as exc:
         print(f"devserver: {exc}", file=sys.stderr)
         return 2
-    print(f"llama-server ready at {server.url} (log: {server.log_path})", file=sys.stderr)
+    serve(server)
+    return 0
+
+
+def serve(server: RunningServer) -> None:
+    """Say the router is ready and wait for it; return once it and its children have exited.
+    The line is written inside the ``try``: a SIGTERM sent as soon as it is read (a test does)
+    can land before ``print`` returns, and it must still stop the router."""
     try:
+        print(f"llama-server ready at {server.url} (log: {server.log_path})", file=sys.stderr)
         server.process.wait()
     except KeyboardInterrupt:
         pass
     finally:
         server.stop()
-    return 0
+
+
+def _exit_once(signum: int, frame: object) -> None:
+    """The first SIGTERM exits through the cleanup; a second one, sent while ``stop`` waits
+    for the router, is ignored rather than cutting that wait short and orphaning it."""
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    sys.exit(0)
 
 
 if __name__ == "__main__":

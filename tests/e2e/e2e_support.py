@@ -70,12 +70,15 @@ class Child:
         return logged
 
     def stop(self) -> None:
+        """SIGTERM, and SIGKILL to its whole process group (it leads one: ``start_new_session``)
+        if it outstays 10 s, so that what it started goes with it."""
         if self.process.poll() is None:
             self.process.send_signal(signal.SIGTERM)
             try:
                 self.process.wait(timeout=10)
             except subprocess.TimeoutExpired:
-                self.process.kill()
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(self.process.pid, signal.SIGKILL)
                 self.process.wait()
 
 

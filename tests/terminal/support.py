@@ -66,7 +66,21 @@ def spawn_chat(env: dict[str, str], *args: str, session: str = "tty", timeout: f
         dimensions=(40, 120),
     )
     child.logfile_read = Screen()
+    _SPAWNED.append(child)
     return child
+
+
+# Every chat spawn_chat started, so that the one a failing test leaves running (mid-turn, its
+# request still holding a slot of the shared server) is ended with the test: ``end_chats``.
+_SPAWNED: list[Chat] = []
+
+
+def end_chats() -> None:
+    """Kill every chat still running (SIGHUP, then SIGKILL) and forget them all."""
+    while _SPAWNED:
+        child = _SPAWNED.pop()
+        if not child.closed:
+            child.close(force=True)
 
 
 class Screen:

@@ -34,12 +34,19 @@ pytestmark = pytest.mark.real_server
 
 MODEL = devserver.PLAIN_MODEL
 STORY = "Write a very long story about a dragon and a knight, with many chapters."
+# Every turn's bound, "Say hello." (answered greedily, it rambles to the bound) included: enough
+# that a story is still being written when Ctrl-C lands (a quiet machine writes about 200 tokens
+# a second), few enough that a loaded one (16 a second seen) finishes a turn well inside the
+# chat's 60 s wait, so the next test does not wait behind it.
+MAX_TOKENS = "500"
 
 
 def test_answer_streams_and_ctrl_c_stops_the_turn_only(
     real_server: devserver.RunningServer, tmp_path: Path
 ) -> None:
-    env = loopd_env(real_server.url, tmp_path, max_tokens="2000", temperature="0", think_cap="0")
+    env = loopd_env(
+        real_server.url, tmp_path, max_tokens=MAX_TOKENS, temperature="0", think_cap="0"
+    )
     chat = spawn_chat(env)
     chat.expect_exact(PROMPT)
     chat.send(STORY + "\r")
