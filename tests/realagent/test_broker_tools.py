@@ -15,7 +15,9 @@ from tests.mcp.support import broker_with, time_server
 from tests.realagent.support import Agent, agent
 from tests.toolrounds.test_tool_rounds import broker
 
-pytestmark = [pytest.mark.anyio, pytest.mark.real_server]
+# The tool model's rounds are bounded by tokens (and the repeat guard); on two cores shared with
+# another test run a round can take a minute, so the safety net is wider than the suite's 300 s.
+pytestmark = [pytest.mark.anyio, pytest.mark.real_server, pytest.mark.timeout(1200)]
 
 
 def content(agent: Agent, session: str, call: ToolCall) -> str:

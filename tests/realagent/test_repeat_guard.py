@@ -15,7 +15,9 @@ from loopd.tools.workspace import session_workspace
 from loopd_dev import devserver
 from tests.realagent.support import agent
 
-pytestmark = [pytest.mark.anyio, pytest.mark.real_server]
+# The tool model's rounds are bounded by tokens (and the repeat guard); on two cores shared with
+# another test run a round can take a minute, so the safety net is wider than the suite's 300 s.
+pytestmark = [pytest.mark.anyio, pytest.mark.real_server, pytest.mark.timeout(1200)]
 
 
 async def test_the_guard_ends_the_models_repeating_turn_long_before_the_round_limit(
