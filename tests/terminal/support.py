@@ -183,6 +183,17 @@ def slot_busy(url: str, model: str, slot: int = 0) -> bool:
     return any(s.get("id") == slot and s.get("is_processing") for s in answer.json())
 
 
+def slot_decoded(url: str, model: str, slot: int = 0) -> int | None:
+    """Tokens the slot's running task has generated so far; None when the slot is idle."""
+    transport = httpx.HTTPTransport(uds=url.removeprefix("unix:"))
+    with httpx.Client(transport=transport, base_url="http://llama", timeout=10) as client:
+        answer = client.get("/slots", params={"model": model, "autoload": "false"})
+    for state in answer.json():
+        if state.get("id") == slot and state.get("is_processing"):
+            return int(state.get("next_token", [{}])[0].get("n_decoded", 0))
+    return None
+
+
 def until(condition: Callable[[], bool], what: str, timeout_s: float = 10.0) -> float:
     """Poll ``condition`` (a server's or a file's state, which offer no event) until it holds;
     the seconds it took."""
