@@ -12,7 +12,8 @@ gets one line saying so, the log and the status file (``server-status.json`` in 
 say what differs, and the self-test runs again until it passes; then the waiting turns run
 (``loopd.serverchange``). A self-test whose layout checks pass but one of whose probe requests
 failed on the way (the server restarting its model, a 5xx, a broken stream) is no verdict: nobody
-is told the server changed, turns go on, and the self-test runs again after 5, 10, 20 ... s. An
+is told the server changed, turns go on, and the self-test runs again after 2, 4, 8 ... s (the
+re-check rule, ``loopcommon.backoff.RECHECK``, here up to ``LOOPD_SELFTEST_EVERY_S``). An
 unreachable server at startup still ends it with status 2.
 
 Shutdown cancels one task group; a turn cut short is recorded by the engine and resumed on the
@@ -34,6 +35,7 @@ from pathlib import Path
 import anyio
 from anyio.abc import TaskStatus
 
+from loopcommon.backoff import RECHECK
 from loopcommon.errors import DaemonError
 from loopcommon.exceptiongroups import sole_kind
 from loopd.chat.adapter import ChatAdapter
@@ -55,9 +57,6 @@ from loopd.sessions import Runtime
 from loopd.tools.spec import load_tools_spec
 
 log = logging.getLogger(__name__)
-
-RECHECK_FIRST_S = 5.0  # the first re-check after a self-test that could not tell
-
 
 STATUS_FILE = "server-status.json"
 
@@ -101,11 +100,11 @@ class ServerWatch:
     @property
     def wait_s(self) -> float:
         """Until the next check: ``selftest_every_s``, or after runs that could not tell (the
-        server restarting its model, say) 5, 10, 20 ... s up to it."""
+        server restarting its model, say) the re-check rule's 2, 4, 8 ... s up to it."""
+        every_s = self.settings.selftest_every_s
         if not self.untold:
-            return self.settings.selftest_every_s
-        backoff = RECHECK_FIRST_S * float(2 ** (self.untold - 1))
-        return min(backoff, self.settings.selftest_every_s)
+            return every_s
+        return RECHECK.capped_at(every_s).delay(self.untold)
 
     async def check(self) -> None:
         """One check: the whole self-test while the server differs or the last run could not

@@ -4,7 +4,8 @@
 the connection (the SDK's ``Client`` over a transport), lists the tools, then waits for the
 connection to end or for ``notifications/tools/list_changed`` (which lists them again). When the
 connection ends (the server crashed, exited, sent too much), the server is ``down`` and is
-restarted after a backoff that grows with each failure in a row; calls meanwhile fail at once
+restarted after a backoff (``RESTART``: 1 s, doubling to a minute) that grows with each failure
+in a row, reset once the server stayed up ``STABLE_S``; calls meanwhile fail at once
 with a tool error saying so. Cancelling ``run`` (brokerd's shutdown) stops the server.
 
 What a server can make brokerd wait for or hold is bounded by its config: ``initialize`` must be
@@ -37,6 +38,7 @@ from brokerd.mcp.specs import offered_tools
 from brokerd.mcp.transport import ConfinedStdio
 from brokerd.tools.catalogue import ToolSpec
 from brokerd.tools.errors import ToolFailure
+from loopcommon.backoff import Backoff
 from loopcommon.exceptiongroups import sole_kind
 
 logger = logging.getLogger(__name__)
@@ -48,20 +50,10 @@ MAX_LIST_PAGES: Final = 100
 MAX_REASON_CHARS: Final = 400
 
 
-@dataclass(frozen=True)
-class Backoff:
-    """Restart delays: ``first_s`` after one failure, doubling up to ``cap_s``. A server that
-    stayed up ``stable_s`` has its count of failures in a row reset."""
-
-    first_s: float = 1.0
-    cap_s: float = 60.0
-    stable_s: float = 60.0
-
-    def delay(self, failures: int) -> float:
-        return min(self.cap_s, self.first_s * math.pow(2, max(0, failures - 1)))
-
-
-DEFAULT_BACKOFF: Final = Backoff()
+# A crashed server is restarted after 1 s (a fresh process, so soon is cheap), then 2, 4 ... s up
+# to a minute while it keeps failing; one that stayed up STABLE_S starts the count again.
+RESTART: Final = Backoff(first_s=1.0, cap_s=60.0)
+STABLE_S: Final = 60.0
 
 
 class ListingError(BrokerdError):
@@ -85,7 +77,7 @@ class McpServer:
         config: McpServerConfig,
         transport: TransportFactory,
         *,
-        backoff: Backoff = DEFAULT_BACKOFF,
+        backoff: Backoff = RESTART,
     ) -> None:
         self.config = config
         self._transport = transport
@@ -119,9 +111,7 @@ class McpServer:
         while True:
             started = anyio.current_time()
             reason = await self._connect_once()
-            was_stable = self.state == "up" and (
-                anyio.current_time() - started >= self._backoff.stable_s
-            )
+            was_stable = self.state == "up" and (anyio.current_time() - started >= STABLE_S)
             failures = 1 if was_stable else failures + 1
             delay = self._backoff.delay(failures)
             logger.warning("mcp server %s is down: %s; restart in %g s", self.name, reason, delay)

@@ -24,7 +24,7 @@ from brokerd.confine import (
 from brokerd.mcp.config import McpServerConfig
 from brokerd.mcp.results import result_text
 from brokerd.mcp.sandbox import server_confinement, server_env
-from brokerd.mcp.server import DEFAULT_BACKOFF, Backoff, McpServer, ServerStatus
+from brokerd.mcp.server import RESTART, McpServer, ServerStatus
 from brokerd.mcp.transport import ConfinedStdio
 from brokerd.tools.calls import Ready
 from brokerd.tools.capture import CappedOutput
@@ -32,6 +32,7 @@ from brokerd.tools.catalogue import McpRun, ToolSpec
 from brokerd.tools.errors import ToolFailure
 from brokerd.tools.execute import Limits
 from brokerd.tools.wording import ToolOutcome
+from loopcommon.backoff import Backoff
 
 # What one server's message may hold (a result with an image, a long file): beyond it the
 # server is stopped rather than held in memory.
@@ -50,7 +51,7 @@ class McpServers:
         configs: Sequence[McpServerConfig],
         hidden: Sequence[HiddenPath],
         *,
-        backoff: Backoff = DEFAULT_BACKOFF,
+        backoff: Backoff = RESTART,
         max_message_bytes: int = MAX_MESSAGE_BYTES,
         view: Callable[[], HostView] = detect_host_view,
     ) -> "McpServers":

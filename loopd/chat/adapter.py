@@ -5,7 +5,8 @@ stored per-channel cursors (minus an overlap), then read events. Every post, fro
 goes through ``intake``, which is idempotent by post id: the session log stores a user message
 once per post id, and decided posts are remembered. A channel's cursor advances only after the
 post was durably taken in. A seq gap, a missed ping reply or a closed socket means: reconnect
-(resuming where the server allows), with jittered backoff, and catch up again.
+(resuming where the server allows) after the jittered backoff of ``LOOPD_MM_BACKOFF_S``, doubling
+with each failure in a row up to ``LOOPD_MM_BACKOFF_CAP_S``, and catch up again.
 """
 
 from __future__ import annotations
@@ -13,13 +14,13 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import random
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import anyio
 
+from loopcommon.backoff import Backoff
 from loopcommon.statuspage import ThreadView
 from loopd.chat.attachments import ReadFile, kind_of, read_file, unread_notice
 from loopd.chat.config import ChatSettings
@@ -43,13 +44,6 @@ EDIT_NOTICE = (
 )
 REFUSAL = "🚫 I am not enabled for you here. Ask the admin to add you (or this channel) to loopd."
 NOTHING_TO_READ = "📎 There is nothing here I can read: I read text and text files only."
-
-
-def backoff_s(failures: int, base_s: float, cap_s: float) -> float:
-    """The web client's schedule: ``base`` (+ jitter) for the first 7 failures, then
-    ``base * n²``, capped."""
-    delay = base_s if failures <= 7 else base_s * failures * failures
-    return min(cap_s, delay) + random.random() * base_s * 2 / 3
 
 
 @dataclass(frozen=True)
@@ -110,6 +104,8 @@ class ChatAdapter:
         self.outbox = outbox
         self.settings = settings
         self.bot = bot
+        # Jittered: loopd's that lost Mattermost together do not all knock again together.
+        self.reconnect = Backoff(settings.backoff_s, settings.backoff_cap_s, jitter=0.5)
         self.allow = Allowlist.of(
             settings.allowed_users, settings.allowed_teams, settings.allowed_channels
         )
@@ -135,7 +131,7 @@ class ChatAdapter:
         while True:
             resume, healthy = await self._connection(token, resume)
             failures = 1 if healthy else failures + 1
-            delay = backoff_s(failures, self.settings.backoff_s, self.settings.backoff_cap_s)
+            delay = self.reconnect.jittered(failures)
             log.info("reconnecting to Mattermost in %.1f s", delay)
             await anyio.sleep(delay)
             METRICS.mattermost_reconnect()

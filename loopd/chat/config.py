@@ -96,7 +96,11 @@ class ChatSettings(BaseModel):
         ge=0,
         description="A stored WebSocket connection older than this is not resumed.",
     )
-    backoff_s: float = Field(default=3.0, gt=0, description="First reconnect delay (plus jitter).")
+    backoff_s: float = Field(
+        default=3.0,
+        gt=0,
+        description="First reconnect delay (less up to half, at random); doubles per failure.",
+    )
     backoff_cap_s: float = Field(default=300.0, gt=0, description="Longest reconnect delay.")
     retry_for_s: float = Field(
         default=180.0,

@@ -15,12 +15,13 @@ in it mentions nobody).
 from __future__ import annotations
 
 import logging
-import random
 from typing import Any
 
 import httpx
-from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, stop_after_delay
+from tenacity import AsyncRetrying, retry_if_exception
 
+from loopcommon.backoff import Backoff
+from loopcommon.retry import retrying
 from loopd.chat.mentions import defuse
 from loopd.chat.model import (
     Channel,
@@ -72,16 +73,13 @@ def api_client(base_url: str, token: str | None, timeout_s: float = 30.0) -> htt
     return httpx.AsyncClient(base_url=f"{base_url}/api/v4", headers=headers, timeout=timeout_s)
 
 
-def _wait(base_s: float, cap_s: float) -> Any:
-    def wait(state: RetryCallState) -> float:
-        exc = state.outcome.exception() if state.outcome else None
-        if isinstance(exc, _Transient) and exc.retry_after_s is not None:
-            return min(exc.retry_after_s, cap_s)
-        attempt = state.attempt_number
-        delay: float = min(cap_s, base_s * 2 ** (attempt - 1))
-        return delay * (0.5 + random.random() / 2)
+def _transient(exc: BaseException) -> bool:
+    return isinstance(exc, _Transient)
 
-    return wait
+
+def _retry_after_of(exc: BaseException) -> float | None:
+    """The wait a 429 or 5xx asked for (``Retry-After``), if it did."""
+    return exc.retry_after_s if isinstance(exc, _Transient) else None
 
 
 class MattermostClient:
@@ -99,8 +97,8 @@ class MattermostClient:
         # Per thread (root post id): the names its posts may mention (``loopd.chat.mentions``).
         self.mentionable: dict[str, frozenset[str]] = {}
         self.retry_for_s = retry_for_s
-        self.backoff_s = backoff_s
-        self.backoff_cap_s = backoff_cap_s
+        # Jittered: the threads' calls that failed together do not all come back together.
+        self.backoff = Backoff(first_s=backoff_s, cap_s=backoff_cap_s, jitter=0.5)
 
     async def aclose(self) -> None:
         await self.http.aclose()
@@ -119,21 +117,24 @@ class MattermostClient:
     async def _retried(
         self, method: str, path: str, what: str, retry_for_s: float | None, **kwargs: Any
     ) -> httpx.Response:
-        window = self.retry_for_s if retry_for_s is None else retry_for_s
-        retrying = AsyncRetrying(
-            retry=retry_if_exception(lambda exc: isinstance(exc, _Transient)),
-            wait=_wait(self.backoff_s, self.backoff_cap_s),
-            stop=stop_after_delay(window),
-            reraise=True,
-            before_sleep=lambda state: METRICS.retried("mattermost"),
-        )
         try:
-            async for attempt in retrying:
+            async for attempt in self._retrying(retry_for_s):
                 with attempt:
                     return await self._once(method, path, what, **kwargs)
         except _Transient as exc:
             raise MattermostError(what, None, f"still failing after retries: {exc}") from exc
         raise AssertionError("unreachable")  # pragma: no cover
+
+    def _retrying(self, retry_for_s: float | None) -> AsyncRetrying:
+        """Transient failures tried again for ``retry_for_s`` (None: the client's window),
+        after the server's ``Retry-After`` where it gave one."""
+        return retrying(
+            self.backoff,
+            retry_if_exception(_transient),
+            within_s=self.retry_for_s if retry_for_s is None else retry_for_s,
+            told=_retry_after_of,
+            before_sleep=lambda state: METRICS.retried("mattermost"),
+        )
 
     async def _once(self, method: str, path: str, what: str, **kwargs: Any) -> httpx.Response:
         try:
@@ -247,14 +248,8 @@ class MattermostClient:
         """A file's content, or its first ``max_bytes`` bytes and one more (so the caller can
         tell that it was cut) when it is longer."""
         what = "GET /files/{id}"
-        retrying = AsyncRetrying(
-            retry=retry_if_exception(lambda exc: isinstance(exc, _Transient)),
-            wait=_wait(self.backoff_s, self.backoff_cap_s),
-            stop=stop_after_delay(self.retry_for_s),
-            reraise=True,
-        )
         try:
-            async for attempt in retrying:
+            async for attempt in self._retrying(None):
                 with attempt:
                     return await self._head_once(f"/files/{file_id}", what, max_bytes)
         except _Transient as exc:

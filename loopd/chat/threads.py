@@ -25,9 +25,11 @@ from enum import StrEnum
 
 import anyio
 from anyio.abc import TaskGroup
-from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, wait_exponential
+from tenacity import RetryCallState, retry_if_exception
 
+from loopcommon.backoff import Backoff
 from loopcommon.errors import DaemonError
+from loopcommon.retry import retrying
 from loopd.chat.config import ChatSettings
 from loopd.chat.cursor import ChatState, ChatStateError
 from loopd.chat.mentions import named
@@ -51,8 +53,7 @@ PREFIX = "mm:"
 CONTEXT_KEY = "ctx:"  # external key prefix of a thread's earlier posts, stored as context
 # A thread's work that failed for a passing reason is tried again after 1, 2, 4 ... s, at most
 # a minute apart: soon enough once the disk has room, rare enough not to flood the log.
-RETRY_FIRST_S = 1.0
-RETRY_MAX_S = 60.0
+STEP_RETRY = Backoff(first_s=1.0, cap_s=60.0)
 _AUTHOR = re.compile(r"^@([^\s:]+): ")
 
 
@@ -299,13 +300,9 @@ class Threads:
             wait_s = state.next_action.sleep if state.next_action else 0.0
             log.warning("the turn of %s waits (%s); trying again in %.0f s", session, exc, wait_s)
 
-        retrying = AsyncRetrying(
-            retry=retry_if_exception(passes_on_its_own),
-            wait=wait_exponential(multiplier=RETRY_FIRST_S, max=RETRY_MAX_S),
-            before_sleep=tell,
-            reraise=True,
-        )
-        async for attempt in retrying:
+        async for attempt in retrying(
+            STEP_RETRY, retry_if_exception(passes_on_its_own), before_sleep=tell
+        ):
             with attempt:
                 await self._step(session)
 

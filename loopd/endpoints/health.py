@@ -10,8 +10,9 @@ An endpoint is up once its self-test passes (at start, or on a re-check) and dow
   longer answers. A request that is only queued (the first-byte limit passed while the server
   answered) says the server is busy, and the endpoint stays up.
 
-A down endpoint is checked again after ``recheck_delay``: 2 s, doubling to a minute, so a server
-that restarts is back within a minute, and a dead one costs a failed connection a minute.
+A down endpoint is checked again by the re-check rule (``loopcommon.backoff.RECHECK``): 2 s,
+doubling to a minute, so a server that restarts is back within a minute, and a dead one costs a
+failed connection a minute.
 """
 
 from __future__ import annotations
@@ -20,21 +21,14 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Final
 
+from loopcommon.backoff import RECHECK
 from loopd.engine.outcome import Failure
 
-RECHECK_FIRST_S: Final = 2.0
-RECHECK_CAP_S: Final = 60.0
 # Failures that mean nothing answers at the endpoint: no connection, or /slots and /health both
 # failing while the request waited.
 DEAD_FAILURES: Final = frozenset({Failure.UNREACHABLE, Failure.SERVER_GONE})
 # Failures that mean the server may have died mid-request: dead if /health no longer answers.
 MAYBE_DEAD_FAILURES: Final = frozenset({Failure.TRUNCATED, Failure.SILENCE})
-
-
-def recheck_delay(failed_checks: int) -> float:
-    """Seconds before the next check of an endpoint whose last ``failed_checks`` checks (one
-    at least: the one that found it down) failed."""
-    return min(RECHECK_FIRST_S * float(2 ** max(failed_checks - 1, 0)), RECHECK_CAP_S)
 
 
 def endpoint_dead(cause: Failure | None, health_answers: bool | None = None) -> bool:
@@ -84,7 +78,7 @@ class EndpointHealth:
         failure while it is down changes nothing: its re-checks keep their schedule."""
         if name in self._down:
             return False
-        self._down[name] = Down(reason, now, 1, now + recheck_delay(1))
+        self._down[name] = Down(reason, now, 1, now + RECHECK.delay(1))
         for listener in self._down_listeners:
             listener(name)
         return True
@@ -94,7 +88,7 @@ class EndpointHealth:
         previous = self._down.get(name)
         failed = previous.failed_checks + 1 if previous is not None else 1
         since = previous.since if previous is not None else now
-        self._down[name] = Down(reason, since, failed, now + recheck_delay(failed))
+        self._down[name] = Down(reason, since, failed, now + RECHECK.delay(failed))
 
     def mark_up(self, name: str) -> bool:
         """The endpoint passed its check; True when it was down until now."""

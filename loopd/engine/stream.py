@@ -23,13 +23,10 @@ from collections.abc import Callable
 from contextlib import AsyncExitStack
 
 import anyio
-from tenacity import (
-    AsyncRetrying,
-    retry_if_exception,
-    stop_after_delay,
-    wait_exponential,
-)
+from tenacity import retry_if_exception
 
+from loopcommon.backoff import Backoff
+from loopcommon.retry import retrying
 from loopd.contextwindow.pool import is_pool_full
 from loopd.engine.client import ChatStream, EventStream, InferenceClient
 from loopd.engine.limits import Limits
@@ -302,11 +299,10 @@ async def _open(
 async def _send(
     client: InferenceClient, body: bytes, limits: Limits, stack: AsyncExitStack
 ) -> ChatStream:
-    async for attempt in AsyncRetrying(
-        retry=retry_if_exception(worth_waiting_out),
-        wait=wait_exponential(multiplier=limits.loading_wait_s, max=10),
-        stop=stop_after_delay(limits.loading_retry_s),
-        reraise=True,
+    async for attempt in retrying(
+        Backoff(first_s=limits.loading_wait_s, cap_s=10.0),
+        retry_if_exception(worth_waiting_out),
+        within_s=limits.loading_retry_s,
     ):
         with attempt:
             return await stack.enter_async_context(client.stream_chat(body))

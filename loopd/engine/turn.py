@@ -23,15 +23,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
-from tenacity import (
-    AsyncRetrying,
-    RetryCallState,
-    retry_if_result,
-    stop_after_attempt,
-    wait_exponential,
-)
+from tenacity import RetryCallState, retry_if_result
 
+from loopcommon.backoff import Backoff
 from loopcommon.jsonbytes import dumps
+from loopcommon.retry import retrying
 from loopd.contextwindow import pool
 from loopd.engine import repeats
 from loopd.engine.cacheloss import (
@@ -225,14 +221,15 @@ class Turn:
             last.append(attempt)
             return attempt
 
-        retrying = AsyncRetrying(
-            retry=retry_if_result(lambda attempt: retry_safe(attempt.result)),
-            stop=stop_after_attempt(max(self.limits.attempts, 1)),
-            wait=wait_exponential(multiplier=self.limits.retry_wait_s, max=30),
+        attempts = retrying(
+            Backoff(first_s=self.limits.retry_wait_s, cap_s=30.0),
+            retry_if_result(lambda attempt: retry_safe(attempt.result)),
+            attempts=self.limits.attempts,
             retry_error_callback=_last_attempt,
             before_sleep=lambda state: METRICS.retried("inference"),
+            reraise=False,
         )
-        attempt: Attempt = await retrying(step)
+        attempt: Attempt = await attempts(step)
         return attempt
 
     async def wait_for_idle_pool(self) -> None:

@@ -24,8 +24,9 @@ from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
 import anyio
-from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt
+from tenacity import retry_if_exception
 
+from loopcommon.retry import AT_ONCE, retrying
 from loopd.config import Settings
 from loopd.engine.client import EventStream, InferenceClient
 from loopd.engine.durable import probe_name
@@ -78,9 +79,7 @@ def _dropped(exc: BaseException) -> bool:
 
 async def _idempotent(call: Callable[[], Awaitable[T]]) -> T:
     """Run a call that changes nothing on the server, again if its connection was dropped."""
-    async for attempt in AsyncRetrying(
-        retry=retry_if_exception(_dropped), stop=stop_after_attempt(3), reraise=True
-    ):
+    async for attempt in retrying(AT_ONCE, retry_if_exception(_dropped), attempts=3):
         with attempt:
             return await call()
     raise AssertionError("AsyncRetrying with reraise=True either returns or raises")

@@ -13,6 +13,7 @@ from pathlib import Path
 import anyio
 import pytest
 
+from loopcommon.backoff import RECHECK_FIRST_S
 from loopd.config import Settings
 from loopd.selftest.expected import expectation_path
 from loopd.selftest.probe import PROBE_SYSTEM_TEXT
@@ -184,7 +185,7 @@ async def test_a_self_test_whose_requests_fail_on_the_way_is_no_verdict(
         async with checked_daemon(env, report, expected) as running:
             assert running.runtime.server_change is None
             assert running.watch is not None
-            assert running.watch.wait_s == 5.0
+            assert running.watch.wait_s == RECHECK_FIRST_S  # soon, by the re-check rule
             post = env.fake.post_as("alice", env.dm(), "hello there")
             await until(lambda: len(env.answers(post.id)) == 1, "the answer")
             assert _changed_lines(env, post.id) == []

@@ -6,13 +6,8 @@ from loopd.endpoints.health import (
     EndpointHealth,
     endpoint_dead,
     needs_health_check,
-    recheck_delay,
 )
 from loopd.engine.outcome import Failure
-
-
-def test_recheck_delays_double_up_to_a_minute() -> None:
-    assert [recheck_delay(n) for n in range(1, 9)] == [2, 4, 8, 16, 32, 60, 60, 60]
 
 
 @pytest.mark.parametrize(

@@ -52,7 +52,7 @@ MODEL = "fake-model"
 
 @pytest.fixture(autouse=True)
 def quick_retries(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(threads, "RETRY_FIRST_S", 0.05)
+    monkeypatch.setattr(threads, "STEP_RETRY", threads.STEP_RETRY.capped_at(0.05))
 
 
 @pytest.fixture
