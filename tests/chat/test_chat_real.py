@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from functools import partial
@@ -101,8 +100,11 @@ async def test_killed_and_restarted_mid_turn_answers_once(
         async with daemon(env):
             await until(lambda: len(env.answers(post.id)) >= 1, "the answer after restart", 180)
         async with daemon(env):
-            await anyio.sleep(0.5)
-        assert len(env.answers(post.id)) == 1
+            # The third start has nothing to resume: a follow-up in the thread (which the
+            # session's one worker runs only after any resumed turn) is the event to wait for.
+            env.fake.post_as("alice", env.dm(), "Thanks. Say goodbye.", root_id=post.id)
+            await until(lambda: len(env.answers(post.id)) >= 2, "the follow-up's answer", 180)
+        assert len(env.answers(post.id)) == 2  # the poem once, the goodbye once
 
 
 async def decoded(client: InferenceClient, slot: int) -> int:
@@ -114,20 +116,6 @@ async def decoded(client: InferenceClient, slot: int) -> int:
     return 0
 
 
-async def token_time_s(
-    client: InferenceClient, slot: int, least: int = 3, most_s: float = 3.0
-) -> float:
-    """The server's time per generated token right now (this machine's load changes it
-    tenfold), from ``n_decoded`` over the time the slot takes for ``least`` more tokens: short,
-    so that the turn is still generating when the test goes on."""
-    before, started = await decoded(client, slot), time.monotonic()
-    while True:
-        await anyio.sleep(0.02)
-        after, elapsed = await decoded(client, slot), time.monotonic() - started
-        if after - before >= least or elapsed >= most_s:
-            return elapsed / max(after - before, 1)
-
-
 def _answering(env: Env, root: str) -> bool:
     return any("✍️" in t for t in env.status_history(root)) or bool(env.answers(root))
 
@@ -136,7 +124,7 @@ def _answered(env: Env, root: str) -> bool:
     return bool(env.answers(root))
 
 
-async def test_stop_frees_the_slot_within_a_second(
+async def test_stop_frees_the_slot_at_once(
     tmp_path: Path, sockets: Path, real_server: devserver.RunningServer
 ) -> None:
     async with (
@@ -154,21 +142,21 @@ async def test_stop_frees_the_slot_within_a_second(
             )
             await until(partial(_answering, env, post.id), "answering", 120)
             if not env.answers(post.id) and await client.slot_busy(0):
-                token_s = await token_time_s(client, 0)
-                if await client.slot_busy(0):
-                    break
+                break
             await until(partial(_answered, env, post.id), "the short answer", 120)
         else:
             pytest.fail("the model answered briefly five times; no turn ran long enough to stop")
+        at_stop = await decoded(client, 0)
         env.fake.post_as("alice", env.dm(), "stop", root_id=post.id)
-        started = time.monotonic()
-        with anyio.fail_after(30):
-            while await client.slot_busy(0):  # noqa: ASYNC110 - polls the server's /slots
+        last_seen = at_stop
+        with anyio.fail_after(300):  # a bound, not the measure: the measure is in tokens
+            while await client.slot_busy(0):
+                last_seen = max(last_seen, await decoded(client, 0))
                 await anyio.sleep(0.05)
-        freed_s = time.monotonic() - started
-        # Within a second; the server itself notices a closed connection only at its next
-        # token, so on a machine slowed to more than 250 ms a token, four tokens' time.
-        assert freed_s <= max(1.0, 4 * token_s), (freed_s, token_s)
+        # The server let the slot go for the stop, a few tokens after it (it notices a closed
+        # connection at its next token; the stop crosses Mattermost, loopd and brokerd first),
+        # never at the turn's 2,000-token limit, however slow the machine is today.
+        assert last_seen - at_stop < 150, (at_stop, last_seen)
         await until(
             lambda: any("⏹️ Stopped by @alice." in p.message for p in env.live_bot_posts(post.id)),
             "the stop line",
