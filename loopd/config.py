@@ -56,10 +56,6 @@ _SAMPLING: Final = Sampling()
 CORE_TOOLS_FILE = Path(__file__).resolve().parent / "data" / "tools.schema.json"
 
 
-def _default_cache_dir() -> Path:
-    return Path.home() / ".cache" / "loopd"
-
-
 def _default_state_dir() -> Path:
     return Path.home() / ".local" / "state" / "loopd"
 
@@ -170,11 +166,6 @@ class Settings(configload.FileSettings):
         default_factory=_default_state_dir,
         description="Where loopd keeps its session log (`loopd.db`). Default "
         "`~/.local/state/loopd`.",
-    )
-    cache_dir: Path = Field(
-        default_factory=_default_cache_dir,
-        description="Build cache for the real llama-server and the test model. Default "
-        "`~/.cache/loopd`.",
     )
     workspace_dir: Path | None = Field(
         default=None,

@@ -5,12 +5,12 @@
 #     containers.conf for this kind of host: runc (crun refuses hybrid cgroups), cgroupfs, and
 #     no default ulimits (podman's exceed the hard limit here). CONTAINERS_CONF names it.
 #  2. The base: a minimal Debian (python3, python3-venv, bubblewrap) made by mmdebstrap from
-#     Debian's packages and imported into podman. Cached as a tar in $LOOPD_CACHE_DIR/image,
+#     Debian's packages and imported into podman. Cached as a tar in $LOOPDEV_CACHE_DIR/image,
 #     keyed by its package list, so a second run skips it.
 #  3. The wheelhouse: loopd's wheel, built from a clean copy of this tree, and its dependencies
 #     for the image's Python, fetched from PyPI only when the dependency list changes.
 #  4. `podman build --network=none` of deploy/Containerfile, then `podman save` of the image to
-#     $LOOPD_CACHE_DIR/image/loopd-image.tar, which deploy/install.sh loads for another account
+#     $LOOPDEV_CACHE_DIR/image/loopd-image.tar, which deploy/install.sh loads for another account
 #     (or another host: no registry needed).
 #
 # Usage: scripts/image.sh [deps|build]     (build does deps first)
@@ -19,7 +19,7 @@
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
-cache="${LOOPD_CACHE_DIR:-$HOME/.cache/loopd}"
+cache="${LOOPDEV_CACHE_DIR:-$HOME/.cache/loopd}"
 python="${PYTHON:-python3}"
 image="${LOOPD_IMAGE:-localhost/loopd:latest}"
 image_dir="$cache/image"

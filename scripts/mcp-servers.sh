@@ -3,9 +3,9 @@
 #
 # They are the MCP project's reference servers, written by others, pinned here:
 #   - mcp-server-time and mcp-server-git (PyPI), in their own virtual environment:
-#     $LOOPD_CACHE_DIR/mcp/python (commands in its bin/);
+#     $LOOPDEV_CACHE_DIR/mcp/python (commands in its bin/);
 #   - @modelcontextprotocol/server-filesystem and @modelcontextprotocol/server-everything (npm,
-#     run by the system's Node): $LOOPD_CACHE_DIR/mcp/node (commands in node_modules/.bin/).
+#     run by the system's Node): $LOOPDEV_CACHE_DIR/mcp/node (commands in node_modules/.bin/).
 # Nothing is downloaded at run time: a second run finds them and does nothing.
 #
 # Usage: scripts/mcp-servers.sh [--print-dir]
@@ -15,7 +15,7 @@ PYTHON_SERVERS=("mcp-server-time==2026.10.19" "mcp-server-git==2026.10.19")
 NODE_SERVERS=("@modelcontextprotocol/server-filesystem@2026.8.31"
     "@modelcontextprotocol/server-everything@2026.8.31")
 
-cache="${LOOPD_CACHE_DIR:-$HOME/.cache/loopd}"
+cache="${LOOPDEV_CACHE_DIR:-$HOME/.cache/loopd}"
 dir="$cache/mcp"
 python="${PYTHON:-python3}"
 stamp_python="$dir/python/.installed-$(printf '%s\n' "${PYTHON_SERVERS[@]}" | sha256sum | cut -c1-12)"

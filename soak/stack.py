@@ -79,7 +79,7 @@ def base_env(**extra: str) -> dict[str, str]:
     env = {
         k: v
         for k, v in os.environ.items()
-        if not k.startswith(("LOOPD_", "BROKERD_")) or k == "LOOPD_CACHE_DIR"
+        if not k.startswith(("LOOPD_", "BROKERD_")) or k == "LOOPDEV_CACHE_DIR"
     }
     env["PYTHONPATH"] = str(REPO_ROOT)
     env.update(extra)

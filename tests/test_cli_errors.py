@@ -18,7 +18,7 @@ import pytest
 
 LOOPD = [sys.executable, "-m", "loopd"]
 BROKERD = [sys.executable, "-m", "brokerd"]
-KEEP = frozenset({"LOOPD_CACHE_DIR"})
+KEEP = frozenset({"LOOPDEV_CACHE_DIR"})
 
 
 def environment(home: Path, **settings: str) -> dict[str, str]:

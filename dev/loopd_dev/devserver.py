@@ -80,9 +80,9 @@ _LATEST_TURNS_ONLY = "{%- if loop.index0 > ns.last_query_index %}"
 
 
 def default_cache_dir() -> Path:
-    """Where ``scripts/provision.sh`` puts the server and the model: ``$LOOPD_CACHE_DIR``, else
+    """Where ``scripts/provision.sh`` puts the server and the model: ``$LOOPDEV_CACHE_DIR``, else
     ``~/.cache/loopd`` (the Makefile's default too)."""
-    return Path(os.environ.get("LOOPD_CACHE_DIR", Path.home() / ".cache" / "loopd"))
+    return Path(os.environ.get("LOOPDEV_CACHE_DIR", Path.home() / ".cache" / "loopd"))
 
 
 class DevServerError(RuntimeError):

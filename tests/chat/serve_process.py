@@ -31,7 +31,7 @@ from tests.chat.chat_support import Env, until
 SERVE = (sys.executable, "-m", "loopd", "serve", "--skip-selftest")
 REPO_ROOT = Path(__file__).resolve().parents[2]
 READY_S = 60.0  # interpreter start and imports on a loaded two-core machine
-KEEP = frozenset({"LOOPD_CACHE_DIR"})  # where the real llama-server and its model are built
+KEEP = frozenset({"LOOPDEV_CACHE_DIR"})  # where the real llama-server and its model are built
 
 
 def _env_value(value: Any) -> str:

@@ -28,7 +28,7 @@ FAST = FakeConfig(auth_timeout_s=2.0, ping_interval_s=5.0, pong_wait_s=10.0)
 
 
 def cache_dir() -> Path:
-    root = os.environ.get("LOOPD_CACHE_DIR") or str(Path.home() / ".cache" / "loopd")
+    root = os.environ.get("LOOPDEV_CACHE_DIR") or str(Path.home() / ".cache" / "loopd")
     return Path(root) / "npm"
 
 

@@ -37,7 +37,7 @@ MANAGER_START_S = 60.0
 
 
 def cache_dir() -> Path:
-    return Path(os.environ.get("LOOPD_CACHE_DIR") or Path.home() / ".cache" / "loopd")
+    return Path(os.environ.get("LOOPDEV_CACHE_DIR") or Path.home() / ".cache" / "loopd")
 
 
 def image_archive() -> Path:

@@ -190,7 +190,7 @@ def _install(walk: Walkthrough) -> None:
         capture_output=True,
         text=True,
         check=True,
-        env={**minimal_env(Path.home()), "LOOPD_CACHE_DIR": str(cache)},
+        env={**minimal_env(Path.home()), "LOOPDEV_CACHE_DIR": str(cache)},
     ).stdout
     assert "deploy/install.sh" in recipe, recipe
     result = operator.run(["bash", "-c", recipe], cwd=checkout, timeout=900)

@@ -31,7 +31,7 @@ INSTALL = "make mcp-servers (scripts/mcp-servers.sh)"
 
 
 def servers_dir() -> Path:
-    cache = Path(os.environ.get("LOOPD_CACHE_DIR", Path.home() / ".cache" / "loopd"))
+    cache = Path(os.environ.get("LOOPDEV_CACHE_DIR", Path.home() / ".cache" / "loopd"))
     folder = cache / "mcp"
     for program in (
         folder / "python" / "bin" / "mcp-server-time",

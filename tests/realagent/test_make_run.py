@@ -80,7 +80,7 @@ def test_make_run_on_the_tool_model_shows_a_real_list_dir_call_and_its_result() 
             "LOOPD_MODEL": devserver.TOOL_MODEL,
             "LOOPD_STATE_DIR": str(state),
             "MAKE_RUN_DIR": str(run),
-            "LOOPD_CACHE_DIR": str(devserver.default_cache_dir()),
+            "LOOPDEV_CACHE_DIR": str(devserver.default_cache_dir()),
         }
         assignments = " ".join(f"{k}={v}" for k, v in env.items())
         name = f"loopd-run-{os.getpid()}"

@@ -33,7 +33,7 @@ def test_a_wheel_that_fails_its_pinned_hash_is_refused_in_one_line(tmp_path: Pat
     offered.mkdir()
     corrupted_wheels(offered)
     env = os.environ | {
-        "LOOPD_CACHE_DIR": str(cache),
+        "LOOPDEV_CACHE_DIR": str(cache),
         "PYTHON": sys.executable,
         "PIP_NO_INDEX": "1",
         "PIP_FIND_LINKS": str(offered),

@@ -67,8 +67,8 @@ def test_make_demo_answers_a_post_and_ctrl_c_leaves_nothing(state_dir: Path) -> 
         LOOPD_MAX_TOKENS="24",
         LOOPD_THINK_CAP="0",
     )
-    if "LOOPD_CACHE_DIR" in os.environ:
-        env["LOOPD_CACHE_DIR"] = os.environ["LOOPD_CACHE_DIR"]
+    if "LOOPDEV_CACHE_DIR" in os.environ:
+        env["LOOPDEV_CACHE_DIR"] = os.environ["LOOPDEV_CACHE_DIR"]
     out = state_dir.with_suffix(".out")
     with out.open("w") as sink:
         demo = subprocess.Popen(

@@ -91,8 +91,8 @@ def test_make_run_ctrl_c_stops_the_answer_only_and_ctrl_d_leaves_nothing(state_d
     env = {k: v for k, v in os.environ.items() if not k.startswith(("LOOPD_", "BROKERD_"))}
     env["LOOPD_STATE_DIR"] = str(state_dir)
     env["LOOPD_TEMPERATURE"] = "0"  # greedy: the story runs to make run's token limit, not shorter
-    if "LOOPD_CACHE_DIR" in os.environ:
-        env["LOOPD_CACHE_DIR"] = os.environ["LOOPD_CACHE_DIR"]
+    if "LOOPDEV_CACHE_DIR" in os.environ:
+        env["LOOPDEV_CACHE_DIR"] = os.environ["LOOPDEV_CACHE_DIR"]
     done = Path(f"/tmp/loopd-run-status-{uuid.uuid4().hex[:8]}")
     tmux = Tmux(f"make -C {REPO} run; echo $? > {done}; sleep 600", env)
     try:
