@@ -8,11 +8,18 @@ import of the command line on, an interrupt that no command handled ends the pro
 on stderr and exit status 130, never a traceback.
 """
 
+from __future__ import annotations
+
 import importlib
 import signal
 import sys
-from collections.abc import Callable
-from typing import Final, NoReturn
+
+# ``typing`` takes a measurable while to import on a loaded machine, long enough for a Ctrl-C to
+# land in it before any handler here runs: the annotations' names are for the type checker only.
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Callable
+    from typing import Final, NoReturn
 
 EXIT_INTERRUPTED: Final = 130
 

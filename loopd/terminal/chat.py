@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import io
 import shutil
+import signal
 import sys
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -30,7 +31,7 @@ from loopd.engine.outcome import TurnOutcome
 from loopd.terminal import slash
 from loopd.terminal.core import ChatCore, SessionExists, Stopped, TurnEnd, Watcher
 from loopd.terminal.lineinput import LineInput, PipedInput, TerminalInput
-from loopd.terminal.link import Link, ScreenWatch, connected
+from loopd.terminal.link import Link, ScreenWatch, connected, drop_pending_sigint, sigint_held
 from loopd.terminal.logfile import logs_out_of_the_way
 from loopd.terminal.render import DIM, RESET, Style, TurnView
 
@@ -124,23 +125,35 @@ class TerminalChat:
 
     def _turn(self, start: Callable[[Watcher], Awaitable[TurnEnd | None]]) -> bool:
         """Run a turn and show how it ended; False when it failed."""
-        size = shutil.get_terminal_size()
-        view = TurnView(
-            self.style,
-            show_thinking=self.options.show_thinking,
-            width=size.columns,
-            height=size.lines,
-            markdown=True,
-        )
+        # From the line's Enter on, a Ctrl-C is held until the turn runs, and then stops it
+        # (``Link.turn`` lets it through once the turn has started).
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+        try:
+            size = shutil.get_terminal_size()
+            view = TurnView(
+                self.style,
+                show_thinking=self.options.show_thinking,
+                width=size.columns,
+                height=size.lines,
+                markdown=True,
+            )
+        except BaseException:
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+            raise
         end = self.link.turn(start, ScreenWatch(view, self.out))
-        if isinstance(end, Stopped):
-            self._write(self.out, view.stopped())
-        elif isinstance(end, TurnOutcome):
-            shown = view.finished(end)
-            self._write(self.out, shown.out)
-            self._write(self.err, shown.err)
-            return end.failure is None
-        return True
+        # The turn has ended: a Ctrl-C while its end is drawn has nothing left to stop.
+        with sigint_held():
+            try:
+                if isinstance(end, Stopped):
+                    self._write(self.out, view.stopped())
+                elif isinstance(end, TurnOutcome):
+                    shown = view.finished(end)
+                    self._write(self.out, shown.out)
+                    self._write(self.err, shown.err)
+                    return end.failure is None
+                return True
+            finally:
+                drop_pending_sigint()
 
     # -- the rest --------------------------------------------------------------------------------
 

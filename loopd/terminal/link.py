@@ -76,12 +76,20 @@ class Link:
     def turn(self, start: Callable[[Watcher], Any], watcher: Watcher) -> TurnEnd | None:
         """Run a turn (``start(watcher)``, a coroutine function of the core) and wait for its
         end; Ctrl-C meanwhile stops it and keeps waiting for it to end (in milliseconds)."""
-        future: Future[TurnEnd | None] = self.portal.start_task_soon(start, watcher)
+        future: Future[TurnEnd | None] | None = None
         while True:
             try:
+                if future is None:
+                    # A Ctrl-C while the turn is being started (held since the caller began it,
+                    # or from here) waits until the turn runs, and then stops it: the turn is
+                    # never left running unstoppable, nor the chat ended by that Ctrl-C.
+                    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+                    future = self.portal.start_task_soon(start, watcher)
+                    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
                 return future.result()
             except KeyboardInterrupt:
-                self._stop()
+                if future is not None:
+                    self._stop()
 
     def _stop(self) -> None:
         while True:
@@ -91,6 +99,22 @@ class Link:
                 continue
             else:
                 return
+
+
+@contextlib.contextmanager
+def sigint_held() -> Iterator[None]:
+    """Ctrl-C waits while the block runs (the signal stays pending, delivered after it)."""
+    before = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, before)
+
+
+def drop_pending_sigint() -> None:
+    """Forget a Ctrl-C that came while it was held (the work it would have stopped is done)."""
+    if signal.SIGINT in signal.sigpending():
+        signal.sigwait({signal.SIGINT})
 
 
 @contextlib.contextmanager

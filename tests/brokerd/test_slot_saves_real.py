@@ -77,8 +77,11 @@ def start_server(folder: Path) -> devserver.RunningServer:
 
 def probe_state_bytes(server: devserver.RunningServer) -> int:
     """The size of one test session's saved state, straight from the server (then removed)."""
+    # A connection each: the router may drop a kept-alive one unanswered once the model's
+    # reply is done (as the bench's durable section found).
     with server.client(timeout=120) as direct:
         chat(direct, 0, messages("probe"))
+    with server.client(timeout=120) as direct:
         saved = direct.post("/slots/0?action=save", json={"filename": "probe.bin", "model": MODEL})
         assert saved.status_code == 200, saved.text
     return int(saved.json()["n_written"])
