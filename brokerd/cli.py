@@ -36,6 +36,7 @@ from brokerd.tools.audit import AuditLogError, open_audit_log, prune_audit_log
 from brokerd.tools.settings import BrokerSettings
 from loopcommon import anyio_unix_connect
 from loopcommon.errors import ConfigError
+from loopcommon.stopsignals import StopSignals
 from loopcommon.version import package_version
 
 EXIT_CANNOT_SERVE: Final = 1
@@ -129,7 +130,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             level=logging.getLevelNamesMapping()[settings.log_level.upper()],
         )
         endpoints = build_endpoints(settings, secrets, services)
-        anyio.run(run, endpoints, settings.socket_dir, metrics_service(settings))
+        with StopSignals() as signals:
+            anyio.run(run, endpoints, settings.socket_dir, signals, metrics_service(settings))
     except ConfigError as exc:
         return _fail(exc, EXIT_CONFIG)
     except ServeError as exc:

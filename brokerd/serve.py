@@ -11,7 +11,6 @@ import contextlib
 import logging
 import os
 import resource
-import signal
 import socket
 import stat
 from collections.abc import Iterator, Sequence
@@ -51,6 +50,7 @@ from brokerd.proxy.upstream import parse_upstream
 from brokerd.sdnotify import notify
 from loopcommon.errors import ConfigError
 from loopcommon.exceptiongroups import sole_kind
+from loopcommon.stopsignals import StopSignals
 
 logger = logging.getLogger(__name__)
 
@@ -366,24 +366,25 @@ async def _serve_one(
         stop.set()  # one server ending stops the others
 
 
-async def stop_on_signal(stop: anyio.Event) -> None:
+async def stop_on_signal(stop: anyio.Event, signals: StopSignals) -> None:
     """Set ``stop`` on the first SIGINT or SIGTERM (main thread only)."""
-    with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
-        async for signum in signals:
-            logger.info("received %s, stopping", signal.Signals(signum).name)
-            stop.set()
-            return
+    signum = await signals.wait()
+    logger.info("received %s, stopping", signum.name)
+    stop.set()
 
 
 async def run(
-    endpoints: Sequence[Endpoint], socket_dir: Path, metrics: "MetricsService | None" = None
+    endpoints: Sequence[Endpoint],
+    socket_dir: Path,
+    signals: StopSignals,
+    metrics: "MetricsService | None" = None,
 ) -> None:
     """Serve until SIGINT or SIGTERM; the process's whole life. Raises ``ServeError`` bare
     (not inside the task groups' exception groups) when that is the only failure."""
     stop = anyio.Event()
     try:
         async with anyio.create_task_group() as tg:
-            tg.start_soon(stop_on_signal, stop)
+            tg.start_soon(stop_on_signal, stop, signals)
             await serve(endpoints, socket_dir, stop, metrics=metrics)
             tg.cancel_scope.cancel()
     except ExceptionGroup as group:

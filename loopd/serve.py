@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import json
 import logging
-import signal
 import sys
 from collections.abc import Awaitable, Callable, Mapping
 from contextlib import AsyncExitStack
@@ -38,6 +37,7 @@ from anyio.abc import TaskStatus
 from loopcommon.backoff import RECHECK
 from loopcommon.errors import DaemonError
 from loopcommon.exceptiongroups import sole_kind
+from loopcommon.stopsignals import StopSignals
 from loopd.chat.adapter import ChatAdapter
 from loopd.chat.cursor import ChatState
 from loopd.chat.outbox import Outbox
@@ -258,6 +258,7 @@ async def run_daemon(
 
 async def serve(
     settings: Settings,
+    signals: StopSignals,
     report: SelftestReport | None = None,
     *,
     expected_dir: Path = DEFAULT_DIR,
@@ -268,7 +269,7 @@ async def serve(
     the task groups would otherwise wrap it."""
     try:
         async with anyio.create_task_group() as tg:
-            tg.start_soon(_cancel_on_signal, tg.cancel_scope.cancel)
+            tg.start_soon(_cancel_on_signal, signals, tg.cancel_scope.cancel)
             await run_daemon(settings, report=report, expected_dir=expected_dir, down=down)
     except ExceptionGroup as group:
         if (error := sole_kind(group, LoopdError)) is None:
@@ -277,12 +278,10 @@ async def serve(
     return 0
 
 
-async def _cancel_on_signal(cancel: Callable[[], None]) -> None:
-    with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
-        async for signum in signals:
-            log.info("%s: shutting down", signal.Signals(signum).name)
-            cancel()
-            return
+async def _cancel_on_signal(signals: StopSignals, cancel: Callable[[], None]) -> None:
+    signum = await signals.wait()
+    log.info("%s: shutting down", signum.name)
+    cancel()
 
 
 async def startup_endpoints(

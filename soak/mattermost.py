@@ -112,6 +112,14 @@ def _closing(key: str) -> bool:
     return bool(key) and not key.endswith((":status", ":draft")) and ":status." not in key
 
 
+def _names_a_missing_post(response: httpx.Response) -> bool:
+    try:
+        body = response.json()
+    except ValueError:
+        return False
+    return isinstance(body, dict) and body.get("id") == "app.post.get.app_error"
+
+
 class FakeControl:
     """The fake's control API over its Unix socket."""
 
@@ -133,6 +141,17 @@ class FakeControl:
 
     async def act(self, name: str, **kwargs: Any) -> Any:
         return await self._call("act", name, **kwargs)
+
+    async def react_if_there(self, username: str, post_id: str, emoji_name: str) -> bool:
+        """React to a post unless it is gone: loopd deletes a status post when its turn ends,
+        and the turn may end between the mirror seeing the post and the reaction reaching it."""
+        try:
+            await self.act("react_as", username=username, post_id=post_id, emoji_name=emoji_name)
+        except httpx.HTTPStatusError as exc:
+            if exc.response.status_code == 404 and _names_a_missing_post(exc.response):
+                return False
+            raise
+        return True
 
     async def fault(self, name: str, **kwargs: Any) -> Any:
         return await self._call("faults", name, **kwargs)

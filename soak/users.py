@@ -196,12 +196,11 @@ class SimulatedThread:
         if self.rng.random() < 0.5:
             await self.post("stop", kind="stop")
         else:
-            await self.control.act(
-                "react_as",
-                username=self.plan.user,
-                post_id=status.post_id,
-                emoji_name=STOP_REACTION,
+            reacted = await self.control.react_if_there(
+                self.plan.user, status.post_id, STOP_REACTION
             )
+            if not reacted:  # the turn ended first: there is nothing left to stop
+                return
             self.ledger.reactions.append(
                 UserReaction(status.post_id, self.plan.name, self.root_id, time.time())
             )

@@ -33,18 +33,24 @@ INTERPRETER_START_UP = "Fatal Python error: init_import_site"
 
 
 def interrupted(argv: list[str], env: dict[str, str], after_s: float) -> tuple[int, str]:
-    child = subprocess.Popen(
+    # ``with`` closes the pipes whatever happens, so a run that fails leaves nothing open behind.
+    with subprocess.Popen(
         argv, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE
-    )
-    try:
-        time.sleep(after_s)  # the moment under test, not a wait for anything
-        if child.poll() is None:
-            child.send_signal(signal.SIGINT)
-        _, err = child.communicate(timeout=120)
-    finally:
-        if child.poll() is None:
+    ) as child:
+        try:
+            time.sleep(after_s)  # the moment under test, not a wait for anything
+            if child.poll() is None:
+                child.send_signal(signal.SIGINT)
+            _, err = child.communicate(timeout=120)
+        except subprocess.TimeoutExpired:
             child.kill()
-            child.wait()
+            _, err = child.communicate()
+            raise AssertionError(
+                f"still running 120 s after the SIGINT: {err.decode(errors='replace')}"
+            ) from None
+        finally:
+            if child.poll() is None:
+                child.kill()
     return child.returncode, err.decode(errors="replace")
 
 

@@ -9,6 +9,7 @@ import logging
 
 import anyio
 
+from loopcommon.stopsignals import StopSignals
 from loopd.cli.base import add_expected_dir
 from loopd.config import Settings
 from loopd.serve import serve, startup_endpoints, startup_selftest
@@ -31,9 +32,12 @@ def handler(args: argparse.Namespace, settings: Settings) -> int:
         report = anyio.run(startup_selftest, settings, args.expected_dir)
         if report.unreachable:
             return report.exit_status
-    return anyio.run(
-        functools.partial(serve, settings, report, expected_dir=args.expected_dir, down=down)
-    )
+    with StopSignals() as signals:
+        return anyio.run(
+            functools.partial(
+                serve, settings, signals, report, expected_dir=args.expected_dir, down=down
+            )
+        )
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
