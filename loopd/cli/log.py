@@ -47,7 +47,7 @@ EXPORT_FIELDS = (
     "reason",
     "external_key",
     "tool_call_id",
-    "request_id",
+    "request_row",
     "refers_to",
     "tools_sha256",
     "created_at",
@@ -237,7 +237,7 @@ def _entry_line(entry: Entry) -> str:
         for name, value in (
             ("key", fields.external_key),
             ("call", fields.tool_call_id),
-            ("request", fields.request_id),
+            ("request_row", fields.request_id),
             ("refers_to", fields.refers_to),
             ("reason", fields.reason),
         )

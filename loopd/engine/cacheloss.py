@@ -91,7 +91,7 @@ class PrevRequest:
     complete: bool
     capped: bool
     had_reasoning: bool
-    request_id: int = 0  # its row in the log, to ask what else ran on the slot since
+    request_row: int = 0  # its row in the log, to ask what else ran on the slot since
     messages_sha256: str = ""  # what it sent, to recognise the same prompt sent again
     endpoint: str | None = None  # the server it ran on, where loopd has several (loopd.endpoints)
 
@@ -167,7 +167,7 @@ def previous_request(request: Request | None) -> PrevRequest | None:
         complete=perf.outcome == "complete",
         capped=perf.capped,
         had_reasoning=bool(perf.extra.get("had_reasoning")),
-        request_id=request.id,
+        request_row=request.id,
         messages_sha256=record.messages_sha256,
         endpoint=perf.extra.get("endpoint"),
     )

@@ -127,8 +127,11 @@ def unreplayable_call(asm: StreamAssembler) -> str | None:
     return None
 
 
-def request_perf(result: RequestResult, loss: Loss, endpoint: str | None = None) -> Perf:
-    """The request's perf record: the server's counters, the engine's times, the cache loss."""
+def request_perf(
+    result: RequestResult, loss: Loss, endpoint: str | None = None, request_id: str | None = None
+) -> Perf:
+    """The request's perf record: the server's counters, the engine's times, the cache loss,
+    and ``request_id``, the id its lines in loopd's and brokerd's logs carry."""
     asm, t = result.assembler, result.assembler.timings
     return Perf(
         outcome="complete" if result.complete else "broken",
@@ -143,7 +146,9 @@ def request_perf(result: RequestResult, loss: Loss, endpoint: str | None = None)
         capped=result.capped,
         cache_loss=loss.lost,
         cache_loss_cause=loss.label or None,
-        extra=_perf_extra(result, loss) | ({"endpoint": endpoint} if endpoint else {}),
+        extra=_perf_extra(result, loss)
+        | ({"endpoint": endpoint} if endpoint else {})
+        | ({"request_id": request_id} if request_id else {}),
     )
 
 

@@ -274,7 +274,7 @@ class Turn:
         messages = self.log.replay_messages(self.session)
         body = build_body(self.settings, epoch.tools_text, messages)
         result = start_result()
-        with request_scope(self.session):  # its id in the headers and the log lines
+        with request_scope(self.session) as scope:  # its id in the headers and the log lines
             try:
                 await stream_into(
                     result,
@@ -287,7 +287,7 @@ class Turn:
                 )
             finally:
                 # Synchronous, so a cancellation going on cannot interrupt it.
-                record = self._record(kind, epoch, messages, result, restore)
+                record = self._record(kind, epoch, messages, result, restore, scope.request_id)
         return Attempt(record, result)
 
     async def execute(self, calls: Sequence[ToolCall]) -> None:
@@ -314,10 +314,13 @@ class Turn:
         messages: list[str],
         result: RequestResult,
         restore: Restore | None = None,
+        request_id: str | None = None,
     ) -> RequestRecord:
-        """Append the assistant entry (or the broken one) with the request's record."""
+        """Append the assistant entry (or the broken one) with the request's record, which
+        keeps ``request_id`` (the id its log lines carry) so both can be joined."""
         digest = messages_digest(messages)
-        perf = request_perf(result, self._loss(epoch, digest, result, restore), self.endpoint)
+        loss = self._loss(epoch, digest, result, restore)
+        perf = request_perf(result, loss, self.endpoint, request_id)
         timings = result.assembler.timings
         if result.failure is Failure.LOST_BY_SERVER:
             # Closed before the server read anything: not a request the slot holds
@@ -374,7 +377,7 @@ class Turn:
         # Pinned: what ran on this slot; placed by the server: what ran anywhere (another
         # session's prompt may have been restored into the slot this one held).
         others = self.log.slot_used_since(
-            self.slot if self.pinned else None, prev.request_id, besides=self.session
+            self.slot if self.pinned else None, prev.request_row, besides=self.session
         )
         return Circumstances(
             pinned=self.pinned,

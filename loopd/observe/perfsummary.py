@@ -5,6 +5,12 @@
 them. The JSON keeps the server's own field names (``cache_n``, ``prompt_n``, ``predicted_n``) so a
 record can be set beside the server's timings.
 
+Each record names its request twice, each name with one meaning: ``request_id`` is the id the
+request's lines in loopd's and brokerd's logs carry (16 hex digits; null for a request recorded
+before loopd kept it), and ``request_row`` is its row in the session log's ``requests`` table (an
+integer; ``loopd log show`` and ``loopd log export`` name it so too, on the entry that holds the
+answer).
+
 Where loopd has several servers, each record names the ``endpoint`` it ran on (null for the
 one-server shorthand), and a summary counts the requests of each endpoint.
 
@@ -48,7 +54,8 @@ def perf_record(session: str, request: Request) -> dict[str, Any]:
     record, perf = request.record, request.record.perf
     out: dict[str, Any] = {
         "session": session,
-        "request_id": request.id,
+        "request_row": request.id,
+        "request_id": request_id_of(request),
         "created_at": request.created_at,
         "kind": record.kind.value,
         "endpoint": endpoint_of(request),
@@ -70,6 +77,13 @@ def perf_record(session: str, request: Request) -> dict[str, Any]:
     }
     out.update({name: perf.extra[name] for name in _EXTRA_FIELDS if name in perf.extra})
     return out
+
+
+def request_id_of(request: Request) -> str | None:
+    """The id the request's lines in loopd's and brokerd's logs carry (``request_id``); None
+    for a request recorded before loopd kept it, or one made outside a request's scope."""
+    found = request.record.perf.extra.get("request_id")
+    return found if isinstance(found, str) else None
 
 
 def endpoint_of(request: Request) -> str | None:

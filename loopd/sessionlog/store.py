@@ -581,15 +581,16 @@ class SessionLog:
             )
         return None if row is None else rows.request_from_row(row)
 
-    def slot_used_since(self, slot: int | None, request_id: int, *, besides: str) -> bool:
+    def slot_used_since(self, slot: int | None, request_row: int, *, besides: str) -> bool:
         """Whether a request of a session other than ``besides`` ran on ``slot`` (None: on any
-        slot) after the request ``request_id`` (the slot then held another prompt for a while)."""
+        slot) after the request in row ``request_row`` (the slot then held another prompt for a
+        while)."""
         with self._reading():
             target = self.get_session(besides)
             row = self._conn.execute(
                 "SELECT 1 FROM requests WHERE (? IS NULL OR slot = ?) AND id > ? "
                 "AND session_id != ? LIMIT 1",
-                (slot, slot, request_id, target.id),
+                (slot, slot, request_row, target.id),
             ).fetchone()
         return row is not None
 

@@ -203,13 +203,14 @@ class ChatCore:
         requests = self.runtime.log.requests(self.session.name)
         return format_summary(f"session {self.session.name}", summarize(requests))
 
-    def last_request_id(self) -> int:
+    def last_request_row(self) -> int:
+        """The row of the session's latest request in the log (0 before its first)."""
         requests = self.runtime.log.requests(self.session.name)
         return requests[-1].id if requests else 0
 
-    def perf_since(self, request_id: int) -> list[dict[str, Any]]:
-        """The perf records of the session's requests after ``request_id``."""
-        requests = [r for r in self.runtime.log.requests(self.session.name) if r.id > request_id]
+    def perf_since(self, request_row: int) -> list[dict[str, Any]]:
+        """The perf records of the session's requests after the row ``request_row``."""
+        requests = [r for r in self.runtime.log.requests(self.session.name) if r.id > request_row]
         return perf_records(self.session.name, requests)
 
 

@@ -78,7 +78,7 @@ def run_once(settings: Settings, options: RunOptions) -> int:
     ):
         # A turn an earlier run left pending is finished first, unseen (the chat shows it).
         link.turn(link.core.resume, ScreenWatch(TurnView(Style.PLAIN), out))
-        before: int = link.call(link.core.last_request_id)
+        before: int = link.call(link.core.last_request_row)
         end = link.turn(_say(link.core.say, prompt), watch)
         perf: list[dict[str, Any]] = link.call(link.core.perf_since, before)
     assert end is not None  # a turn that was asked for has an end

@@ -65,8 +65,35 @@ def test_run_json_has_the_answer_the_tool_calls_and_the_perf_records(tmp_path: P
     assert "empty directory" in call["result"]
     assert [p["kind"] for p in record["perf"]] == ["turn", "tool_followup"]
     stored = requests(tmp_path, record["session"])
-    assert [p["request_id"] for p in record["perf"]] == [r.id for r in stored]
+    assert [p["request_row"] for p in record["perf"]] == [r.id for r in stored]
     assert all(isinstance(p["prompt_n"], int) for p in record["perf"])
+
+
+def test_a_perf_records_request_id_is_the_id_its_log_lines_carry(tmp_path: Path) -> None:
+    """One name, one meaning: ``request_id`` is the hex id of the request's log lines, and the
+    integer row of the session log is ``request_row``, in ``run --json`` and in ``log export``."""
+    with fake_llama() as server:
+        server.script(
+            ScriptedReply(tool_calls=(ScriptedToolCall("list_dir", '{"path": "."}', "call_1"),)),
+            ScriptedReply(content=ANSWER),
+        )
+        env = fake_env(server, tmp_path) | {"LOOPD_LOG_FORMAT": "json"}
+        result = run_loopd(["run", "What is here?", "--json", "--session", "s"], env)
+    assert result.returncode == EXIT_ANSWERED, result.stderr
+    perf = json.loads(result.stdout)["perf"]
+    lines = [json.loads(line) for line in result.stderr.splitlines() if line.startswith("{")]
+    logged = [line["request_id"] for line in lines if line["msg"] == "model request"]
+    assert [p["request_id"] for p in perf] == logged
+    assert all(len(rid) == 16 and int(rid, 16) >= 0 for rid in logged), logged
+    assert len(set(logged)) == 2
+    rows = [r.id for r in requests(tmp_path, "s")]
+    assert [p["request_row"] for p in perf] == rows
+    export = run_loopd(["log", "export", "s"], env)
+    assert export.returncode == 0, export.stderr
+    exported = [json.loads(line) for line in export.stdout.splitlines()]
+    assert "request_id" not in exported[0]
+    answered = [e["request_row"] for e in exported if e["request_row"] is not None]
+    assert answered == rows
 
 
 def test_run_exits_1_when_the_turn_ends_without_an_answer(tmp_path: Path) -> None:
