@@ -8,6 +8,7 @@ and escaped where it is shown (``loopcommon.statuspage``).
 
 from __future__ import annotations
 
+import re
 from typing import Final
 
 from loopcommon.statuspage import ThreadView
@@ -15,6 +16,15 @@ from loopd.chat.model import Channel, User
 
 FIRST_WORDS_CHARS: Final = 80
 NAME_CHARS: Final = 64
+# How the log writes a post as a user message (``loopd.chat.adapter.user_text``): its author
+# first, ``@username: message``, so the model knows who speaks.
+AUTHOR: Final = re.compile(r"^@([^\s:]+): ")
+
+
+def author_of(content: str) -> str | None:
+    """The username a logged user message starts with, or None (not a Mattermost post)."""
+    match = AUTHOR.match(content)
+    return match.group(1) if match else None
 
 
 def thread_label(root_id: str, channel: Channel, author: User, message: str) -> ThreadView:

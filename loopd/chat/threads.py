@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import json
 import logging
-import re
 from dataclasses import dataclass, field
 from enum import StrEnum
 
@@ -32,6 +31,7 @@ from loopcommon.errors import DaemonError
 from loopcommon.retry import retrying
 from loopd.chat.config import ChatSettings
 from loopd.chat.cursor import ChatState, ChatStateError
+from loopd.chat.labels import AUTHOR
 from loopd.chat.mentions import named
 from loopd.chat.outbox import PART_PROP, TURN_PROP, Outbox
 from loopd.chat.rest import MattermostError
@@ -54,7 +54,6 @@ CONTEXT_KEY = "ctx:"  # external key prefix of a thread's earlier posts, stored 
 # A thread's work that failed for a passing reason is tried again after 1, 2, 4 ... s, at most
 # a minute apart: soon enough once the disk has room, rare enough not to flood the log.
 STEP_RETRY = Backoff(first_s=1.0, cap_s=60.0)
-_AUTHOR = re.compile(r"^@([^\s:]+): ")
 
 
 def session_name(root_id: str) -> str:
@@ -159,7 +158,7 @@ def requesters(entries: list[Entry]) -> frozenset[str]:
         if entry.kind is not EntryKind.USER or entry.message is None or key.startswith(CONTEXT_KEY):
             continue
         content = json.loads(entry.message).get("content")
-        match = _AUTHOR.match(content) if isinstance(content, str) else None
+        match = AUTHOR.match(content) if isinstance(content, str) else None
         if match:
             names.add(match.group(1))
     return frozenset(names)
@@ -173,7 +172,7 @@ def thread_people(entries: list[Entry]) -> frozenset[str]:
         if entry.kind is not EntryKind.USER or entry.message is None:
             continue
         content = json.loads(entry.message).get("content")
-        match = _AUTHOR.match(content) if isinstance(content, str) else None
+        match = AUTHOR.match(content) if isinstance(content, str) else None
         if match:
             names.add(match.group(1).lower())
             names |= named(content[match.end() :])

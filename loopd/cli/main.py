@@ -87,6 +87,7 @@ def _registrations() -> list[Callable[[Subparsers], None]]:
     from loopd.cli.serve import register as register_serve
     from loopd.cli.terminal import register as register_terminal
     from loopd.cli.tools import register as register_tools
+    from loopd.cli.usage import register as register_usage
 
     return [
         _register_builtin,
@@ -94,6 +95,7 @@ def _registrations() -> list[Callable[[Subparsers], None]]:
         register_serve,
         register_log,
         register_perf,
+        register_usage,
         register_selftest,
         register_tools,
     ]

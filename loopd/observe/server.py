@@ -32,7 +32,9 @@ from loopcommon.httpserve import serve_http
 from loopcommon.statuspage import ThreadView, render
 from loopd.observe.metrics import METRICS, LoopdMetrics
 from loopd.observe.status import snapshot
+from loopd.observe.usage import UsageCollector
 from loopd.sessions import Runtime
+from loopd.terminal.link import local_user
 
 log = logging.getLogger(__name__)
 
@@ -123,6 +125,7 @@ def create_app(
     """``threads``: the Mattermost threads' labels by session name, read at each page."""
     state = CollectorRegistry(auto_describe=True)
     state.register(RuntimeCollector(runtime, clock))
+    state.register(UsageCollector(runtime.log, threads, local_user()))
 
     async def metrics_page(request: Request) -> Response:
         body = generate_latest(metrics.registry) + generate_latest(state)
