@@ -2,9 +2,11 @@
 
 One turn per message. On a terminal: the answer streams as it is written and tool calls show as
 they run (``render``), the line can be edited and a paste is one message (``lineinput``), ``/``
-commands do the common things (``slash``), Ctrl-C stops the turn under way and the chat goes on,
-and at the prompt Ctrl-C or Ctrl-D leaves. Logs go to a file in the state dir, named once at start
-(``logfile``). A turn left pending by an earlier run is finished first, unless it was stopped.
+commands do the common things (``slash``), keys typed while a turn runs wait for the next prompt
+without being drawn inside the answer (``typeahead``), Ctrl-C stops the turn under way and the chat
+goes on, and at the prompt Ctrl-C or Ctrl-D leaves. Logs go to a file in the state dir, named once
+at start (``logfile``). A turn left pending by an earlier run is finished first, unless it was
+stopped.
 
 With piped input it answers each line; with stdout not a terminal, only the answers go there. A
 failed turn with piped input ends the chat with exit status 2 (its message on stderr), so a script
@@ -13,6 +15,7 @@ can tell.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import shutil
 import signal
@@ -34,6 +37,7 @@ from loopd.terminal.lineinput import LineInput, PipedInput, TerminalInput
 from loopd.terminal.link import Link, ScreenWatch, connected, drop_pending_sigint, sigint_held
 from loopd.terminal.logfile import logs_out_of_the_way
 from loopd.terminal.render import DIM, RESET, Style, TurnView
+from loopd.terminal.typeahead import typed_keys_unechoed
 
 HISTORY_FILE: Final = "chat_history"
 EXIT_FAILED: Final = 2
@@ -140,20 +144,22 @@ class TerminalChat:
         except BaseException:
             signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
             raise
-        end = self.link.turn(start, ScreenWatch(view, self.out))
-        # The turn has ended: a Ctrl-C while its end is drawn has nothing left to stop.
-        with sigint_held():
-            try:
-                if isinstance(end, Stopped):
-                    self._write(self.out, view.stopped())
-                elif isinstance(end, TurnOutcome):
-                    shown = view.finished(end)
-                    self._write(self.out, shown.out)
-                    self._write(self.err, shown.err)
-                    return end.failure is None
-                return True
-            finally:
-                drop_pending_sigint()
+        # Keys typed meanwhile wait for the next prompt, unechoed: the answer is drawn whole.
+        with typed_keys_unechoed(sys.stdin) if self.interactive else contextlib.nullcontext():
+            end = self.link.turn(start, ScreenWatch(view, self.out))
+            # The turn has ended: a Ctrl-C while its end is drawn has nothing left to stop.
+            with sigint_held():
+                try:
+                    if isinstance(end, Stopped):
+                        self._write(self.out, view.stopped())
+                    elif isinstance(end, TurnOutcome):
+                        shown = view.finished(end)
+                        self._write(self.out, shown.out)
+                        self._write(self.err, shown.err)
+                        return end.failure is None
+                    return True
+                finally:
+                    drop_pending_sigint()
 
     # -- the rest --------------------------------------------------------------------------------
 

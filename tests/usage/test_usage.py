@@ -77,7 +77,8 @@ def test_a_thread_counts_each_turn_for_the_person_who_started_it(tmp_path: Path)
     # bob's turn holds the compaction recorded after his message, and his answer.
     assert (bob["requests"], bob["prompt_tokens"], bob["generated_tokens"]) == (2, 27, 8)
     assert bob["cached_tokens"] == 200
-    assert alice["gpu_seconds"] == 1.0 and bob["gpu_seconds"] == 2.0
+    assert alice["gpu_seconds"] == 1.0
+    assert bob["gpu_seconds"] == 2.0
     assert _rows(tmp_path, "--person", "bob") == [bob]
     assert _rows(tmp_path, "--since", "2999-01-01") == []
 
@@ -133,4 +134,5 @@ def test_terminal_turns_count_for_the_local_user(
     assert row["prompt_tokens"] == sum(r["prompt_n"] for r in records) > 0
     assert row["generated_tokens"] == sum(r["predicted_n"] for r in records) > 0
     assert row["cached_tokens"] == sum(r["cache_n"] for r in records)
-    assert isinstance(row["gpu_seconds"], float) and row["gpu_seconds"] > 0
+    assert isinstance(row["gpu_seconds"], float)
+    assert row["gpu_seconds"] > 0
