@@ -1,7 +1,7 @@
 """``loopd chat`` in a real pseudo-terminal against the real llama-server: the answer is on screen
 while it is still being generated, Ctrl-C mid-turn frees the slot at once and the chat goes on
-(and the stopped turn is not answered when the chat starts again), arrow keys edit the line, and a
-pasted two-line message is one turn."""
+(and the stopped turn is not answered when the chat starts again), keys typed during an answer wait
+for the next prompt, arrow keys edit the line, and a pasted two-line message is one turn."""
 
 from __future__ import annotations
 
@@ -17,12 +17,15 @@ from tests.terminal.support import (
     PROMPT,
     array_digest,
     content,
+    emulated,
     entries,
     loopd_env,
     matched,
     of_kind,
+    plain,
     quit_chat,
     requests,
+    screen,
     slot_busy,
     slot_decoded,
     spawn_chat,
@@ -40,6 +43,7 @@ STORY = "Write a very long story about a dragon and a knight, with many chapters
 # a second), few enough that a loaded one (16 a second seen) finishes a turn well inside the
 # chat's 60 s wait, so the next test does not wait behind it.
 MAX_TOKENS = "500"
+TYPED_AHEAD = "Now list three rivers."
 
 
 def test_answer_streams_and_ctrl_c_stops_the_turn_only(
@@ -110,6 +114,41 @@ def test_answer_streams_and_ctrl_c_stops_the_turn_only(
     chat.expect_exact(PROMPT)  # the start is over: a pending turn would have run before this
     assert len(requests(tmp_path, "tty")) == len(stopped_requests)
     assert quit_chat(chat) == 0
+
+
+def test_keys_typed_during_an_answer_wait_for_the_next_prompt(
+    real_server: devserver.RunningServer, tmp_path: Path
+) -> None:
+    """Not drawn inside the answer (the terminal's echo is off while it streams), shown on the
+    next prompt once it has ended, and (ended with Enter) sent as the next message."""
+    env = loopd_env(
+        real_server.url, tmp_path, max_tokens=MAX_TOKENS, temperature="0", think_cap="0"
+    )
+    chat = spawn_chat(env)
+    chat.expect_exact(PROMPT)
+    chat.send(STORY + "\r")
+    chat.expect(ANSWER_TEXT % 20)
+    answer_starts = len(screen(chat))
+    chat.send(TYPED_AHEAD + "\r")
+    # Sent while the turn was under way: its answer is not in the log yet.
+    assert of_kind(entries(tmp_path, "tty"), EntryKind.ASSISTANT) == []
+
+    # The story ends, then the typed line is on the prompt, and is answered as the next turn.
+    chat.expect_exact(PROMPT)
+    written = screen(chat)
+    during = written[answer_starts : written.index(PROMPT, answer_starts)]
+    chat.expect_exact(TYPED_AHEAD)
+    chat.expect_exact(PROMPT)
+    assert quit_chat(chat) == 0
+
+    assert TYPED_AHEAD not in plain(during), during
+    rows = emulated(screen(chat), lines=1000)  # tall enough to keep every row the chat wrote
+    prompt_rows = [row for row in rows if row.startswith(PROMPT)]
+    assert f"{PROMPT}{TYPED_AHEAD}" in prompt_rows, rows
+    assert [row for row in rows if TYPED_AHEAD in row] == [f"{PROMPT}{TYPED_AHEAD}"], rows
+    users = [content(e) for e in of_kind(entries(tmp_path, "tty"), EntryKind.USER)]
+    assert users == [STORY, TYPED_AHEAD]
+    assert len(of_kind(entries(tmp_path, "tty"), EntryKind.ASSISTANT)) == 2
 
 
 def test_arrow_keys_edit_the_line_and_a_paste_is_one_message(
