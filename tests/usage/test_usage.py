@@ -18,7 +18,14 @@ from loopd.sessionlog.chain import messages_digest
 from loopd.sessionlog.records import Perf, RequestKind, RequestRecord
 from loopd.sessionlog.store import SessionLog
 from loopd.terminal.link import local_user
-from loopd.usage.ledger import LOOPD_ITSELF, TERMINAL_CHANNEL
+from loopd.usage.ledger import (
+    LOOPD_ITSELF,
+    TERMINAL_CHANNEL,
+    Usage,
+    UsageKey,
+    day_of,
+    session_ledger,
+)
 from loopd.usage.source import thread_labels
 from loopd_dev import devserver
 from tests.terminal.support import loopd_env
@@ -106,6 +113,36 @@ def test_the_metrics_carry_the_totals_per_person_and_channel(tmp_path: Path) -> 
     assert line % ("alice", "45.0") in second  # the new turn counted at the next scrape
     assert 'loopd_usage_gpu_seconds_total{channel="~town-square",person="bob"} 2.0' in second
     assert "_created" not in second
+
+
+def test_loopds_own_requests_and_a_terminal_session(tmp_path: Path) -> None:
+    """A prewarm before any message is loopd's own; a terminal session's turns are its person's,
+    a tool round included; a day is the UTC date."""
+    with SessionLog.open(tmp_path / "loopd.db") as log:
+        log.ensure_session("desk", 0)
+        log.start_epoch("desk", reason="new session", tools_text="[]", system_text="Hi.")
+        log.record_request("desk", _record(50, 1, RequestKind.PREWARM))
+        log.append_user("desk", "@mallory: not a post", external_key="k1")
+        call = {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [
+                {"id": "c1", "type": "function", "function": {"name": "ls", "arguments": "{}"}}
+            ],
+        }
+        log.append_assistant("desk", dumps(call), request=_record(30, 4))
+        log.append_tool_result("desk", tool_call_id="c1", content="a.txt")
+        followup = _record(6, 2, RequestKind.TOOL_FOLLOWUP)
+        log.append_assistant("desk", _answer("One file."), request=followup)
+        entries, requests = log.entries("desk"), log.requests("desk")
+    ledger = session_ledger(entries, requests, channel=TERMINAL_CHANNEL, local_person="ann")
+    day = day_of(requests[0].created_at)
+    assert day == requests[0].created_at[:10]  # the log's clock is UTC
+    assert ledger == {
+        UsageKey(day, LOOPD_ITSELF, TERMINAL_CHANNEL): Usage(1, 50, 100, 1, 1.0),
+        UsageKey(day, "ann", TERMINAL_CHANNEL): Usage(2, 36, 200, 6, 2.0),
+    }
+    assert day_of("2026-05-01T23:30:00-02:00") == "2026-05-02"
 
 
 def test_no_log_is_no_usage(tmp_path: Path) -> None:
