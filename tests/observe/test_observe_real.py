@@ -122,6 +122,16 @@ async def test_both_metrics_pages_move_as_a_turn_goes(
     assert (
         loopd_moved(loopd_before, loopd_after, "loopd_server_queue_wait_seconds_sum", slot="0") > 0
     )
+    # Usage per person: the turn counts for alice, in her direct message.
+    usage = {"person": "alice", "channel": "direct message"}
+    assert value(loopd_after, "loopd_usage_requests_total", **usage) == 1
+    assert value(loopd_after, "loopd_usage_prompt_tokens_total", **usage) == loopd_moved(
+        loopd_before, loopd_after, "loopd_prompt_tokens_processed_total", kind="turn"
+    )
+    assert value(loopd_after, "loopd_usage_generated_tokens_total", **usage) == loopd_moved(
+        loopd_before, loopd_after, "loopd_generated_tokens_total", kind="turn"
+    )
+    assert value(loopd_after, "loopd_usage_gpu_seconds_total", **usage) > 0
     chat = {"socket": "infer", "route": "/v1/chat/completions", "status": "200"}
     assert loopd_moved(brokerd_before, brokerd_after, "brokerd_requests_total", **chat) == 1
     streamed = {"socket": "infer", "direction": "to_box"}
