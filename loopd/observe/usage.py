@@ -32,7 +32,7 @@ _FIGURES = (
 @dataclass(frozen=True)
 class _Counted:
     last_row: int  # the session's latest request when it was counted
-    channel_label: ThreadView | None
+    label: ThreadView | None
     ledger: Ledger
 
 
@@ -55,7 +55,7 @@ class UsageCollector(Collector):
             last = requests[-1].id if requests else 0
             label = labels.get(session.name)
             known = self._counted.get(session.name)
-            if known is None or (known.last_row, known.channel_label) != (last, label):
+            if known is None or (known.last_row, known.label) != (last, label):
                 counted = one_session(self.log, session, labels, self.local_person)
                 self._counted[session.name] = _Counted(last, label, counted)
         return merged(counted.ledger for counted in self._counted.values())

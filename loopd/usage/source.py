@@ -37,7 +37,7 @@ def thread_labels(state_dir: Path) -> dict[str, ThreadView]:
         state.close()
 
 
-def where(
+def channel_and_person(
     session: str, labels: Mapping[str, ThreadView], local_person: str
 ) -> tuple[str, str | None]:
     """The session's channel, and its one person when it is a terminal's (None: a thread's
@@ -60,7 +60,7 @@ def one_session(
         requests = keep(requests)
     if not requests:
         return {}
-    channel, person = where(session.name, labels, local_person)
+    channel, person = channel_and_person(session.name, labels, local_person)
     return session_ledger(log.entries(session.name), requests, channel=channel, local_person=person)
 
 
