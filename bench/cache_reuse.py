@@ -16,9 +16,8 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, replace
-from datetime import datetime
 from pathlib import Path
 
 from bench.errors import BenchError
@@ -33,7 +32,7 @@ from bench.ideal import (
     reply_tokenized_anew,
     resumed_before_divergence,
 )
-from bench.naive import NaiveHarness
+from bench.naive import EVERY_MISTAKE, Mistake, NaiveHarness
 from bench.script import SCRIPT, SYSTEM_TEXT, TOOLS, ScriptedCall, UserTurn
 from loopcommon.jsonbytes import dumps
 from loopd.config import Settings, load_settings
@@ -62,6 +61,8 @@ class SessionSettings:
     scripted_max_tokens: int = 1  # for requests whose reply is scripted
     temperature: float = 0.0  # greedy: both clients get the same answers to the same prompt
     think_cap: int = 0  # no cap: the answers end at max_tokens, long before any cap
+    # The naive client again with each of its mistakes alone, to show what each one costs.
+    one_mistake_runs: bool = True
 
 
 @dataclass(frozen=True)
@@ -109,10 +110,22 @@ class CacheRow:
 
 
 @dataclass(frozen=True)
+class MistakeAlone:
+    """A run of the naive client that makes one of its mistakes only."""
+
+    mistake: Mistake
+    # The session's total after its first request: each run starts on the cache the run before
+    # it left (and the first request is every client's whole prompt), so the runs compare on the
+    # requests after it.
+    prompt_n_after_first: int
+
+
+@dataclass(frozen=True)
 class CacheResult:
     rows: list[CacheRow]
     settings: SessionSettings
     loopd_model_steps: list[Sent]  # the requests Turn.step ran, for loopd's CPU share
+    mistakes_alone: tuple[MistakeAlone, ...] = ()
 
     @property
     def loopd_total(self) -> int:
@@ -130,6 +143,14 @@ class CacheResult:
     def rewritten_total(self) -> int:
         """The ideal's tokens on requests after the template rewrote earlier turns."""
         return sum(row.ideal for row in self.rows if row.label is Label.TEMPLATE_REWRITE)
+
+    @property
+    def loopd_after_first(self) -> int:
+        return sum(row.loopd_prompt_n for row in self.rows[1:])
+
+    @property
+    def naive_after_first(self) -> int:
+        return sum(row.naive_prompt_n for row in self.rows[1:])
 
     @property
     def naive_over_loopd(self) -> float:
@@ -289,7 +310,7 @@ async def run_naive(
     url: str,
     s: SessionSettings,
     script: Sequence[UserTurn] = SCRIPT,
-    clock: Callable[[], datetime] = datetime.now,
+    mistakes: frozenset[Mistake] = EVERY_MISTAKE,
 ) -> list[Sent]:
     sampling = asdict(Sampling(temperature=s.temperature))
     sent: list[Sent] = []
@@ -300,7 +321,7 @@ async def run_naive(
             system_text=SYSTEM_TEXT,
             tools=TOOLS,
             sampling=sampling,
-            clock=clock,
+            mistakes=mistakes,
         )
         for number, user_turn in enumerate(script, start=1):
             naive.add_user(user_turn.text)
@@ -400,10 +421,15 @@ async def run(
     state_dir: Path,
     s: SessionSettings = SessionSettings(),
     script: Sequence[UserTurn] = SCRIPT,
-    clock: Callable[[], datetime] = datetime.now,
 ) -> CacheResult:
-    """The session through loopd, then through the naive client, then the ideal of each request."""
+    """The session through loopd, then through the naive client (every mistake at once, then
+    each mistake alone where ``s.one_mistake_runs``), then the ideal of each request."""
     loopd = await run_loopd(url, state_dir, s, script)
-    naive = await run_naive(url, s, script, clock)
+    naive = await run_naive(url, s, script)
+    alone = []
+    for mistake in Mistake if s.one_mistake_runs else ():
+        log.info("naive, %s only", mistake)
+        sent = await run_naive(url, s, script, frozenset({mistake}))
+        alone.append(MistakeAlone(mistake, sum(one.prompt_n for one in sent[1:])))
     table = await rows(url, s.model, loopd, naive)
-    return CacheResult(table, s, [sent for sent in loopd if sent.reply != "scripted"])
+    return CacheResult(table, s, [sent for sent in loopd if sent.reply != "scripted"], tuple(alone))

@@ -1,24 +1,30 @@
 """The baseline: a chat client written the way common clients are.
 
 It keeps the conversation as parsed fields and rebuilds every message for every request, which is
-where prompt caches are lost:
+where prompt caches are lost. Its mistakes are named (``Mistake``), so a run can make all of them
+(the baseline) or one alone (to see what each one costs):
 
-- the system line carries the current time, so the prompt changes near its start each request;
-- an assistant message is rebuilt from its parsed fields: ``reasoning_content`` is dropped, and
-  each tool call's arguments are parsed when received and re-dumped with ``json.dumps`` (spaces
-  after ``:`` and ``,``) when sent;
-- the body goes out through httpx's ``json=``, without a slot: the server picks one.
+- *time in the system line*: the prompt changes near its start on every request. The time moves
+  on by a minute a request (``request_clock``), as a person's messages are minutes apart: read
+  from the wall clock to the second, two requests of a fast model would share a stamp and the
+  cache would survive by luck, so the ratio would depend on the server's speed;
+- *reasoning dropped*: an assistant message is rebuilt without its ``reasoning_content``;
+- *arguments re-dumped*: each tool call's arguments are parsed when received and re-dumped with
+  ``json.dumps`` (spaces after ``:`` and ``,``) when sent.
 
-Sampling and ``max_tokens`` are the same as loopd's, so the two differ only in message handling.
+The body goes out through httpx's ``json=``, without a slot: the server picks one. Sampling and
+``max_tokens`` are the same as loopd's, so the two differ only in message handling.
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
-from typing import Any
+from datetime import datetime, timedelta
+from enum import StrEnum
+from typing import Any, Final
 
 import httpx
 
@@ -27,11 +33,28 @@ from bench.errors import BenchError
 CHAT_PATH = "/v1/chat/completions"
 
 
+class Mistake(StrEnum):
+    TIME_IN_SYSTEM_LINE = "time in the system line"
+    REASONING_DROPPED = "reasoning dropped"
+    ARGUMENTS_REDUMPED = "arguments re-dumped"
+
+
+EVERY_MISTAKE: Final = frozenset(Mistake)
+REQUEST_STEP: Final = timedelta(minutes=1)
+
+
+def request_clock(start: datetime = datetime(2026, 1, 5, 9, 0, 0)) -> Callable[[], datetime]:
+    """A clock a minute later at each reading (the naive client reads it once a request)."""
+    steps = itertools.count()
+    return lambda: start + REQUEST_STEP * next(steps)
+
+
 @dataclass
 class ParsedToolCall:
     id: str
     name: str
     arguments: dict[str, Any]
+    received: str  # the arguments as the server sent them
 
 
 @dataclass
@@ -40,6 +63,7 @@ class ParsedMessage:
     content: str | None = None
     tool_calls: list[ParsedToolCall] = field(default_factory=list)
     tool_call_id: str | None = None
+    reasoning: str | None = None
 
 
 @dataclass(frozen=True)
@@ -50,16 +74,21 @@ class NaiveReply:
 
 
 def parse_assistant(message: Mapping[str, Any]) -> ParsedMessage:
-    """Keep the fields a typical client keeps: content and tool calls with parsed arguments."""
+    """Keep the fields a typical client keeps: content and tool calls with parsed arguments
+    (and what it would drop, for the runs that make one mistake only)."""
     calls = [
         ParsedToolCall(
             id=str(call["id"]),
             name=str(call["function"]["name"]),
             arguments=_parse_arguments(call["function"].get("arguments") or "{}"),
+            received=str(call["function"].get("arguments") or "{}"),
         )
         for call in message.get("tool_calls") or ()
     ]
-    return ParsedMessage("assistant", message.get("content"), calls)
+    reasoning = message.get("reasoning_content")
+    return ParsedMessage(
+        "assistant", message.get("content"), calls, reasoning=reasoning if reasoning else None
+    )
 
 
 def _parse_arguments(text: str) -> dict[str, Any]:
@@ -70,15 +99,21 @@ def _parse_arguments(text: str) -> dict[str, Any]:
     return value if isinstance(value, dict) else {"value": value}
 
 
-def render(message: ParsedMessage) -> dict[str, Any]:
+def render(message: ParsedMessage, mistakes: frozenset[Mistake] = EVERY_MISTAKE) -> dict[str, Any]:
     """One message as the client sends it, rebuilt from its fields."""
     wire: dict[str, Any] = {"role": message.role, "content": message.content}
+    if message.reasoning is not None and Mistake.REASONING_DROPPED not in mistakes:
+        wire["reasoning_content"] = message.reasoning
     if message.tool_calls:
+        redumped = Mistake.ARGUMENTS_REDUMPED in mistakes
         wire["tool_calls"] = [
             {
                 "id": call.id,
                 "type": "function",
-                "function": {"name": call.name, "arguments": json.dumps(call.arguments)},
+                "function": {
+                    "name": call.name,
+                    "arguments": json.dumps(call.arguments) if redumped else call.received,
+                },
             }
             for call in message.tool_calls
         ]
@@ -98,14 +133,16 @@ class NaiveHarness:
         system_text: str,
         tools: Sequence[Mapping[str, Any]],
         sampling: Mapping[str, Any],
-        clock: Callable[[], datetime] = datetime.now,
+        clock: Callable[[], datetime] | None = None,
+        mistakes: frozenset[Mistake] = EVERY_MISTAKE,
     ) -> None:
         self.http = http
         self.model = model
         self.system_text = system_text
         self.tools = [dict(tool) for tool in tools]
         self.sampling = dict(sampling)
-        self.clock = clock
+        self.clock = clock if clock is not None else request_clock()
+        self.mistakes = mistakes
         self.history: list[ParsedMessage] = []
 
     def add_user(self, text: str) -> None:
@@ -120,11 +157,13 @@ class NaiveHarness:
         self.history.append(ParsedMessage("tool", content, tool_call_id=call_id))
 
     def system_line(self) -> str:
+        if Mistake.TIME_IN_SYSTEM_LINE not in self.mistakes:
+            return self.system_text
         return f"{self.system_text}\nCurrent time: {self.clock():%Y-%m-%d %H:%M:%S}"
 
     def messages(self) -> list[dict[str, Any]]:
         system = {"role": "system", "content": self.system_line()}
-        return [system, *(render(message) for message in self.history)]
+        return [system, *(render(message, self.mistakes) for message in self.history)]
 
     def body(self, max_tokens: int) -> dict[str, Any]:
         return {

@@ -300,7 +300,8 @@ def _cache_section(cache: CacheResult, plot_file: str | None, *, first: bool) ->
         f"One scripted session of {len(cache.rows)} requests on the `{s.model}` preset "
         f"({template}), run through loopd and then through the naive client (`bench/naive.py`: "
         "rebuilds messages from parsed fields, re-dumps tool arguments with `json.dumps`, drops "
-        "`reasoning_content`, puts the current time in the system line). Greedy sampling, the "
+        "`reasoning_content`, puts the time in the system line, a minute later each request). "
+        "Greedy sampling, the "
         "same for both. The naive client runs second: its first request finds in the server's "
         "cache what loopd's first request left there (its *naive cache_n*), which favours it.",
         "",
@@ -375,9 +376,54 @@ def _cache_section(cache: CacheResult, plot_file: str | None, *, first: bool) ->
             ],
         ),
     ]
+    lines += _mistakes_alone(cache)
     if plot_file:
         lines += ["", f"![prompt_n per request on {s.model}, loopd against naive]({plot_file})"]
     return lines
+
+
+def _mistakes_alone(cache: CacheResult) -> list[str]:
+    """What each of the naive client's mistakes costs alone, against loopd and all of them."""
+    if not cache.mistakes_alone:
+        return []
+    ours, every = cache.loopd_after_first, cache.naive_after_first
+    lines = [
+        "",
+        "The naive client again, making one of its mistakes only (the same script). Each run "
+        "starts on the cache the run before it left, so the runs are compared on the requests "
+        "after their first:",
+        "",
+    ]
+    rows = [
+        ("loopd", f"{ours:,}", "1.00x", ""),
+        ("every mistake", f"{every:,}", _times(every, ours), "100%"),
+    ]
+    rows += [
+        (
+            f"{alone.mistake.value} alone",
+            f"{alone.prompt_n_after_first:,}",
+            _times(alone.prompt_n_after_first, ours),
+            _share(alone.prompt_n_after_first - ours, every - ours),
+        )
+        for alone in cache.mistakes_alone
+    ]
+    return lines + table(
+        [
+            "Client",
+            "prompt_n after the first request",
+            "x loopd",
+            "share of every mistake's excess",
+        ],
+        rows,
+    )
+
+
+def _times(tokens: int, ours: int) -> str:
+    return f"{tokens / max(ours, 1):.2f}x"
+
+
+def _share(part: int, whole: int) -> str:
+    return f"{part / whole:.0%}" if whole > 0 else "n/a"
 
 
 def _cut_replies(rows: Sequence[CacheRow]) -> list[str]:

@@ -2,16 +2,15 @@
 
 from __future__ import annotations
 
-import itertools
 import json
-from collections.abc import Callable, Sequence
-from datetime import datetime, timedelta
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
 
 from bench.cache_reuse import CUT_REPLY, SESSION, CacheResult, SessionSettings, run
 from bench.ideal import Label
+from bench.naive import Mistake
 from bench.script import SCRIPT
 from loopd.sessionlog import EntryKind, SessionLog
 from loopd_dev.fakes.llama import ScriptedReply, ScriptedToolCall
@@ -20,13 +19,6 @@ from tests.bench.fake_server import fake_server
 pytestmark = pytest.mark.anyio
 
 SHORT = SCRIPT[:3]  # 6 requests: a recorded call, two scripted ones, three answers
-
-
-def ticking_clock() -> Callable[[], datetime]:
-    """A clock a minute later at every call: the naive client's time line always changes."""
-    start = datetime(2026, 1, 1, 9, 0, 0)
-    minutes = itertools.count()
-    return lambda: start + timedelta(minutes=next(minutes))
 
 
 async def _run(
@@ -38,7 +30,7 @@ async def _run(
     async with fake_server(
         drop_past_reasoning=drop_past_reasoning, think_replies=think_replies
     ) as url:
-        return await run(url, tmp_path, SessionSettings(), SHORT, ticking_clock())
+        return await run(url, tmp_path, SessionSettings(), SHORT)
 
 
 async def test_every_request_gets_a_row_with_the_servers_token_count(tmp_path: Path) -> None:
@@ -65,6 +57,21 @@ async def test_exact_replay_meets_the_ideal_and_the_naive_client_does_not(tmp_pa
     assert all(0 <= row.over_ideal <= 2 for row in judged)
     assert result.naive_total > result.loopd_total
     assert all(row.naive_prompt_n > row.loopd_prompt_n for row in result.rows[1:])
+
+
+async def test_each_mistake_of_the_naive_client_is_also_run_alone(tmp_path: Path) -> None:
+    result = await _run(tmp_path)
+    assert [alone.mistake for alone in result.mistakes_alone] == list(Mistake)
+    by_mistake = {alone.mistake: alone.prompt_n_after_first for alone in result.mistakes_alone}
+    # The time line changes every request near the prompt's start: each request is read whole.
+    assert by_mistake[Mistake.TIME_IN_SYSTEM_LINE] > 2 * result.loopd_after_first
+    assert result.naive_after_first > 2 * result.loopd_after_first
+
+
+async def test_the_runs_of_one_mistake_can_be_left_out(tmp_path: Path) -> None:
+    async with fake_server() as url:
+        result = await run(url, tmp_path, SessionSettings(one_mistake_runs=False), SHORT)
+    assert result.mistakes_alone == ()
 
 
 async def test_a_template_that_drops_reasoning_is_labelled_not_counted_as_a_miss(

@@ -7,7 +7,7 @@ import httpx
 import pytest
 
 from bench.errors import BenchError
-from bench.naive import NaiveHarness, parse_assistant, render
+from bench.naive import Mistake, NaiveHarness, parse_assistant, render, request_clock
 from bench.script import RECORDED_TOOL_CALL, TOOLS
 
 STREAMED = {
@@ -115,3 +115,36 @@ async def test_a_refused_request_is_a_bench_error_with_the_status() -> None:
     ) as http:
         with pytest.raises(BenchError, match="400"):
             await harness(http).complete(max_tokens=4)
+
+
+def test_each_mistake_can_be_made_alone() -> None:
+    parsed = parse_assistant(STREAMED)
+    received = STREAMED["tool_calls"][0]["function"]["arguments"]  # type: ignore[index]
+    only_reasoning = render(parsed, frozenset({Mistake.REASONING_DROPPED}))
+    assert "reasoning_content" not in only_reasoning
+    assert only_reasoning["tool_calls"][0]["function"]["arguments"] == received
+    only_arguments = render(parsed, frozenset({Mistake.ARGUMENTS_REDUMPED}))
+    assert only_arguments["reasoning_content"] == "Read it first."
+    assert only_arguments["tool_calls"][0]["function"]["arguments"] != received
+
+
+def test_without_the_time_mistake_the_system_line_is_the_same_every_request() -> None:
+    naive = NaiveHarness(
+        httpx.AsyncClient(),
+        model="m",
+        system_text="Be brief.",
+        tools=TOOLS,
+        sampling={},
+        mistakes=frozenset({Mistake.REASONING_DROPPED}),
+    )
+    assert naive.system_line() == naive.system_line() == "Be brief."
+
+
+def test_the_time_line_moves_on_by_a_minute_each_request_whatever_the_servers_speed() -> None:
+    naive = NaiveHarness(
+        httpx.AsyncClient(), model="m", system_text="Be brief.", tools=TOOLS, sampling={}
+    )
+    first, second = naive.system_line(), naive.system_line()
+    assert [first[-8:], second[-8:]] == ["09:00:00", "09:01:00"]
+    clock = request_clock(datetime(2026, 3, 1, 23, 59, 0))
+    assert [clock(), clock()] == [datetime(2026, 3, 1, 23, 59), datetime(2026, 3, 2, 0, 0)]
