@@ -258,7 +258,7 @@ async def test_chromium_shows_the_busy_slot_the_session_and_its_phase(
                     browse,
                     "shot",
                     f"--screenshot={shot}",
-                    "--window-size=1100,620",
+                    "--window-size=1640,620",
                     "--hide-scrollbars",
                 )
             still_live = (await stack.loopd_get("/status.json")).json()["live"]
