@@ -1,0 +1,145 @@
+"""A thread as a person lives it, through the official Mattermost client: alice posts, replies
+and reacts with Client4 (``js/person.cjs``) against the fake, loopd answers, and what she reads
+back through Client4 says what happened: an answer cut at the limit says so, a turn she stopped
+(with the word or the reaction) says who stopped it.
+
+The waits are on the fake's own record of loopd's posts (an event the test can see at once);
+every assertion is on what Client4 reads.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+
+from loopd.engine.notes import cut_note
+from loopd_dev.fakes.llama import (
+    FakeLlama,
+    ModelSpec,
+    Pace,
+    RunningFake,
+    ScriptedReply,
+    serve_fake_llama,
+)
+from tests.chat.chat_support import Env, daemon, until
+from tests.chat.conftest import FAKE_MODEL
+from tests.chat.test_chat_scenarios import environment
+
+pytestmark = [pytest.mark.anyio, pytest.mark.timeout(300)]
+
+STOPPED = "⏹️ Stopped by @alice."
+
+
+@pytest.fixture
+def fake_llama() -> FakeLlama:
+    return FakeLlama([ModelSpec(FAKE_MODEL, n_slots=2, n_ctx=32768)])
+
+
+@pytest.fixture
+async def llama(fake_llama: FakeLlama) -> AsyncIterator[RunningFake]:
+    async with serve_fake_llama(fake_llama) as running:
+        yield running
+
+
+class Alice:
+    """alice's own client: each call one run of ``person.cjs``."""
+
+    def __init__(self, node: str, modules: Path, scripts: Path, env: Env) -> None:
+        self.node, self.modules, self.script = node, modules, scripts / "person.cjs"
+        self.env = env
+        user = env.fake.user("alice")
+        self.base = {"url": env.mm.base_url, "token": user.token}
+        self.user_id = user.id
+
+    async def _run(self, **arguments: Any) -> dict[str, Any]:
+        environ = {**os.environ, "NODE_PATH": str(self.modules), "NODE_NO_WARNINGS": "1"}
+        with anyio.fail_after(120):
+            done = await anyio.run_process(
+                [self.node, str(self.script), json.dumps({**self.base, **arguments})],
+                env=environ,
+                check=False,
+            )
+        assert done.returncode == 0, done.stderr.decode(errors="replace")
+        out: dict[str, Any] = json.loads(done.stdout)
+        return out
+
+    async def post(self, message: str, root_id: str = "") -> str:
+        out = await self._run(op="post", channel_id=self.env.dm(), message=message, root_id=root_id)
+        return str(out["post"]["id"])
+
+    async def react(self, post_id: str, emoji_name: str) -> None:
+        await self._run(op="react", user_id=self.user_id, post_id=post_id, emoji_name=emoji_name)
+
+    async def thread(self, root_id: str) -> list[dict[str, Any]]:
+        """The thread's posts as her client shows them, oldest first."""
+        posts: list[dict[str, Any]] = (await self._run(op="thread", post_id=root_id))["posts"]
+        return posts
+
+    async def bot_messages(self, root_id: str) -> list[str]:
+        bot = self.env.fake.bot.id
+        return [p["message"] for p in await self.thread(root_id) if p["user_id"] == bot]
+
+
+AliceOf = Callable[[Env], Alice]
+
+
+@pytest.fixture
+def alice_of(node: str, client_modules: Path, scripts: Path) -> AliceOf:
+    """alice's client for an environment (each test makes its own)."""
+    return lambda env: Alice(node, client_modules, scripts, env)
+
+
+async def test_an_answer_cut_at_the_limit_says_so_in_her_client(
+    tmp_path: Path, fake_llama: FakeLlama, llama: RunningFake, alice_of: AliceOf
+) -> None:
+    fake_llama.push(ScriptedReply(content="word " * 400), model=FAKE_MODEL)
+    async with environment(tmp_path, None, llama, max_tokens=24) as env, daemon(env):
+        alice = alice_of(env)
+        root = await alice.post("write a lot")
+        await until(lambda: len(env.answers(root)) == 1, "the cut answer")
+        [answer] = await alice.bot_messages(root)  # no status post left, no other post
+        assert answer.startswith("word word"), answer
+        assert answer.endswith(f"\n\n_{cut_note(24)}_"), answer
+
+
+async def test_a_turn_she_stops_with_the_word_says_who_stopped_it(
+    tmp_path: Path, fake_llama: FakeLlama, llama: RunningFake, alice_of: AliceOf
+) -> None:
+    fake_llama.pace = Pace(tokens_per_second=30)
+    fake_llama.push(ScriptedReply(content="long " * 500), model=FAKE_MODEL)
+    async with environment(tmp_path, None, llama) as env, daemon(env):
+        alice = alice_of(env)
+        root = await alice.post("write a lot")
+        await until(lambda: "answering" in "".join(env.status_history(root)), "answering")
+        await alice.post("stop", root_id=root)
+        await until(lambda: env.status_posts_left(root) == [], "the status post to go", 60)
+        [closing] = await alice.bot_messages(root)
+        assert closing.endswith(f"\n\n{STOPPED}"), closing
+
+
+async def test_a_turn_she_stops_with_the_reaction_says_who_stopped_it(
+    tmp_path: Path, fake_llama: FakeLlama, llama: RunningFake, alice_of: AliceOf
+) -> None:
+    fake_llama.pace = Pace(tokens_per_second=30)
+    fake_llama.push(ScriptedReply(content="long " * 500), model=FAKE_MODEL)
+    async with environment(tmp_path, None, llama) as env, daemon(env):
+        alice = alice_of(env)
+        root = await alice.post("write a lot")
+        await until(lambda: "answering" in "".join(env.status_history(root)), "answering")
+        # She finds the status post in her client, by the prop loopd gives it.
+        status = [
+            p
+            for p in await alice.thread(root)
+            if str(p.get("props", {}).get("loopd_turn", "")).endswith(":status")
+        ]
+        assert len(status) == 1, status
+        await alice.react(status[0]["id"], "octagonal_sign")
+        await until(lambda: env.status_posts_left(root) == [], "the status post to go", 60)
+        messages = await alice.bot_messages(root)
+        assert any(m.endswith(STOPPED) for m in messages), messages
