@@ -4,9 +4,12 @@
 #
 #  - an ext4 image file per volume, in /var/lib/loopd-volumes (--images), made sparse and with
 #    no blocks reserved for root (the session log's own reserve is loopd's disk-reserve file);
-#  - mounted by the kernel's loop driver on the folder the volume unit binds
-#    (~ACCOUNT/.local/share/loopd/state and .../workspace), at every boot through /etc/fstab;
-#  - owned by the account, so that rootless podman may bind it.
+#  - mounted by the kernel's loop driver on ~ACCOUNT/.local/share/loopd/state and .../workspace,
+#    at every boot through /etc/fstab;
+#  - with a folder `volume` in it, the account's, which the volume unit binds: where podman's
+#    namespace does not see the mount (it started before it, on a host whose root mount is not
+#    shared), the folder is missing there and the box does not start, instead of starting on
+#    the account's disk.
 #
 # Rootless podman cannot mount a filesystem itself (the kernel refuses an unprivileged loop
 # mount), so root does it here and deploy/loopd-*.volume bind the result (Type=bind). Nothing in
@@ -107,7 +110,8 @@ volume() { # NAME SIZE: the image, its filesystem, its fstab line and its mount
     # Each of the account's folders on the way, the account's (the ones install.sh makes too).
     install -d -o "$uid" -g "$gid" -m 0700 "$home/.local" "$home/.local/share"
     install -d -o "$uid" -g "$gid" -m 0700 "$home/.local/share/loopd" "$mountpoint"
-    line="$image $mountpoint ext4 $options 0 2"
+    # No fsck pass: the image is a file, not a block device (volumes.sh checks it when it grows).
+    line="$image $mountpoint ext4 $options 0 0"
     touch "$fstab"
     if ! grep -qxF "$line" "$fstab"; then
         # One line per mount point: an older line for it (other options, another image) goes.
@@ -118,9 +122,7 @@ volume() { # NAME SIZE: the image, its filesystem, its fstab line and its mount
     fi
     mountpoint -q "$mountpoint" || mount --fstab "$fstab" "$mountpoint"
 
-    # The filesystem's root and lost+found are the account's: podman's :U gives them to the
-    # box's user, which it can do only for files the account owns.
-    chown "$uid:$gid" "$mountpoint" "$mountpoint/lost+found" 2>/dev/null || chown "$uid:$gid" "$mountpoint"
+    install -d -o "$uid" -g "$gid" -m 0700 "$mountpoint/volume"
     log "$name: $(df -h --output=size "$mountpoint" | tail -n 1 | tr -d ' ') ext4 on $mountpoint ($image, in $fstab)"
 }
 

@@ -22,6 +22,8 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = REPO_ROOT / "deploy"
 VOLUMES = ("state", "workspace")
 MOUNT_POINT = "%h/.local/share/loopd/{}"
+# What a volume binds: a folder in the filesystem, missing where the filesystem is not mounted.
+BOUND = MOUNT_POINT + "/volume"
 # The [Volume] keys podman-systemd.unit(5) documents for podman 4.7, the first quadlet that reads
 # VolumeName= (an older one refuses the whole unit for a key it does not know).
 QUADLET_4_7_VOLUME_KEYS = frozenset(
@@ -37,10 +39,11 @@ def volume_unit(name: str) -> quadlet.UnitFile:
 def test_each_volume_binds_the_folder_volumes_sh_mounts() -> None:
     script = (DEPLOY / "volumes.sh").read_text()
     assert 'mountpoint="$home/.local/share/loopd/$name"' in script
+    assert 'install -d -o "$uid" -g "$gid" -m 0700 "$mountpoint/volume"' in script
     for name in VOLUMES:
         unit = volume_unit(name)
         assert unit.last("Volume", "VolumeName") == f"loopd-{name}"
-        assert unit.last("Volume", "Device") == MOUNT_POINT.format(name)
+        assert unit.last("Volume", "Device") == BOUND.format(name)
         assert unit.last("Volume", "Type") == "bind"
     container, _ = quadlet.load_container(DEPLOY / "loopd.container")
     assert container.values("Unit", "AssertPathIsMountPoint") == [
@@ -68,7 +71,7 @@ def test_the_service_for_older_podman_makes_each_volume_on_its_filesystem() -> N
         scripts.append(script)
     assert scripts == [
         f"/usr/bin/podman volume exists loopd-{name} || /usr/bin/podman volume create "
-        f"--opt device={MOUNT_POINT.format(name)} --opt type=bind loopd-{name}"
+        f"--opt device={BOUND.format(name)} --opt type=bind loopd-{name}"
         for name in VOLUMES
     ]
     assert service.values("Unit", "AssertPathIsMountPoint") == [
@@ -107,4 +110,4 @@ def test_podmans_own_quadlet_makes_the_sized_volumes(tmp_path: Path) -> None:
     )
     assert result.returncode == 0, result.stderr
     for name in VOLUMES:
-        assert f"--opt device={MOUNT_POINT.format(name)} --opt type=bind" in result.stdout
+        assert f"--opt device={BOUND.format(name)} --opt type=bind" in result.stdout

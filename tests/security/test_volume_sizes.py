@@ -48,11 +48,18 @@ class Namespace:
 
     @classmethod
     def start(cls) -> Namespace:
+        # The line comes once the namespace is made: entering the holder earlier would enter
+        # the machine's own namespace and mount there.
         holder = subprocess.Popen(
-            ["unshare", "--mount", "--propagation", "private", "cat"],
+            ["unshare", "--mount", "--propagation", "private", "sh", "-c", "echo in; exec cat"],
             stdin=subprocess.PIPE,
-            stdout=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
         )
+        assert holder.stdout is not None
+        line = holder.stdout.readline()
+        holder.stdout.close()
+        assert line == b"in\n", line
+        assert os.readlink(f"/proc/{holder.pid}/ns/mnt") != os.readlink("/proc/self/ns/mnt")
         return cls(holder)
 
     def run(
