@@ -18,7 +18,8 @@
 # on it, untouched.
 #
 # A size is a number with an optional K, M, G or T suffix (powers of 1024). A larger size than
-# the image has grows it in place (online, while mounted); a smaller one is refused.
+# the filesystem has grows it: in place while mounted where the host allows online resizing,
+# else once it is unmounted (the script says how); a smaller one is refused.
 #
 # Usage: deploy/volumes.sh --user ACCOUNT --state-size SIZE --workspace-size SIZE
 #            [--home DIR] [--images DIR] [--fstab FILE]
@@ -107,9 +108,11 @@ volume() { # NAME SIZE: the image, its filesystem, its fstab line and its mount
         fi
     fi
 
-    # Each of the account's folders on the way, the account's (the ones install.sh makes too).
-    install -d -o "$uid" -g "$gid" -m 0700 "$home/.local" "$home/.local/share"
-    install -d -o "$uid" -g "$gid" -m 0700 "$home/.local/share/loopd" "$mountpoint"
+    # The folders on the way that do not exist yet, the account's (install.sh makes some too).
+    local folder
+    for folder in "$home/.local" "$home/.local/share" "$home/.local/share/loopd" "$mountpoint"; do
+        [ -d "$folder" ] || install -d -o "$uid" -g "$gid" -m 0700 "$folder"
+    done
     # No fsck pass: the image is a file, not a block device (volumes.sh checks it when it grows).
     line="$image $mountpoint ext4 $options 0 0"
     touch "$fstab"
