@@ -517,9 +517,10 @@ def test_the_box_holds_no_token(walkthrough: Walkthrough) -> None:
     assert token not in walkthrough.inspect
     for log in walkthrough.loopd_logs:
         assert token not in log
-    # The volumes bind their filesystems, which are mounted in the manager's namespace only.
+    # Each volume binds the folder `volume` of its filesystem, mounted in the manager's namespace
+    # only (so read there).
     for volume in ("state", "workspace"):
-        folder = str(walkthrough.installed(f".local/share/loopd/{volume}"))
+        folder = str(walkthrough.installed(f".local/share/loopd/{volume}/volume"))
         found = walkthrough.operator.run(["grep", "-rlF", token, folder])
         assert (found.returncode, found.stdout) == (1, ""), f"{volume}: {found}"  # 1: no match
         if volume == "state":
