@@ -7,10 +7,12 @@
 #    ~/.config/loopd/expected (the self-test's expectations), ~/.local/state/brokerd and
 #    ~/.local/state/loopd/metrics (loopd's metrics socket, mounted in the box);
 #  - the units: brokerd.service, and loopd.container with its volumes for podman's quadlet
-#    generator, or, where podman has none that reads it (before 4.6), the loopd.service it
+#    generator, or, where podman has none that reads it (before 4.7), the loopd.service it
 #    would generate;
 #  - the image, loaded into this account's podman from the archive `make image` saved;
-#  - systemctl --user daemon-reload, when a user manager is running.
+#  - systemctl --user daemon-reload, when a user manager is running;
+#  - a line for each volume that has no filesystem of its own yet (deploy/volumes.sh, as root,
+#    makes them: this account cannot).
 #
 # Usage: deploy/install.sh --wheels DIR [--image FILE] [--containers-conf FILE]
 set -euo pipefail
@@ -80,10 +82,11 @@ fi
 install -d "$units"
 install -m 0644 "$deploy/brokerd.service" "$units/brokerd.service"
 log "wrote $units/brokerd.service"
-# loopd.container uses keys (Pull=, Unmask=) quadlet reads from podman 4.6 on.
+# loopd.container and its volumes use keys quadlet reads from podman 4.7 on (Pull= and Unmask=
+# from 4.6, VolumeName= from 4.7: an older quadlet refuses the unit for a key it does not know).
 podman_version=$(podman --version | awk '{print $3}')
 generator=""
-if printf '4.6\n%s\n' "$podman_version" | sort -V -C; then
+if printf '4.7\n%s\n' "$podman_version" | sort -V -C; then
     for candidate in /usr/lib/systemd/user-generators/podman-user-generator \
         /usr/libexec/podman/quadlet /usr/lib/podman/quadlet; do
         [ -x "$candidate" ] && generator=$candidate && break
@@ -113,6 +116,15 @@ if [ -n "$image" ]; then
     log "loaded $image into $(id -un)'s podman"
 fi
 podman image exists localhost/loopd:latest || die "localhost/loopd:latest is not in $(id -un)'s podman; pass --image"
+
+# --- the volumes' filesystems (made by root) ------------------------------------------------------
+# loopd.container starts only once both are mounted (AssertPathIsMountPoint=).
+for volume in state workspace; do
+    if ! mountpoint -q "$HOME/.local/share/loopd/$volume"; then
+        log "the $volume volume has no filesystem yet: as root, run deploy/volumes.sh --user" \
+            "$(id -un) --state-size SIZE --workspace-size SIZE (docs/deployment.md, section 2)"
+    fi
+done
 
 # --- systemd ------------------------------------------------------------------------------------
 if systemctl --user show-environment >/dev/null 2>&1; then

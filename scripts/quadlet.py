@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """deploy/loopd.container as podman arguments, for hosts whose podman has no quadlet generator.
 
-Podman 4.6 and later turn a ``.container`` file (with the keys loopd's uses) into a systemd
+Podman 4.7 and later turn a ``.container`` file (with the keys loopd's uses) into a systemd
 service at ``daemon-reload``. Older podman (Debian 12 ships 4.3) does not, so
 ``deploy/install.sh`` writes that service with ``service`` below, and the image test starts the
 container with ``run-args``: both from the unit file itself, never from a hand-written copy of
@@ -46,6 +46,9 @@ KNOWN_KEYS = frozenset(
         "Unmask",
     }
 )
+# The [Volume] keys translated here: the name, and the mount a volume binds (podman volume create's
+# --opt device=, type= and o=, as podman-systemd.unit(5) maps Device=, Type= and Options=).
+KNOWN_VOLUME_KEYS = frozenset({"VolumeName", "Device", "Type", "Options"})
 # systemd's specifiers that may appear in loopd's unit, expanded for a run outside systemd.
 SPECIFIERS = ("h", "t", "U", "u")
 _TRUE = frozenset({"1", "yes", "true", "on"})
@@ -116,6 +119,29 @@ def words(value: str) -> list[str]:
 def volume_name(unit: UnitFile, filename: str) -> str:
     """The podman volume a ``.volume`` unit makes: ``VolumeName=``, else ``systemd-<name>``."""
     return unit.last(VOLUME, "VolumeName") or f"systemd-{filename.removesuffix('.volume')}"
+
+
+def volume_create_args(unit: UnitFile, filename: str) -> list[str] | None:
+    """``podman volume create`` (from ``volume`` on) for a ``.volume`` unit with mount options, as
+    quadlet's volume service runs it (less its ``--ignore``, which podman 4.3 lacks); ``None``
+    for a plain volume, which ``podman run`` makes."""
+    unknown = sorted({key for key, _ in unit.sections.get(VOLUME, [])} - KNOWN_VOLUME_KEYS)
+    if unknown:
+        raise QuadletError(
+            f"{unit.name}: [{VOLUME}] {', '.join(unknown)} not translated by scripts/quadlet.py; "
+            f"add it there (podman-systemd.unit(5) gives its option)"
+        )
+    device, kind, options = (unit.last(VOLUME, key) for key in ("Device", "Type", "Options"))
+    if not (device or kind or options):
+        return None
+    if not device:
+        raise QuadletError(f"{unit.name}: [{VOLUME}] Type= and Options= need Device=")
+    args = ["volume", "create", "--opt", f"device={device}"]
+    if kind:
+        args += ["--opt", f"type={kind}"]
+    if options:
+        args += ["--opt", f"o={options}"]
+    return [*args, volume_name(unit, filename)]
 
 
 def podman_run_args(
@@ -236,9 +262,18 @@ def service_unit(
     name = container.last(CONTAINER, "ContainerName") or f"systemd-{Path(container.name).stem}"
     run = [podman, *podman_run_args(container, volumes, under_systemd=True, cgroups=cgroups)]
     stop = [podman, "rm", "-v", "-f", "-i", name]
+    # quadlet makes each volume with options in a service of its own before the container's
+    # (`volume create --ignore`); here the container's service makes the missing ones first.
+    creates = []
+    for filename, volume in volumes.items():
+        create = volume_create_args(volume, filename)
+        if create is not None:
+            exists = shlex.join([podman, "volume", "exists", create[-1]])
+            script = f"{exists} || {shlex.join([podman, *create])}"
+            creates.append(("ExecStartPre", f"/bin/sh -c {systemd_quote(script)}"))
     lines = [
         f"# Generated from {Path(container.name).name} by scripts/quadlet.py, as podman's quadlet",
-        "# generator (podman 4.6 and later) would; edit the .container file, not this one.",
+        "# generator (podman 4.7 and later) would; edit the .container file, not this one.",
     ]
 
     def section(title: str, pairs: Sequence[tuple[str, str]]) -> list[str]:
@@ -256,6 +291,7 @@ def service_unit(
             ("Type", "notify"),
             ("NotifyAccess", "all"),
             ("SyslogIdentifier", "%N"),
+            *creates,
             ("ExecStart", " ".join(systemd_quote(arg) for arg in run)),
             ("ExecStop", " ".join(systemd_quote(arg) for arg in stop)),
             ("ExecStopPost", "-" + " ".join(systemd_quote(arg) for arg in stop)),

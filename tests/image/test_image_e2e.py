@@ -37,7 +37,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from loopd_dev import devserver
 from scripts import quadlet
-from tests.e2e.e2e_support import Child, ChildFailed, files_containing, minimal_env
+from tests.e2e.e2e_support import Child, ChildFailed, minimal_env
 from tests.image.image_support import (
     REPO_ROOT,
     FakeMattermost,
@@ -70,6 +70,10 @@ SERVING = "serving Mattermost as"
 STOOD_IN = {
     "sudo apt-get install podman runc mmdebstrap uidmap python3-venv": (
         "scripts/image.sh deps installs them (as root) when `make test` runs `make image`"
+    ),
+    "sudo deploy/volumes.sh --user loopd --state-size 4G --workspace-size 40G": (
+        "run as root in the user manager's mount namespace, for the test's account and home, "
+        "with sizes of 128M and 512M"
     ),
     "make image": "run by `make test` before the tests; the test loads the archive it saved",
     "make install": "its recipe (`make -n -o image install`) runs as the operator",
@@ -252,8 +256,24 @@ def _answers_after(walk: Walkthrough, count: int) -> None:
     walk.answers.append(walk.mm.answers(walk.thread))
 
 
+def _make_volumes(walk: Walkthrough) -> None:
+    """The root step: the volumes' filesystems, mounted where the operator's manager (and the
+    podman it starts) sees them, before any podman of the operator's runs."""
+    operator = walk.operator
+    assert operator.manager is not None
+    script = REPO_ROOT / "deploy" / "volumes.sh"
+    argv = ["nsenter", "-t", str(operator.manager.pid), "-m", "--", "bash", str(script)]
+    argv += ["--user", operator.name, "--home", str(operator.home)]
+    argv += ["--images", str(operator.root / "volumes"), "--fstab", str(operator.root / "fstab")]
+    argv += ["--state-size", "128M", "--workspace-size", "512M"]
+    result = subprocess.run(argv, capture_output=True, text=True, timeout=300, check=False)
+    assert result.returncode == 0, f"{argv}\n{result.stdout}\n{result.stderr}"
+
+
 def _walk(walk: Walkthrough, mm_socket: Path) -> None:
     operator = walk.operator
+    with walk.step("volumes"):
+        _make_volumes(walk)
     with walk.step("make install"):
         _install(walk)
     with walk.step("brokerd"):
@@ -497,16 +517,29 @@ def test_the_box_holds_no_token(walkthrough: Walkthrough) -> None:
     assert token not in walkthrough.inspect
     for log in walkthrough.loopd_logs:
         assert token not in log
-    for volume in ("loopd-state", "loopd-workspace"):
-        mountpoint = walkthrough.operator.check(
-            ["podman", "volume", "inspect", "--format", "{{.Mountpoint}}", volume]
-        ).strip()
-        assert files_containing(Path(mountpoint), token.encode()) == [], volume
-        if volume == "loopd-state":
-            assert (Path(mountpoint) / "loopd.db").exists()
+    # Each volume binds the folder `volume` of its filesystem, mounted in the manager's namespace
+    # only (so read there).
+    for volume in ("state", "workspace"):
+        folder = str(walkthrough.installed(f".local/share/loopd/{volume}/volume"))
+        found = walkthrough.operator.run(["grep", "-rlF", token, folder])
+        assert (found.returncode, found.stdout) == (1, ""), f"{volume}: {found}"  # 1: no match
+        if volume == "state":
+            assert walkthrough.operator.run(["test", "-e", f"{folder}/loopd.db"]).returncode == 0
     # The token is where the operator put it; brokerd used it and kept it out of its log.
     assert token in walkthrough.installed(".config/brokerd/bot-token").read_text()
     assert token not in (walkthrough.operator.root / "brokerd.log").read_text()
+
+
+def test_the_boxs_volumes_are_the_filesystems_of_the_sizes_given(walkthrough: Walkthrough) -> None:
+    sizes = {}
+    for path in ("/var/lib/loopd", "/workspace"):
+        df = ["podman", "exec", "loopd", "df", "-B1", "--output=size,fstype", path]
+        size, fstype = walkthrough.operator.check(df).splitlines()[-1].split()
+        assert fstype == "ext4", path
+        sizes[path] = int(size)
+    # 128M and 512M (_make_volumes), less ext4's own tables and journal.
+    assert 100 * 1024**2 <= sizes["/var/lib/loopd"] <= 128 * 1024**2, sizes
+    assert 450 * 1024**2 <= sizes["/workspace"] <= 512 * 1024**2, sizes
 
 
 def test_run_command_is_sandboxed_by_bubblewrap_in_the_box(walkthrough: Walkthrough) -> None:
