@@ -46,7 +46,7 @@ from bench import (
 from bench.errors import BenchError
 from bench.machine import describe, load_average
 from bench.plot import prompt_n_plot
-from bench.report import COMMAND, Results, render
+from bench.report import COMMAND, Results, cache_sections, render
 from bench.serverlog import LogFollower
 from bench.sse_reference import REFERENCE_LIBRARY, library_parser, reference_parser
 from loopd_dev import devserver
@@ -99,6 +99,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "and without a saved slot state), written to <date>-durable.md",
     )
     parser.add_argument(
+        "--cache-reuse",
+        action="store_true",
+        help="only cache reuse against the naive client (all its mistakes and each alone), "
+        "written to <date>-cache-reuse.md",
+    )
+    parser.add_argument(
         "--append",
         action="store_true",
         help="add the report below the day's earlier one instead of replacing it",
@@ -131,6 +137,8 @@ def run(args: argparse.Namespace) -> Path:
         return _section_only(args, started, "real tool calls", "real-tools", _real_tools)
     if args.durable:
         return _section_only(args, started, "durable sessions", "durable", _durable)
+    if args.cache_reuse:
+        return _section_only(args, started, "cache reuse", "cache-reuse", _cache_reuse)
     load_before = load_average()
     if args.scale_only:
         return _scale_only(args, started)
@@ -181,6 +189,36 @@ def run(args: argparse.Namespace) -> Path:
 def _real_tools(args: argparse.Namespace) -> str:
     with tempfile.TemporaryDirectory(prefix="bench-") as tmp:
         return realtools.render(realtools.run(Path(tmp), args.cache_dir))
+
+
+def _cache_reuse(args: argparse.Namespace) -> str:
+    with tempfile.TemporaryDirectory(prefix="bench-") as tmp:
+        work = Path(tmp)
+        server = devserver.start(
+            work / "server",
+            args.cache_dir,
+            socket_path=work / "llama.sock",
+            load=CACHE_PRESETS,
+            layout=LAYOUT,
+        )
+        try:
+            caches, _ = anyio.run(
+                _server_benchmarks,
+                server.url,
+                work,
+                LogFollower(server.log_path),
+                CACHE_PRESETS,
+                (),
+            )
+        finally:
+            server.stop()
+    stem = f"{datetime.now():%Y-%m-%d}-cache-reuse"
+    plot_files = []
+    for cache in caches:
+        plot_file = f"{stem}-prompt-n-{cache.settings.model}.png"
+        prompt_n_plot(cache.rows, args.out / plot_file, cache.settings.model)
+        plot_files.append(plot_file)
+    return "\n".join(cache_sections(caches, plot_files)) + "\n"
 
 
 def _durable(args: argparse.Namespace) -> str:

@@ -283,9 +283,14 @@ TEMPLATES = {
 def _cache_sections(r: Results) -> list[str]:
     if not r.caches:
         return ["## Cache reuse: loopd against a naive client", "", "Not run (`--offline`)."]
+    return cache_sections(r.caches, r.plot_files)
+
+
+def cache_sections(caches: Sequence[CacheResult], plot_files: Sequence[str]) -> list[str]:
+    """A section per preset of the cache benchmark (in the full report or alone)."""
     lines: list[str] = []
-    for index, cache in enumerate(r.caches):
-        plot = r.plot_files[index] if index < len(r.plot_files) else None
+    for index, cache in enumerate(caches):
+        plot = plot_files[index] if index < len(plot_files) else None
         lines += _cache_section(cache, plot, first=index == 0)
         lines += [""]
     return lines[:-1]
