@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from collections.abc import Collection
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -15,6 +16,8 @@ from pathlib import Path
 import anyio
 
 from loopcommon.errors import DaemonError
+from loopd.approval import AskedCall
+from loopd.approvalwait import settle
 from loopd.config import Settings
 from loopd.contextwindow.budget import BudgetRules, ServerBudget
 from loopd.contextwindow.compaction import Compactor
@@ -82,6 +85,9 @@ class SessionTools:
     unsandboxed_commands: bool = False  # LOOPD_UNSANDBOXED_COMMANDS
     limits: ToolLimits = field(default_factory=ToolLimits)  # with the workspace quota
     reserve: ReserveFile | None = None  # room for the session log when a tool fills the disk
+    # Where a call that waits for a person records the question and the decision.
+    log: SessionLog | None = None
+    approval_timeout_s: float = 600.0
 
     async def context(self, session: str) -> ToolContext:
         ctx = self.contexts.get(session)
@@ -132,7 +138,11 @@ class SessionTools:
         # The inner arguments travel to brokerd as text; they are validated there, not replayed.
         inner = args.get("arguments", {})
         inner_text = inner if isinstance(inner, str) else json.dumps(inner, ensure_ascii=False)
-        return await self.broker.call_tool(session, call.id, name, inner_text)
+        answer = await self.broker.call_tool_answer(session, call.id, name, inner_text)
+        if answer.approval_id is None or self.log is None:
+            return answer.text
+        asked = AskedCall(session, call.id, name, inner_text, answer.approval_id, time.time())
+        return await settle(self.log, self.broker, asked, self.approval_timeout_s)
 
 
 @dataclass(frozen=True)
@@ -211,6 +221,8 @@ class Runtime:
                 disk_reserve_bytes=settings.disk_reserve_bytes,
             ),
             reserve=reserve,
+            log=session_log,
+            approval_timeout_s=settings.approval_timeout_s,
         )
         endpoints = None
         if settings.has_endpoint_tables:

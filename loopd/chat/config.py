@@ -75,6 +75,13 @@ class ChatSettings(BaseModel):
         default="octagonal_sign",
         description="This reaction on a turn's status or answer post stops it.",
     )
+    allow_reaction: str = Field(
+        default="white_check_mark",
+        description="This reaction on a tool's approval question allows the call.",
+    )
+    deny_reaction: str = Field(
+        default="x", description="This reaction on a tool's approval question denies the call."
+    )
     status_interval_s: float = Field(
         default=3.0, ge=0, description="Least time between two edits of a status post."
     )

@@ -87,7 +87,8 @@ async def test_an_allowed_call_runs_once_and_says_who_allowed_it(broker: Broker)
     assert answer == {"result": "Allowed by @alice.\nwrote", "status": "ok"}
     assert broker.written() == "x"
     replayed = await broker.call("c1", decision)
-    assert replayed["status"] == "replayed" and broker.written() == "x"
+    assert replayed["status"] == "replayed"
+    assert broker.written() == "x"
     assert broker.approvals() == [("c1", "writer", "allow", "@alice")]
 
 
@@ -112,19 +113,23 @@ async def test_a_timed_out_call_runs_nothing(broker: Broker) -> None:
 async def test_an_approval_cannot_be_forged_or_moved_to_another_call(broker: Broker) -> None:
     asked = await broker.call("c1")
     forged = await broker.call("c1", {"id": "made-up", "decision": "allow", "by": "@alice"})
-    assert forged["status"] == "refused" and "did not issue" in forged["result"]
+    assert forged["status"] == "refused"
+    assert "did not issue" in forged["result"]
     await broker.call("c2")
     moved = await broker.call("c2", {"id": asked["approval_id"], "decision": "allow", "by": "x"})
     assert moved["status"] == "refused"
     assert broker.written() == ""
     # The refusals left the call's key free: the real decision still works.
     allowed = await broker.call("c1", {"id": asked["approval_id"], "decision": "allow", "by": "a"})
-    assert allowed["status"] == "ok" and broker.written() == "x"
+    assert allowed["status"] == "ok"
+    assert broker.written() == "x"
 
 
 def spec(**fields: Any) -> ToolSpec:
     run = {"kind": "command", "argv": ["true"]}
-    return ToolSpec(name="t", description="d", parameters={"type": "object"}, run=run, **fields)
+    return ToolSpec.model_validate(
+        {"name": "t", "description": "d", "parameters": {"type": "object"}, "run": run, **fields}
+    )
 
 
 def test_the_mode_follows_the_config_then_the_tool_then_what_it_declares() -> None:
@@ -133,12 +138,7 @@ def test_the_mode_follows_the_config_then_the_tool_then_what_it_declares() -> No
     assert approval_mode(spec(confine={"read_write": ["/srv"]}), {}) == "ask"
     assert approval_mode(spec(confine={"network": True}, approval="auto"), {}) == "auto"
     assert approval_mode(spec(approval="auto"), {"t": "ask"}) == "ask"
-    builtin = ToolSpec(
-        name="b",
-        description="d",
-        parameters={"type": "object"},
-        run={"kind": "builtin", "handler": "x"},
-    )
+    builtin = spec(run={"kind": "builtin", "handler": "x"})
     assert approval_mode(builtin, {}) == "auto"
 
 
