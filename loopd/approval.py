@@ -11,7 +11,8 @@ and its time limit counts from when it was first asked.
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from contextlib import AbstractAsyncContextManager
 from contextvars import ContextVar
 from dataclasses import asdict, dataclass
 from typing import Final, Literal, Protocol
@@ -50,6 +51,19 @@ class Asker(Protocol):
     """Asks a person about one call: their decision, or None when ``wait_s`` passed first."""
 
     async def decide(self, call: AskedCall, wait_s: float) -> Decision | None: ...
+
+
+class Stepped:
+    """An asker whose wait gives the turn's slot to the next session in line meanwhile (the
+    turn's request has ended: nothing runs on the server for it while a person decides)."""
+
+    def __init__(self, inner: Asker, step_aside: Callable[[], AbstractAsyncContextManager[None]]):
+        self.inner = inner
+        self.step_aside = step_aside
+
+    async def decide(self, call: AskedCall, wait_s: float) -> Decision | None:
+        async with self.step_aside():
+            return await self.inner.decide(call, wait_s)
 
 
 # The asker of the front end running this turn (set around a turn by the Mattermost threads and

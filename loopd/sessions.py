@@ -9,14 +9,15 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Collection
+from collections.abc import Callable, Collection
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import anyio
 
 from loopcommon.errors import DaemonError
-from loopd.approval import AskedCall
+from loopd.approval import ASKER, AskedCall, Stepped
 from loopd.approvalwait import settle
 from loopd.config import Settings
 from loopd.contextwindow.budget import BudgetRules, ServerBudget
@@ -35,7 +36,7 @@ from loopd.engine.saves import DurableSlots, SaveBook
 from loopd.engine.turn import Turn
 from loopd.errors import ServerRejected
 from loopd.observe.context import request_scope
-from loopd.observe.live import LiveTurns
+from loopd.observe.live import LiveTurn, LiveTurns
 from loopd.observe.metrics import METRICS
 from loopd.observe.toolcalls import tool_call
 from loopd.prewarm.plan import PrewarmPlan, restart_wants
@@ -394,14 +395,25 @@ class Runtime:
         with self.live.turn(session.name, session.slot, report, on_position) as live:
             async with self.scheduler.slot(session.name, session.slot, live.on_position):
                 # The plan learns what the slot holds before the slot is released (and seen idle).
+                asker = ASKER.get()
+                token = None
+                if asker is not None:  # a wait for a person's approval frees the slot meanwhile
+                    token = ASKER.set(Stepped(asker, self._stepped_aside(session, live)))
                 try:
                     outcome = await self.turn(session, live.report).run()
                 finally:
+                    if token is not None:
+                        ASKER.reset(token)
                     self.prewarm_plan.used(session.name, session.slot)
                 # Placed by the server, the compacted epoch waits in its host cache: no read.
                 if outcome.compacted and view.pinning.pinned:
                     self.prewarm_plan.want(session.name, session.slot)
                 return live.finished(outcome)
+
+    def _stepped_aside(
+        self, session: Session, live: LiveTurn
+    ) -> Callable[[], AbstractAsyncContextManager[None]]:
+        return lambda: self.scheduler.stepped_aside(session.name, session.slot, live.on_position)
 
     # -- prewarm on idle slots -------------------------------------------------------------------
 

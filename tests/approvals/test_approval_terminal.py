@@ -25,7 +25,7 @@ async def run_turn(
     sockets: Path,
     fake: FakeLlama,
     llama: RunningFake,
-    read_line: Callable[[], str],
+    answer: Callable[[Runtime], str],
     timeout_s: float = 60.0,
 ) -> tuple[str, list[str]]:
     """One turn that calls the asking tool; the last tool result and what the prompt wrote."""
@@ -45,7 +45,8 @@ async def run_turn(
         try:
             session = runtime.ensure_session("terminal")
             await runtime.append_user("terminal", "echo hi", external_key="k1")
-            ASKER.set(TerminalAsker("me", write=shown.append, read_line=read_line))
+            asker = TerminalAsker("me", write=shown.append, read_line=lambda: answer(runtime))
+            ASKER.set(asker)
             outcome = await runtime.run_turn(session, lambda status: None)
         finally:
             await runtime.aclose()
@@ -56,7 +57,7 @@ async def run_turn(
 async def test_y_allows_the_call(
     tmp_path: Path, sockets: Path, fake_llama: FakeLlama, llama: RunningFake
 ) -> None:
-    result, shown = await run_turn(tmp_path, sockets, fake_llama, llama, lambda: "y\n")
+    result, shown = await run_turn(tmp_path, sockets, fake_llama, llama, lambda runtime: "y\n")
     assert result == "Allowed by @me.\necho: hi"
     assert 'echo_text wants to run with {"text": "hi"}' in shown[0]
     assert "Allow it? [y/N]" in shown[0]
@@ -66,7 +67,7 @@ async def test_y_allows_the_call(
 async def test_n_denies_the_call(
     tmp_path: Path, sockets: Path, fake_llama: FakeLlama, llama: RunningFake
 ) -> None:
-    result, _ = await run_turn(tmp_path, sockets, fake_llama, llama, lambda: "n\n")
+    result, _ = await run_turn(tmp_path, sockets, fake_llama, llama, lambda runtime: "n\n")
     assert result.startswith("echo_text was not run: @me denied this call.")
 
 
@@ -75,7 +76,7 @@ async def test_no_answer_in_time_denies_the_call(
 ) -> None:
     never = threading.Event()
 
-    def silent() -> str:
+    def silent(runtime: Runtime) -> str:
         never.wait(10)  # the read is abandoned at the time limit; released below
         return ""
 
@@ -84,3 +85,17 @@ async def test_no_answer_in_time_denies_the_call(
     finally:
         never.set()
     assert "nobody allowed it in time (no answer within 1 second)" in result
+
+
+async def test_the_wait_gives_the_slot_to_other_sessions(
+    tmp_path: Path, sockets: Path, fake_llama: FakeLlama, llama: RunningFake
+) -> None:
+    holders: list[str | None] = []
+
+    def answer(runtime: Runtime) -> str:
+        holders.append(runtime.scheduler.holder(0))  # while the person decides
+        return "y\n"
+
+    result, _ = await run_turn(tmp_path, sockets, fake_llama, llama, answer)
+    assert holders == [None]
+    assert result == "Allowed by @me.\necho: hi"
