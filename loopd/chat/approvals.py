@@ -46,6 +46,9 @@ class Questions:
         self.settings = settings
         self._open: dict[str, _Question] = {}
 
+    def is_open(self, post_id: str) -> bool:
+        return post_id in self._open
+
     def react(self, post_id: str, emoji: str, username: str, user_id: str) -> bool:
         """A reaction on a question's post: True when it decided the question."""
         question = self._open.get(post_id)

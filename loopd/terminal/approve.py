@@ -45,5 +45,5 @@ class TerminalAsker:
         if answer is None:
             self.write("\n")
             return None
-        verdict = "allow" if answer.strip().lower() in ("y", "yes") else "deny"
-        return Decision(verdict, f"@{self.who}")
+        allowed = answer.strip().lower() in ("y", "yes")
+        return Decision("allow" if allowed else "deny", f"@{self.who}")

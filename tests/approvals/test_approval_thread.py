@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from loopd.chat.threads import session_name
+from loopd.serve import Daemon
 from loopd_dev.fakes.llama import FakeLlama, RunningFake
 from loopd_dev.fakes.mattermost import LoggedPost
 from tests.approvals.support import (
@@ -54,10 +55,13 @@ def question(env: Env, root_id: str) -> LoggedPost | None:
     return next((p for p in env.live_bot_posts(root_id) if p.message.startswith("🔐")), None)
 
 
-async def asked(env: Env, root_id: str) -> LoggedPost:
+async def asked(env: Env, running: Daemon, root_id: str) -> LoggedPost:
+    """The question's post, once loopd waits for a reaction on it."""
     await until(lambda: question(env, root_id) is not None, "the approval question")
     found = question(env, root_id)
     assert found is not None
+    questions = running.adapter.threads.questions
+    await until(lambda: questions.is_open(found.post_id), "the question open")
     return found
 
 
@@ -65,9 +69,9 @@ async def test_the_starter_allows_the_call(
     tmp_path: Path, sockets: Path, fake_llama: FakeLlama, llama: RunningFake
 ) -> None:
     script_a_call(fake_llama, FAKE_MODEL, "hi there")
-    async with thread_env(tmp_path, sockets, llama) as env, daemon(env):
+    async with thread_env(tmp_path, sockets, llama) as env, daemon(env) as running:
         root = env.fake.post_as("alice", env.dm(), "echo hi there, please")
-        line = await asked(env, root.id)
+        line = await asked(env, running, root.id)
         assert line.message.startswith('🔐 `echo_text` wants to run with `{"text": "hi there"}`.')
         assert "@alice or an admin" in line.message
         assert ":white_check_mark: to allow or :x: to deny" in line.message
@@ -86,9 +90,9 @@ async def test_a_deny_runs_nothing_and_says_who_denied_it(
     tmp_path: Path, sockets: Path, fake_llama: FakeLlama, llama: RunningFake
 ) -> None:
     script_a_call(fake_llama, FAKE_MODEL)
-    async with thread_env(tmp_path, sockets, llama) as env, daemon(env):
+    async with thread_env(tmp_path, sockets, llama) as env, daemon(env) as running:
         root = env.fake.post_as("alice", env.dm(), "echo hi")
-        line = await asked(env, root.id)
+        line = await asked(env, running, root.id)
         env.fake.react_as("alice", line.post_id, "thumbsup")  # not an answer: ignored
         env.fake.react_as("alice", line.post_id, "x")
         await until(lambda: len(env.answers(root.id)) == 1, "the answer")
@@ -101,11 +105,35 @@ async def test_no_answer_in_time_denies_the_call(
     tmp_path: Path, sockets: Path, fake_llama: FakeLlama, llama: RunningFake
 ) -> None:
     script_a_call(fake_llama, FAKE_MODEL)
-    async with thread_env(tmp_path, sockets, llama, timeout_s=1.0) as env, daemon(env):
+    async with thread_env(tmp_path, sockets, llama, timeout_s=1.0) as env, daemon(env) as running:
         root = env.fake.post_as("alice", env.dm(), "echo hi")
-        line = await asked(env, root.id)
+        line = await asked(env, running, root.id)
         assert "(within 1 second, then it is denied)" in line.message
         await until(lambda: len(env.answers(root.id)) == 1, "the answer")
     result = tool_results(env.settings.db_path, session_name(root.id))[-1]
     assert "nobody allowed it in time (no answer within 1 second)" in result
     assert audit_approvals(tmp_path) == [("echo_text", "timeout", "no answer within 1 second")]
+
+
+async def test_the_question_survives_a_restart_of_loopd(
+    tmp_path: Path, sockets: Path, fake_llama: FakeLlama, llama: RunningFake
+) -> None:
+    script_a_call(fake_llama, FAKE_MODEL)
+    async with thread_env(tmp_path, sockets, llama) as env:
+        async with daemon(env) as running:
+            root = env.fake.post_as("alice", env.dm(), "echo hi")
+            line = await asked(env, running, root.id)
+        # loopd is gone (killed) with the question open; brokerd is still up.
+        async with daemon(env) as running:
+            questions = running.adapter.threads.questions
+            await until(lambda: questions.is_open(line.post_id), "the question asked again")
+            env.fake.react_as("alice", line.post_id, "white_check_mark")
+            await until(lambda: len(env.answers(root.id)) == 1, "the answer after the restart")
+        posted = [p for p in env.live_bot_posts(root.id) if p.message.startswith("🔐")]
+        assert [p.post_id for p in posted] == [line.post_id]  # asked once, in one post
+    result = tool_results(env.settings.db_path, session_name(root.id))[-1]
+    assert result == "Allowed by @alice.\necho: hi"
+    asked_notes = [
+        n for n in notes(env.settings.db_path, session_name(root.id)) if "approval asked" in n
+    ]
+    assert len(asked_notes) == 1  # the restart asked on from the first question

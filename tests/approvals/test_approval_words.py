@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import anyio
+import anyio.lowlevel
 import pytest
 
 from loopd.approval import AskedCall, Decision, shown_arguments
@@ -36,7 +37,8 @@ async def test_only_the_starter_or_an_admin_answers() -> None:
 
     async with anyio.create_task_group() as tg:
         tg.start_soon(wait)
-        await anyio.sleep(0.05)  # the question is open once wait() runs
+        while not questions.is_open("p1"):
+            await anyio.lowlevel.checkpoint()
         assert not questions.react("p1", "white_check_mark", "bob", "bob-id")
         assert not questions.react("p1", "thumbsup", "alice", "alice-id")
         assert questions.react("p1", "x", "carol", "carol-id")
