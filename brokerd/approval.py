@@ -16,7 +16,7 @@ The id is bound to that one call (session, call id, tool and arguments), so it c
 another.
 """
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from typing import Final, Literal
 
@@ -53,6 +53,21 @@ def declared_effects(spec: ToolSpec) -> tuple[str, ...]:
     if spec.confine.read_write:
         effects.append("writes")
     return tuple(effects)
+
+
+def unknown_names(
+    overrides: Mapping[str, ApprovalMode], catalogue: Collection[str], servers: Collection[str]
+) -> list[str]:
+    """Names in ``[broker.approval]`` that no tool can have: a catalogue name the catalogue
+    lacks, or ``server.tool`` of a server not configured (a misspelt name would leave its
+    tool at its default without a word)."""
+    unknown = []
+    for name in sorted(overrides):
+        server, dot, _ = name.partition(".")
+        known = server in servers if dot else name in catalogue
+        if not known:
+            unknown.append(name)
+    return unknown
 
 
 def approval_mode(spec: ToolSpec, overrides: Mapping[str, ApprovalMode]) -> ApprovalMode:

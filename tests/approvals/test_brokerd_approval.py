@@ -13,6 +13,7 @@ from brokerd.approval import approval_mode
 from brokerd.mcp.config import McpServerConfig
 from brokerd.tools.app import create_broker_app
 from brokerd.tools.catalogue import ToolSpec
+from brokerd.tools.errors import CatalogueError
 from brokerd.tools.settings import BrokerSettings
 from tests.brokerd.tools.brokertools_support import python_tool, write_tool
 
@@ -163,3 +164,14 @@ async def test_a_catalogue_file_may_ask_for_a_tool_that_declares_nothing(tmp_pat
         answer = (await client.post("/v1/call_tool", json=body)).json()
     app.state.broker.close()
     assert answer["status"] == "needs_approval"
+
+
+def test_a_misspelt_name_in_the_approval_table_stops_brokerd(tmp_path: Path) -> None:
+    write_tool(tmp_path / "cat", "clock")
+    settings = BrokerSettings(
+        audit_db=tmp_path / "a.db",
+        catalogue_dir=tmp_path / "cat",
+        approval={"clokc": "ask", "fs.write": "auto"},
+    )
+    with pytest.raises(CatalogueError, match=r"names clokc, fs\.write: no catalogue tool"):
+        create_broker_app(settings)
