@@ -45,7 +45,8 @@ class ChatSettings(BaseModel):
         default=(), description="Channels (names or ids) loopd works in, besides the allowed teams."
     )
     admins: Annotated[tuple[str, ...], NoDecode] = Field(
-        default=(), description="Usernames or user ids who may stop anyone's turn (comma list)."
+        default=(),
+        description="Usernames or user ids who may stop anyone's turn and answer any tool's approval question (comma list).",
     )
     stop_word: str = Field(
         default="stop",
