@@ -46,7 +46,8 @@ class ChatSettings(BaseModel):
     )
     admins: Annotated[tuple[str, ...], NoDecode] = Field(
         default=(),
-        description="Usernames or user ids who may stop anyone's turn and answer any tool's approval question (comma list).",
+        description="Usernames or user ids who may stop anyone's turn and answer any tool's "
+        "approval question (comma list).",
     )
     stop_word: str = Field(
         default="stop",

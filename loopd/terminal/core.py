@@ -12,6 +12,7 @@ records the request as broken) and writes the stop record that a thread's ``stop
 from __future__ import annotations
 
 import logging
+import sys
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
@@ -94,8 +95,9 @@ class ChatCore:
         self.runtime = runtime
         self.session = session
         self.who = who  # who a stop is recorded for: the local user
-        # Asks y/n when a tool call waits for approval (loopd.approval).
-        self.asker: Asker = TerminalAsker(who)
+        # Asks y/n when a tool call waits for approval (loopd.approval); piped input has
+        # nobody to ask, and such a call is denied.
+        self.asker: Asker | None = TerminalAsker(who) if sys.stdin.isatty() else None
         self._scope: anyio.CancelScope | None = None
         self._stopping = False
         self._closing = anyio.Event()

@@ -25,7 +25,7 @@ async def run_turn(
     sockets: Path,
     fake: FakeLlama,
     llama: RunningFake,
-    answer: Callable[[Runtime], str],
+    answer: Callable[[Runtime, threading.Event], str],
     timeout_s: float = 60.0,
 ) -> tuple[str, list[str]]:
     """One turn that calls the asking tool; the last tool result and what the prompt wrote."""
@@ -45,7 +45,9 @@ async def run_turn(
         try:
             session = runtime.ensure_session("terminal")
             await runtime.append_user("terminal", "echo hi", external_key="k1")
-            asker = TerminalAsker("me", write=shown.append, read_line=lambda: answer(runtime))
+            asker = TerminalAsker(
+                "me", write=shown.append, read_line=lambda stop: answer(runtime, stop)
+            )
             ASKER.set(asker)
             outcome = await runtime.run_turn(session, lambda status: None)
         finally:
@@ -57,7 +59,9 @@ async def run_turn(
 async def test_y_allows_the_call(
     tmp_path: Path, sockets: Path, fake_llama: FakeLlama, llama: RunningFake
 ) -> None:
-    result, shown = await run_turn(tmp_path, sockets, fake_llama, llama, lambda runtime: "y\n")
+    result, shown = await run_turn(
+        tmp_path, sockets, fake_llama, llama, lambda runtime, stop: "y\n"
+    )
     assert result == "Allowed by @me.\necho: hi"
     assert 'echo_text wants to run with {"text": "hi"}' in shown[0]
     assert "Allow it? [y/N]" in shown[0]
@@ -67,23 +71,21 @@ async def test_y_allows_the_call(
 async def test_n_denies_the_call(
     tmp_path: Path, sockets: Path, fake_llama: FakeLlama, llama: RunningFake
 ) -> None:
-    result, _ = await run_turn(tmp_path, sockets, fake_llama, llama, lambda runtime: "n\n")
+    result, _ = await run_turn(tmp_path, sockets, fake_llama, llama, lambda r, s: "n\n")
     assert result.startswith("echo_text was not run: @me denied this call.")
 
 
 async def test_no_answer_in_time_denies_the_call(
     tmp_path: Path, sockets: Path, fake_llama: FakeLlama, llama: RunningFake
 ) -> None:
-    never = threading.Event()
+    stopped: list[bool] = []
 
-    def silent(runtime: Runtime) -> str:
-        never.wait(10)  # the read is abandoned at the time limit; released below
+    def silent(runtime: Runtime, stop: threading.Event) -> str:
+        stopped.append(stop.wait(10))  # nobody types; the asker stops the read at the limit
         return ""
 
-    try:
-        result, _ = await run_turn(tmp_path, sockets, fake_llama, llama, silent, timeout_s=1.0)
-    finally:
-        never.set()
+    result, _ = await run_turn(tmp_path, sockets, fake_llama, llama, silent, timeout_s=1.0)
+    assert stopped == [True]
     assert "nobody allowed it in time (no answer within 1 second)" in result
 
 
@@ -92,7 +94,7 @@ async def test_the_wait_gives_the_slot_to_other_sessions(
 ) -> None:
     holders: list[str | None] = []
 
-    def answer(runtime: Runtime) -> str:
+    def answer(runtime: Runtime, stop: threading.Event) -> str:
         holders.append(runtime.scheduler.holder(0))  # while the person decides
         return "y\n"
 
