@@ -4,12 +4,13 @@ The line names the tool and its arguments (cut short, in a code span so that not
 is read as a mention or as markup) and who may answer: the people whose messages the turn
 answers, and the admins. A reaction from anyone else, or any other reaction, is ignored. The
 line is posted under a key of the approval's id (``Outbox.post_once``), so a restart that asks
-again finds the same post and the reactions on it count.
+again finds the same post, and the reactions put on it while loopd was away count.
 """
 
 from __future__ import annotations
 
-from collections.abc import Collection
+import logging
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 
 import anyio
@@ -17,6 +18,9 @@ import anyio
 from loopd.approval import AskedCall, Decision, minutes, shown_arguments
 from loopd.chat.config import ChatSettings
 from loopd.chat.outbox import Outbox
+from loopd.chat.rest import MattermostError
+
+log = logging.getLogger(__name__)
 
 
 def question_line(
@@ -70,10 +74,20 @@ class Questions:
     ) -> ThreadAsker:
         return ThreadAsker(self, outbox, session, channel, root, people)
 
-    async def wait(self, post_id: str, people: frozenset[str], wait_s: float) -> Decision | None:
+    async def wait(
+        self,
+        post_id: str,
+        people: frozenset[str],
+        wait_s: float,
+        earlier: Sequence[tuple[str, str, str]] = (),
+    ) -> Decision | None:
+        """The decision on the question of ``post_id``; ``earlier`` are reactions already on it
+        (emoji, username, user id), in order, counted first."""
         question = _Question(frozenset(name.lower() for name in people))
         self._open[post_id] = question
         try:
+            for emoji, username, user_id in earlier:
+                self.react(post_id, emoji, username, user_id)
             with anyio.move_on_after(wait_s):
                 await question.decided.wait()
             return question.decision
@@ -95,5 +109,24 @@ class ThreadAsker:
     async def decide(self, call: AskedCall, wait_s: float) -> Decision | None:
         line = question_line(call, self.questions.settings, self.people, wait_s)
         key = f"{self.session}#approval:{call.approval_id}"
+        asked_before = self.outbox.state.planned_parts(key) is not None
         [post_id, *_] = await self.outbox.post_once(key, self.channel, self.root, line)
-        return await self.questions.wait(post_id, self.people, wait_s)
+        earlier = await self._reactions_on(post_id) if asked_before else []
+        return await self.questions.wait(post_id, self.people, wait_s, earlier)
+
+    async def _reactions_on(self, post_id: str) -> list[tuple[str, str, str]]:
+        """The reactions on the question (a restart: given while loopd was away)."""
+        client = self.outbox.client
+        try:
+            posts = await client.thread(self.root)
+            found = next((post for post in posts if post.id == post_id), None)
+            if found is None:
+                return []
+            return [
+                (emoji, (await client.user(user_id)).username, user_id)
+                for user_id, emoji in found.reactions
+                if user_id != self.outbox.bot_id
+            ]
+        except MattermostError as exc:
+            log.warning("could not read the reactions on %s (%s)", post_id, exc)
+            return []

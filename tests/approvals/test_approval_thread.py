@@ -124,8 +124,8 @@ async def test_the_question_survives_a_restart_of_loopd(
             root = env.fake.post_as("alice", env.dm(), "echo hi")
             line = await asked(env, running, root.id)
         # loopd is gone (killed) with the question open; brokerd is still up.
-        async with daemon(env) as running:
-            questions = running.adapter.threads.questions
+        async with daemon(env) as again:
+            questions = again.adapter.threads.questions
             await until(lambda: questions.is_open(line.post_id), "the question asked again")
             env.fake.react_as("alice", line.post_id, "white_check_mark")
             await until(lambda: len(env.answers(root.id)) == 1, "the answer after the restart")
@@ -137,3 +137,18 @@ async def test_the_question_survives_a_restart_of_loopd(
         n for n in notes(env.settings.db_path, session_name(root.id)) if "approval asked" in n
     ]
     assert len(asked_notes) == 1  # the restart asked on from the first question
+
+
+async def test_a_reaction_given_while_loopd_was_away_counts(
+    tmp_path: Path, sockets: Path, fake_llama: FakeLlama, llama: RunningFake
+) -> None:
+    script_a_call(fake_llama, FAKE_MODEL)
+    async with thread_env(tmp_path, sockets, llama) as env:
+        async with daemon(env) as running:
+            root = env.fake.post_as("alice", env.dm(), "echo hi")
+            line = await asked(env, running, root.id)
+        env.fake.react_as("alice", line.post_id, "x")  # loopd is down
+        async with daemon(env):
+            await until(lambda: len(env.answers(root.id)) == 1, "the answer after the restart")
+    result = tool_results(env.settings.db_path, session_name(root.id))[-1]
+    assert result.startswith("echo_text was not run: @alice denied this call.")
