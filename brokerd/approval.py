@@ -124,7 +124,12 @@ def gate(
 ) -> GateAnswer:
     """What a call that asks gets: ``asked`` is the approval already issued for this call (by
     its key), if any; ``body`` what the call carries."""
+    if asked is not None and asked.call_sha256 != call_sha256:
+        return NotThisCall("its call id was asked about for another call")
     if body is None:
+        if asked is not None and asked.decision is not None and asked.decided_by is not None:
+            # Decided, then cut short before it ran (brokerd stopped): the decision stands.
+            return Decided(asked.decision, asked.decided_by, new=False)
         # A retry before anyone decided names the same pending approval, not a second one.
         return Pending(asked.id if asked is not None else None)
     if asked is None or asked.id != body.id:

@@ -203,7 +203,9 @@ class ToolBroker:
                 assert isinstance(decision, Run)
                 return await self._run_new(request, arguments, approval)
 
-    def _gate(self, request: CallRequest, plan: Ready, body: ApprovalBody | None) -> object:
+    def _gate(
+        self, request: CallRequest, plan: Ready, body: ApprovalBody | None
+    ) -> CallAnswer | Decided | None:
         """None when the call may run; a ``CallAnswer`` when it may not (yet); a ``Decided``
         when a person allowed or denied it (recorded here, once)."""
         if approval_mode(plan.spec, self.settings.approval) == "auto":

@@ -9,7 +9,15 @@ from typing import Any
 import httpx
 import pytest
 
-from brokerd.approval import approval_mode
+from brokerd.approval import (
+    ApprovalBody,
+    Asked,
+    Decided,
+    NotThisCall,
+    Pending,
+    approval_mode,
+    gate,
+)
 from brokerd.mcp.config import McpServerConfig
 from brokerd.tools.app import create_broker_app
 from brokerd.tools.catalogue import ToolSpec
@@ -175,3 +183,23 @@ def test_a_misspelt_name_in_the_approval_table_stops_brokerd(tmp_path: Path) -> 
     )
     with pytest.raises(CatalogueError, match=r"names clokc, fs\.write: no catalogue tool"):
         create_broker_app(settings)
+
+
+ASKED = Asked("id1", "s", "c1", "sha-a", "writer", "t0")
+
+
+def test_a_call_id_asked_about_cannot_carry_another_call() -> None:
+    assert isinstance(gate(ASKED, "s", "c1", "sha-b", None), NotThisCall)
+    allow = ApprovalBody(id="id1", decision="allow", by="@a")
+    assert isinstance(gate(ASKED, "s", "c1", "sha-b", allow), NotThisCall)
+    assert gate(ASKED, "s", "c1", "sha-a", None) == Pending("id1")
+    assert gate(None, "s", "c1", "sha-a", None) == Pending(None)
+
+
+def test_a_recorded_decision_stands_and_cannot_change() -> None:
+    decided = Asked("id1", "s", "c1", "sha-a", "writer", "t0", "allow", "@a")
+    assert gate(decided, "s", "c1", "sha-a", None) == Decided("allow", "@a", new=False)
+    deny = ApprovalBody(id="id1", decision="deny", by="@b")
+    assert isinstance(gate(decided, "s", "c1", "sha-a", deny), NotThisCall)
+    allow = ApprovalBody(id="id1", decision="allow", by="@a")
+    assert gate(ASKED, "s", "c1", "sha-a", allow) == Decided("allow", "@a", new=True)
