@@ -240,7 +240,9 @@ async def test_a_stdio_server_reaches_the_network_only_when_declared(
 ) -> None:
     listener = Listener()
     try:
-        async with broker_with(tmp_path, [tiny_server(network=network)]) as broker:
+        # approval = "auto": a server that may reach the network would ask (docs/approvals.md).
+        server = tiny_server(network=network, approval="auto")
+        async with broker_with(tmp_path, [server]) as broker:
             answer = await broker.call("tiny.connect", {"host": "127.0.0.1", "port": listener.port})
     finally:
         listener.sock.close()
