@@ -283,6 +283,13 @@ class Settings(configload.FileSettings):
     min_p: float = Field(
         default=_SAMPLING.min_p, ge=0, le=1, description="Sampling min_p sent in every request."
     )
+    approval_timeout_s: float = Field(
+        default=600.0,
+        gt=0,
+        le=7 * 24 * 3600,
+        description="How long a tool call that brokerd holds for a person's approval waits for "
+        "their decision (a reaction in the thread, y/n in the terminal) before it is denied.",
+    )
     repeat_limit: int = Field(
         default=DEFAULT_REPEAT_LIMIT,
         ge=0,

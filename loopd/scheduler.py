@@ -52,6 +52,32 @@ class Scheduler:
     ) -> AsyncIterator[None]:
         """Hold ``slot`` for ``session`` for the block; waits behind earlier sessions."""
         line = self._lines.setdefault(slot, _Line(slot))
+        await self._acquire(line, session, on_position)
+        try:
+            yield
+        finally:
+            # Not held when a wait to hold it again (``stepped_aside``) was cancelled.
+            if line.holder == session:
+                self._release(line)
+
+    @asynccontextmanager
+    async def stepped_aside(
+        self, session: str, slot: int, on_position: PositionCallback = lambda ahead: None
+    ) -> AsyncIterator[None]:
+        """Inside ``slot``: while the block runs (a wait for a person, not for the server) the
+        slot goes to the next in line; then ``session`` holds it again, queued behind those
+        already waiting, as any session that comes back is."""
+        line = self._lines[slot]
+        if line.holder != session:
+            yield
+            return
+        self._release(line)
+        try:
+            yield
+        finally:
+            await self._acquire(line, session, on_position)
+
+    async def _acquire(self, line: _Line, session: str, on_position: PositionCallback) -> None:
         if line.holder is None and not line.waiting:
             line.holder = session
         else:
@@ -68,10 +94,6 @@ class Scheduler:
                     self._announce(line)
                 raise
         on_position(0)
-        try:
-            yield
-        finally:
-            self._release(line)
 
     def position(self, session: str, slot: int) -> int | None:
         """Sessions ahead of ``session`` on ``slot`` (0 when it holds it); None if not there."""

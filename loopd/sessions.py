@@ -8,13 +8,17 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Collection
+import time
+from collections.abc import Callable, Collection
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import anyio
 
 from loopcommon.errors import DaemonError
+from loopd.approval import ASKER, AskedCall, Stepped
+from loopd.approvalwait import settle
 from loopd.config import Settings
 from loopd.contextwindow.budget import BudgetRules, ServerBudget
 from loopd.contextwindow.compaction import Compactor
@@ -32,7 +36,7 @@ from loopd.engine.saves import DurableSlots, SaveBook
 from loopd.engine.turn import Turn
 from loopd.errors import ServerRejected
 from loopd.observe.context import request_scope
-from loopd.observe.live import LiveTurns
+from loopd.observe.live import LiveTurn, LiveTurns
 from loopd.observe.metrics import METRICS
 from loopd.observe.toolcalls import tool_call
 from loopd.prewarm.plan import PrewarmPlan, restart_wants
@@ -82,6 +86,9 @@ class SessionTools:
     unsandboxed_commands: bool = False  # LOOPD_UNSANDBOXED_COMMANDS
     limits: ToolLimits = field(default_factory=ToolLimits)  # with the workspace quota
     reserve: ReserveFile | None = None  # room for the session log when a tool fills the disk
+    # Where a call that waits for a person records the question and the decision.
+    log: SessionLog | None = None
+    approval_timeout_s: float = 600.0
 
     async def context(self, session: str) -> ToolContext:
         ctx = self.contexts.get(session)
@@ -132,7 +139,11 @@ class SessionTools:
         # The inner arguments travel to brokerd as text; they are validated there, not replayed.
         inner = args.get("arguments", {})
         inner_text = inner if isinstance(inner, str) else json.dumps(inner, ensure_ascii=False)
-        return await self.broker.call_tool(session, call.id, name, inner_text)
+        answer = await self.broker.call_tool_answer(session, call.id, name, inner_text)
+        if answer.approval_id is None or self.log is None:
+            return answer.text
+        asked = AskedCall(session, call.id, name, inner_text, answer.approval_id, time.time())
+        return await settle(self.log, self.broker, asked, self.approval_timeout_s)
 
 
 @dataclass(frozen=True)
@@ -211,6 +222,8 @@ class Runtime:
                 disk_reserve_bytes=settings.disk_reserve_bytes,
             ),
             reserve=reserve,
+            log=session_log,
+            approval_timeout_s=settings.approval_timeout_s,
         )
         endpoints = None
         if settings.has_endpoint_tables:
@@ -382,14 +395,25 @@ class Runtime:
         with self.live.turn(session.name, session.slot, report, on_position) as live:
             async with self.scheduler.slot(session.name, session.slot, live.on_position):
                 # The plan learns what the slot holds before the slot is released (and seen idle).
+                asker = ASKER.get()
+                token = None
+                if asker is not None:  # a wait for a person's approval frees the slot meanwhile
+                    token = ASKER.set(Stepped(asker, self._stepped_aside(session, live)))
                 try:
                     outcome = await self.turn(session, live.report).run()
                 finally:
+                    if token is not None:
+                        ASKER.reset(token)
                     self.prewarm_plan.used(session.name, session.slot)
                 # Placed by the server, the compacted epoch waits in its host cache: no read.
                 if outcome.compacted and view.pinning.pinned:
                     self.prewarm_plan.want(session.name, session.slot)
                 return live.finished(outcome)
+
+    def _stepped_aside(
+        self, session: Session, live: LiveTurn
+    ) -> Callable[[], AbstractAsyncContextManager[None]]:
+        return lambda: self.scheduler.stepped_aside(session.name, session.slot, live.on_position)
 
     # -- prewarm on idle slots -------------------------------------------------------------------
 

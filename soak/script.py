@@ -157,6 +157,8 @@ def mark_tool_toml(marks: str) -> str:
             'description = "Mark a ticket as done: records the ticket tag once."',
             "timeout_s = 60",
             "output_cap_bytes = 4096",
+            # It writes a host file, so it would ask for approval; the soak's users are scripted.
+            'approval = "auto"',
             "",
             "[parameters]",
             'type = "object"',

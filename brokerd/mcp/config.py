@@ -6,6 +6,8 @@ from typing import Annotated, Final
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
+from brokerd.tools.catalogue import ApprovalMode
+
 # A server's name is the first part of its tools' names (``time.get_current_time``): no dot.
 SERVER_NAME_PATTERN: Final = r"^[a-z][a-z0-9_]{0,31}$"
 WRITABLE_SUFFIX: Final = ":rw"
@@ -51,6 +53,11 @@ class McpServerConfig(BaseModel):
     tools: tuple[str, ...] = Field(
         default=(), description="The server's tools offered to the box (empty: all of them)."
     )
+    approval: ApprovalMode | None = Field(
+        default=None,
+        description="ask: each call of its tools waits for a person; auto: runs at once. "
+        "Unset: ask when the server may reach the network or write (network, a :rw path, url).",
+    )
     timeout_s: float = Field(default=30.0, gt=0, le=3600, description="Each call's time limit.")
     handshake_timeout_s: float = Field(
         default=10.0, gt=0, le=600, description="Time the server has to answer initialize."
@@ -77,6 +84,15 @@ class McpServerConfig(BaseModel):
 
     def declared_paths(self) -> tuple[DeclaredPath, ...]:
         return tuple(parse_path(entry) for entry in self.paths)
+
+    def approval_mode(self) -> ApprovalMode:
+        """Its tools' mode, unless ``[broker.approval]`` names one of them."""
+        if self.approval is not None:
+            return self.approval
+        acts = (
+            self.url is not None or self.network or any(p.writable for p in self.declared_paths())
+        )
+        return "ask" if acts else "auto"
 
     @property
     def source(self) -> str:

@@ -65,6 +65,7 @@ def tool_spec(config: McpServerConfig, tool: types.Tool) -> ToolSpec:
             parameters=tool.input_schema,
             run=McpRun(kind="mcp", server=config.name, tool=tool.name),
             timeout_s=config.timeout_s,
+            approval=config.approval_mode(),
         )
     except ValidationError as exc:
         raise ValueError(f"not a valid catalogue entry: {exc.errors()[0]['msg']}") from None

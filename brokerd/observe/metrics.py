@@ -90,7 +90,7 @@ class BrokerdMetrics:
         self.tool_calls = Counter(
             "brokerd_tool_calls",
             "call_tool requests, by tool and status (ok, error, timeout, invalid, refused, "
-            "replayed, interrupted).",
+            "replayed, interrupted, needs_approval, denied).",
             ["tool", "status"],
             registry=r,
         )

@@ -1,8 +1,10 @@
 """The broker's HTTP API, served on brokerd's ``broker.sock``.
 
 ``POST /v1/find_tool`` ``{"session", "query"}`` -> ``{"result", "names"}``
-``POST /v1/call_tool`` ``{"session", "call_id", "name", "arguments"}`` ->
-``{"result", "status"}`` (plus ``recorded_status`` when ``status`` is ``replayed``)
+``POST /v1/call_tool`` ``{"session", "call_id", "name", "arguments"[, "approval"]}`` ->
+``{"result", "status"}`` (plus ``recorded_status`` when ``status`` is ``replayed``, and
+``approval_id`` when it is ``needs_approval``: the call waits for a person, ``brokerd.approval``;
+loopd sends it again with ``"approval": {"id", "decision", "by"}``)
 ``GET /v1/health`` -> ``{"status": "ok", "tools": n}``
 
 A malformed request (not JSON, nested deeper than ``MAX_BODY_DEPTH``, a field missing) gets
@@ -25,6 +27,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from brokerd.approval import ApprovalBody
 from brokerd.bodies import BodyRefused, BodyRules, ClientGone, read_body
 from brokerd.observe.metrics import BROKERD_METRICS, body_reason
 from brokerd.observe.toolcalls import tool_call
@@ -61,6 +64,8 @@ class CallToolBody(BaseModel):
     name: str = Field(max_length=MAX_NAME_CHARS)
     # The model's argument text, as produced; an already-parsed JSON value is accepted too.
     arguments: Any = Field(...)
+    # A person's decision on a call of a tool that asks (``brokerd.approval``), sent by loopd.
+    approval: ApprovalBody | None = None
 
 
 def parse_body(model: type[Body], raw: bytes) -> Body:
@@ -116,11 +121,15 @@ def create_broker_app(
         body = parse_body(CallToolBody, await read(request))
         with tool_call(body.session, body.call_id, body.name, broker.catalogue) as seen:
             answer = seen.answered(
-                await broker.call_tool(body.session, body.call_id, body.name, body.arguments)
+                await broker.call_tool(
+                    body.session, body.call_id, body.name, body.arguments, body.approval
+                )
             )
         payload: dict[str, str] = {"result": answer.result, "status": answer.status}
         if answer.recorded_status is not None:
             payload["recorded_status"] = answer.recorded_status
+        if answer.approval_id is not None:
+            payload["approval_id"] = answer.approval_id
         return JSONResponse(payload)
 
     async def health(request: Request) -> Response:

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
+from brokerd.approval import Asked, Verdict
 from brokerd.tools.auditbounds import Excerpt, WriteBudget, excerpt, reduced
 from brokerd.tools.calls import CallRequest, RecordedCall
 from brokerd.tools.errors import BrokerError
@@ -89,14 +90,14 @@ PRUNED_BY: dict[str, str] = {
 }
 
 
-def _prunable_triggers() -> str:
+def _prunable_triggers(pruned_by: dict[str, str], *, replacing: bool = True) -> str:
     return "".join(
-        f"DROP TRIGGER {table}_no_delete;\n"
-        f"CREATE TRIGGER {table}_no_delete BEFORE DELETE ON {table}\n"
+        (f"DROP TRIGGER {table}_no_delete;\n" if replacing else "")
+        + f"CREATE TRIGGER {table}_no_delete BEFORE DELETE ON {table}\n"
         f"WHEN OLD.{column} >= coalesce((SELECT max(before) FROM audit_prunes), '')\n"
         f"BEGIN SELECT RAISE(ABORT, '{table} is append-only (but for rows older than a "
         "recorded prune)'); END;\n"
-        for table, column in PRUNED_BY.items()
+        for table, column in pruned_by.items()
     )
 
 
@@ -125,7 +126,49 @@ CREATE VIEW calls AS
     FROM call_started AS s LEFT JOIN call_ended AS e USING (session, call_id);
 """
         + append_only_triggers("audit_prunes")
-        + _prunable_triggers(),
+        + _prunable_triggers(PRUNED_BY),
+    )
+
+
+# Approvals (``brokerd.approval``): the id issued for a call that waits for a person, and the
+# decision loopd brought back. Append-only like the rest; pruned by their own time.
+APPROVAL_PRUNED_BY: dict[str, str] = {
+    "approval_decided": "decided_at",
+    "approval_asked": "asked_at",
+}
+
+
+@MIGRATIONS.step
+def m003_approvals(db: sqlite3.Connection) -> None:
+    execute_script(
+        db,
+        """
+CREATE TABLE approval_asked (
+    id TEXT PRIMARY KEY,
+    session TEXT NOT NULL,
+    call_id TEXT NOT NULL,
+    call_sha256 TEXT NOT NULL,
+    tool TEXT NOT NULL,
+    arguments TEXT NOT NULL,  -- bounded like a call's
+    asked_at TEXT NOT NULL,
+    UNIQUE (session, call_id)
+);
+CREATE TABLE approval_decided (
+    id TEXT PRIMARY KEY REFERENCES approval_asked (id),
+    decision TEXT NOT NULL,
+    by TEXT NOT NULL,
+    decided_at TEXT NOT NULL
+);
+CREATE VIEW approvals AS
+    SELECT a.id, a.session, a.call_id, a.call_sha256, a.tool, a.asked_at, d.decision, d.by
+    FROM approval_asked AS a LEFT JOIN approval_decided AS d USING (id);
+"""
+        + "".join(
+            f"CREATE TRIGGER {table}_no_update BEFORE UPDATE ON {table}\n"
+            f"BEGIN SELECT RAISE(ABORT, '{table} is append-only'); END;\n"
+            for table in APPROVAL_PRUNED_BY
+        )
+        + _prunable_triggers(APPROVAL_PRUNED_BY, replacing=False),
     )
 
 
@@ -274,6 +317,9 @@ class AuditLog:
                     "call_ended AS e WHERE e.session = call_started.session AND e.call_id = "
                     "call_started.call_id AND e.ended_at >= :before)",
                     "find_tool_calls": "at < :before",
+                    "approval_decided": "decided_at < :before",
+                    "approval_asked": "asked_at < :before AND NOT EXISTS (SELECT 1 FROM "
+                    "approval_decided AS d WHERE d.id = approval_asked.id)",
                 }
                 counted = {"before": before}
                 rows = sum(
@@ -310,6 +356,40 @@ class AuditLog:
         if status is not None and status not in CALL_STATUSES:
             raise AuditLogError(f"call {call_id!r} has an unknown recorded status {status!r}")
         return RecordedCall(*row)
+
+    def approval_for(self, session: str, call_id: str) -> Asked | None:
+        """The approval issued for this call key, with its decision if one came."""
+        row = self._db.execute(
+            "SELECT id, session, call_id, call_sha256, tool, asked_at, decision, by "
+            "FROM approvals WHERE session = ? AND call_id = ?",
+            (session, call_id),
+        ).fetchone()
+        return Asked(*row) if row is not None else None
+
+    def record_asked(self, approval_id: str, request: CallRequest) -> None:
+        """The call waits for a person under ``approval_id``."""
+        (arguments,) = self._bounded(
+            request.session, excerpt(request.arguments, self._bounds.excerpt_bytes)
+        )
+        self._write(
+            "INSERT INTO approval_asked (id, session, call_id, call_sha256, tool, arguments, "
+            "asked_at) VALUES (?, ?, ?, ?, ?, ?, ?)",
+            (
+                approval_id,
+                request.session,
+                request.call_id,
+                request.sha256,
+                request.name,
+                arguments.text,
+                self._now(),
+            ),
+        )
+
+    def record_decided(self, approval_id: str, decision: Verdict, by: str) -> None:
+        self._write(
+            "INSERT INTO approval_decided (id, decision, by, decided_at) VALUES (?, ?, ?, ?)",
+            (approval_id, decision, by, self._now()),
+        )
 
     def _bounded(self, session: str, *fields: Excerpt) -> tuple[Excerpt, ...]:
         """The excerpts as stored: whole, or reduced to no text past the write budget."""

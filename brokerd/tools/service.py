@@ -5,6 +5,7 @@ this class only reads and writes the audit log around them and runs what they al
 
 import logging
 import os
+import secrets
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -12,6 +13,8 @@ from typing import TYPE_CHECKING
 
 import anyio
 
+from brokerd import approval as approvals
+from brokerd.approval import ApprovalBody, Decided, NotThisCall, approval_mode, unknown_names
 from brokerd.confine import (
     ConfinementError,
     check_declared,
@@ -34,7 +37,7 @@ from brokerd.tools.calls import (
     plan_call,
 )
 from brokerd.tools.catalogue import Catalogue, CommandRun, McpRun, load_catalogue
-from brokerd.tools.errors import CallConflictError
+from brokerd.tools.errors import CallConflictError, CatalogueError
 from brokerd.tools.execute import Confiner, execute, limits_for
 from brokerd.tools.ranking import rank
 from brokerd.tools.settings import BrokerSettings
@@ -61,6 +64,7 @@ class CallAnswer:
     result: str
     status: CallStatus
     recorded_status: CallStatus | None = None
+    approval_id: str | None = None  # for loopd only (status "needs_approval")
 
 
 class ToolBroker:
@@ -103,6 +107,12 @@ class ToolBroker:
         (``hidden``, plus the audit log).
         """
         catalogue = load_catalogue(settings.catalogue_dir, BUILTINS.keys())
+        unknown = unknown_names(settings.approval, catalogue.tools, [m.name for m in mcp])
+        if unknown:
+            raise CatalogueError(
+                f"[broker.approval] names {', '.join(unknown)}: no catalogue tool and no "
+                "[[mcp]] server's tool has that name"
+            )
         audit = open_audit_log(settings)
         if settings.audit_retention_days is not None:
             pruned = prune_audit_log(audit, settings.audit_retention_days)
@@ -165,9 +175,15 @@ class ToolBroker:
         return FoundTools(result, names)
 
     async def call_tool(
-        self, session: str, call_id: str, name: str, arguments: str | object
+        self,
+        session: str,
+        call_id: str,
+        name: str,
+        arguments: str | object,
+        approval: ApprovalBody | None = None,
     ) -> CallAnswer:
-        """Answer one call; ``arguments`` is the model's text (or its already-parsed value)."""
+        """Answer one call; ``arguments`` is the model's text (or its already-parsed value);
+        ``approval`` the person's decision, for a tool that asks (``brokerd.approval``)."""
         text = arguments if isinstance(arguments, str) else wording.compact_json(arguments)
         request = CallRequest(session, call_id, name, text)
         key = (session, call_id)
@@ -185,18 +201,54 @@ class ToolBroker:
                 raise CallConflictError(decision.message)
             else:
                 assert isinstance(decision, Run)
-                return await self._run_new(request, arguments)
+                return await self._run_new(request, arguments, approval)
 
-    async def _run_new(self, request: CallRequest, arguments: str | object) -> CallAnswer:
+    def _gate(
+        self, request: CallRequest, plan: Ready, body: ApprovalBody | None
+    ) -> CallAnswer | Decided | None:
+        """None when the call may run; a ``CallAnswer`` when it may not (yet); a ``Decided``
+        when a person allowed or denied it (recorded here, once)."""
+        if approval_mode(plan.spec, self.settings.approval) == "auto":
+            return None
+        asked = self._audit.approval_for(request.session, request.call_id)
+        gated = approvals.gate(asked, request.session, request.call_id, request.sha256, body)
+        if isinstance(gated, NotThisCall):
+            logger.warning("call %s of %s: %s", request.call_id, request.session, gated.reason)
+            text = approvals.not_this_call_result(request.name, gated.reason)
+            return CallAnswer(text, "refused")
+        if isinstance(gated, Decided):
+            if gated.new:
+                assert asked is not None
+                self._audit.record_decided(asked.id, gated.verdict, gated.by)
+            return gated
+        approval_id = gated.approval_id
+        if approval_id is None:
+            approval_id = secrets.token_urlsafe(approvals.APPROVAL_ID_BYTES)
+            self._audit.record_asked(approval_id, request)
+        text = approvals.waiting_result(request.name)
+        return CallAnswer(text, "needs_approval", approval_id=approval_id)
+
+    async def _run_new(
+        self, request: CallRequest, arguments: str | object, approval: ApprovalBody | None
+    ) -> CallAnswer:
         key = (request.session, request.call_id)
         done = anyio.Event()
         self._running[key] = done
         try:
-            # Committed before anything runs: a crash from here on replays as "interrupted".
-            self._audit.record_start(request)
             shown = self._audit.shown_names(request.session)
             plan = plan_call(self.catalogue, shown, request.name, arguments, self._roots)
-            status, result = await self._answer(plan)
+            gated = self._gate(request, plan, approval) if isinstance(plan, Ready) else None
+            if isinstance(gated, CallAnswer):  # nothing recorded as the call: the key stays free
+                return gated
+            # Committed before anything runs: a crash from here on replays as "interrupted".
+            self._audit.record_start(request)
+            if isinstance(gated, Decided) and gated.verdict != "allow":
+                status: CallStatus = "denied"
+                result = approvals.decided_result(request.name, gated.verdict, gated.by)
+            else:
+                status, result = await self._answer(plan)
+                if isinstance(gated, Decided):
+                    result = approvals.decided_result(request.name, "allow", gated.by, result)
             self._audit.record_end(request.session, request.call_id, status, result)
             return CallAnswer(result, status)
         except anyio.get_cancelled_exc_class():

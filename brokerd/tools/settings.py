@@ -4,6 +4,8 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from brokerd.tools.catalogue import ApprovalMode
+
 DEFAULT_CATALOGUE_DIR = Path(__file__).parent / "catalogue"
 
 
@@ -77,5 +79,13 @@ class BrokerSettings(BaseModel):
             "Host folders that tools taking a host path (git_log's repo) may read, e.g. the "
             "box's workspaces; a call sees only the folder holding its path, read-only. Empty "
             "means such tools refuse every path."
+        ),
+    )
+    approval: dict[str, ApprovalMode] = Field(
+        default_factory=dict,
+        description=(
+            "Per tool (a catalogue tool's name, or an MCP tool's server.tool): ask (each call "
+            "waits for a person's approval) or auto (runs at once). Over the tool's own setting; "
+            "unset, a tool that declares network or writes asks."
         ),
     )

@@ -225,13 +225,19 @@ class ChatAdapter:
         reaction = json.loads(raw) if isinstance(raw, str) else raw
         if not isinstance(reaction, dict):
             raise WireFormatError("reaction is not an object")
-        if reaction.get("emoji_name") != self.settings.stop_reaction:
+        emoji = str(reaction.get("emoji_name", ""))
+        answers = (self.settings.allow_reaction, self.settings.deny_reaction)
+        if emoji != self.settings.stop_reaction and emoji not in answers:
             return
         user = await self._user(str(reaction.get("user_id", "")))
-        if user.id != self.bot.id and self.allow.allows_user(user):
-            post_id = str(reaction.get("post_id", ""))
-            if self.threads.stop_by_post(post_id, user.username, user.id) is StopResult.STOPPED:
-                log.info("turn stopped by @%s's reaction on %s", user.username, post_id)
+        if user.id == self.bot.id or not self.allow.allows_user(user):
+            return
+        post_id = str(reaction.get("post_id", ""))
+        if emoji in answers:
+            if self.threads.questions.react(post_id, emoji, user.username, user.id):
+                log.info("approval %s answered by @%s: %s", post_id, user.username, emoji)
+        elif self.threads.stop_by_post(post_id, user.username, user.id) is StopResult.STOPPED:
+            log.info("turn stopped by @%s's reaction on %s", user.username, post_id)
 
     # -- the intake ------------------------------------------------------------------------------
 

@@ -45,7 +45,9 @@ class ChatSettings(BaseModel):
         default=(), description="Channels (names or ids) loopd works in, besides the allowed teams."
     )
     admins: Annotated[tuple[str, ...], NoDecode] = Field(
-        default=(), description="Usernames or user ids who may stop anyone's turn (comma list)."
+        default=(),
+        description="Usernames or user ids who may stop anyone's turn and answer any tool's "
+        "approval question (comma list).",
     )
     stop_word: str = Field(
         default="stop",
@@ -74,6 +76,13 @@ class ChatSettings(BaseModel):
     stop_reaction: str = Field(
         default="octagonal_sign",
         description="This reaction on a turn's status or answer post stops it.",
+    )
+    allow_reaction: str = Field(
+        default="white_check_mark",
+        description="This reaction on a tool's approval question allows the call.",
+    )
+    deny_reaction: str = Field(
+        default="x", description="This reaction on a tool's approval question denies the call."
     )
     status_interval_s: float = Field(
         default=3.0, ge=0, description="Least time between two edits of a status post."

@@ -37,6 +37,8 @@ class Post:
     remote_id: str = ""
     props: dict[str, Any] = field(default_factory=dict)
     file_ids: tuple[str, ...] = ()
+    # (user id, emoji name) of each reaction, where a REST read gave them (``metadata``).
+    reactions: tuple[tuple[str, str], ...] = ()
 
     @property
     def thread_root(self) -> str:
@@ -71,7 +73,19 @@ class Post:
             file_ids=tuple(f for f in files if isinstance(f, str))
             if isinstance(files, list)
             else (),
+            reactions=_reactions(raw.get("metadata")),
         )
+
+
+def _reactions(metadata: Any) -> tuple[tuple[str, str], ...]:
+    listed = metadata.get("reactions") if isinstance(metadata, dict) else None
+    if not isinstance(listed, list):
+        return ()
+    return tuple(
+        (_str(r, "user_id"), _str(r, "emoji_name"))
+        for r in listed
+        if isinstance(r, dict) and _str(r, "user_id") and _str(r, "emoji_name")
+    )
 
 
 def posts_of(post_list: Any) -> list[Post]:

@@ -29,6 +29,8 @@ from tenacity import RetryCallState, retry_if_exception
 from loopcommon.backoff import Backoff
 from loopcommon.errors import DaemonError
 from loopcommon.retry import retrying
+from loopd.approval import ASKER
+from loopd.chat.approvals import Questions
 from loopd.chat.config import ChatSettings
 from loopd.chat.cursor import ChatState, ChatStateError
 from loopd.chat.labels import AUTHOR
@@ -208,6 +210,7 @@ class Threads:
         self.state = state
         self.settings = settings
         self.task_group = task_group
+        self.questions = Questions(settings)  # tools' approval questions (loopd.chat.approvals)
         self._dirty: set[str] = set()
         self._workers: set[str] = set()
         self._running: dict[str, _Running] = {}
@@ -358,6 +361,10 @@ class Threads:
         await posts.open()
         running = _Running(posts, requesters(entries))
         self._running[name] = running
+        # A call that waits for a person's approval asks in this thread (loopd.approval).
+        ASKER.set(
+            self.questions.asker(self.outbox, name, channel, root_of(name), running.requesters)
+        )
         outcome: TurnOutcome | None = None
         try:
             async with anyio.create_task_group() as tg:

@@ -12,12 +12,14 @@ records the request as broken) and writes the stop record that a thread's ``stop
 from __future__ import annotations
 
 import logging
+import sys
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 import anyio
 
+from loopd.approval import ASKER, Asker
 from loopd.chat.status import InLine
 from loopd.config import Settings
 from loopd.engine.outcome import TurnOutcome
@@ -27,6 +29,7 @@ from loopd.errors import LoopdError
 from loopd.observe.perfsummary import format_summary, perf_records, summarize
 from loopd.sessionlog.records import Session, fresh_external_key
 from loopd.sessions import Runtime
+from loopd.terminal.approve import TerminalAsker
 from loopd.turnstop import record_stop, was_stopped
 from loopd.wire.assemble import ToolCall
 
@@ -92,6 +95,9 @@ class ChatCore:
         self.runtime = runtime
         self.session = session
         self.who = who  # who a stop is recorded for: the local user
+        # Asks y/n when a tool call waits for approval (loopd.approval); piped input has
+        # nobody to ask, and such a call is denied.
+        self.asker: Asker | None = TerminalAsker(who) if sys.stdin.isatty() else None
         self._scope: anyio.CancelScope | None = None
         self._stopping = False
         self._closing = anyio.Event()
@@ -168,6 +174,7 @@ class ChatCore:
         outcome: TurnOutcome | None = None
         scope = self._scope = anyio.CancelScope()
         self.runtime.watcher = watcher
+        ASKER.set(self.asker)  # this turn's task asks here
         try:
             with scope:
                 if self._stopping:

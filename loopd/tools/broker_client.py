@@ -8,8 +8,9 @@ the model is decided from those, in one place (``_post``).
 """
 
 import json
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
+from dataclasses import dataclass
 from types import TracebackType
 
 import httpx
@@ -32,6 +33,15 @@ def _mapped(url: str) -> Iterator[None]:
         raise BrokerUnreachable(f"cannot connect to {url}: {exc}") from exc
     except httpx.HTTPError as exc:
         raise BrokerError(f"{type(exc).__name__}: {exc}") from exc
+
+
+@dataclass(frozen=True)
+class BrokerAnswer:
+    """A call_tool answer: the result text, and brokerd's approval id when the call waits for a
+    person (``loopd.approval``; the id never goes into the text the model reads)."""
+
+    text: str
+    approval_id: str | None = None
 
 
 class BrokerClient:
@@ -84,29 +94,71 @@ class BrokerClient:
         ``call_id`` is the model's tool call id: the broker runs one id once, so retrying after a
         failure here is safe.
         """
-        body = {"session": session, "call_id": call_id, "name": name, "arguments": arguments}
-        return await self._post("/v1/call_tool", body, what=f"call_tool {name!r}")
+        return (await self.call_tool_answer(session, call_id, name, arguments)).text
+
+    async def call_tool_answer(
+        self,
+        session: str,
+        call_id: str,
+        name: str,
+        arguments: str,
+        approval: Mapping[str, str] | None = None,
+    ) -> BrokerAnswer:
+        """``call_tool``'s answer with brokerd's approval id; ``approval`` is a person's
+        decision on this call, sent again (``loopd.approval``)."""
+        body: dict[str, object] = {
+            "session": session,
+            "call_id": call_id,
+            "name": name,
+            "arguments": arguments,
+        }
+        if approval is not None:
+            body["approval"] = dict(approval)
+        what = f"call_tool {name!r}"
+        try:
+            status, content = await self._exchange("/v1/call_tool", body)
+        except (BrokerUnreachable, BrokerError) as exc:
+            return BrokerAnswer(unreachable_text(what, exc))
+        text = result_text(status, content, what)
+        approval_id = approval_id_of(content) if 200 <= status < 300 else None
+        return BrokerAnswer(text, approval_id)
 
     async def _post(self, path: str, body: dict[str, str], *, what: str) -> str:
         try:
             status, content = await self._exchange(path, body)
-        except BrokerUnreachable as exc:
-            return (
-                f"{what} is unavailable: brokerd is not running ({exc}). Nothing was run. "
-                "Carry on without it, or try again later."
-            )
-        except BrokerError as exc:
-            return (
-                f"{what}: brokerd did not answer ({exc}). If this was a tool call it may or may "
-                "not have taken effect."
-            )
+        except (BrokerUnreachable, BrokerError) as exc:
+            return unreachable_text(what, exc)
         return result_text(status, content, what)
 
-    async def _exchange(self, path: str, body: dict[str, str]) -> tuple[int, bytes]:
+    async def _exchange(self, path: str, body: Mapping[str, object]) -> tuple[int, bytes]:
         """The broker's status and body (read whole)."""
         with _mapped(self.url):
             response = await self._http.post(path, json=body)
         return response.status_code, response.content
+
+
+def unreachable_text(what: str, exc: BrokerUnreachable | BrokerError) -> str:
+    if isinstance(exc, BrokerUnreachable):
+        return (
+            f"{what} is unavailable: brokerd is not running ({exc}). Nothing was run. "
+            "Carry on without it, or try again later."
+        )
+    return (
+        f"{what}: brokerd did not answer ({exc}). If this was a tool call it may or may "
+        "not have taken effect."
+    )
+
+
+def approval_id_of(content: bytes) -> str | None:
+    """brokerd's approval id in an answer whose status is ``needs_approval``."""
+    try:
+        payload = json.loads(content)
+    except ValueError:
+        return None
+    if not isinstance(payload, dict) or payload.get("status") != "needs_approval":
+        return None
+    approval_id = payload.get("approval_id")
+    return approval_id if isinstance(approval_id, str) and approval_id else None
 
 
 def result_text(status: int, content: bytes, what: str) -> str:

@@ -204,7 +204,10 @@ async def test_the_filesystem_server_sees_only_its_declared_path(tmp_path: Path)
 async def test_a_path_declared_rw_is_writable(tmp_path: Path) -> None:
     shared = tmp_path / "shared"
     shared.mkdir()
-    async with broker_with(tmp_path, [filesystem_server([shared], [f"{shared}:rw"])]) as broker:
+    # A :rw path makes its tools ask for approval (docs/approvals.md); this test is about the
+    # sandbox.
+    server = filesystem_server([shared], [f"{shared}:rw"], approval="auto")
+    async with broker_with(tmp_path, [server]) as broker:
         written = await broker.call(
             "files.write_file", {"path": str(shared / "new.txt"), "content": "made"}
         )
@@ -237,7 +240,9 @@ async def test_a_stdio_server_reaches_the_network_only_when_declared(
 ) -> None:
     listener = Listener()
     try:
-        async with broker_with(tmp_path, [tiny_server(network=network)]) as broker:
+        # approval = "auto": a server that may reach the network would ask (docs/approvals.md).
+        server = tiny_server(network=network, approval="auto")
+        async with broker_with(tmp_path, [server]) as broker:
             answer = await broker.call("tiny.connect", {"host": "127.0.0.1", "port": listener.port})
     finally:
         listener.sock.close()
@@ -291,7 +296,8 @@ async def test_a_streamable_http_server_is_used_and_reconnected(tmp_path: Path) 
     served = HttpEverything(free_port())
     served.start()
     try:
-        config = McpServerConfig(name="web", url=f"http://127.0.0.1:{served.port}/mcp")
+        url = f"http://127.0.0.1:{served.port}/mcp"
+        config = McpServerConfig(name="web", url=url, approval="auto")  # a URL would ask
         async with broker_with(tmp_path, [config]) as broker:
             echoed = await broker.call("web.echo", {"message": "over http"})
             assert echoed == {"result": "Echo: over http", "status": "ok"}

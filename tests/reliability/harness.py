@@ -74,6 +74,7 @@ def mark_tool_toml(marks: Path) -> str:
             'description = "Mark a ticket as done: records the ticket tag once."',
             "timeout_s = 60",
             "output_cap_bytes = 4096",
+            'approval = "auto"',  # it writes a host file; these scenarios are about crashes
             "",
             "[parameters]",
             'type = "object"',
