@@ -1,7 +1,8 @@
 """A thread as a person lives it, through the official Mattermost client: alice posts, replies
 and reacts with Client4 (``js/person.cjs``) against the fake, loopd answers, and what she reads
 back through Client4 says what happened: an answer cut at the limit says so, a turn she stopped
-(with the word or the reaction) says who stopped it.
+(with the word or the reaction) says who stopped it, and a tool call that asks first runs when
+she allows it, not when she denies it or leaves it unanswered.
 
 The waits are on the fake's own record of loopd's posts (an event the test can see at once);
 every assertion is on what Client4 reads.
@@ -12,39 +13,33 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
 import anyio
 import pytest
 
+from loopd.chat.threads import session_name
 from loopd.engine.notes import cut_note
-from loopd_dev.fakes.llama import (
-    FakeLlama,
-    ModelSpec,
-    Pace,
-    RunningFake,
-    ScriptedReply,
-    serve_fake_llama,
+from loopd_dev.fakes.llama import FakeLlama, Pace, RunningFake, ScriptedReply
+from tests.approvals.support import asking_broker, audit_approvals, script_a_call, tool_results
+from tests.chat.chat_support import (
+    Env,
+    chat_settings_for,
+    daemon,
+    fake_mattermost,
+    settings_for,
+    until,
 )
-from tests.chat.chat_support import Env, daemon, until
-from tests.chat.conftest import FAKE_MODEL
+from tests.chat.conftest import FAKE_MODEL, fake_llama, llama, sockets
 from tests.chat.test_chat_scenarios import environment
+
+__all__ = ["fake_llama", "llama", "sockets"]  # the chat tests' fixtures, here too
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(300)]
 
 STOPPED = "⏹️ Stopped by @alice."
-
-
-@pytest.fixture
-def fake_llama() -> FakeLlama:
-    return FakeLlama([ModelSpec(FAKE_MODEL, n_slots=2, n_ctx=32768)])
-
-
-@pytest.fixture
-async def llama(fake_llama: FakeLlama) -> AsyncIterator[RunningFake]:
-    async with serve_fake_llama(fake_llama) as running:
-        yield running
 
 
 class Alice:
@@ -143,3 +138,78 @@ async def test_a_turn_she_stops_with_the_reaction_says_who_stopped_it(
         await until(lambda: env.status_posts_left(root) == [], "the status post to go", 60)
         messages = await alice.bot_messages(root)
         assert any(m.endswith(STOPPED) for m in messages), messages
+
+
+@asynccontextmanager
+async def approval_env(
+    tmp_path: Path, sockets: Path, llama: RunningFake, timeout_s: float = 60.0
+) -> AsyncIterator[Env]:
+    """A broker whose one tool asks first, and the fake Mattermost on TCP (for Node)."""
+    async with asking_broker(tmp_path, sockets) as broker_url, fake_mattermost(None) as mm:
+        settings = settings_for(
+            tmp_path / "state",
+            llama.base_url,
+            FAKE_MODEL,
+            max_tokens=256,
+            broker_url=broker_url,
+            approval_timeout_s=timeout_s,
+        )
+        yield Env(mm, settings, chat_settings_for(mm, tmp_path))
+
+
+async def question_in_her_client(alice: Alice, env: Env, root: str) -> dict[str, Any]:
+    """The approval question, once loopd has posted it, as her client reads it."""
+    await until(
+        lambda: any(p.message.startswith("🔐") for p in env.live_bot_posts(root)), "the question"
+    )
+    [found] = [p for p in await alice.thread(root) if p["message"].startswith("🔐")]
+    return found
+
+
+@pytest.mark.parametrize(
+    ("reaction", "result", "decision"),
+    [
+        ("white_check_mark", "Allowed by @alice.\necho: hi", "allow"),
+        ("x", "echo_text was not run: @alice denied this call.", "deny"),
+    ],
+    ids=["allowed", "denied"],
+)
+async def test_she_answers_an_approval_with_a_reaction_in_her_client(
+    tmp_path: Path,
+    sockets: Path,
+    fake_llama: FakeLlama,
+    llama: RunningFake,
+    alice_of: AliceOf,
+    reaction: str,
+    result: str,
+    decision: str,
+) -> None:
+    script_a_call(fake_llama, FAKE_MODEL)
+    async with approval_env(tmp_path, sockets, llama) as env, daemon(env) as running:
+        alice = alice_of(env)
+        root = await alice.post("echo hi")
+        question = await question_in_her_client(alice, env, root)
+        assert question["message"].startswith('🔐 `echo_text` wants to run with `{"text": "hi"}`.')
+        questions = running.adapter.threads.questions
+        await until(lambda: questions.is_open(question["id"]), "the question open")
+        await alice.react(question["id"], reaction)
+        await until(lambda: len(env.answers(root)) == 1, "the answer")
+        assert (await alice.bot_messages(root))[-1] == "Done."
+    assert tool_results(env.settings.db_path, session_name(root))[-1].startswith(result)
+    assert audit_approvals(tmp_path) == [("echo_text", decision, "@alice")]
+
+
+async def test_an_approval_she_leaves_unanswered_is_denied_in_time(
+    tmp_path: Path, sockets: Path, fake_llama: FakeLlama, llama: RunningFake, alice_of: AliceOf
+) -> None:
+    script_a_call(fake_llama, FAKE_MODEL)
+    async with approval_env(tmp_path, sockets, llama, timeout_s=1.0) as env, daemon(env):
+        alice = alice_of(env)
+        root = await alice.post("echo hi")
+        question = await question_in_her_client(alice, env, root)
+        assert "(within 1 second, then it is denied)" in question["message"]
+        await until(lambda: len(env.answers(root)) == 1, "the answer")
+        assert (await alice.bot_messages(root))[-1] == "Done."
+    result = tool_results(env.settings.db_path, session_name(root))[-1]
+    assert "nobody allowed it in time (no answer within 1 second)" in result
+    assert audit_approvals(tmp_path)[0][:2] == ("echo_text", "timeout")
