@@ -157,8 +157,8 @@ class Turn:
     pool_clears_idle_slots: bool = False
     # Where loopd runs several servers: this one's name (recorded with each request).
     endpoint: str | None = None
-    # Durable sessions (``loopd.engine.durable``): pinned requests only, as a restore fills one
-    # named slot.
+    # Durable sessions (``loopd.engine.durable``): a request sent after a restore names the slot
+    # the restore filled, pinned or not.
     durable: DurableSlots | None = None
 
     async def run(self) -> TurnOutcome:
@@ -181,7 +181,7 @@ class Turn:
     async def save_slot(self, outcome: TurnOutcome) -> None:
         """At the end of an answered turn, while the session still holds its slot: save what
         the slot holds, the prefix the session's next request extends."""
-        if self.durable is None or not self.pinned or not outcome.requests:
+        if self.durable is None or not outcome.requests:
             return
         if outcome.requests[-1].perf.outcome != "complete":
             return
@@ -254,11 +254,14 @@ class Turn:
         lost = attempt.result.failure is Failure.LOST_BY_SERVER
         if lost and self.durable is not None and probe is not None:
             restore = await self.durable.restore(probe)
-            attempt = await self._send(kind, None, restore)
+            try:
+                attempt = await self._send(kind, None, restore)
+            finally:
+                self.durable.release(restore)
         return attempt
 
     def _probe(self) -> Probe | None:
-        if self.durable is None or not self.pinned:
+        if self.durable is None:
             return None
         return self.durable.probe(
             self.session,
@@ -272,7 +275,11 @@ class Turn:
     ) -> Attempt:
         epoch = self.log.current_epoch(self.session)
         messages = self.log.replay_messages(self.session)
-        body = build_body(self.settings, epoch.tools_text, messages)
+        settings = self.settings
+        if restore is not None and restore.slot is not None:
+            # Where the server places requests, it must read on from the slot just restored.
+            settings = replace(settings, slot=restore.slot)
+        body = build_body(settings, epoch.tools_text, messages)
         result = start_result()
         with request_scope(self.session):  # its id in the headers and the log lines
             try:
@@ -280,7 +287,7 @@ class Turn:
                     result,
                     self.client,
                     body,
-                    slot=self.settings.slot,
+                    slot=settings.slot,
                     limits=self.limits,
                     report=self.report,
                     lost=None if probe is None else probe.lost,
@@ -354,7 +361,7 @@ class Turn:
             return Loss(0, 0, LossCause.NONE)
         prev = previous_request(self.log.latest_request(self.session, counted=True))
         around = self._circumstances(prev, epoch, digest)
-        if self.durable is not None and self.pinned:
+        if self.durable is not None:
             verdict = None
             if restore is not None:
                 verdict = self.durable.settle(self.session, restore, timings.cache_n)
