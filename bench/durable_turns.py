@@ -34,13 +34,14 @@ log = logging.getLogger("bench.durable")
 
 MODEL = "qwen35moe-two-slots"
 SESSIONS = 20
-NOTES = 80  # about 2,000 tokens of notes in each session's first message
+NOTES = 44  # about 2,000 tokens of notes in each session's first message
 ROUNDS = 3  # each session's turns: the first, then two returns
 # The host cache: a few of the sessions' states (about 2.5 MB each on this preset) fit.
 CACHE_RAM_MIB = 8
 # The hybrid preset (tokens are read fast enough for sixty turns twice) on two slots of one
-# unified pool, as production lays its slots out.
-LAYOUT = devserver.SlotLayout(ctx_size=16384, parallel=2, kv_unified=True)
+# unified pool, as production lays its slots out; a pool large enough that loopd's input cap
+# (a share of it) never cuts a first message.
+LAYOUT = devserver.SlotLayout(ctx_size=65536, parallel=2, kv_unified=True)
 
 
 @dataclass(frozen=True)
