@@ -288,6 +288,7 @@ class Runtime:
         view = ServerView(pinning, keeps_past_reasoning, durable_available)
         self.server = view
         self.durable = self._durable(view)
+        self.prewarmer.restorer = self.durable  # a prewarm restores a saved session
         self.budget.shared = pinning.shared_pool
         self.budget.requests = self.settings.pool_requests
         log.info(

@@ -31,7 +31,7 @@ from loopd.engine.durable import (
 )
 from loopd.engine.request import RequestSettings
 from loopd.errors import InferenceError
-from loopd.prewarm.prewarmer import Prewarmer, PrewarmOutcome
+from loopd.prewarm.prewarmer import Prewarmer, PrewarmOutcome, StateBack
 from loopd.sessionlog.records import Session
 
 log = logging.getLogger(__name__)
@@ -182,6 +182,28 @@ class DurableSlots:
             log.warning("no restore: /slots failed: %s", exc)
             return None
         return restore_target(slots, self.slots, self._claimed)
+
+    async def restore_for_prewarm(
+        self, session: str, tools_text: str, messages: Sequence[str], slot: int
+    ) -> StateBack | None:
+        """For a prewarm: restore the session's usable save without asking first what the
+        server holds (a restore of a state the slot already holds costs only its disk read).
+        The session's next request confirms it (``loopd.prewarm.prewarmer``). None: no usable
+        save, no slot to restore into, or the server refused it (then dropped)."""
+        probe = self.probe(session, tools_text, messages, slot)
+        if probe.saved is None:
+            return None
+        probe.held = 0  # not asked
+        restore = await self.restore(probe)
+        self.release(restore)  # no request of loopd's follows it: the next one is the session's
+        if restore.slot is None:
+            return None
+        if restore.n_restored is None:
+            self.settle(session, restore, 0)  # refused: dropped
+            return None
+        extra = restore.extra(restore.n_restored)
+        extra["outcome"] = "restored, the next request confirms it"
+        return StateBack(restore.n_restored, extra)
 
     async def _saved_slot(self, session: Session) -> int | None:
         """The slot that holds what the prefix read just read: the session's own where pinned,
