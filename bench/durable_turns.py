@@ -127,7 +127,7 @@ def render(returns: list[TurnsReturn]) -> str:
         "### Through loopd: more threads than the host cache holds",
         "",
         f"{SESSIONS} sessions, each opening with about 2,000 tokens of its own (beside the "
-        "system text and tools they share), take turns ({ROUNDS} turns "
+        f"system text and tools they share), take turns ({ROUNDS} turns "
         f"each) on `{MODEL}`: the hybrid preset on {LAYOUT.parallel} slots of one unified pool "
         f"({LAYOUT.ctx_size} tokens), `cache-ram` {CACHE_RAM_MIB} MiB; requests placed by the "
         "server. Each row sums the returns (every turn after a session's first): *held before* "

@@ -58,6 +58,7 @@ def test_the_many_threads_table_sums_the_share_re_read() -> None:
         TurnsReturn(True, 2_000, 2_000, 40, "restored from disk", 200.0),
     ]
     text = render_turns(rows)
+    assert "take turns (3 turns each)" in text
     causes = "none 1, not in the host cache 1"
     assert f"| off | 2 | 4,000 | 1,500 | 37.5% | 1,580 | 600 | {causes} |" in text
     assert "| on | 2 | 4,000 | 0 | 0.0% | 80 | 300 | restored from disk 2 |" in text
