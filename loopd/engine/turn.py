@@ -29,6 +29,7 @@ from loopcommon.backoff import Backoff
 from loopcommon.jsonbytes import dumps
 from loopcommon.retry import retrying
 from loopd.contextwindow import pool
+from loopd.contextwindow.budget import ServerBudget
 from loopd.engine import repeats
 from loopd.engine.cacheloss import (
     Circumstances,
@@ -47,6 +48,7 @@ from loopd.engine.progress import Phase, Status, StatusCallback
 from loopd.engine.request import RequestSettings, build_body
 from loopd.engine.saves import DurableSlots, Probe, Restore
 from loopd.engine.stream import start_result, stream_into
+from loopd.errors import InferenceError
 from loopd.observe.context import request_scope
 from loopd.observe.metrics import METRICS
 from loopd.sessionlog.chain import messages_digest
@@ -281,6 +283,7 @@ class Turn:
             settings = replace(settings, slot=restore.slot)
         body = build_body(settings, epoch.tools_text, messages)
         result = start_result()
+        reply_short = 0
         with request_scope(self.session):  # its id in the headers and the log lines
             try:
                 await stream_into(
@@ -292,10 +295,31 @@ class Turn:
                     report=self.report,
                     lost=None if probe is None else probe.lost,
                 )
+                reply_short = await self._reply_short(result)
             finally:
                 # Synchronous, so a cancellation going on cannot interrupt it.
-                record = self._record(kind, epoch, messages, result, restore)
+                record = self._record(kind, epoch, messages, result, restore, reply_short)
         return Attempt(record, result)
+
+    async def _reply_short(self, result: RequestResult) -> int:
+        """For a reply cut at ``max_tokens``: how many of the tokens generated its text lacks
+        when read back (the server's ``/tokenize`` of it against ``predicted_n``), which the
+        next request's cache-loss rule names (``LossCause.REPLY_TRIMMED``). Counted where the
+        reply is one text (all reasoning, or all answer): where it holds both, the template's
+        markers between them are generated tokens no text holds. 0 when not counted."""
+        asm, timings = result.assembler, result.assembler.timings
+        if not result.complete or asm.finish_reason != "length" or timings is None:
+            return 0
+        message = asm.message()
+        texts = [t for t in (message.reasoning_content, message.content) if t]
+        if len(texts) != 1 or message.tool_calls:
+            return 0
+        try:
+            read_back = await ServerBudget(self.client).count_text(texts[0])
+        except InferenceError as exc:
+            log.info("%s: the cut reply could not be counted: %s", self.session, exc)
+            return 0
+        return max(timings.predicted_n - read_back, 0)
 
     async def execute(self, calls: Sequence[ToolCall]) -> None:
         plan = repeats.plan(self.log.replay_messages(self.session), calls, self.repeat_limit)
@@ -321,10 +345,13 @@ class Turn:
         messages: list[str],
         result: RequestResult,
         restore: Restore | None = None,
+        reply_short: int = 0,
     ) -> RequestRecord:
         """Append the assistant entry (or the broken one) with the request's record."""
         digest = messages_digest(messages)
         perf = request_perf(result, self._loss(epoch, digest, result, restore), self.endpoint)
+        if reply_short:
+            perf = replace(perf, extra={**perf.extra, "reply_short": reply_short})
         timings = result.assembler.timings
         if result.failure is Failure.LOST_BY_SERVER:
             # Closed before the server read anything: not a request the slot holds
