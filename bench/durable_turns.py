@@ -131,7 +131,10 @@ def render(returns: list[TurnsReturn]) -> str:
         f"each) on `{MODEL}`: the hybrid preset on {LAYOUT.parallel} slots of one unified pool "
         f"({LAYOUT.ctx_size} tokens), `cache-ram` {CACHE_RAM_MIB} MiB; requests placed by the "
         "server. Each row sums the returns (every turn after a session's first): *held before* "
-        "is what loopd expected the server to keep, *re-read* what of it the server read again.",
+        "is what loopd expected the server to keep, *re-read* what of it the server read again; "
+        "*mean turn* is a whole turn's wall time, with `durable` on its closed request, restore, "
+        "and the prefix read and save at its end too (on this tiny model, round trips that cost "
+        "more than reading its 2,000 tokens again).",
         "",
         "| durable | Returns | Held before (tokens) | Re-read (tokens) | Share re-read "
         "| prompt_n | Mean turn (ms) | Causes recorded |",
