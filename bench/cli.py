@@ -9,8 +9,9 @@ hybrid model's cache goes (``bench/hybrid.py``), placement across two endpoints
 (``bench/placement.py``) and real tool calls by the tool model (``bench/realtools.py``; alone:
 ``--real-tools``, written to ``<date>-real-tools.md``) and durable sessions, a returning session's
 re-read after the server forgot it, with and without a saved slot state (the server's own save and
-restore, ``bench/durable.py``, then loopd's rule, ``bench/durable_loopd.py``, and the save folder
-under brokerd's cap, ``bench/durable_cap.py``; alone: ``--durable``, written to
+restore, ``bench/durable.py``, then loopd's rule, ``bench/durable_loopd.py``, twenty threads taking
+turns beyond the host cache, ``bench/durable_turns.py``, and the save folder under brokerd's cap,
+``bench/durable_cap.py``; alone: ``--durable``, written to
 ``<date>-durable.md``). The report goes to ``bench/results/<date>.md`` with a plot per template
 beside it; ``--append`` adds it below the day's earlier report instead of replacing it.
 """
@@ -34,6 +35,7 @@ from bench import (
     durable,
     durable_cap,
     durable_loopd,
+    durable_turns,
     hybrid,
     overhead,
     parsers,
@@ -225,8 +227,9 @@ def _durable(args: argparse.Namespace) -> str:
     with tempfile.TemporaryDirectory(prefix="bench-") as tmp:
         server = durable.render(durable.run(Path(tmp) / "server", args.cache_dir))
         through_loopd = durable_loopd.render(durable_loopd.run(Path(tmp) / "loopd", args.cache_dir))
+        many = durable_turns.render(durable_turns.run(Path(tmp) / "turns", args.cache_dir))
         capped = durable_cap.render(durable_cap.run(Path(tmp) / "cap", args.cache_dir))
-        return server + "\n" + through_loopd + "\n" + capped
+        return server + "\n" + through_loopd + "\n" + many + "\n" + capped
 
 
 def _section_only(

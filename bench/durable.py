@@ -236,25 +236,28 @@ class Router:
         self.server.kill()
         self.server = self._start()
 
-    def reload(self, model: str) -> None:
-        with fresh_connections(self.server) as client:
-            client.post("/models/unload", json={"model": model})
-            deadline = time.monotonic() + 120
-            while _status(client, model) != "unloaded":
-                if time.monotonic() > deadline:
-                    raise BenchError(f"{model} did not unload")
-                time.sleep(0.1)
-            client.post("/models/load", json={"model": model})
-            while _status(client, model) != "loaded":
-                if time.monotonic() > deadline:
-                    raise BenchError(f"{model} did not load again")
-                time.sleep(0.1)
-
     def forget(self, event: str, model: str) -> None:
         if event == "restart":
             self.restart()
         else:
-            self.reload(model)
+            reload_model(self.server, model)
+
+
+def reload_model(server: devserver.RunningServer, model: str) -> None:
+    """The router unloads ``model`` (its child ends, with its slots and host cache) and loads it
+    again, as another model's load under ``--models-max`` and a reload would."""
+    with fresh_connections(server) as client:
+        client.post("/models/unload", json={"model": model})
+        deadline = time.monotonic() + 120
+        while _status(client, model) != "unloaded":
+            if time.monotonic() > deadline:
+                raise BenchError(f"{model} did not unload")
+            time.sleep(0.1)
+        client.post("/models/load", json={"model": model})
+        while _status(client, model) != "loaded":
+            if time.monotonic() > deadline:
+                raise BenchError(f"{model} did not load again")
+            time.sleep(0.1)
 
 
 def fresh_connections(server: devserver.RunningServer) -> httpx.Client:

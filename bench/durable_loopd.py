@@ -1,12 +1,13 @@
 """Durable sessions through loopd itself: sessions that return after the server was killed and
-started again, with ``durable`` off and on (``loopd.engine.durable``: loopd saves each answered
+started again (*restart*), or after the router unloaded the model and loaded it again
+(*reload*), with ``durable`` off and on (``loopd.engine.durable``: loopd saves each answered
 turn's slot and restores it when the first progress event shows the server lost the session).
 
 On each preset a router of its own (``--slot-save-path``), two sessions pinned to slots 0 and
-1, one turn each; the router is killed (SIGKILL to it and its children) and started again; each
-session's next turn is measured by its answered request's own perf record: ``cache_n``,
-``prompt_n``, and the ideal, the new tokens (what the request held past what loopd expected the
-server to keep, ``expected_reuse``).
+1, one turn each; the router is killed (SIGKILL to it and its children) and started again, or
+unloads and reloads the model; each session's next turn is measured by its answered request's
+own perf record: ``cache_n``, ``prompt_n``, and the ideal, the new tokens (what the request
+held past what loopd expected the server to keep, ``expected_reuse``).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from pathlib import Path
 
 import anyio
 
+from bench.durable import EVENTS, reload_model
 from loopd.config import Settings, load_settings
 from loopd.engine.durable import DurableMode
 from loopd.engine.pinning import PinSlots
@@ -39,6 +41,7 @@ SECOND = "Which day does the deploy window open?"
 @dataclass(frozen=True)
 class LoopdReturn:
     preset: str
+    event: str
     durable: bool
     session: str
     cache_n: int
@@ -52,12 +55,14 @@ class LoopdReturn:
         return self.prompt_n / max(self.ideal_new, 1)
 
 
-def first_message(session: str) -> str:
-    notes = " ".join(NOTE.format(session=session, n=n) for n in range(NOTES))
+def first_message(session: str, notes_count: int = NOTES) -> str:
+    notes = " ".join(NOTE.format(session=session, n=n) for n in range(notes_count))
     return f"Keep these notes for later, and say only 'noted'. {notes}"
 
 
-def settings_for(url: str, model: str, state: Path, durable: bool) -> Settings:
+def settings_for(
+    url: str, model: str, state: Path, durable: bool, pin_slots: PinSlots = PinSlots.YES
+) -> Settings:
     return load_settings(
         infer_url=url,
         model=model,
@@ -66,7 +71,7 @@ def settings_for(url: str, model: str, state: Path, durable: bool) -> Settings:
         max_tokens=24,
         think_cap=0,  # the random hybrid model never ends its thinking on its own
         temperature=0.0,
-        pin_slots=PinSlots.YES,
+        pin_slots=pin_slots,
         durable=DurableMode.ON if durable else DurableMode.OFF,
     )
 
@@ -89,12 +94,15 @@ def answered(requests: list[Request]) -> Request:
     )
 
 
-def measured(preset: str, durable: bool, session: str, requests: list[Request]) -> LoopdReturn:
+def measured(
+    preset: str, event: str, durable: bool, session: str, requests: list[Request]
+) -> LoopdReturn:
     perf = answered(requests).record.perf
     cache_n, prompt_n = perf.cache_n or 0, perf.prompt_n or 0
     expected = int(perf.extra.get("expected_reuse", 0))
     return LoopdReturn(
         preset=preset,
+        event=event,
         durable=durable,
         session=session,
         cache_n=cache_n,
@@ -105,17 +113,24 @@ def measured(preset: str, durable: bool, session: str, requests: list[Request]) 
     )
 
 
-def start(work: Path, cache_dir: Path, model: str) -> devserver.RunningServer:
+def start(
+    work: Path, cache_dir: Path, model: str, presets: tuple[devserver.Preset, ...] = ()
+) -> devserver.RunningServer:
+    """A router of its own saving slots into ``work/saves``, serving ``model`` (one of its own
+    presets, or one of ``presets``)."""
     return devserver.start(
         work / "server",
         cache_dir,
         socket_path=work / "llama.sock",
         extra_args=("--slot-save-path", str(work / "saves")),
+        presets=presets,
         load=(model,),
     )
 
 
-def one_run(work: Path, cache_dir: Path, model: str, durable: bool) -> list[LoopdReturn]:
+def one_run(
+    work: Path, cache_dir: Path, model: str, event: str, durable: bool
+) -> list[LoopdReturn]:
     (work / "saves").mkdir(parents=True, exist_ok=True)
     servers = [start(work, cache_dir, model)]
 
@@ -127,10 +142,13 @@ def one_run(work: Path, cache_dir: Path, model: str, durable: bool) -> list[Loop
             runtime.know_server(idle_slots_cleared=False, durable_available=durable)
             for session in SESSIONS:
                 await say(runtime, session, first_message(session))
-            servers[0].kill()
-            servers[0] = start(work, cache_dir, model)
+            if event == "restart":
+                servers[0].kill()
+                servers[0] = start(work, cache_dir, model)
+            else:
+                await anyio.to_thread.run_sync(reload_model, servers[0], model)
             return [
-                measured(model, durable, session, await say(runtime, session, SECOND))
+                measured(model, event, durable, session, await say(runtime, session, SECOND))
                 for session in SESSIONS
             ]
         finally:
@@ -144,30 +162,39 @@ def one_run(work: Path, cache_dir: Path, model: str, durable: bool) -> list[Loop
 
 def run(work: Path, cache_dir: Path) -> list[LoopdReturn]:
     returns = []
-    for model in PRESETS:
-        for durable in (False, True):
-            log.info("durable through loopd: %s, durable %s", model, "on" if durable else "off")
-            returns += one_run(work / f"{model}-{durable}", cache_dir, model, durable)
+    for event in EVENTS:
+        for model in PRESETS:
+            for durable in (False, True):
+                log.info(
+                    "durable through loopd: %s of %s, durable %s",
+                    event,
+                    model,
+                    "on" if durable else "off",
+                )
+                work_dir = work / f"{event}-{model}-{durable}"
+                returns += one_run(work_dir, cache_dir, model, event, durable)
     return returns
 
 
 def render(returns: list[LoopdReturn]) -> str:
     lines = [
-        "### Through loopd (`durable` off and on): returning after a restart",
+        "### Through loopd (`durable` off and on): returning after a restart or a reload",
         "",
         "Two sessions per preset, pinned to slots 0 and 1, one turn each; the router killed "
-        "and started again; each session's next turn, measured by its answered request's perf "
+        "and started again (*restart*), or the model unloaded and loaded again (*reload*); "
+        "each session's next turn, measured by its answered request's perf "
         "record. With `durable` on, loopd saved each answered turn's slot; its next request's "
         "first progress event showed the server held nothing, so loopd closed it, restored the "
         "save and sent it again (*requests* counts both).",
         "",
-        "| Preset | durable | Session | cache_n | prompt_n | ideal (new tokens) | loopd/ideal "
-        "| Recorded cause | Requests |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| Preset | Event | durable | Session | cache_n | prompt_n | ideal (new tokens) "
+        "| loopd/ideal | Recorded cause | Requests |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in returns:
         lines.append(
-            f"| {r.preset} | {'on' if r.durable else 'off'} | {r.session} | {r.cache_n} "
+            f"| {r.preset} | {r.event} | {'on' if r.durable else 'off'} | {r.session} "
+            f"| {r.cache_n} "
             f"| {r.prompt_n} | {r.ideal_new} | {r.over_ideal:.2f} | {r.cause or '-'} "
             f"| {r.requests} |"
         )

@@ -192,6 +192,9 @@ class Runtime:
     # Set while the server differs from the recorded expectations (``loopd serve``): the front
     # end then tells each thread so instead of running its turn (``loopd.serverchange``).
     server_change: ServerChange | None = None
+    # Durable sessions as ``know_server`` decided (one for every turn: a restore's claim on an
+    # idle slot holds against the other lanes' restores).
+    durable: DurableSlots | None = None
 
     def __post_init__(self) -> None:
         self.budget = ServerBudget(self.client)
@@ -297,6 +300,8 @@ class Runtime:
         )
         view = ServerView(pinning, keeps_past_reasoning, durable_available)
         self.server = view
+        self.durable = self._durable(view)
+        self.prewarmer.restorer = self.durable  # a prewarm restores a saved session
         self.budget.shared = pinning.shared_pool
         self.budget.requests = self.settings.pool_requests
         log.info(
@@ -311,19 +316,23 @@ class Runtime:
         )
         log.info(
             "durable sessions: %s (LOOPD_DURABLE %s; the self-test's probe: %s)",
-            "on" if self._durable(view) is not None else "off",
+            "on" if self.durable is not None else "off",
             self.settings.durable.value,
             {True: "available", False: "not available", None: "not run"}[durable_available],
         )
         return view
 
     def _durable(self, view: ServerView) -> DurableSlots | None:
-        """Saves and restores for pinned sessions, where the setting and the self-test allow."""
-        if not view.pinning.pinned or not durable_enabled(
-            self.settings.durable, view.durable_available
-        ):
+        """Saves and restores, where the setting and the self-test allow."""
+        if not durable_enabled(self.settings.durable, view.durable_available):
             return None
-        return DurableSlots(self.client, SaveBook(self.settings.state_dir), self.prewarmer)
+        return DurableSlots(
+            self.client,
+            SaveBook(self.settings.state_dir),
+            self.prewarmer,
+            pinned=view.pinning.pinned,
+            slots=self.settings.slots,
+        )
 
     def _view(self) -> ServerView:
         """The server as told, or, without a self-test (``loopd chat``, ``--skip-selftest``),
@@ -356,7 +365,7 @@ class Runtime:
             template_drops_reasoning=view.template_drops_reasoning,
             pinned=view.pinning.pinned,
             pool_clears_idle_slots=view.pinning.idle_slots_cleared is True,
-            durable=self._durable(view),
+            durable=self.durable,
         )
 
     def budget_rules(self) -> BudgetRules:

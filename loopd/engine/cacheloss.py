@@ -76,6 +76,11 @@ class LossCause(StrEnum):
     # Durable sessions on, no save to restore, and the pinned slot held nothing at all (cache 0,
     # not even a template's head): a restarted or reloaded server, or one back from its sleep.
     SERVER_RESTARTED = "server restarted"
+    # The previous reply, cut at ``max_tokens``, reads back as fewer tokens than the model
+    # generated: the server's answer left out some of them (its reasoning parser trims the
+    # newline a model writes after ``<think>``, measured on SmolLM2 with the Qwen3.5 template),
+    # so the next prompt renders the reply otherwise from its first token and re-reads it.
+    REPLY_TRIMMED = "the reply reads back shorter than generated (the server trimmed it)"
     UNEXPLAINED = "unexplained"
 
 
@@ -94,6 +99,9 @@ class PrevRequest:
     request_row: int = 0  # its row in the log, to ask what else ran on the slot since
     messages_sha256: str = ""  # what it sent, to recognise the same prompt sent again
     endpoint: str | None = None  # the server it ran on, where loopd has several (loopd.endpoints)
+    # Tokens generated that its stored reply lacks (``/tokenize`` of the reply's text against
+    # ``predicted_n``), counted for a reply cut at ``max_tokens``; 0: none, or not counted.
+    reply_short: int = 0
 
     @property
     def prompt_end(self) -> int:
@@ -170,7 +178,12 @@ def previous_request(request: Request | None) -> PrevRequest | None:
         request_row=request.id,
         messages_sha256=record.messages_sha256,
         endpoint=perf.extra.get("endpoint"),
+        reply_short=_count(perf.extra.get("reply_short")),
     )
+
+
+def _count(value: object) -> int:
+    return value if isinstance(value, int) and value > 0 else 0
 
 
 def shared_head_bound(first: Request | None) -> int:
@@ -273,6 +286,10 @@ def _cause(
         return LossCause.CAPPED_TURN
     if around.template_drops_reasoning and prev.had_reasoning:
         return LossCause.TEMPLATE_DROPS_REASONING
+    if prev.reply_short and cache_n >= prev.prompt_end - CHECKPOINT_BEFORE_END:
+        # Its prompt was kept (a hybrid model resumes at its checkpoint before the end), and
+        # the reply that follows it reads back otherwise than it was generated.
+        return LossCause.REPLY_TRIMMED
     if checkpoint:
         return LossCause.CHECKPOINT
     return LossCause.UNEXPLAINED

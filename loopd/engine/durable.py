@@ -21,6 +21,12 @@ The rule, and why:
   holds (``worth_restoring``) closes the request, restores, and sends it again. Asking before
   every request instead (``GET /slots``) cannot tell which session a slot holds, and the
   previous request's ``cache_n`` tells only after the re-read was paid.
+- **Where the server places requests** (``id_slot`` -1, ``loopd.engine.pinning``) a session has
+  no slot of its own: its save comes from the slot its prefix read ran on (``last_run_slot``,
+  the idle slot with the newest task), and a restore goes into an idle slot of loopd's that no
+  other restore of loopd's is filling, the one used longest ago (``restore_target``: on a pool
+  that clears idle slots it holds nothing; elsewhere the least likely to be wanted next), and
+  the request sent again names that slot, so the server reads on from the restored state.
 - **A restore is trusted only once confirmed** by the next request's ``cache_n``
   (``confirmed``): a server can answer a restore with success and still re-read everything. A
   save that does not confirm, or that the server refused, is never tried again (the record is
@@ -29,10 +35,10 @@ The rule, and why:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Final
+from typing import Any, Final
 
 from loopcommon.slotfiles import slot_file_name
 
@@ -92,12 +98,15 @@ def usable(
     session: str,
     tools_text: str,
     messages: Sequence[str],
-    slot: int,
+    slot: int | None,
     endpoint: str | None = None,
 ) -> Saved | None:
     """``saved`` when the request about to go out extends exactly the prefix it holds, on the
-    same slot and server; else None (another epoch, a rewritten history, another session)."""
-    if saved is None or saved.slot != slot or saved.endpoint != endpoint:
+    same slot (``slot`` None: requests placed by the server, any slot may take a restore) and
+    server; else None (another epoch, a rewritten history, another session)."""
+    if saved is None or saved.endpoint != endpoint:
+        return None
+    if slot is not None and saved.slot != slot:
         return None
     if saved.message_count > len(messages) or saved.n_saved <= 0:
         return None
@@ -113,6 +122,40 @@ def worth_restoring(saved: Saved, cache: int) -> bool:
     if gain <= CONFIRM_TOLERANCE:
         return False
     return cache * 2 < saved.n_saved or gain >= RESTORE_GAIN_TOKENS
+
+
+def _idle(
+    slots: Sequence[Mapping[str, Any]], allowed: Collection[int] | None
+) -> list[tuple[int, int]]:
+    """``(slot id, its latest task id)`` of each idle slot in a ``/slots`` answer, of
+    ``allowed`` only unless it is None (a slot that never ran a task: -1)."""
+    found = []
+    for entry in slots:
+        slot, task = entry.get("id"), entry.get("id_task")
+        if not isinstance(slot, int) or entry.get("is_processing"):
+            continue
+        if allowed is not None and slot not in allowed:
+            continue
+        found.append((slot, task if isinstance(task, int) else -1))
+    return found
+
+
+def last_run_slot(slots: Sequence[Mapping[str, Any]]) -> int | None:
+    """The idle slot that ran the newest task: where a request the server
+    placed, just completed, ran (task ids grow). None when no idle slot ran one. Another
+    client's task launched since would be named instead; the save's token count then differs
+    from the prefix read's and it is not used (``DurableSlots.save``)."""
+    ran = [(task, slot) for slot, task in _idle(slots, None) if task >= 0]
+    return max(ran)[1] if ran else None
+
+
+def restore_target(
+    slots: Sequence[Mapping[str, Any]], allowed: Collection[int], claimed: Collection[int]
+) -> int | None:
+    """The idle slot of ``allowed`` to restore into, outside ``claimed`` (restores of loopd's
+    under way): the one whose latest task is oldest (lowest id on a tie). None: none idle."""
+    free = [(task, slot) for slot, task in _idle(slots, allowed) if slot not in claimed]
+    return min(free)[1] if free else None
 
 
 class RestoreOutcome(StrEnum):

@@ -14,7 +14,7 @@ import json
 import logging
 import os
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from loopcommon.slotfiles import is_slot_file_name, session_tag
@@ -23,13 +23,15 @@ from loopd.engine.durable import (
     RestoreOutcome,
     Saved,
     after_restore,
+    last_run_slot,
+    restore_target,
     save_name,
     usable,
     worth_restoring,
 )
 from loopd.engine.request import RequestSettings
 from loopd.errors import InferenceError
-from loopd.prewarm.prewarmer import Prewarmer, PrewarmOutcome
+from loopd.prewarm.prewarmer import Prewarmer, PrewarmOutcome, StateBack
 from loopd.sessionlog.records import Session
 
 log = logging.getLogger(__name__)
@@ -100,7 +102,8 @@ class Restore:
 
     saved: Saved
     held_before: int
-    n_restored: int | None  # None: the server refused it
+    n_restored: int | None  # None: the server refused it, or no slot could take it
+    slot: int | None  # the slot restored into; None: no idle slot of loopd's to restore into
     ms: float = 0.0
     refusal: str = ""
 
@@ -114,6 +117,7 @@ class Restore:
             "outcome": self.verdict(cache_n).value,
             "held_before": self.held_before,
             "n_saved": self.saved.n_saved,
+            "slot": self.slot,
         }
         if self.n_restored is not None:
             out.update(n_restored=self.n_restored, restore_ms=self.ms)
@@ -122,20 +126,22 @@ class Restore:
         return out
 
 
+@dataclass
 class DurableSlots:
-    """Saves a session's slot at the end of a turn and restores it when the server lost it."""
+    """Saves a session's slot at the end of a turn and restores it when the server lost it.
 
-    def __init__(
-        self,
-        client: InferenceClient,
-        book: SaveBook,
-        prewarmer: Prewarmer,
-        endpoint: str | None = None,
-    ) -> None:
-        self.client = client
-        self.book = book
-        self.prewarmer = prewarmer
-        self.endpoint = endpoint
+    ``pinned``: each session's requests name its slot, and its saves and restores use that
+    slot; else the server places requests, and a restore goes into one of ``slots`` (loopd's
+    own), the idle one ``restore_target`` names, held for that restore until ``release``."""
+
+    client: InferenceClient
+    book: SaveBook
+    prewarmer: Prewarmer
+    endpoint: str | None = None
+    pinned: bool = True
+    slots: Sequence[int] = (0,)
+    # Slots a restore of loopd's is filling, until the request sent after it ended.
+    _claimed: set[int] = field(default_factory=set)
 
     def probe(self, session: str, tools_text: str, messages: Sequence[str], slot: int) -> Probe:
         saved = usable(
@@ -143,26 +149,79 @@ class DurableSlots:
             session=session,
             tools_text=tools_text,
             messages=messages,
-            slot=slot,
+            slot=slot if self.pinned else None,
             endpoint=self.endpoint,
         )
         return Probe(saved)
 
     async def restore(self, probe: Probe) -> Restore:
+        """Put the probe's save back into a slot: the session's own where pinned, else an idle
+        one of loopd's, claimed until ``release``."""
         assert probe.saved is not None
         assert probe.held is not None
         saved = probe.saved
+        slot = saved.slot if self.pinned else await self._target()
+        if slot is None:
+            return Restore(saved, probe.held, None, None, refusal="no idle slot to restore into")
+        self._claimed.add(slot)
         try:
-            answer = await self.client.restore_slot(saved.slot, saved.file)
+            answer = await self.client.restore_slot(slot, saved.file)
         except InferenceError as exc:
-            return Restore(saved, probe.held, None, refusal=str(exc))
-        return Restore(saved, probe.held, answer.n_tokens, ms=answer.ms)
+            return Restore(saved, probe.held, None, slot, refusal=str(exc))
+        return Restore(saved, probe.held, answer.n_tokens, slot, ms=answer.ms)
+
+    def release(self, restore: Restore) -> None:
+        """The request sent after ``restore`` ended: its slot may take another restore."""
+        if restore.slot is not None:
+            self._claimed.discard(restore.slot)
+
+    async def _target(self) -> int | None:
+        try:
+            slots = await self.client.slots()
+        except InferenceError as exc:
+            log.warning("no restore: /slots failed: %s", exc)
+            return None
+        return restore_target(slots, self.slots, self._claimed)
+
+    async def restore_for_prewarm(
+        self, session: str, tools_text: str, messages: Sequence[str], slot: int
+    ) -> StateBack | None:
+        """For a prewarm: restore the session's usable save without asking first what the
+        server holds (a restore of a state the slot already holds costs only its disk read).
+        The session's next request confirms it (``loopd.prewarm.prewarmer``). None: no usable
+        save, no slot to restore into, or the server refused it (then dropped)."""
+        probe = self.probe(session, tools_text, messages, slot)
+        if probe.saved is None:
+            return None
+        probe.held = 0  # not asked
+        restore = await self.restore(probe)
+        self.release(restore)  # no request of loopd's follows it: the next one is the session's
+        if restore.slot is None:
+            return None
+        if restore.n_restored is None:
+            self.settle(session, restore, 0)  # refused: dropped
+            return None
+        extra = restore.extra(restore.n_restored)
+        extra["outcome"] = "restored, the next request confirms it"
+        return StateBack(restore.n_restored, extra)
+
+    async def _saved_slot(self, session: Session) -> int | None:
+        """The slot that holds what the prefix read just read: the session's own where pinned,
+        else the one the server placed it on."""
+        if self.pinned:
+            return session.slot
+        try:
+            return last_run_slot(await self.client.slots())
+        except InferenceError as exc:
+            log.warning("%s: its slot was not saved: /slots failed: %s", session.name, exc)
+            return None
 
     def settle(self, session: str, restore: Restore, cache_n: int) -> RestoreOutcome:
         """The request after ``restore`` read ``cache_n`` tokens from the cache: a save that did
         not come back is never tried again."""
         verdict = restore.verdict(cache_n)
-        if verdict is not RestoreOutcome.RESTORED:
+        # Kept where no slot could take it: the save itself was never tried.
+        if verdict is not RestoreOutcome.RESTORED and restore.slot is not None:
             log.warning(
                 "%s: %s (%s; cache_n %d after it)",
                 session,
@@ -196,8 +255,11 @@ class DurableSlots:
             return None
         held = perf.cache_n + (perf.prompt_n or 0)
         name = save_name(session.name, tools_text, messages)
+        slot = await self._saved_slot(session)
+        if slot is None:
+            return None
         try:
-            answer = await self.client.save_slot(session.slot, name)
+            answer = await self.client.save_slot(slot, name)
         except InferenceError as exc:
             log.warning("%s: its slot was not saved: %s", session.name, exc)
             return None
@@ -209,6 +271,6 @@ class DurableSlots:
                 held,
             )
             return None
-        saved = Saved(name, len(messages), answer.n_tokens, session.slot, self.endpoint)
+        saved = Saved(name, len(messages), answer.n_tokens, slot, self.endpoint)
         self.book.record(session.name, saved)
         return saved

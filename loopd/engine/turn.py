@@ -29,6 +29,7 @@ from loopcommon.backoff import Backoff
 from loopcommon.jsonbytes import dumps
 from loopcommon.retry import retrying
 from loopd.contextwindow import pool
+from loopd.contextwindow.budget import ServerBudget
 from loopd.engine import repeats
 from loopd.engine.cacheloss import (
     Circumstances,
@@ -47,6 +48,7 @@ from loopd.engine.progress import Phase, Status, StatusCallback
 from loopd.engine.request import RequestSettings, build_body
 from loopd.engine.saves import DurableSlots, Probe, Restore
 from loopd.engine.stream import start_result, stream_into
+from loopd.errors import InferenceError
 from loopd.observe.context import request_scope
 from loopd.observe.metrics import METRICS
 from loopd.sessionlog.chain import messages_digest
@@ -157,8 +159,8 @@ class Turn:
     pool_clears_idle_slots: bool = False
     # Where loopd runs several servers: this one's name (recorded with each request).
     endpoint: str | None = None
-    # Durable sessions (``loopd.engine.durable``): pinned requests only, as a restore fills one
-    # named slot.
+    # Durable sessions (``loopd.engine.durable``): a request sent after a restore names the slot
+    # the restore filled, pinned or not.
     durable: DurableSlots | None = None
 
     async def run(self) -> TurnOutcome:
@@ -181,7 +183,7 @@ class Turn:
     async def save_slot(self, outcome: TurnOutcome) -> None:
         """At the end of an answered turn, while the session still holds its slot: save what
         the slot holds, the prefix the session's next request extends."""
-        if self.durable is None or not self.pinned or not outcome.requests:
+        if self.durable is None or not outcome.requests:
             return
         if outcome.requests[-1].perf.outcome != "complete":
             return
@@ -254,11 +256,14 @@ class Turn:
         lost = attempt.result.failure is Failure.LOST_BY_SERVER
         if lost and self.durable is not None and probe is not None:
             restore = await self.durable.restore(probe)
-            attempt = await self._send(kind, None, restore)
+            try:
+                attempt = await self._send(kind, None, restore)
+            finally:
+                self.durable.release(restore)
         return attempt
 
     def _probe(self) -> Probe | None:
-        if self.durable is None or not self.pinned:
+        if self.durable is None:
             return None
         return self.durable.probe(
             self.session,
@@ -272,23 +277,51 @@ class Turn:
     ) -> Attempt:
         epoch = self.log.current_epoch(self.session)
         messages = self.log.replay_messages(self.session)
-        body = build_body(self.settings, epoch.tools_text, messages)
+        settings = self.settings
+        if restore is not None and restore.slot is not None:
+            # Where the server places requests, it must read on from the slot just restored.
+            settings = replace(settings, slot=restore.slot)
+        body = build_body(settings, epoch.tools_text, messages)
         result = start_result()
+        reply_short = 0
         with request_scope(self.session) as scope:  # its id in the headers and the log lines
             try:
                 await stream_into(
                     result,
                     self.client,
                     body,
-                    slot=self.settings.slot,
+                    slot=settings.slot,
                     limits=self.limits,
                     report=self.report,
                     lost=None if probe is None else probe.lost,
                 )
+                reply_short = await self._reply_short(result)
             finally:
                 # Synchronous, so a cancellation going on cannot interrupt it.
-                record = self._record(kind, epoch, messages, result, restore, scope.request_id)
+                record = self._record(
+                    kind, epoch, messages, result, restore, scope.request_id, reply_short
+                )
         return Attempt(record, result)
+
+    async def _reply_short(self, result: RequestResult) -> int:
+        """For a reply cut at ``max_tokens``: how many of the tokens generated its text lacks
+        when read back (the server's ``/tokenize`` of it against ``predicted_n``), which the
+        next request's cache-loss rule names (``LossCause.REPLY_TRIMMED``). Counted where the
+        reply is one text (all reasoning, or all answer): where it holds both, the template's
+        markers between them are generated tokens no text holds. 0 when not counted."""
+        asm, timings = result.assembler, result.assembler.timings
+        if not result.complete or asm.finish_reason != "length" or timings is None:
+            return 0
+        message = asm.message()
+        texts = [t for t in (message.reasoning_content, message.content) if t]
+        if len(texts) != 1 or message.tool_calls:
+            return 0
+        try:
+            read_back = await ServerBudget(self.client).count_text(texts[0])
+        except InferenceError as exc:
+            log.info("%s: the cut reply could not be counted: %s", self.session, exc)
+            return 0
+        return max(timings.predicted_n - read_back, 0)
 
     async def execute(self, calls: Sequence[ToolCall]) -> None:
         plan = repeats.plan(self.log.replay_messages(self.session), calls, self.repeat_limit)
@@ -315,12 +348,15 @@ class Turn:
         result: RequestResult,
         restore: Restore | None = None,
         request_id: str | None = None,
+        reply_short: int = 0,
     ) -> RequestRecord:
         """Append the assistant entry (or the broken one) with the request's record, which
         keeps ``request_id`` (the id its log lines carry) so both can be joined."""
         digest = messages_digest(messages)
         loss = self._loss(epoch, digest, result, restore)
         perf = request_perf(result, loss, self.endpoint, request_id)
+        if reply_short:
+            perf = replace(perf, extra={**perf.extra, "reply_short": reply_short})
         timings = result.assembler.timings
         if result.failure is Failure.LOST_BY_SERVER:
             # Closed before the server read anything: not a request the slot holds
@@ -357,7 +393,7 @@ class Turn:
             return Loss(0, 0, LossCause.NONE)
         prev = previous_request(self.log.latest_request(self.session, counted=True))
         around = self._circumstances(prev, epoch, digest)
-        if self.durable is not None and self.pinned:
+        if self.durable is not None:
             verdict = None
             if restore is not None:
                 verdict = self.durable.settle(self.session, restore, timings.cache_n)

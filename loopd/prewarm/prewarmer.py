@@ -30,6 +30,17 @@ Where requests are placed by the server (``id_slot`` -1, ``loopd.engine.pinning`
 is too: the session's prompt then lives in the host prompt cache between its turns, and a prewarm
 helps only when the host cache lost it (a restart, a model unload).
 
+With durable sessions (``loopd.engine.durable``), a session whose last answered turn was saved
+is not read at all: its save is restored into the slot instead (the slot's own where requests
+are pinned, else an idle one of loopd's, where the server then places the session's request, the
+slot holding most of its prompt), and that is the prewarm. No read follows it: the save holds
+exactly the prompt a prewarm would send, and a hybrid model cannot resume a prompt equal to what
+it holds without a checkpoint before its end, which a restored slot does not carry (measured on
+the ``qwen35moe`` preset: the read after the restore began again from 0). The session's next
+request confirms the restore, as after a turn's own: its first progress event shows what the
+server holds, and a restore that did not take is made again there and then, or the save
+dropped. A save the server refuses to restore is dropped, and the prompt read as without one.
+
 It is recorded as a ``prewarm`` request (message count and digest of what it sent, the server's
 counts), never as an entry: its one generated token is not part of the conversation.
 
@@ -43,9 +54,10 @@ from __future__ import annotations
 import json
 import logging
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
-from typing import Any
+from typing import Any, Protocol
 
 import anyio
 
@@ -74,6 +86,24 @@ class PrewarmResult:
     outcome: PrewarmOutcome
     detail: str = ""
     record: RequestRecord | None = None
+
+
+@dataclass(frozen=True)
+class StateBack:
+    """A session's saved state, put back into a slot by a prewarm."""
+
+    n_restored: int  # the server's count of the tokens it restored
+    restore: dict[str, object]  # what the prewarm's record says of the restore
+
+
+class StateRestorer(Protocol):
+    """Durable sessions as a prewarm uses them (``loopd.engine.saves.DurableSlots``)."""
+
+    async def restore_for_prewarm(
+        self, session: str, tools_text: str, messages: Sequence[str], slot: int
+    ) -> StateBack | None:
+        """Restore the session's usable save, if it has one; None: none, or the server
+        refused it (then dropped): read the prompt."""
 
 
 def prewarm_settings(settings: RequestSettings, max_tokens: int = 1) -> RequestSettings:
@@ -127,6 +157,7 @@ class Prewarmer:
     enabled: bool = False
     timeout_s: float = 900.0
     endpoint: str | None = None  # the server's name where loopd has several (loopd.endpoints)
+    restorer: StateRestorer | None = None  # durable sessions, where they are on
     _running: dict[int, anyio.CancelScope] = field(default_factory=dict)
 
     def preempt(self, slot: int) -> bool:
@@ -164,7 +195,7 @@ class Prewarmer:
             with anyio.CancelScope() as scope:
                 self._running[session.slot] = scope
                 try:
-                    return await self._send(session, settings, moved)
+                    return await self._send(session, settings, moved, restore=True)
                 finally:
                     del self._running[session.slot]
         return PrewarmResult(PrewarmOutcome.CANCELLED, "real work needed the slot")
@@ -199,9 +230,18 @@ class Prewarmer:
         settings: RequestSettings,
         moved: PrevRequest | None,
         max_tokens: int = 1,
+        restore: bool = False,
     ) -> PrewarmResult:
+        """Read the session's messages; ``restore``: its usable save put back instead, where it
+        has one (see the module doc)."""
         epoch = self.log.current_epoch(session.name)
         messages = self.log.replay_messages(session.name)
+        if restore and self.restorer is not None:
+            back = await self.restorer.restore_for_prewarm(
+                session.name, epoch.tools_text, messages, session.slot
+            )
+            if back is not None:
+                return self._restored(session, epoch.number, messages, back)
         body = build_body(prewarm_settings(settings, max_tokens), epoch.tools_text, messages)
         record = RequestRecord(
             kind=RequestKind.PREWARM,
@@ -234,6 +274,30 @@ class Prewarmer:
             perf.prompt_n,
         )
         return PrewarmResult(PrewarmOutcome.DONE, record=done)
+
+    def _restored(
+        self, session: Session, epoch: int, messages: list[str], back: StateBack
+    ) -> PrewarmResult:
+        """Record the restore as the prewarm: the slot holds the restored tokens, as a read of
+        them would have left it (what the session's next request is measured against)."""
+        perf = Perf(
+            outcome="complete",
+            cache_n=back.n_restored,
+            prompt_n=0,
+            predicted_n=0,
+            extra={"restore": back.restore},
+        )
+        record = RequestRecord(
+            kind=RequestKind.PREWARM,
+            slot=session.slot,
+            epoch=epoch,
+            message_count=len(messages),
+            messages_sha256=messages_digest(messages),
+            perf=perf,
+        )
+        self.log.record_request(session.name, record)
+        log.info("prewarmed %s from its save: %d tokens restored", session.name, back.n_restored)
+        return PrewarmResult(PrewarmOutcome.DONE, record=record)
 
     def _moved(self, moved: PrevRequest | None, epoch: int, slot: int, perf: Perf) -> Perf:
         """The perf record, named with its endpoint; after a move, with the move's loss."""

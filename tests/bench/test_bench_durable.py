@@ -7,6 +7,8 @@ from bench.durable_cap import CapRun
 from bench.durable_cap import render as render_cap
 from bench.durable_loopd import LoopdReturn
 from bench.durable_loopd import render as render_loopd
+from bench.durable_turns import TurnsReturn
+from bench.durable_turns import render as render_turns
 
 
 def saved(preset: str, slot: int, n_saved: int, n_written: int) -> Saved:
@@ -39,12 +41,27 @@ def test_the_tables_show_each_return_and_each_state() -> None:
 
 def test_the_loopd_table_shows_the_ratio_and_the_cause() -> None:
     rows = [
-        LoopdReturn("qwen35moe", False, "alpha", 0, 560, 40, "server restarted", 1),
-        LoopdReturn("qwen35moe", True, "alpha", 520, 40, 40, "restored from disk", 2),
+        LoopdReturn("qwen35moe", "reload", False, "alpha", 0, 560, 40, "server restarted", 1),
+        LoopdReturn("qwen35moe", "reload", True, "alpha", 520, 40, 40, "restored from disk", 2),
     ]
     text = render_loopd(rows)
-    assert "| qwen35moe | off | alpha | 0 | 560 | 40 | 14.00 | server restarted | 1 |" in text
-    assert "| qwen35moe | on | alpha | 520 | 40 | 40 | 1.00 | restored from disk | 2 |" in text
+    row = "| qwen35moe | reload |"
+    assert f"{row} off | alpha | 0 | 560 | 40 | 14.00 | server restarted | 1 |" in text
+    assert f"{row} on | alpha | 520 | 40 | 40 | 1.00 | restored from disk | 2 |" in text
+
+
+def test_the_many_threads_table_sums_the_share_re_read() -> None:
+    rows = [
+        TurnsReturn(False, 2_000, 500, 1_540, "not in the host cache", 900.0),
+        TurnsReturn(False, 2_000, 2_000, 40, "", 300.0),
+        TurnsReturn(True, 2_000, 2_000, 40, "restored from disk", 400.0),
+        TurnsReturn(True, 2_000, 2_000, 40, "restored from disk", 200.0),
+    ]
+    text = render_turns(rows)
+    assert "take turns (3 turns each)" in text
+    causes = "none 1, not in the host cache 1"
+    assert f"| off | 2 | 4,000 | 1,500 | 37.5% | 1,580 | 600 | {causes} |" in text
+    assert "| on | 2 | 4,000 | 0 | 0.0% | 80 | 300 | restored from disk 2 |" in text
 
 
 def test_the_cap_table_shows_disk_against_the_cap() -> None:

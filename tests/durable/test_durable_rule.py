@@ -15,7 +15,9 @@ from loopd.engine.durable import (
     Saved,
     after_restore,
     enabled,
+    last_run_slot,
     probe_name,
+    restore_target,
     save_name,
     usable,
     worth_restoring,
@@ -69,6 +71,37 @@ def test_a_save_is_never_used_for_another_prefix(
 ) -> None:
     saved = saved_after([*TURN, REPLY])
     assert usable(saved, session=session, tools_text=tools, messages=messages, slot=slot) is None
+
+
+def test_a_placed_request_may_take_a_restore_into_any_slot() -> None:
+    """Where the server places requests, the slot the save came from does not matter (a
+    restore goes into an idle one); the prefix still does."""
+    held = [*TURN, REPLY]
+    saved = saved_after(held, slot=3)
+    after = [*held, "{}"]
+    assert usable(saved, session="t-1", tools_text=TOOLS, messages=after, slot=None) == saved
+    assert usable(saved, session="t-2", tools_text=TOOLS, messages=after, slot=None) is None
+
+
+# A /slots answer: slot 0 ran task 7, slot 1 task 12, slot 2 none yet, slot 3 runs task 15.
+SLOTS = [
+    {"id": 0, "id_task": 7, "is_processing": False},
+    {"id": 1, "id_task": 12, "is_processing": False},
+    {"id": 2, "is_processing": False},
+    {"id": 3, "id_task": 15, "is_processing": True},
+]
+
+
+def test_the_saved_slot_is_the_idle_one_that_ran_the_newest_task() -> None:
+    assert last_run_slot(SLOTS) == 1
+    assert last_run_slot([{"id": 0, "is_processing": False}]) is None
+
+
+def test_a_restore_goes_into_loopds_idle_slot_used_longest_ago_and_not_claimed() -> None:
+    assert restore_target(SLOTS, allowed=(0, 1, 2, 3), claimed=()) == 2  # never used
+    assert restore_target(SLOTS, allowed=(0, 1), claimed=()) == 0
+    assert restore_target(SLOTS, allowed=(0, 1), claimed={0}) == 1
+    assert restore_target(SLOTS, allowed=(3,), claimed=()) is None  # busy: none idle
 
 
 def test_restore_only_when_the_server_lost_enough() -> None:
