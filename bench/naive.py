@@ -54,7 +54,9 @@ class ParsedToolCall:
     id: str
     name: str
     arguments: dict[str, Any]
-    received: str  # the arguments as the server sent them
+    # The arguments as the server sent them, where they are JSON: the server refuses a request
+    # whose history holds arguments it cannot parse, so even a careful client re-dumps those.
+    received: str
 
 
 @dataclass
@@ -81,7 +83,7 @@ def parse_assistant(message: Mapping[str, Any]) -> ParsedMessage:
             id=str(call["id"]),
             name=str(call["function"]["name"]),
             arguments=_parse_arguments(call["function"].get("arguments") or "{}"),
-            received=str(call["function"].get("arguments") or "{}"),
+            received=_as_received(str(call["function"].get("arguments") or "{}")),
         )
         for call in message.get("tool_calls") or ()
     ]
@@ -89,6 +91,14 @@ def parse_assistant(message: Mapping[str, Any]) -> ParsedMessage:
     return ParsedMessage(
         "assistant", message.get("content"), calls, reasoning=reasoning if reasoning else None
     )
+
+
+def _as_received(text: str) -> str:
+    try:
+        json.loads(text)
+    except ValueError:
+        return json.dumps(_parse_arguments(text))
+    return text
 
 
 def _parse_arguments(text: str) -> dict[str, Any]:

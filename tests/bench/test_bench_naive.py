@@ -148,3 +148,10 @@ def test_the_time_line_moves_on_by_a_minute_each_request_whatever_the_servers_sp
     assert [first[-8:], second[-8:]] == ["09:00:00", "09:01:00"]
     clock = request_clock(datetime(2026, 3, 1, 23, 59, 0))
     assert [clock(), clock()] == [datetime(2026, 3, 1, 23, 59), datetime(2026, 3, 2, 0, 0)]
+
+
+def test_arguments_the_server_could_not_parse_are_re_dumped_even_when_kept() -> None:
+    message = json.loads(RECORDED_TOOL_CALL)
+    message["tool_calls"][0]["function"]["arguments"] = '{"path": "a'
+    wire = render(parse_assistant(message), frozenset({Mistake.REASONING_DROPPED}))
+    assert json.loads(wire["tool_calls"][0]["function"]["arguments"]) == {"raw": '{"path": "a'}
