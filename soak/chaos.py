@@ -45,6 +45,7 @@ class Injected:
     fired: bool = False
     detail: str = ""
     until: float | None = None  # when its effect was taken away again (a window fault)
+    struck: float | None = None  # when a kill hit its target (it may wait for one to be up)
 
 
 @dataclass
@@ -109,6 +110,7 @@ class Chaos:
             while target.pid is None or time.time() - target.started_at < 1.0:  # noqa: ASYNC110
                 await anyio.sleep(0.2)
         pid = target.kill()
+        fault.struck = time.time()
         fault.fired = pid is not None
         fault.detail = f"pid {pid}, up {time.time() - target.started_at:.0f} s"
 
@@ -123,6 +125,7 @@ class Chaos:
                     await anyio.sleep(0.5)
         if child is not None:
             os.kill(child, signal.SIGKILL)
+            fault.struck = time.time()
             fault.fired = True
             fault.detail = f"pid {child} (the router reloads the model on the next request)"
 

@@ -45,7 +45,7 @@ class Paths:
     root: Path
 
     def __post_init__(self) -> None:
-        for sub in ("llama", "run", "state", "logs", "catalogue", "marks"):
+        for sub in ("llama", "run", "state", "logs", "catalogue", "marks", "saves"):
             (self.root / sub).mkdir(parents=True, exist_ok=True)
         (self.root / "run").chmod(0o750)
 
@@ -64,6 +64,11 @@ class Paths:
     @property
     def audit(self) -> Path:
         return self.root / "audit.db"
+
+    @property
+    def saves(self) -> Path:
+        """The server's ``--slot-save-path`` folder, which brokerd keeps under its cap."""
+        return self.root / "saves"
 
     @property
     def router_socket(self) -> Path:
@@ -86,8 +91,11 @@ def base_env(**extra: str) -> dict[str, str]:
     return env
 
 
-def loopd_env(paths: Paths) -> dict[str, str]:
+def loopd_env(paths: Paths, durable: bool) -> dict[str, str]:
     return base_env(
+        # Durable sessions on or off without asking the self-test, so that a run compares the
+        # two whatever the probe found (the report says which loopd said it ran with).
+        LOOPD_DURABLE="on" if durable else "off",
         LOOPD_INFER_URL=f"unix:{paths.run}/infer.sock",
         LOOPD_MODEL=devserver.PLAIN_MODEL,
         LOOPD_STATE_DIR=str(paths.state),
@@ -113,8 +121,12 @@ def loopd_env(paths: Paths) -> dict[str, str]:
     )
 
 
-def brokerd_env(paths: Paths, relay_sock: Path, mm_sock: Path, token_file: Path) -> dict[str, str]:
+def brokerd_env(
+    paths: Paths, relay_sock: Path, mm_sock: Path, token_file: Path, save_cap_bytes: int
+) -> dict[str, str]:
     return base_env(
+        BROKERD_SLOT_SAVE_DIRS=json.dumps([str(paths.saves)]),
+        BROKERD_SLOT_SAVE_MAX_BYTES=str(save_cap_bytes),
         BROKERD_SOCKET_DIR=str(paths.run),
         BROKERD_INFERENCE_URL=f"unix:{relay_sock}",
         BROKERD_MATTERMOST_URL=f"unix:{mm_sock}",
@@ -148,6 +160,9 @@ def start_router(paths: Paths) -> devserver.RunningServer:
             devserver.default_cache_dir(),
             socket_path=paths.router_socket,
             layout=devserver.ServerLayout(parallel=2),
+            # On the router's command line, so the model child the chaos kills and the router
+            # starts again saves into and restores from the same folder.
+            extra_args=("--slot-save-path", f"{paths.saves}/"),
             load=(devserver.PLAIN_MODEL,),
             ready_timeout=300.0,
         )
@@ -247,6 +262,9 @@ async def stack_up(
     users: tuple[str, ...],
     stream_faults: StreamFaults,
     tg: TaskGroup,
+    *,
+    durable: bool,
+    save_cap_bytes: int,
 ) -> AsyncIterator[Stack]:
     """Everything but the router up and answering (loopd connected to Mattermost); the fake
     and the relay stopped on exit (loopd and brokerd are the caller's to stop first)."""
@@ -267,14 +285,14 @@ async def stack_up(
         brokerd = Supervised(
             "brokerd",
             [sys.executable, "-m", "brokerd", "serve"],
-            brokerd_env(paths, relay_sock, mm_sock, token_file),
+            brokerd_env(paths, relay_sock, mm_sock, token_file, save_cap_bytes),
             paths.log("brokerd"),
             on_start=known.add,
         )
         loopd = Supervised(
             "loopd serve",
             [sys.executable, "-m", "loopd", "serve"],
-            loopd_env(paths),
+            loopd_env(paths, durable),
             paths.log("loopd"),
             on_start=known.add,
         )

@@ -1,6 +1,7 @@
-"""The soak's short version (about 60 s, 10 threads) under the same invariants as ``make soak``:
-the whole stack as separate processes on the REAL llama-server, every fault kind fired, at least
-50 tool calls, nothing lost, nothing answered twice, no tool run twice.
+"""The soak's short version (about 60 s, 10 threads, durable sessions on) under the same
+invariants as ``make soak``: the whole stack as separate processes on the REAL llama-server,
+every fault kind fired (the model child's kill among them), at least 50 tool calls, nothing lost,
+nothing answered twice, no tool run twice, and a return after the kill restored from disk.
 
 It starts a router of its own (the run kills its model child), so it does not use the shared
 ``real_server`` fixture; a missing server fails it with the command to run.
@@ -21,7 +22,10 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 FIGURES = re.compile(
     r"^soak (?P<verdict>PASS|FAIL): messages lost (?P<lost>\d+), answered twice (?P<twice>\d+), "
     r"tools run twice (?P<tools_twice>\d+), turns (?P<turns>\d+), faults injected (?P<faults>\d+) "
-    r"\(seed \d+, 60 s, 10 threads, (?P<calls>\d+) tool calls\)$"
+    r"\(seed \d+, 60 s, 10 threads, (?P<calls>\d+) tool calls\); durable sessions "
+    r"(?P<durable>on|off): (?P<returns>\d+) returns after (?P<kills>\d+) server kills, "
+    r"(?P<restored>\d+) restored from disk, re-read (?P<reread>\d+) prompt tokens "
+    r"\(ideal (?P<ideal>\d+)\)$"
 )
 
 
@@ -31,7 +35,9 @@ def test_the_short_soak_holds_every_invariant(tmp_path: Path) -> None:
     # A minute holds few turns on a loaded machine: users are quicker, tool messages ask for more.
     # The wait for the last turns is longer than the load: a shared machine may lend it little.
     argv += ["--calls", "8-12", "--think", "8", "--patience", "20-45", "--settle", "600"]
-    argv += ["--doc", str(doc)]
+    # Durable sessions on (the run with them off, beside it, is make soak's): the model child's
+    # kill is among the faults, and the run fails if no session came back restored from disk.
+    argv += ["--durable", "on", "--doc", str(doc)]
     run = subprocess.run(
         argv, cwd=REPO_ROOT, capture_output=True, text=True, timeout=1100, check=False
     )
@@ -45,6 +51,10 @@ def test_the_short_soak_holds_every_invariant(tmp_path: Path) -> None:
     assert int(match["calls"]) >= 50
     assert int(match["faults"]) >= 10  # one of each kind at least
     assert int(match["turns"]) > 0
+    assert match["durable"] == "on"
+    assert int(match["kills"]) >= 1
+    if int(match["returns"]):
+        assert int(match["restored"]) >= 1
     report = doc.read_text()
     assert "**Result: PASS**" in report
     assert (tmp_path / "soak.png").read_bytes().startswith(b"\x89PNG")
