@@ -21,6 +21,7 @@ from datetime import datetime
 from typing import Any
 
 from loopd.engine.cacheloss import LossCause
+from loopd.engine.durable import Saved, worth_restoring
 
 RESTORED = LossCause.RESTORED.value
 # brokerd's line when it removed saved states to keep the folder under its cap.
@@ -76,6 +77,16 @@ class Request:
     def restored(self) -> bool:
         return self.cause.split(", ")[0] == RESTORED
 
+    @property
+    def worth_restoring(self) -> bool:
+        """The server had lost enough of what the session's previous request left that loopd's
+        rule restores (``loopd.engine.durable.worth_restoring``), with what a save then held.
+        A restored request counts: its first progress event, before the restore, said so."""
+        if self.restored:
+            return True
+        held = self.expected_reuse or 0
+        return held > 0 and worth_restoring(Saved("", 0, held, 0), self.cache_n or 0)
+
 
 @dataclass(frozen=True)
 class Returns:
@@ -83,6 +94,7 @@ class Returns:
 
     kills: int = 0
     returns: int = 0
+    worth_restoring: int = 0  # those whose loss loopd's rule restores (the rest re-read little)
     restored: int = 0
     reread: int = 0  # prompt tokens the server evaluated on them (prompt_n)
     ideal: int = 0
@@ -127,6 +139,7 @@ def returns_after_kills(requests: Iterable[Request], kills: Sequence[float]) -> 
     return Returns(
         kills=len(kills),
         returns=len(found),
+        worth_restoring=sum(r.worth_restoring for r in found),
         restored=sum(r.restored for r in found),
         reread=sum(r.prompt_n or 0 for r in found),
         ideal=sum(r.ideal for r in found),

@@ -10,6 +10,7 @@ from pathlib import Path
 from matplotlib.figure import Figure
 
 from bench.machine import Machine
+from loopd.engine.durable import RESTORE_GAIN_TOKENS
 from soak.chaos import Injected
 from soak.checks import Latency, SlotWait, percentile
 from soak.durability import Folder, Returns, Reuse
@@ -135,10 +136,10 @@ class Figures:
             out.append(f"durable sessions were to be {word}; loopd said: {self.durable_said}")
         if self.durable and not self.durable_said:
             out.append("loopd never said it ran with durable sessions on")
-        if self.durable and self.returns.returns and not self.returns.restored:
+        if self.durable and self.returns.worth_restoring and not self.returns.restored:
             out.append(
-                f"durable sessions on, and none of the {self.returns.returns} returns after a "
-                "server kill was restored from disk"
+                f"durable sessions on, and none of the {self.returns.worth_restoring} returns "
+                "after a server kill that had lost enough to restore was restored from disk"
             )
         folder = self.folder
         if self.durable and folder is not None and folder.end_bytes > folder.cap_bytes:
@@ -162,8 +163,8 @@ class Figures:
         r = self.returns
         return (
             f"durable sessions {'on' if self.durable else 'off'}: {r.returns} returns after "
-            f"{r.kills} server kills, {r.restored} restored from disk, re-read {r.reread} prompt "
-            f"tokens (ideal {r.ideal})"
+            f"{r.kills} server kills, {r.worth_restoring} worth restoring, {r.restored} restored "
+            f"from disk, re-read {r.reread} prompt tokens (ideal {r.ideal})"
         )
 
 
@@ -425,6 +426,11 @@ def durable_rows(runs: list[Figures]) -> list[str]:
         row("loopd said", [f.durable_said or "-" for f in runs]),
         row("server kills (the model child SIGKILLed)", [str(r.kills) for r in returns]),
         row("**returns after a server kill**", [f"**{r.returns}**" for r in returns]),
+        row(
+            "of them lost enough to restore (loopd's rule: the server kept under half of the "
+            f"session, or {RESTORE_GAIN_TOKENS} tokens or more were lost)",
+            [str(r.worth_restoring) for r in returns],
+        ),
         row("of them restored from disk", [str(r.restored) for r in returns]),
         row("their prompts, tokens", [str(r.prompt) for r in returns]),
         row(

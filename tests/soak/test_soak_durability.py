@@ -60,7 +60,7 @@ def test_the_first_completed_request_after_a_kill_is_the_return() -> None:
         request("mm:c", KILL + 12, 299, 20, expected=299, cause="restored from disk"),
     ]
     found = returns_after_kills(requests, [KILL])
-    assert (found.kills, found.returns, found.restored) == (1, 2, 1)
+    assert (found.kills, found.returns, found.worth_restoring, found.restored) == (1, 2, 2, 1)
     assert found.reread == 420 + 20
     assert found.ideal == (420 - 399) + (319 - 299)
     assert found.prompt == 420 + 319
@@ -79,7 +79,16 @@ def test_each_kill_has_its_own_returns() -> None:
     ]
     found = returns_after_kills(requests, [second, KILL])
     assert (found.kills, found.returns) == (2, 3)
+    assert found.worth_restoring == 2  # the first return found its session still there
     assert returns_after_kills(requests, []).returns == 0
+
+
+def test_a_small_loss_is_not_worth_restoring_by_loopds_rule() -> None:
+    # Another session's system text kept (30 of 55 tokens): a restore would win 25 tokens.
+    assert not request("mm:a", KILL, 30, 47, expected=55).worth_restoring
+    assert request("mm:a", KILL, 30, 900, expected=880).worth_restoring
+    assert request("mm:a", KILL, 700, 900, expected=1300).worth_restoring  # 600 tokens lost
+    assert not request("mm:a", KILL, 0, 40).worth_restoring  # nothing held before
 
 
 def test_reuse_counts_every_request_and_the_durable_causes() -> None:
@@ -133,6 +142,10 @@ def test_durable_runs_fail_when_nothing_came_back_or_the_cap_is_broken() -> None
         [request("mm:a", 0.5, 0, 400), request("mm:a", 9.0, 0, 420, expected=399)], [1.0]
     )
     assert any("none of the 1 returns" in x for x in figures(True, returns=reread).failures())
+    small = returns_after_kills(
+        [request("mm:a", 0.5, 0, 55), request("mm:a", 9.0, 30, 47, expected=55)], [1.0]
+    )
+    assert figures(True, returns=small).failures() == []  # nothing worth a restore came back
     assert figures(False, returns=reread).failures() == []  # without durable sessions: expected
     over = Folder(1000, ((1.0, 600),), end_bytes=1001, end_files=2)
     assert any("over its cap" in x for x in figures(True, folder=over).failures())
