@@ -14,7 +14,7 @@ from loopd.engine.durable import RESTORE_GAIN_TOKENS
 from soak.chaos import Injected
 from soak.checks import Latency, SlotWait, percentile
 from soak.durability import Folder, Returns, Reuse
-from soak.plan import FaultKind
+from soak.plan import SERVER_KILLS, FaultKind
 from soak.procs import Exit
 
 
@@ -424,7 +424,10 @@ def durable_rows(runs: list[Figures]) -> list[str]:
             [f"{len(f.lost)} / {len(f.answered_twice)} / {f.turns}" for f in runs],
         ),
         row("loopd said", [f.durable_said or "-" for f in runs]),
-        row("server kills (the model child SIGKILLed)", [str(r.kills) for r in returns]),
+        row(
+            "server kills (the model child, or the whole server and started again)",
+            [str(r.kills) for r in returns],
+        ),
         row("**returns after a server kill**", [f"**{r.returns}**" for r in returns]),
         row(
             "of them lost enough to restore (loopd's rule: the server kept under half of the "
@@ -467,8 +470,9 @@ def durable_section(runs: list[Figures]) -> list[str]:
         "the server's `--slot-save-path` folder, which brokerd keeps under "
         "`slot_save_max_bytes`) and restores it when a request's first progress event shows "
         "the server lost the session. A *return after a server kill* is a session's first "
-        "completed request after the model child was killed (the router starts it again), of a "
-        "session that had one before; its *ideal* is its prompt less what the session's "
+        "completed request after the server lost every session (its model child killed, which "
+        "the router starts again, or the whole server killed and started again), of a session "
+        "that had one before; its *ideal* is its prompt less what the session's "
         "previous request left in the slot (`expected_reuse`). Read from loopd's perf records "
         "(`loopd perf --json`); the folder sampled once a second."
         + (" Both runs follow the same plan (seed)." if len(runs) > 1 else ""),
@@ -499,6 +503,7 @@ KIND_COLOURS = {
             "tab:red",
             "tab:purple",
             "tab:brown",
+            "darkred",
             "tab:pink",
             "tab:olive",
             "tab:cyan",
@@ -560,7 +565,7 @@ def latency_plot(figures: Figures, path: Path) -> None:
         )
         lower.axhline(folder.cap_bytes / (1 << 20), color="tab:red", linestyle="--", label="cap")
         for fault in figures.faults:
-            if fault.kind is FaultKind.LLAMA_CHILD_KILL and fault.struck is not None:
+            if fault.kind in SERVER_KILLS and fault.struck is not None:
                 lower.axvline(fault.struck - t0, color=KIND_COLOURS[fault.kind], linewidth=1.0)
         lower.set_ylabel("save folder, MiB")
         lower.set_xlabel("seconds since the load began")

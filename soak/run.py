@@ -26,7 +26,7 @@ from soak import checks, durability
 from soak.chaos import Chaos
 from soak.checks import Row, Session
 from soak.mattermost import FakeControl, Mirror
-from soak.plan import FaultKind, Plan
+from soak.plan import SERVER_KILLS, Plan
 from soak.procs import (
     Supervised,
     become_subreaper,
@@ -43,6 +43,7 @@ from soak.script import MARK_TOOL
 from soak.stack import (
     SILENCE_S,
     Paths,
+    Router,
     SoakError,
     Stack,
     base_env,
@@ -116,7 +117,7 @@ async def run_soak(options: Options, plan: Plan) -> Figures:
         "starting llama-server (router, 2 slots)",
         flush=True,
     )
-    router = await anyio.to_thread.run_sync(start_router, paths)
+    router = Router(paths, await anyio.to_thread.run_sync(start_router, paths))
     stream_faults = StreamFaults(silent_s=SILENCE_S + 15.0, slow_gap_s=0.4)
     known: set[int] = set()
     try:
@@ -170,7 +171,7 @@ async def _drive(
         stack.control,
         stack.loopd,
         stack.brokerd,
-        lambda: stack.router.process.pid,
+        stack.router,
         stream_faults,
         stack.paths.state,
     )
@@ -471,7 +472,7 @@ def _durable_figures(figures: Figures, paths: Paths, cap_bytes: int) -> None:
     kills = [
         f.struck
         for f in figures.faults
-        if f.kind is FaultKind.LLAMA_CHILD_KILL and f.fired and f.struck is not None
+        if f.kind in SERVER_KILLS and f.fired and f.struck is not None
     ]
     figures.returns = durability.returns_after_kills(requests, kills)
     figures.reuse = durability.reuse(requests, (c.value for c in RETURN_CAUSES))

@@ -8,13 +8,16 @@ Paths stay short: a Unix socket path must fit in about 100 bytes.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AsyncExitStack, asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +26,7 @@ from anyio.abc import Process, TaskGroup
 
 from loopd_dev import devserver
 from soak.mattermost import FakeControl, bot_connected
-from soak.procs import Supervised
+from soak.procs import Supervised, descendants_of
 from soak.relay import Relay, StreamFaults, serve_relay
 from soak.script import MARK_TOOL, mark_tool_toml
 from soak.users import World
@@ -153,6 +156,66 @@ def mount_state(path: Path) -> None:
         raise SoakError(f"cannot mount the state file system: {result.stderr.strip()}")
 
 
+@dataclass
+class Router:
+    """The run's llama-server router, which a fault kills and starts again, as a rebuild or a
+    crash restarts production's: every model child and every cache goes with it, the save
+    folder stays. ``known`` holds the run's own processes (``Stack.known_pids``)."""
+
+    paths: Paths
+    server: devserver.RunningServer
+    known: set[int] = field(default_factory=set)
+    restarts: int = 0
+
+    def __post_init__(self) -> None:
+        self.known.add(self.server.process.pid)
+
+    @property
+    def pid(self) -> int:
+        return self.server.process.pid
+
+    def kill(self) -> int:
+        """SIGKILL the router and its model children at once (its process group: it leads
+        one), as a crashed server goes; the router's pid. Its children die with it and come to
+        this process, their subreaper, which waits for them here (they are the run's own, not
+        orphans)."""
+        pid = self.pid
+        children = descendants_of(pid)
+        self.known.update(children)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pid, signal.SIGKILL)
+        self.server.process.wait()
+        for child in children:
+            _wait_for_child(child)
+        return pid
+
+    def start(self) -> int:
+        """The router started again on the same socket, preset and save folder; its pid."""
+        log = self.server.log_path
+        kept = log.with_name(f"{log.stem}-{self.restarts}{log.suffix}")
+        log.rename(kept)  # the new router writes its own log from the start
+        self.server = start_router(self.paths)
+        self.restarts += 1
+        self.known.add(self.pid)
+        return self.pid
+
+    def stop(self) -> None:
+        self.server.stop()
+
+
+def _wait_for_child(pid: int, timeout_s: float = 15.0) -> None:
+    """Reap ``pid``, a killed process that becomes this process's child once its parent is
+    gone (a moment after the parent's own end)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            os.waitpid(pid, 0)
+        except ChildProcessError:  # not handed to this process yet
+            time.sleep(0.05)
+        else:
+            return
+
+
 def start_router(paths: Paths) -> devserver.RunningServer:
     try:
         return devserver.start(
@@ -193,7 +256,7 @@ class Stack:
     """The running system: what the users, the chaos and the checks reach it by."""
 
     paths: Paths
-    router: devserver.RunningServer
+    router: Router
     world: World
     bot_id: str
     control: FakeControl
@@ -258,7 +321,7 @@ def _sockets_up(run: Path) -> Callable[[], Awaitable[bool]]:
 @asynccontextmanager
 async def stack_up(
     paths: Paths,
-    router: devserver.RunningServer,
+    router: Router,
     users: tuple[str, ...],
     stream_faults: StreamFaults,
     tg: TaskGroup,
@@ -281,7 +344,8 @@ async def stack_up(
         await stack.enter_async_context(serve_relay(tg, relay, relay_sock))
         control = FakeControl(mm_sock)
         stack.push_async_callback(control.aclose)
-        known = {router.process.pid, fake.pid}
+        known = router.known
+        known.add(fake.pid)
         brokerd = Supervised(
             "brokerd",
             [sys.executable, "-m", "brokerd", "serve"],
