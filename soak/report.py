@@ -442,7 +442,11 @@ def durable_rows(runs: list[Figures]) -> list[str]:
         ),
         row("ideal: their new tokens", [str(r.ideal) for r in returns]),
         row("re-read / ideal", [_ratio(r.over_ideal, ".2f") for r in returns]),
-        row("time to first byte on them, p50 / longest", [ttfb(r) for r in returns]),
+        row(
+            "time to first byte on them, p50 / longest (of the request answered: a restore's "
+            "closed first request and the restore itself come before it)",
+            [ttfb(r) for r in returns],
+        ),
         row(
             "their recorded causes",
             ["; ".join(f"{c}: {n}" for c, n in r.causes) or "-" for r in returns],
