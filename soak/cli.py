@@ -34,9 +34,12 @@ NAMESPACE_MARK = "SOAK_IN_NAMESPACE"
 DOC = Path(__file__).resolve().parents[1] / "docs" / "soak.md"
 EXIT_FAILED = 1
 EXIT_SETUP = 2
-# The server's save folder: about 30 of the run's states of 200 tokens (23 KB a token on
-# SmolLM2), fewer than a run of 40 threads saves, so brokerd's cap is at work.
-SAVE_CAP_MIB = 128
+# The server's save folder. A run of 40 threads keeps states of about 350 tokens on average
+# (23 KB a token on SmolLM2: 8 MiB), so every thread's latest state takes some 320 MiB, while
+# its 150 turns write over 1 GiB of saves: the cap is at work all along and still keeps each
+# thread's latest state. At 128 MiB (14 states) it removed most threads' latest state before
+# they came back: 58 of the 60 restores loopd asked for found their file removed.
+SAVE_CAP_MIB = 512
 DURABLE_RUNS = {"on": (True,), "off": (False,), "both": (True, False)}
 
 
