@@ -89,7 +89,7 @@ bench: venv llama-server
 # Load and chaos: SOAK_S seconds (default 600) of many threads on two slots with processes killed at
 # random; writes docs/soak.md and exits 1 when an invariant breaks (soak/cli.py).
 soak: venv llama-server
-	SOAK_COMMAND="SOAK_S=$${SOAK_S:-600} make soak" $(BIN)/python -m soak
+	SOAK_COMMAND="SOAK_S=$${SOAK_S:-600} SOAK_DURABLE=$${SOAK_DURABLE:-both} make soak" $(BIN)/python -m soak
 
 reliability: venv llama-server
 	$(BIN)/pytest -q tests/reliability

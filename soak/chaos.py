@@ -8,7 +8,6 @@ import logging
 import os
 import signal
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -18,6 +17,7 @@ from soak.mattermost import FakeControl
 from soak.plan import FaultKind, FaultPlan
 from soak.procs import Supervised, children_of, command_of
 from soak.relay import StreamFaults
+from soak.stack import Router
 
 log = logging.getLogger("soak.chaos")
 
@@ -45,6 +45,7 @@ class Injected:
     fired: bool = False
     detail: str = ""
     until: float | None = None  # when its effect was taken away again (a window fault)
+    struck: float | None = None  # when a kill hit its target (it may wait for one to be up)
 
 
 @dataclass
@@ -52,7 +53,7 @@ class Chaos:
     control: FakeControl
     loopd: Supervised
     brokerd: Supervised
-    router_pid: Callable[[], int | None]
+    router: Router
     stream_faults: StreamFaults
     state_dir: Path
     injected: list[Injected] = field(default_factory=list)
@@ -81,6 +82,8 @@ class Chaos:
                 await self._kill(fault, self.brokerd)
             case FaultKind.LLAMA_CHILD_KILL:
                 await self._kill_llama_child(fault)
+            case FaultKind.LLAMA_RESTART:
+                await self._restart_router(fault)
             case FaultKind.WS_DROP:
                 with anyio.move_on_after(CONFIRM_WAIT_S):
                     while not fault.fired:
@@ -109,22 +112,35 @@ class Chaos:
             while target.pid is None or time.time() - target.started_at < 1.0:  # noqa: ASYNC110
                 await anyio.sleep(0.2)
         pid = target.kill()
+        fault.struck = time.time()
         fault.fired = pid is not None
         fault.detail = f"pid {pid}, up {time.time() - target.started_at:.0f} s"
 
     async def _kill_llama_child(self, fault: Injected) -> None:
-        router = self.router_pid()
         child = None
         with anyio.move_on_after(ALIVE_WAIT_S):
             while child is None:
-                kids = children_of(router) if router is not None else []
+                kids = children_of(self.router.pid)
                 child = next((k for k in kids if "--alias" in command_of(k)), None)
                 if child is None:
                     await anyio.sleep(0.5)
         if child is not None:
             os.kill(child, signal.SIGKILL)
+            fault.struck = time.time()
             fault.fired = True
             fault.detail = f"pid {child} (the router reloads the model on the next request)"
+
+    async def _restart_router(self, fault: Injected) -> None:
+        """Kill the whole server (router and model child) and start it again: requests fail
+        meanwhile, as they do while production's server restarts."""
+        old = await anyio.to_thread.run_sync(self.router.kill)
+        fault.struck = time.time()
+        fault.fired = True
+        new = await anyio.to_thread.run_sync(self.router.start)
+        fault.until = time.time()
+        fault.detail = (
+            f"pid {old} killed, pid {new} serving again {fault.until - fault.struck:.0f} s later"
+        )
 
     async def _until_used(self, fault: Injected, field_name: str, armed: int, what: str) -> None:
         left = armed

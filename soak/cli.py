@@ -1,8 +1,10 @@
 """``python -m soak`` (``make soak``): the load-and-chaos run; exit 1 when an invariant broke.
 
 ``SOAK_S`` (default 600) is the length of the load, ``SOAK_SEED`` repeats a plan,
-``SOAK_THREADS`` (default 40) the number of threads. The report goes to ``docs/soak.md`` with
-its plot beside it (``--doc`` elsewhere). The last line printed gives the figures.
+``SOAK_THREADS`` (default 40) the number of threads, ``SOAK_DURABLE`` (default ``both``) runs
+the plan with loopd's durable sessions on, off, or on and then off, side by side in one report.
+The report goes to ``docs/soak.md`` with its plot beside it (``--doc`` elsewhere). The last line
+printed gives the figures.
 
 The run needs a private mount namespace for loopd's small state file system (the disk-full
 fault): it enters one first (``unshare``), as root or in a user namespace.
@@ -22,8 +24,8 @@ from pathlib import Path
 
 import anyio
 
-from soak.plan import make_plan
-from soak.report import latency_plot, render
+from soak.plan import Plan, make_plan
+from soak.report import Figures, comparison_line, latency_plot, render, verdict
 from soak.run import Options, run_soak
 from soak.stack import SoakError
 from soak.users import Pace
@@ -32,6 +34,13 @@ NAMESPACE_MARK = "SOAK_IN_NAMESPACE"
 DOC = Path(__file__).resolve().parents[1] / "docs" / "soak.md"
 EXIT_FAILED = 1
 EXIT_SETUP = 2
+# The server's save folder. A run of 40 threads keeps states of about 350 tokens on average
+# (23 KB a token on SmolLM2: 8 MiB), so every thread's latest state takes some 320 MiB, while
+# its 150 turns write over 1 GiB of saves: the cap is at work all along and still keeps each
+# thread's latest state. At 128 MiB (14 states) it removed most threads' latest state before
+# they came back: 58 of the 60 restores loopd asked for found their file removed.
+SAVE_CAP_MIB = 512
+DURABLE_RUNS = {"on": (True,), "off": (False,), "both": (True, False)}
 
 
 def _range(text: str) -> tuple[int, int]:
@@ -77,12 +86,29 @@ def parse(argv: list[str]) -> argparse.Namespace:
         "minutes to clear, and a 600 s run, its stop and its checks still end within 20 minutes)",
     )
     parser.add_argument("--min-tool-calls", type=int, default=50)
+    parser.add_argument(
+        "--durable",
+        choices=sorted(DURABLE_RUNS),
+        default=os.environ.get("SOAK_DURABLE", "both"),
+        help="loopd's durable sessions in the run: on, off, or both (the plan twice, on then "
+        "off, set side by side)",
+    )
+    parser.add_argument(
+        "--save-cap-mib",
+        type=int,
+        default=SAVE_CAP_MIB,
+        help="brokerd's cap (slot_save_max_bytes) over the server's save folder, MiB",
+    )
     parser.add_argument("--keep", action="store_true", help="keep the work folder")
     args = parser.parse_args(argv)
     if args.seconds < 30 or args.threads < 1:
         parser.error("--seconds must be at least 30 and --threads at least 1")
     if args.settle is not None and args.settle < 30:
         parser.error("--settle must be at least 30")
+    if args.durable not in DURABLE_RUNS:
+        parser.error(f"--durable (SOAK_DURABLE) is one of {', '.join(sorted(DURABLE_RUNS))}")
+    if args.save_cap_mib < 1:
+        parser.error("--save-cap-mib must be at least 1")
     return args
 
 
@@ -108,6 +134,38 @@ def main(argv: list[str] | None = None) -> int:
     )
     command = os.environ.get("SOAK_COMMAND") or shlex.join(["python", "-m", "soak", *argv])
     plan = make_plan(args.seed, args.seconds, args.threads)
+    runs: list[tuple[Figures, Path]] = []
+    for durable in DURABLE_RUNS[args.durable]:
+        done = _one_run(args, plan, command, durable)
+        if isinstance(done, int):
+            return done
+        runs.append(done)
+    figures, without = runs[0][0], (runs[1][0] if len(runs) > 1 else None)
+    plot = args.doc.with_suffix(".png")
+    args.doc.parent.mkdir(parents=True, exist_ok=True)
+    latency_plot(figures, plot)
+    args.doc.write_text(render(figures, plot.name, without))
+    failures = verdict(figures, without)
+    for line in failures:
+        print(f"soak: {line}")
+    for run_figures, run_dir in runs:
+        if run_figures.failures() or args.keep:
+            print(f"soak: logs and state in {run_dir}")
+        else:
+            shutil.rmtree(run_dir, ignore_errors=True)
+    print(f"soak: report: {args.doc}")
+    for run_figures, _ in runs:
+        print(run_figures.last_line())
+    if without is not None:
+        print(comparison_line(figures, without))
+    sys.stdout.flush()
+    return EXIT_FAILED if failures else 0
+
+
+def _one_run(
+    args: argparse.Namespace, plan: Plan, command: str, durable: bool
+) -> tuple[Figures, Path] | int:
+    """One run of ``plan``, in a work folder of its own; the exit status when it could not run."""
     workdir = Path(tempfile.mkdtemp(prefix="soak", dir="/tmp"))
     options = Options(
         seconds=args.seconds,
@@ -118,6 +176,8 @@ def main(argv: list[str] | None = None) -> int:
         min_tool_calls=args.min_tool_calls,
         command=command,
         settle_s=args.settle if args.settle is not None else max(480.0, args.seconds * 0.8),
+        durable=durable,
+        save_cap_bytes=args.save_cap_mib << 20,
     )
     try:
         figures = anyio.run(run_soak, options, plan)
@@ -125,17 +185,5 @@ def main(argv: list[str] | None = None) -> int:
         print(f"soak: {exc}", file=sys.stderr)
         print(f"soak: the work folder is kept: {workdir}", file=sys.stderr)
         return EXIT_SETUP
-    plot = args.doc.with_suffix(".png")
-    args.doc.parent.mkdir(parents=True, exist_ok=True)
-    latency_plot(figures, plot)
-    args.doc.write_text(render(figures, plot.name))
-    failures = figures.failures()
-    for line in failures:
-        print(f"soak: {line}")
-    if failures or args.keep:
-        print(f"soak: logs and state in {workdir}")
-    else:
-        shutil.rmtree(workdir, ignore_errors=True)
-    print(f"soak: report: {args.doc}")
     print(figures.last_line(), flush=True)
-    return EXIT_FAILED if failures else 0
+    return figures, workdir

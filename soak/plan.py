@@ -17,6 +17,7 @@ class FaultKind(StrEnum):
     LOOPD_KILL = "loopd SIGKILL"
     BROKERD_KILL = "brokerd SIGKILL"
     LLAMA_CHILD_KILL = "llama-server child SIGKILL"
+    LLAMA_RESTART = "llama-server SIGKILL and restart"
     WS_DROP = "WebSocket drop"
     BURST_429 = "429 burst"
     BURST_5XX = "5xx burst"
@@ -24,6 +25,12 @@ class FaultKind(StrEnum):
     STREAM_SILENT = "silent stream"
     STREAM_SLOW = "slow stream"
     DISK_FULL = "disk full"
+
+
+# The faults after which the server holds no session: the model child killed (the router starts
+# it again on the next request), the whole server killed and started again. Durable sessions'
+# figures count the returns after these.
+SERVER_KILLS = frozenset({FaultKind.LLAMA_CHILD_KILL, FaultKind.LLAMA_RESTART})
 
 
 class Place(StrEnum):

@@ -222,7 +222,12 @@ class _QuietServer(uvicorn.Server):
 @contextlib.asynccontextmanager
 async def serve_relay(tg: TaskGroup, relay: Relay, uds: Path) -> AsyncIterator[None]:
     """The relay on ``uds`` until the block ends."""
-    transport = httpx.AsyncHTTPTransport(uds=str(relay.upstream_uds))
+    # A fresh connection per request, as brokerd's own proxy opens: the router can drop a
+    # kept-alive connection without answering the next request on it (a slot save or restore
+    # sent right after a stream ended), which would read as the server gone.
+    transport = httpx.AsyncHTTPTransport(
+        uds=str(relay.upstream_uds), limits=httpx.Limits(max_keepalive_connections=0)
+    )
     timeout = httpx.Timeout(connect=10.0, read=None, write=60.0, pool=None)
     async with httpx.AsyncClient(
         transport=transport, base_url="http://llama", timeout=timeout

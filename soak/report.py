@@ -10,9 +10,11 @@ from pathlib import Path
 from matplotlib.figure import Figure
 
 from bench.machine import Machine
+from loopd.engine.durable import RESTORE_GAIN_TOKENS
 from soak.chaos import Injected
 from soak.checks import Latency, SlotWait, percentile
-from soak.plan import FaultKind
+from soak.durability import Folder, Returns, Reuse
+from soak.plan import SERVER_KILLS, FaultKind
 from soak.procs import Exit
 
 
@@ -82,6 +84,14 @@ class Figures:
     load_start: float = 0.0
     disk_full_seen: int = 0
     min_tool_calls: int = 50
+    # Durable sessions: on for this run (LOOPD_DURABLE), what loopd said it ran with, the
+    # returns after server kills, every request's reuse, and the server's save folder.
+    durable: bool = False
+    durable_said: str = ""
+    returns: Returns = field(default_factory=Returns)
+    reuse: Reuse = field(default_factory=Reuse)
+    folder_samples: list[tuple[float, int]] = field(default_factory=list)
+    folder: Folder | None = None
 
     @property
     def turns(self) -> int:
@@ -117,6 +127,26 @@ class Figures:
                 f"the system did not settle after the load: {len(self.pending)} message(s) still "
                 "waited for their turn when the run stopped waiting"
             )
+        return out + self._durable_failures()
+
+    def _durable_failures(self) -> list[str]:
+        out = []
+        word = "on" if self.durable else "off"
+        if self.durable_said and not self.durable_said.startswith(f"durable sessions: {word}"):
+            out.append(f"durable sessions were to be {word}; loopd said: {self.durable_said}")
+        if self.durable and not self.durable_said:
+            out.append("loopd never said it ran with durable sessions on")
+        if self.durable and self.returns.worth_restoring and not self.returns.restored:
+            out.append(
+                f"durable sessions on, and none of the {self.returns.worth_restoring} returns "
+                "after a server kill that had lost enough to restore was restored from disk"
+            )
+        folder = self.folder
+        if self.durable and folder is not None and folder.end_bytes > folder.cap_bytes:
+            out.append(
+                f"the save folder holds {folder.end_bytes:,} bytes at the end, over its cap of "
+                f"{folder.cap_bytes:,}"
+            )
         return out
 
     def last_line(self) -> str:
@@ -126,8 +156,37 @@ class Figures:
             f"{len(self.answered_twice)}, tools run twice {len(self.tools_twice)}, turns "
             f"{self.turns}, faults injected {sum(f.fired for f in self.faults)} "
             f"(seed {self.seed}, {self.seconds:.0f} s, {self.threads} threads, "
-            f"{self.tool_calls} tool calls)"
+            f"{self.tool_calls} tool calls); {self.returns_phrase()}"
         )
+
+    def returns_phrase(self) -> str:
+        r = self.returns
+        return (
+            f"durable sessions {'on' if self.durable else 'off'}: {r.returns} returns after "
+            f"{r.kills} server kills, {r.worth_restoring} worth restoring, {r.restored} restored "
+            f"from disk, re-read {r.reread} prompt tokens (ideal {r.ideal})"
+        )
+
+
+def verdict(figures: Figures, without: Figures | None = None) -> list[str]:
+    """Every broken invariant of the run and of the run without durable sessions beside it."""
+    out = figures.failures()
+    if without is not None:
+        out += [f"the run with durable sessions off: {line}" for line in without.failures()]
+    return out
+
+
+def comparison_line(on: Figures, off: Figures) -> str:
+    """The last line of a run with durable sessions and one without, on the same plan."""
+    word = "FAIL" if verdict(on, off) else "PASS"
+    a, b = on.returns, off.returns
+    return (
+        f"soak {word} (durable sessions on and off, seed {on.seed}): messages lost "
+        f"{len(on.lost)} and {len(off.lost)}, answered twice {len(on.answered_twice)} and "
+        f"{len(off.answered_twice)}; returns after a server kill re-read {a.reread} of "
+        f"{a.prompt} prompt tokens with durable sessions (ideal {a.ideal}, {a.restored} of "
+        f"{a.returns} restored from disk), {b.reread} of {b.prompt} without (ideal {b.ideal})"
+    )
 
 
 def _last_line(text: str) -> str:
@@ -158,9 +217,11 @@ def latency_rows(latencies: list[Latency]) -> list[str]:
     return rows
 
 
-def render(figures: Figures, plot_name: str) -> str:
+def render(figures: Figures, plot_name: str, without: Figures | None = None) -> str:
+    """The report of ``figures``' run; ``without``: the same plan's run with durable sessions
+    off, set beside it."""
     f = figures
-    failures = f.failures()
+    failures = verdict(figures, without)
     machine = f.machine
     fired = Counter(x.kind for x in f.faults if x.fired)
     armed = Counter(x.kind for x in f.faults)
@@ -246,6 +307,7 @@ def render(figures: Figures, plot_name: str) -> str:
         "",
         f"![turn latency over time, faults marked]({plot_name})",
         "",
+        *durable_section([f] if without is None else [f, without]),
         "## Faults",
         "",
         "| At | Fault | Fired | What happened |",
@@ -262,8 +324,12 @@ def render(figures: Figures, plot_name: str) -> str:
         "40), `SOAK_SEED` to repeat a plan. It needs the real llama-server (`make llama-server`) "
         "and `unshare` (util-linux), writes this file and its plot, prints the figures on its "
         "last line, and exits 1 when an invariant fails (2 when the stack could not start). "
-        "`python -m soak --help` lists the users' pace; `--keep` keeps the logs and state.",
-        "- The short version (60 s, 10 threads, the same invariants, users quicker and tool "
+        "`SOAK_DURABLE` (`--durable`) is `both` by default: the plan runs twice, with durable "
+        "sessions on and then off, and the report sets the two side by side (`on` or `off` "
+        "runs it once). `python -m soak --help` lists the users' pace and the save folder's cap; "
+        "`--keep` keeps the logs and state.",
+        "- The short version (60 s, 10 threads, durable sessions on, the same invariants, "
+        "users quicker and tool "
         "messages asking for more so that a minute holds enough tool calls) is "
         "`tests/soak/test_soak_short.py`, a `real_server` test that `make test` runs: "
         "`.venv/bin/pytest -q tests/soak/test_soak_short.py`.",
@@ -275,7 +341,9 @@ def render(figures: Figures, plot_name: str) -> str:
         "`broker.sock` in front of it and of the fake Mattermost (its own process), and "
         "`loopd serve` under a supervisor that restarts it, and brokerd, 1 s after any exit "
         "(systemd's `Restart=always`, `RestartSec=1`). loopd's state directory is a 64 MiB "
-        "tmpfs in the run's own mount namespace, which the disk-full fault fills.",
+        "tmpfs in the run's own mount namespace, which the disk-full fault fills. The router "
+        "runs with `--slot-save-path`, brokerd with `slot_save_dirs` and "
+        "`slot_save_max_bytes` over that folder, loopd with `LOOPD_DURABLE` on or off.",
         "- Simulated users post in direct messages and channel threads: short questions, long "
         "messages (those sessions compact: `LOOPD_COMPACT_AT=0.2`), and tool requests. The tiny "
         "model never calls a tool by itself, so a tool request carries `[soak-tool TAG xN wW]`, "
@@ -291,7 +359,9 @@ def render(figures: Figures, plot_name: str) -> str:
         "posted twice and no answer without a new message; `loopd log verify`; no tool tag run "
         "twice (the marks file) and no more runs than brokerd's audit log started; no process "
         "left after the stop; open files of loopd and brokerd; every fault kind fired; at least "
-        f"{f.min_tool_calls} tool calls.",
+        f"{f.min_tool_calls} tool calls. With durable sessions on: loopd said so at its "
+        "start, at least one return after a server kill was restored from disk (when any "
+        "session came back), and the save folder is under its cap at the end.",
         "",
     ]
     if f.exits:
@@ -303,8 +373,117 @@ def render(figures: Figures, plot_name: str) -> str:
             for e in sorted(f.exits, key=lambda e: e.ended_at)
         ]
         lines.append("")
-    lines += ["```", f.last_line(), "```", ""]
+    last = [f.last_line()]
+    if without is not None:
+        last = [f.last_line(), without.last_line(), comparison_line(f, without)]
+    lines += ["```", *last, "```", ""]
     return "\n".join(lines)
+
+
+def _ratio(value: float | None, fmt: str) -> str:
+    return "-" if value is None else format(value, fmt)
+
+
+def _bytes(value: int) -> str:
+    return f"{value / (1 << 20):.1f} MiB"
+
+
+def _folder_cells(folder: Folder | None) -> tuple[str, str, str]:
+    if folder is None:
+        return ("-", "-", "-")
+    return (
+        f"{_bytes(folder.peak_bytes)} of {_bytes(folder.cap_bytes)}",
+        f"{folder.over_cap} of {len(folder.samples)}",
+        f"{_bytes(folder.end_bytes)} in {folder.end_files} files; {folder.evicted_files} "
+        "removed by brokerd during the run",
+    )
+
+
+def durable_rows(runs: list[Figures]) -> list[str]:
+    """The durable sessions' figures of one run or more, a column each."""
+
+    def row(label: str, cells: list[str]) -> str:
+        return f"| {label} | " + " | ".join(cells) + " |"
+
+    def ttfb(r: Returns) -> str:
+        median = percentile(list(r.ttfb_ms), 0.5)
+        if median is None:
+            return "-"
+        return f"{median / 1000:.1f} s / {r.ttfb_ms[-1] / 1000:.1f} s"
+
+    returns = [f.returns for f in runs]
+    folders = [_folder_cells(f.folder) for f in runs]
+    head = [f"durable sessions {'on' if f.durable else 'off'}" for f in runs]
+    causes = ["; ".join(f"{cause}: {n}" for cause, n in f.reuse.by_cause) or "-" for f in runs]
+    return [
+        row("Figure", head),
+        "|---|" + "---|" * len(runs),
+        row("verdict", [("FAIL" if f.failures() else "PASS") for f in runs]),
+        row(
+            "messages lost / answered twice / turns",
+            [f"{len(f.lost)} / {len(f.answered_twice)} / {f.turns}" for f in runs],
+        ),
+        row("loopd said", [f.durable_said or "-" for f in runs]),
+        row(
+            "server kills (the model child, or the whole server and started again)",
+            [str(r.kills) for r in returns],
+        ),
+        row("**returns after a server kill**", [f"**{r.returns}**" for r in returns]),
+        row(
+            "of them lost enough to restore (loopd's rule: the server kept under half of the "
+            f"session, or {RESTORE_GAIN_TOKENS} tokens or more were lost)",
+            [str(r.worth_restoring) for r in returns],
+        ),
+        row("of them restored from disk", [str(r.restored) for r in returns]),
+        row("their prompts, tokens", [str(r.prompt) for r in returns]),
+        row(
+            "**prompt tokens re-read on them** (share of their prompts)",
+            [f"**{r.reread}** ({_ratio(r.reread_share, '.0%')})" for r in returns],
+        ),
+        row("ideal: their new tokens", [str(r.ideal) for r in returns]),
+        row("re-read / ideal", [_ratio(r.over_ideal, ".2f") for r in returns]),
+        row(
+            "time to first byte on them, p50 / longest (of the request answered: a restore's "
+            "closed first request and the restore itself come before it)",
+            [ttfb(r) for r in returns],
+        ),
+        row(
+            "their recorded causes",
+            ["; ".join(f"{c}: {n}" for c, n in r.causes) or "-" for r in returns],
+        ),
+        row(
+            "every request: prompt tokens reused (hit rate)",
+            [
+                f"{f.reuse.cache_n} of {f.reuse.cache_n + f.reuse.prompt_n} "
+                f"({_ratio(f.reuse.hit_rate, '.0%')}) in {f.reuse.requests} requests"
+                for f in runs
+            ],
+        ),
+        row("every request: durable causes recorded", causes),
+        row("save folder at its peak, against the cap", [c[0] for c in folders]),
+        row("samples (one a second) over the cap", [c[1] for c in folders]),
+        row("save folder at the end", [c[2] for c in folders]),
+    ]
+
+
+def durable_section(runs: list[Figures]) -> list[str]:
+    return [
+        "## Durable sessions",
+        "",
+        "loopd saves a session's slot at the end of each answered turn (through brokerd, into "
+        "the server's `--slot-save-path` folder, which brokerd keeps under "
+        "`slot_save_max_bytes`) and restores it when a request's first progress event shows "
+        "the server lost the session. A *return after a server kill* is a session's first "
+        "completed request after the server lost every session (its model child killed, which "
+        "the router starts again, or the whole server killed and started again), of a session "
+        "that had one before; its *ideal* is its prompt less what the session's "
+        "previous request left in the slot (`expected_reuse`). Read from loopd's perf records "
+        "(`loopd perf --json`); the folder sampled once a second."
+        + (" Both runs follow the same plan (seed)." if len(runs) > 1 else ""),
+        "",
+        *durable_rows(runs),
+        "",
+    ]
 
 
 def _starts(exits: list[Exit], name: str) -> str:
@@ -328,6 +507,7 @@ KIND_COLOURS = {
             "tab:red",
             "tab:purple",
             "tab:brown",
+            "darkred",
             "tab:pink",
             "tab:olive",
             "tab:cyan",
@@ -342,9 +522,13 @@ KIND_COLOURS = {
 
 
 def latency_plot(figures: Figures, path: Path) -> None:
-    """Turn latency over the run (dots, red when a fault was near), each fault a vertical line."""
-    figure = Figure(figsize=(11, 5), dpi=100)
-    axes = figure.add_subplot()
+    """Turn latency over the run (dots, red when a fault was near), each fault a vertical line;
+    below it, when the run sampled one, the save folder against its cap."""
+    folder = figures.folder
+    panels = 2 if folder is not None and folder.samples else 1
+    figure = Figure(figsize=(11, 5 + 2.5 * (panels - 1)), dpi=100)
+    grid = figure.add_gridspec(panels, 1, height_ratios=[2, 1][:panels])
+    axes = figure.add_subplot(grid[0])
     t0 = figures.load_start
     for with_fault, colour, label in (
         (False, "tab:green", "turn"),
@@ -375,5 +559,21 @@ def latency_plot(figures: Figures, path: Path) -> None:
     axes.set_title(f"Turn latency, {figures.threads} threads on 2 slots, seed {figures.seed}")
     axes.grid(True, alpha=0.3)
     axes.legend(fontsize=7, loc="upper left", ncols=2)
+    if folder is not None and panels == 2:
+        lower = figure.add_subplot(grid[1], sharex=axes)
+        lower.plot(
+            [t - t0 for t, _ in folder.samples],
+            [b / (1 << 20) for _, b in folder.samples],
+            color="tab:blue",
+            label="loopd's saved states",
+        )
+        lower.axhline(folder.cap_bytes / (1 << 20), color="tab:red", linestyle="--", label="cap")
+        for fault in figures.faults:
+            if fault.kind in SERVER_KILLS and fault.struck is not None:
+                lower.axvline(fault.struck - t0, color=KIND_COLOURS[fault.kind], linewidth=1.0)
+        lower.set_ylabel("save folder, MiB")
+        lower.set_xlabel("seconds since the load began")
+        lower.grid(True, alpha=0.3)
+        lower.legend(fontsize=7, loc="upper left")
     figure.tight_layout()
     figure.savefig(path, format="png")

@@ -21,11 +21,12 @@ from pathlib import Path
 import anyio
 
 from bench.machine import describe, load_average
-from soak import checks
+from loopcommon.slotfiles import is_slot_file_name
+from soak import checks, durability
 from soak.chaos import Chaos
 from soak.checks import Row, Session
 from soak.mattermost import FakeControl, Mirror
-from soak.plan import Plan
+from soak.plan import SERVER_KILLS, Plan
 from soak.procs import (
     Supervised,
     become_subreaper,
@@ -42,6 +43,7 @@ from soak.script import MARK_TOOL
 from soak.stack import (
     SILENCE_S,
     Paths,
+    Router,
     SoakError,
     Stack,
     base_env,
@@ -68,20 +70,26 @@ class Options:
     min_tool_calls: int
     command: str
     settle_s: float  # the longest wait, after the load, for every turn to end
+    durable: bool  # loopd's durable sessions (LOOPD_DURABLE on, else off)
+    save_cap_bytes: int  # brokerd's cap over the server's save folder
 
 
 @dataclass
 class Sampler:
-    """loopd's and brokerd's memory and open files, once a second."""
+    """loopd's and brokerd's memory and open files, and the server's save folder, once a
+    second."""
 
     services: tuple[Supervised, ...]
+    saves: Path
     rss: list[tuple[float, int]] = field(default_factory=list)
+    folder: list[tuple[float, int]] = field(default_factory=list)
 
     async def run(self) -> None:
         while True:
             loopd = self.services[0]
             if loopd.pid is not None and (rss := rss_kib(loopd.pid)) is not None:
                 self.rss.append((time.time(), rss))
+            self.folder.append((time.time(), saved_bytes(self.saves)[0]))
             await anyio.sleep(1.0)
 
     def open_files(self) -> dict[str, int | None]:
@@ -94,6 +102,7 @@ async def run_soak(options: Options, plan: Plan) -> Figures:
     mount_state(paths.state)
     become_subreaper()
     figures = Figures(
+        durable=options.durable,
         command=options.command,
         seed=options.seed,
         seconds=options.seconds,
@@ -103,13 +112,25 @@ async def run_soak(options: Options, plan: Plan) -> Figures:
         load_after="",
         min_tool_calls=options.min_tool_calls,
     )
-    print(f"soak: seed {options.seed}; starting llama-server (router, 2 slots)", flush=True)
-    router = await anyio.to_thread.run_sync(start_router, paths)
+    print(
+        f"soak: seed {options.seed}, durable sessions {'on' if options.durable else 'off'}; "
+        "starting llama-server (router, 2 slots)",
+        flush=True,
+    )
+    router = Router(paths, await anyio.to_thread.run_sync(start_router, paths))
     stream_faults = StreamFaults(silent_s=SILENCE_S + 15.0, slow_gap_s=0.4)
     known: set[int] = set()
     try:
         async with _unwrapped(), anyio.create_task_group() as tg:
-            async with stack_up(paths, router, plan.users, stream_faults, tg) as stack:
+            async with stack_up(
+                paths,
+                router,
+                plan.users,
+                stream_faults,
+                tg,
+                durable=options.durable,
+                save_cap_bytes=options.save_cap_bytes,
+            ) as stack:
                 known = stack.known_pids
                 ledger, mirror = await _drive(stack, options, plan, figures, stream_faults)
             tg.cancel_scope.cancel()
@@ -120,6 +141,7 @@ async def run_soak(options: Options, plan: Plan) -> Figures:
     figures.cpu = _cpu(time.time() - started)
     _store_run(paths, ledger, mirror)
     _check(figures, paths, ledger, mirror)
+    _durable_figures(figures, paths, options.save_cap_bytes)
     return figures
 
 
@@ -140,7 +162,7 @@ async def _drive(
     """The load with its faults, then the wait for every turn to end, then loopd and brokerd
     stopped; what the users did and what the fake logged."""
     await anyio.sleep(2.0)  # idle, connected: the open-files baseline
-    sampler = Sampler(stack.services())
+    sampler = Sampler(stack.services(), stack.paths.saves)
     baseline = sampler.open_files()
     mirror = Mirror(stack.bot_id)
     ledger = Ledger()
@@ -149,7 +171,7 @@ async def _drive(
         stack.control,
         stack.loopd,
         stack.brokerd,
-        lambda: stack.router.process.pid,
+        stack.router,
         stream_faults,
         stack.paths.state,
     )
@@ -188,6 +210,7 @@ async def _drive(
         monitors.cancel_scope.cancel()
     await stack.control.pull(mirror)
     rss = [r for _, r in sampler.rss]
+    figures.folder_samples = sampler.folder
     figures.memory = Memory(
         rss[0] if rss else None, rss[-1] if rss else None, max(rss, default=None)
     )
@@ -388,3 +411,81 @@ def _check(figures: Figures, paths: Paths, ledger: Ledger, mirror: Mirror) -> No
     )
     fault_times = [f.at for f in figures.faults if f.fired]
     figures.latencies = checks.latencies(verdict.coverage, fault_times)
+
+
+# -- durable sessions ----------------------------------------------------------------------------
+
+
+def saved_bytes(folder: Path) -> tuple[int, int]:
+    """Bytes and number of loopd's saved states in the server's save folder."""
+    total = count = 0
+    try:
+        entries = list(os.scandir(folder))
+    except OSError:
+        return 0, 0
+    for entry in entries:
+        if is_slot_file_name(entry.name):
+            try:
+                total += entry.stat(follow_symlinks=False).st_size
+            except OSError:  # removed meanwhile (brokerd keeps the cap)
+                continue
+            count += 1
+    return total, count
+
+
+def read_requests(db_path: Path) -> list[durability.Request]:
+    """Every request loopd recorded, as ``loopd perf --json`` gives it."""
+    from loopd.observe.perfsummary import perf_records
+    from loopd.sessionlog.reading import existing_log
+
+    with existing_log(db_path) as log:
+        if log is None:
+            return []
+        return [
+            durability.Request.from_record(record)
+            for session in log.sessions()
+            for record in perf_records(session.name, log.requests(session.name))
+        ]
+
+
+def durable_line(loopd_log: Path) -> str:
+    """loopd's own word on durable sessions, at its last start (its log is JSON lines)."""
+    try:
+        text = loopd_log.read_text(errors="replace")
+    except OSError:
+        return ""
+    said = ""
+    for line in text.splitlines():
+        if '"durable sessions: ' not in line:
+            continue
+        try:
+            said = str(json.loads(line).get("msg", ""))
+        except ValueError:  # a line cut by a kill
+            continue
+    return said
+
+
+def _durable_figures(figures: Figures, paths: Paths, cap_bytes: int) -> None:
+    from loopd.observe.perfsummary import RETURN_CAUSES
+
+    requests = read_requests(paths.state / "loopd.db")
+    kills = [
+        f.struck
+        for f in figures.faults
+        if f.kind in SERVER_KILLS and f.fired and f.struck is not None
+    ]
+    figures.returns = durability.returns_after_kills(requests, kills)
+    figures.reuse = durability.reuse(requests, (c.value for c in RETURN_CAUSES))
+    end_bytes, end_files = saved_bytes(paths.saves)
+    try:
+        brokerd_log = paths.log("brokerd").read_text(errors="replace")
+    except OSError:
+        brokerd_log = ""
+    figures.folder = durability.Folder(
+        cap_bytes,
+        tuple(figures.folder_samples),
+        end_bytes,
+        end_files,
+        durability.evicted_files(brokerd_log),
+    )
+    figures.durable_said = durable_line(paths.log("loopd"))

@@ -8,13 +8,16 @@ Paths stay short: a Unix socket path must fit in about 100 bytes.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AsyncExitStack, asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +26,7 @@ from anyio.abc import Process, TaskGroup
 
 from loopd_dev import devserver
 from soak.mattermost import FakeControl, bot_connected
-from soak.procs import Supervised
+from soak.procs import Supervised, descendants_of
 from soak.relay import Relay, StreamFaults, serve_relay
 from soak.script import MARK_TOOL, mark_tool_toml
 from soak.users import World
@@ -45,7 +48,7 @@ class Paths:
     root: Path
 
     def __post_init__(self) -> None:
-        for sub in ("llama", "run", "state", "logs", "catalogue", "marks"):
+        for sub in ("llama", "run", "state", "logs", "catalogue", "marks", "saves"):
             (self.root / sub).mkdir(parents=True, exist_ok=True)
         (self.root / "run").chmod(0o750)
 
@@ -64,6 +67,11 @@ class Paths:
     @property
     def audit(self) -> Path:
         return self.root / "audit.db"
+
+    @property
+    def saves(self) -> Path:
+        """The server's ``--slot-save-path`` folder, which brokerd keeps under its cap."""
+        return self.root / "saves"
 
     @property
     def router_socket(self) -> Path:
@@ -86,8 +94,11 @@ def base_env(**extra: str) -> dict[str, str]:
     return env
 
 
-def loopd_env(paths: Paths) -> dict[str, str]:
+def loopd_env(paths: Paths, durable: bool) -> dict[str, str]:
     return base_env(
+        # Durable sessions on or off without asking the self-test, so that a run compares the
+        # two whatever the probe found (the report says which loopd said it ran with).
+        LOOPD_DURABLE="on" if durable else "off",
         LOOPD_INFER_URL=f"unix:{paths.run}/infer.sock",
         LOOPD_MODEL=devserver.PLAIN_MODEL,
         LOOPD_STATE_DIR=str(paths.state),
@@ -113,8 +124,12 @@ def loopd_env(paths: Paths) -> dict[str, str]:
     )
 
 
-def brokerd_env(paths: Paths, relay_sock: Path, mm_sock: Path, token_file: Path) -> dict[str, str]:
+def brokerd_env(
+    paths: Paths, relay_sock: Path, mm_sock: Path, token_file: Path, save_cap_bytes: int
+) -> dict[str, str]:
     return base_env(
+        BROKERD_SLOT_SAVE_DIRS=json.dumps([str(paths.saves)]),
+        BROKERD_SLOT_SAVE_MAX_BYTES=str(save_cap_bytes),
         BROKERD_SOCKET_DIR=str(paths.run),
         BROKERD_INFERENCE_URL=f"unix:{relay_sock}",
         BROKERD_MATTERMOST_URL=f"unix:{mm_sock}",
@@ -141,6 +156,66 @@ def mount_state(path: Path) -> None:
         raise SoakError(f"cannot mount the state file system: {result.stderr.strip()}")
 
 
+@dataclass
+class Router:
+    """The run's llama-server router, which a fault kills and starts again, as a rebuild or a
+    crash restarts production's: every model child and every cache goes with it, the save
+    folder stays. ``known`` holds the run's own processes (``Stack.known_pids``)."""
+
+    paths: Paths
+    server: devserver.RunningServer
+    known: set[int] = field(default_factory=set)
+    restarts: int = 0
+
+    def __post_init__(self) -> None:
+        self.known.add(self.server.process.pid)
+
+    @property
+    def pid(self) -> int:
+        return self.server.process.pid
+
+    def kill(self) -> int:
+        """SIGKILL the router and its model children at once (its process group: it leads
+        one), as a crashed server goes; the router's pid. Its children die with it and come to
+        this process, their subreaper, which waits for them here (they are the run's own, not
+        orphans)."""
+        pid = self.pid
+        children = descendants_of(pid)
+        self.known.update(children)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pid, signal.SIGKILL)
+        self.server.process.wait()
+        for child in children:
+            _wait_for_child(child)
+        return pid
+
+    def start(self) -> int:
+        """The router started again on the same socket, preset and save folder; its pid."""
+        log = self.server.log_path
+        kept = log.with_name(f"{log.stem}-{self.restarts}{log.suffix}")
+        log.rename(kept)  # the new router writes its own log from the start
+        self.server = start_router(self.paths)
+        self.restarts += 1
+        self.known.add(self.pid)
+        return self.pid
+
+    def stop(self) -> None:
+        self.server.stop()
+
+
+def _wait_for_child(pid: int, timeout_s: float = 15.0) -> None:
+    """Reap ``pid``, a killed process that becomes this process's child once its parent is
+    gone (a moment after the parent's own end)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            os.waitpid(pid, 0)
+        except ChildProcessError:  # not handed to this process yet
+            time.sleep(0.05)
+        else:
+            return
+
+
 def start_router(paths: Paths) -> devserver.RunningServer:
     try:
         return devserver.start(
@@ -148,6 +223,9 @@ def start_router(paths: Paths) -> devserver.RunningServer:
             devserver.default_cache_dir(),
             socket_path=paths.router_socket,
             layout=devserver.ServerLayout(parallel=2),
+            # On the router's command line, so the model child the chaos kills and the router
+            # starts again saves into and restores from the same folder.
+            extra_args=("--slot-save-path", f"{paths.saves}/"),
             load=(devserver.PLAIN_MODEL,),
             ready_timeout=300.0,
         )
@@ -178,7 +256,7 @@ class Stack:
     """The running system: what the users, the chaos and the checks reach it by."""
 
     paths: Paths
-    router: devserver.RunningServer
+    router: Router
     world: World
     bot_id: str
     control: FakeControl
@@ -243,10 +321,13 @@ def _sockets_up(run: Path) -> Callable[[], Awaitable[bool]]:
 @asynccontextmanager
 async def stack_up(
     paths: Paths,
-    router: devserver.RunningServer,
+    router: Router,
     users: tuple[str, ...],
     stream_faults: StreamFaults,
     tg: TaskGroup,
+    *,
+    durable: bool,
+    save_cap_bytes: int,
 ) -> AsyncIterator[Stack]:
     """Everything but the router up and answering (loopd connected to Mattermost); the fake
     and the relay stopped on exit (loopd and brokerd are the caller's to stop first)."""
@@ -263,18 +344,19 @@ async def stack_up(
         await stack.enter_async_context(serve_relay(tg, relay, relay_sock))
         control = FakeControl(mm_sock)
         stack.push_async_callback(control.aclose)
-        known = {router.process.pid, fake.pid}
+        known = router.known
+        known.add(fake.pid)
         brokerd = Supervised(
             "brokerd",
             [sys.executable, "-m", "brokerd", "serve"],
-            brokerd_env(paths, relay_sock, mm_sock, token_file),
+            brokerd_env(paths, relay_sock, mm_sock, token_file, save_cap_bytes),
             paths.log("brokerd"),
             on_start=known.add,
         )
         loopd = Supervised(
             "loopd serve",
             [sys.executable, "-m", "loopd", "serve"],
-            loopd_env(paths),
+            loopd_env(paths, durable),
             paths.log("loopd"),
             on_start=known.add,
         )
