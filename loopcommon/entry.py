@@ -10,16 +10,19 @@ on stderr and exit status 130, never a traceback.
 
 from __future__ import annotations
 
-import importlib
-import signal
 import sys
 
-# ``typing`` takes a measurable while to import on a loaded machine, long enough for a Ctrl-C to
-# land in it before any handler here runs: the annotations' names are for the type checker only.
+# Only modules built into the interpreter at run time: importing them runs no Python code, so no
+# Ctrl-C can land in them before ``run_program``'s handler is in place. ``typing`` and ``signal``
+# (the Python module, which turns its constants into enums on import) take a measurable while on
+# a loaded machine; the type checker reads ``signal``, the program runs its built-in ``_signal``.
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    import signal as _signal
     from collections.abc import Callable
     from typing import Final, NoReturn
+else:
+    import _signal
 
 EXIT_INTERRUPTED: Final = 130
 
@@ -27,10 +30,12 @@ EXIT_INTERRUPTED: Final = 130
 def run_program(program: str, module: str) -> int:
     """Import ``module`` and call its ``main``; an interrupt anywhere in it is one line."""
     try:
+        import importlib
+
         main: Callable[[], int] = importlib.import_module(module).main
         return main()
     except KeyboardInterrupt:
-        signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C while this line is written
+        _signal.signal(_signal.SIGINT, _signal.SIG_IGN)  # a second Ctrl-C while this is written
         print(f"{program}: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
 
@@ -38,7 +43,7 @@ def run_program(program: str, module: str) -> int:
 def _exit(status: int) -> NoReturn:
     # The command has finished: a Ctrl-C now (while stdout is flushed, worker threads are
     # joined) would only print "Exception ignored" with a traceback.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    _signal.signal(_signal.SIGINT, _signal.SIG_IGN)
     sys.exit(status)
 
 

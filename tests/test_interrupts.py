@@ -6,10 +6,13 @@ traceback), while the command works, and as it exits. Whatever the moment, what 
 is at most one line, and the status is 130 (or 0 where the command had already finished, or the
 interpreter's own death by SIGINT before any Python code ran).
 
-One window is the interpreter's and not loopd's: while Python imports its ``site`` module, before
+Two windows are the interpreter's and not loopd's: while Python imports its ``site`` module, before
 it runs a line of the program, an interrupt is a fatal error of the interpreter itself (with its
-own traceback of ``<frozen site>``). No program can catch it; those runs are told apart by that
-error and are the only ones let through.
+own traceback of ``<frozen site>``); and while the installed script's first statement imports the
+entry module, inside Python's own import machinery, it is a four-line traceback whose one frame
+is that statement. No program can catch either (the entry module imports only what is built into
+the interpreter, so the second window is the import system's own); those runs are told apart by
+their traceback and are the only ones let through.
 """
 
 from __future__ import annotations
@@ -29,7 +32,8 @@ BIN = Path(sys.executable).parent
 # milliseconds on a quiet machine, more on a busy one) and past it.
 MOMENTS = (0.0, 0.01, 0.03, 0.06, 0.1, 0.15, 0.2, 0.3, 0.45, 0.6, 0.9, 1.3)
 KILLED_BY_SIGINT = -signal.SIGINT
-INTERPRETER_START_UP = "Fatal Python error: init_import_site"
+# The interpreter's own initialisation (importing ``site``, setting up the standard streams).
+INTERPRETER_START_UP = "Fatal Python error: init_"
 
 
 def interrupted(argv: list[str], env: dict[str, str], after_s: float) -> tuple[int, str]:
@@ -55,7 +59,20 @@ def interrupted(argv: list[str], env: dict[str, str], after_s: float) -> tuple[i
 
 
 def in_interpreter_start_up(err: str) -> bool:
-    """The interrupt came while Python imported ``site``: no frame of the program's own code."""
+    """The interrupt came before a line of the program ran: while Python imported ``site``, or
+    inside Python's import machinery as the installed script's first statement imported the
+    entry module (its only frame is that statement: no frame of the program's own code)."""
+    frames = [line for line in err.splitlines() if line.lstrip().startswith("File ")]
+    script, machinery = f'"{BIN}/', '"<frozen importlib.'
+    if (
+        frames
+        and script in frames[0]
+        and "line 3, in <module>" in frames[0]
+        and all(machinery in frame for frame in frames[1:])
+    ):
+        assert err.rstrip().endswith("KeyboardInterrupt"), err
+        assert "/loopcommon/" not in err, err
+        return True
     if not err.startswith(INTERPRETER_START_UP):
         return False
     assert "/loopd/" not in err, err
