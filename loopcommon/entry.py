@@ -32,7 +32,14 @@ def run_program(program: str, module: str) -> int:
     try:
         import importlib
 
-        main: Callable[[], int] = importlib.import_module(module).main
+        # SIGINT waits while the command line is imported, and comes right after: an interrupt
+        # inside an extension module's import (a Rust one panics when its own imports fail)
+        # would otherwise be that module's error with its traceback, not a KeyboardInterrupt.
+        _signal.pthread_sigmask(_signal.SIG_BLOCK, {_signal.SIGINT})
+        try:
+            main: Callable[[], int] = importlib.import_module(module).main
+        finally:
+            _signal.pthread_sigmask(_signal.SIG_UNBLOCK, {_signal.SIGINT})
         return main()
     except KeyboardInterrupt:
         _signal.signal(_signal.SIGINT, _signal.SIG_IGN)  # a second Ctrl-C while this is written
