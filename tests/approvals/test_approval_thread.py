@@ -37,9 +37,15 @@ pytestmark = pytest.mark.anyio
 
 @asynccontextmanager
 async def thread_env(
-    tmp_path: Path, sockets: Path, llama: RunningFake, timeout_s: float = 60.0
+    tmp_path: Path,
+    sockets: Path,
+    llama: RunningFake,
+    timeout_s: float = 60.0,
+    *,
+    mattermost_on_tcp: bool = False,  # for a client that speaks TCP only (Node's)
 ) -> AsyncIterator[Env]:
-    async with asking_broker(tmp_path, sockets) as broker_url, fake_mattermost(sockets) as mm:
+    mm_sockets = None if mattermost_on_tcp else sockets
+    async with asking_broker(tmp_path, sockets) as broker_url, fake_mattermost(mm_sockets) as mm:
         settings = settings_for(
             tmp_path / "state",
             llama.base_url,

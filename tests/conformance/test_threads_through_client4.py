@@ -12,8 +12,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -23,13 +22,11 @@ import pytest
 from loopd.chat.threads import session_name
 from loopd.engine.notes import cut_note
 from loopd_dev.fakes.llama import FakeLlama, Pace, RunningFake, ScriptedReply
-from tests.approvals.support import asking_broker, audit_approvals, script_a_call, tool_results
+from tests.approvals.support import audit_approvals, script_a_call, tool_results
+from tests.approvals.test_approval_thread import thread_env
 from tests.chat.chat_support import (
     Env,
-    chat_settings_for,
     daemon,
-    fake_mattermost,
-    settings_for,
     until,
 )
 from tests.chat.conftest import FAKE_MODEL, fake_llama, llama, sockets
@@ -140,23 +137,6 @@ async def test_a_turn_she_stops_with_the_reaction_says_who_stopped_it(
         assert any(m.endswith(STOPPED) for m in messages), messages
 
 
-@asynccontextmanager
-async def approval_env(
-    tmp_path: Path, sockets: Path, llama: RunningFake, timeout_s: float = 60.0
-) -> AsyncIterator[Env]:
-    """A broker whose one tool asks first, and the fake Mattermost on TCP (for Node)."""
-    async with asking_broker(tmp_path, sockets) as broker_url, fake_mattermost(None) as mm:
-        settings = settings_for(
-            tmp_path / "state",
-            llama.base_url,
-            FAKE_MODEL,
-            max_tokens=256,
-            broker_url=broker_url,
-            approval_timeout_s=timeout_s,
-        )
-        yield Env(mm, settings, chat_settings_for(mm, tmp_path))
-
-
 async def question_in_her_client(alice: Alice, env: Env, root: str) -> dict[str, Any]:
     """The approval question, once loopd has posted it, as her client reads it."""
     await until(
@@ -185,7 +165,10 @@ async def test_she_answers_an_approval_with_a_reaction_in_her_client(
     decision: str,
 ) -> None:
     script_a_call(fake_llama, FAKE_MODEL)
-    async with approval_env(tmp_path, sockets, llama) as env, daemon(env) as running:
+    async with (
+        thread_env(tmp_path, sockets, llama, mattermost_on_tcp=True) as env,
+        daemon(env) as running,
+    ):
         alice = alice_of(env)
         root = await alice.post("echo hi")
         question = await question_in_her_client(alice, env, root)
@@ -203,7 +186,10 @@ async def test_an_approval_she_leaves_unanswered_is_denied_in_time(
     tmp_path: Path, sockets: Path, fake_llama: FakeLlama, llama: RunningFake, alice_of: AliceOf
 ) -> None:
     script_a_call(fake_llama, FAKE_MODEL)
-    async with approval_env(tmp_path, sockets, llama, timeout_s=1.0) as env, daemon(env):
+    async with (
+        thread_env(tmp_path, sockets, llama, 1.0, mattermost_on_tcp=True) as env,
+        daemon(env),
+    ):
         alice = alice_of(env)
         root = await alice.post("echo hi")
         question = await question_in_her_client(alice, env, root)
