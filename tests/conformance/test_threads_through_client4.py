@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -100,8 +100,28 @@ async def test_an_answer_cut_at_the_limit_says_so_in_her_client(
         assert answer.endswith(f"\n\n_{cut_note(24)}_"), answer
 
 
-async def test_a_turn_she_stops_with_the_word_says_who_stopped_it(
-    tmp_path: Path, fake_llama: FakeLlama, llama: RunningFake, alice_of: AliceOf
+async def stop_by_reaction(alice: Alice, root: str) -> None:
+    """She finds the status post in her client, by the prop loopd gives it, and reacts."""
+    status = [
+        p
+        for p in await alice.thread(root)
+        if str(p.get("props", {}).get("loopd_turn", "")).endswith(":status")
+    ]
+    assert len(status) == 1, status
+    await alice.react(status[0]["id"], "octagonal_sign")
+
+
+async def stop_by_word(alice: Alice, root: str) -> None:
+    await alice.post("stop", root_id=root)
+
+
+@pytest.mark.parametrize("stop", [stop_by_word, stop_by_reaction], ids=["word", "reaction"])
+async def test_a_turn_she_stops_says_who_stopped_it(
+    tmp_path: Path,
+    fake_llama: FakeLlama,
+    llama: RunningFake,
+    alice_of: AliceOf,
+    stop: Callable[[Alice, str], Awaitable[None]],
 ) -> None:
     fake_llama.pace = Pace(tokens_per_second=30)
     fake_llama.push(ScriptedReply(content="long " * 500), model=FAKE_MODEL)
@@ -109,32 +129,10 @@ async def test_a_turn_she_stops_with_the_word_says_who_stopped_it(
         alice = alice_of(env)
         root = await alice.post("write a lot")
         await until(lambda: "answering" in "".join(env.status_history(root)), "answering")
-        await alice.post("stop", root_id=root)
+        await stop(alice, root)
         await until(lambda: env.status_posts_left(root) == [], "the status post to go", 60)
         [closing] = await alice.bot_messages(root)
         assert closing.endswith(f"\n\n{STOPPED}"), closing
-
-
-async def test_a_turn_she_stops_with_the_reaction_says_who_stopped_it(
-    tmp_path: Path, fake_llama: FakeLlama, llama: RunningFake, alice_of: AliceOf
-) -> None:
-    fake_llama.pace = Pace(tokens_per_second=30)
-    fake_llama.push(ScriptedReply(content="long " * 500), model=FAKE_MODEL)
-    async with environment(tmp_path, None, llama) as env, daemon(env):
-        alice = alice_of(env)
-        root = await alice.post("write a lot")
-        await until(lambda: "answering" in "".join(env.status_history(root)), "answering")
-        # She finds the status post in her client, by the prop loopd gives it.
-        status = [
-            p
-            for p in await alice.thread(root)
-            if str(p.get("props", {}).get("loopd_turn", "")).endswith(":status")
-        ]
-        assert len(status) == 1, status
-        await alice.react(status[0]["id"], "octagonal_sign")
-        await until(lambda: env.status_posts_left(root) == [], "the status post to go", 60)
-        messages = await alice.bot_messages(root)
-        assert any(m.endswith(STOPPED) for m in messages), messages
 
 
 async def question_in_her_client(alice: Alice, env: Env, root: str) -> dict[str, Any]:
