@@ -4,7 +4,9 @@ Both front ends write the same record: a thread's ``stop`` in Mattermost (``loop
 and Ctrl-C during a turn in ``loopd chat`` (``loopd.terminal``). The turn's stream is closed
 first (cancelling the request frees the slot on the server); then every tool call the turn cut
 short gets a result saying so, and a broken entry records the stop with the reason
-``stopped by @<who>``. A turn left pending that way is not run again when loopd starts.
+``stopped by @<who>``. A turn left pending that way is not run again when loopd starts. A thread's
+stop is also written to the chat state before the turn is cancelled (``ChatState.ask_stop``), so
+loopd killed in between records the stop when it starts again instead of running the turn.
 """
 
 from __future__ import annotations

@@ -292,9 +292,11 @@ class ChatAdapter:
                 self.state.mark_seen(post.id, "refused")
 
     async def _stop(self, post: Post, author: User, channel: Channel, root: str) -> None:
-        self.state.mark_seen(post.id, "stop")
         name = session_name(root)
-        match self.threads.stop(name, author.username, author.id):
+        with self.state.together():  # the stop and the post taken in, or neither
+            result = self.threads.stop(name, author.username, author.id)
+            self.state.mark_seen(post.id, "stop")
+        match result:
             case StopResult.NOTHING_RUNNING:
                 await self._notice(f"stop:{post.id}", channel, root, "Nothing is running.")
             case StopResult.NOT_ALLOWED:

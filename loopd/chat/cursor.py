@@ -10,6 +10,8 @@ Rows are only ever added (the latest row wins), as in the session log, but for `
   knows which replies may already be in the thread and looks there before posting again.
 - ``held``: messages that came while their thread's turn ran, kept here until it ends (a row is
   removed once its message is in the session log).
+- ``stops``: a person's stop of a running turn, written before the turn is cancelled, so a
+  restart that finds the turn pending with no stop in the session log does not run it again.
 
 The schema is versioned by ``loopcommon.migrations``.
 """
@@ -92,6 +94,17 @@ def m004_thread_labels(db: sqlite3.Connection) -> None:
     execute_script(db, append_only_triggers("thread_labels"))
 
 
+@MIGRATIONS.step
+def m005_stops(db: sqlite3.Connection) -> None:
+    """Stops asked for, by session and the seq of the newest user message the turn answered."""
+    db.execute(
+        "CREATE TABLE IF NOT EXISTS stops (id INTEGER PRIMARY KEY, session TEXT NOT NULL,"
+        " answering_seq INTEGER NOT NULL, who TEXT NOT NULL, saved_at REAL NOT NULL)"
+    )
+    db.execute("CREATE INDEX IF NOT EXISTS stops_session ON stops (session, id)")
+    execute_script(db, append_only_triggers("stops"))
+
+
 class ChatStateError(LoopdError):
     """The chat state file cannot be opened or written. ``passing``: the file is full, busy or
     failed to write for now (SQLite's FULL, BUSY, LOCKED, IOERR), so the same write may succeed
@@ -116,6 +129,14 @@ def _state_error(path: Path, exc: sqlite3.Error) -> ChatStateError:
 class Cursor:
     update_at: int
     post_id: str
+
+
+@dataclass(frozen=True)
+class StopAsked:
+    """A person stopped the turn that answered the user message ``answering_seq``."""
+
+    answering_seq: int
+    who: str
 
 
 @dataclass(frozen=True)
@@ -290,6 +311,22 @@ class ChatState:
             (f"{session}#", f"{session}$"),  # '$' follows '#': every key of the session
         )
         return [(str(key), str(post_id)) for key, post_id in rows]
+
+    # -- stops ---------------------------------------------------------------------------------
+
+    def ask_stop(self, session: str, answering_seq: int, who: str) -> None:
+        self._run(
+            "INSERT INTO stops (session, answering_seq, who, saved_at) VALUES (?, ?, ?, ?)",
+            (session, answering_seq, who, time.time()),
+        )
+
+    def stop_asked(self, session: str) -> StopAsked | None:
+        """The session's latest stop, if one was ever asked for."""
+        rows = self._run(
+            "SELECT answering_seq, who FROM stops WHERE session = ? ORDER BY id DESC LIMIT 1",
+            (session,),
+        )
+        return StopAsked(int(str(rows[0][0])), str(rows[0][1])) if rows else None
 
     # -- messages held while their thread's turn runs -------------------------------------------
 

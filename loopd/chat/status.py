@@ -107,9 +107,12 @@ def next_edit(
     return EditDecision(False, last_at + interval_s - now)
 
 
+DRAFT_MARK = " …"  # ends an answer post while more is coming
+
+
 def draft_text(written: str, limit: int) -> str:
     """An answer post while the answer is being written: the text so far (at most the first
     post's worth) and a mark that more is coming."""
-    mark = " …"
+    mark = DRAFT_MARK
     head = written if len(written) + len(mark) <= limit else written[: limit - len(mark)]
     return head.rstrip() + mark

@@ -38,7 +38,7 @@ from loopd.chat.mentions import named
 from loopd.chat.outbox import PART_PROP, TURN_PROP, Outbox
 from loopd.chat.rest import MattermostError
 from loopd.chat.split import split_message
-from loopd.chat.status import Finished, InLine
+from loopd.chat.status import DRAFT_MARK, Finished, InLine
 from loopd.chat.turnposts import DRAFT, STATUS, TurnPosts, close, draft_post
 from loopd.contextwindow.compaction import is_compaction_instruction
 from loopd.engine.notes import cut_note
@@ -187,10 +187,17 @@ class StopResult(StrEnum):
     NOT_ALLOWED = "not allowed"
 
 
+def answering_seq(entries: list[Entry]) -> int:
+    """The seq of the newest user message: the one a pending turn answers (tool rounds after it
+    belong to the same turn; a message that comes during the turn is held, not logged)."""
+    return max((e.seq for e in entries if e.kind is EntryKind.USER), default=0)
+
+
 @dataclass
 class _Running:
     posts: TurnPosts
     requesters: frozenset[str]
+    answering_seq: int
     scope: anyio.CancelScope = field(default_factory=anyio.CancelScope)
     stopped_by: str | None = None
     ended: bool = False  # the model's part is over; only posting remains
@@ -261,8 +268,10 @@ class Threads:
         for name in self.session_names():
             await self.deliver(name)
             state = self.runtime.log.state(name)
+            if not state.idle and not was_stopped(state) and await self._stopped_before(name):
+                state = self.runtime.log.state(name)
             held = bool(self.state.held(name))
-            if held or ((state.pending_turn or state.interrupted_calls) and not was_stopped(state)):
+            if held or (not state.idle and not was_stopped(state)):
                 log.info("resuming the pending turn of %s", name)
                 self.wake(name)  # its posts are found again, and tidied when it ends
             else:
@@ -359,7 +368,7 @@ class Threads:
             stop_hint=self._stop_hint(),
         )
         await posts.open()
-        running = _Running(posts, requesters(entries))
+        running = _Running(posts, requesters(entries), answering_seq(entries))
         self._running[name] = running
         # A call that waits for a person's approval asks in this thread (loopd.approval).
         ASKER.set(
@@ -404,7 +413,8 @@ class Threads:
         if outcome is None or running.stopped_by is not None:
             who = running.stopped_by or "someone"
             stop = self._record_stop(name, who)
-            await self._close_stopped(name, channel, running, stop, who)
+            draft = running.posts.draft
+            await self._close_stopped(name, channel, draft.post_id, draft.written, stop, who)
         elif outcome.failure is not None:
             broken = self.runtime.log.latest_entries(name, 1)[-1].seq
             await self.outbox.post_once(
@@ -418,20 +428,46 @@ class Threads:
             await self.deliver(name, notices=[*cut, *outcome.notices])
         await running.posts.status.remove()
 
+    async def _stopped_before(self, name: str) -> bool:
+        """A stop asked for the pending turn before loopd ended, the turn cut before it could
+        record it (a kill): recorded now, and closed in the thread as a live stop is."""
+        entries = thread_entries(self.runtime.log, name)
+        asked = self.state.stop_asked(name)
+        if asked is None or asked.answering_seq != answering_seq(entries):
+            return False  # no stop, or one of an earlier turn
+        stop = self._record_stop(name, asked.who)
+        if (channel := self.state.thread_channel(root_of(name))) is not None:
+            draft, written = await self._left_draft(name, entries)
+            await self._close_stopped(name, channel, draft, written, stop, asked.who)
+        return True
+
+    async def _left_draft(self, name: str, entries: list[Entry]) -> tuple[str | None, str]:
+        """The cut turn's answer post and what it shows, if it has one."""
+        for entry in reversed(since_last_turn(entries)):
+            if (draft := draft_post(self.outbox, f"{name}#{entry.seq}{DRAFT}")) is None:
+                continue
+            try:
+                posts = await self.outbox.client.thread(root_of(name))
+            except MattermostError as exc:
+                log.warning("could not read the answer post of %s (%s)", name, exc)
+                return None, ""
+            shown = next((p.message for p in posts if p.id == draft), "")
+            return draft, shown.removesuffix(DRAFT_MARK)
+        return None, ""
+
     async def _close_stopped(
-        self, name: str, channel: str, running: _Running, stop: Entry, who: str
+        self, name: str, channel: str, draft: str | None, written: str, stop: Entry, who: str
     ) -> None:
-        """One closing line: in the answer post, after what was written before the stop, or
-        alone when nothing was."""
+        """One closing line: in the answer post ``draft``, after what was ``written`` before the
+        stop, or alone when nothing was."""
         key = f"{name}#{stop.seq}:stopped"
         line = f"⏹️ Stopped by @{who}."
         # Who stopped it is one of the thread's people (a stop word in it, a reaction on it).
         people = self.outbox.client.mentionable
         people[root_of(name)] = people.get(root_of(name), frozenset()) | {who.lower()}
-        draft = running.posts.draft.post_id
         if draft is not None and not self.outbox.delivered(key):
             room = self.outbox.max_post_size - len(line) - 2
-            written = running.posts.draft.written[:room].rstrip()
+            written = written[:room].rstrip()
             text = f"{written}\n\n{line}" if written else line
             try:
                 await self.outbox.client.patch_message(
@@ -470,6 +506,9 @@ class Threads:
         admins = set(self.settings.admins)
         if who not in running.requesters and not ({who, who_id} & admins):
             return StopResult.NOT_ALLOWED
+        # Durable before the cancel: killed before the turn records the stop, loopd still knows
+        # on its next start that this turn must not run again (``resume_all``).
+        self.state.ask_stop(session, running.answering_seq, who)
         running.stopped_by = who
         running.scope.cancel()
         return StopResult.STOPPED

@@ -12,9 +12,10 @@ from typing import Any
 import anyio
 import pytest
 
-from loopd.chat.threads import session_name
+from loopd.chat.threads import Threads, session_name
 from loopd.sessionlog import EntryKind, SessionLog
 from loopd.sessionlog.records import RequestKind
+from loopd.turnstop import was_stopped
 from loopd_dev.fakes.llama import FakeLlama, Pace, RunningFake, ScriptedReply
 from loopd_dev.fakes.mattermost import FakeConfig, LoggedPost
 from tests.chat.chat_support import (
@@ -262,6 +263,58 @@ async def test_stop_cancels_the_turn_frees_the_slot_and_is_logged(
         assert state.broken_since[-1].fields.reason == "stopped by @alice"
         env.fake.post_as("alice", env.dm(), "short one now", root_id=post.id)
         await until(lambda: len(env.answers(post.id)) == 1, "the next answer")
+
+
+async def test_a_stop_taken_in_just_before_a_kill_still_stops_the_turn(
+    tmp_path: Path,
+    sockets: Path,
+    fake_llama: FakeLlama,
+    llama: RunningFake,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The window: the stop post is taken in (marked seen) and the turn cancelled, but loopd is
+    # gone before the turn writes the stop into the session log. Here the turn never reaches its
+    # conclusion, then the daemon is cancelled as a kill would end it.
+    fake_llama.pace = Pace(tokens_per_second=30)
+    fake_llama.push(ScriptedReply(content="long " * 500), model=FAKE_MODEL)
+    concluding = anyio.Event()
+
+    async def killed_before_the_stop_is_logged(*_: object) -> None:
+        concluding.set()
+        await anyio.sleep_forever()
+
+    async with environment(tmp_path, sockets, llama) as env:
+        with monkeypatch.context() as patched:
+            patched.setattr(Threads, "_conclude", killed_before_the_stop_is_logged)
+            async with daemon(env):
+                post = env.fake.post_as("alice", env.dm(), "write a lot")
+                await until(lambda: "answering" in "".join(env.status_history(post.id)), "it")
+                env.fake.post_as("alice", env.dm(), "stop", root_id=post.id)
+                with anyio.fail_after(30):
+                    await concluding.wait()
+        with SessionLog.open(env.settings.db_path) as log:
+            state = log.state(session_name(post.id))
+        # The window, reproduced: a pending turn, and no stop in the log.
+        assert state.pending_turn
+        assert not was_stopped(state)
+        fake_llama.pace = Pace()
+        fake_llama.push(ScriptedReply(content="answered after all"), model=FAKE_MODEL)
+        async with daemon(env):
+            await until(lambda: stopped_line(env, post.id), "the stop line after the restart")
+            await until(lambda: env.status_posts_left(post.id) == [], "the status post to go")
+        assert env.answers(post.id) == []
+        # One closing post: what was written before the stop, then the line; no "Nothing is
+        # running." for the stop post (it was taken in with the stop).
+        [closing] = env.live_bot_posts(post.id)
+        assert closing.message.startswith("long"), closing
+        assert closing.message.endswith("\n\n⏹️ Stopped by @alice.")
+        with SessionLog.open(env.settings.db_path) as log:
+            state = log.state(session_name(post.id))
+        assert state.broken_since[-1].fields.reason == "stopped by @alice"
+        env.fake.post_as("alice", env.dm(), "short one now", root_id=post.id)
+        async with daemon(env):
+            await until(lambda: len(env.answers(post.id)) == 1, "the next answer")
+        assert env.answers(post.id)[0].message == "answered after all"
 
 
 async def test_stop_by_reaction_on_the_status_post(

@@ -47,8 +47,9 @@ def test_an_old_chat_state_reads_back_after_the_upgrade(old_state: Path) -> None
         ("m002_held", 1),
         ("m003_append_only", 1),
         ("m004_thread_labels", 1),
+        ("m005_stops", 1),
     ]
-    assert query(old_state, "PRAGMA user_version") == [(4,)]
+    assert query(old_state, "PRAGMA user_version") == [(5,)]
 
 
 def test_held_messages_are_kept_by_the_upgrade_and_can_still_be_released(tmp_path: Path) -> None:
@@ -100,11 +101,11 @@ def test_an_upgraded_chat_state_has_the_schema_of_a_new_one(
 
 def test_a_chat_state_from_a_newer_loopd_is_refused_in_one_line(old_state: Path) -> None:
     ChatState.open(old_state).close()
-    add_migration_record(old_state, "m005_later")
+    add_migration_record(old_state, "m006_later")
     with pytest.raises(ChatStateError) as raised:
         ChatState.open(old_state)
     message = str(raised.value)
-    assert message.startswith(f"chat state {old_state}: schema version 5 (m005_later)")
+    assert message.startswith(f"chat state {old_state}: schema version 6 (m006_later)")
     assert "\n" not in message
 
 
