@@ -158,6 +158,14 @@ build() {
     deps
     export CONTAINERS_CONF="$conf"
     local started=$SECONDS
+    # One build at a time per cache: two checkouts building at once (a second `make test`
+    # beside the first) share the context, the wheelhouse and the image's tag.
+    mkdir -p "$image_dir"
+    exec 9>"$image_dir/.build.lock"
+    if ! flock --nonblock 9; then
+        log "another build of the image is under way; waiting for it"
+        flock 9
+    fi
     base
     wheels
     local stamp

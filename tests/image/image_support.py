@@ -12,6 +12,8 @@ that namespace. The operator gets a fresh home and runtime folder under ``OPERAT
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
 import pwd
@@ -21,7 +23,7 @@ import shutil
 import subprocess
 import tempfile
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -42,6 +44,16 @@ def cache_dir() -> Path:
 
 def image_archive() -> Path:
     return cache_dir() / "image" / "loopd-image.tar"
+
+
+@contextlib.contextmanager
+def image_cache_unchanged() -> Iterator[None]:
+    """The image's cache (wheelhouse, archive) held still while it is copied: ``make image`` in
+    another checkout rebuilds it under the exclusive side of the same lock (scripts/image.sh)."""
+    lock = cache_dir() / "image" / ".build.lock"
+    with lock.open("a") as held:
+        fcntl.flock(held, fcntl.LOCK_SH)
+        yield
 
 
 def containers_conf() -> Path:

@@ -47,6 +47,7 @@ from tests.image.image_support import (
     edit_env,
     edit_toml,
     image_archive,
+    image_cache_unchanged,
     missing_prerequisites,
     shell_commands,
     uncomment_toml,
@@ -182,11 +183,12 @@ def _install(walk: Walkthrough) -> None:
     cache = operator.root / "cache"
     (cache / "image" / "context").mkdir(parents=True)
     (cache / "podman").mkdir()
-    shutil.copytree(cache_dir() / "image" / "context" / "wheels", cache / "image/context/wheels")
-    try:
-        os.link(image_archive(), cache / "image" / "loopd-image.tar")
-    except OSError:
-        shutil.copy(image_archive(), cache / "image" / "loopd-image.tar")
+    with image_cache_unchanged():
+        shutil.copytree(cache_dir() / "image/context/wheels", cache / "image/context/wheels")
+        try:
+            os.link(image_archive(), cache / "image" / "loopd-image.tar")
+        except OSError:
+            shutil.copy(image_archive(), cache / "image" / "loopd-image.tar")
     shutil.copy(containers_conf(), cache / "podman" / "containers.conf")
     recipe = subprocess.run(
         ["make", "--no-print-directory", "-s", "-n", "-o", "image", "install"],
