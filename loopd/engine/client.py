@@ -4,7 +4,8 @@ It knows HTTP and the server's error envelope, nothing about turns. Every foreig
 loopd's own (``loopd.errors``) inside this module, with the URL the operator configured named in
 the message and the original kept as ``__cause__``: a call, the wait for a streamed answer's status
 line, and each read of its body run under ``_mapped`` (as httpx's own transports run their byte
-iterators under ``map_httpcore_exceptions``), so nothing above the client sees httpx.
+iterators under ``map_httpcore_exceptions``; a chunk's read inlines it), so nothing above the
+client sees httpx.
 
 A streamed answer is a ``ChatStream``: its body as chunks of bytes, or, wrapped in an
 ``EventStream``, as batches of typed events.
@@ -142,8 +143,10 @@ class ChatStream:
     async def receive(self) -> bytes:
         if self._chunks is None:
             self._chunks = self._response.aiter_raw()
-        with _mapped(self._url, _Stage.READ):
+        try:  # ``_mapped`` by hand: a context manager per chunk is a cost per token
             chunk = await anext(self._chunks, None)
+        except httpx.HTTPError as exc:
+            raise _translated(exc, self._url, _Stage.READ) from exc
         if chunk is None:
             raise anyio.EndOfStream
         return chunk

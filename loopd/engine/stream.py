@@ -313,6 +313,9 @@ async def _send(
 # outside the protocol the message cannot be trusted, and reading on would only keep the slot busy.
 _LAST_EVENTS = (Done, ServerError, Malformed, Foreign)
 
+# How late the silence limit may fire: the most its deadline lags the last chunk's arrival.
+SILENCE_SLACK_S = 1.0
+
 
 class _Reader:
     """Reads a stream to its end: events into the assembler, statuses out, limits enforced."""
@@ -335,18 +338,22 @@ class _Reader:
         self.cap = ThinkCap(limits.think_cap, limits.think_grace)
 
     async def read(self) -> None:
-        # One deadline for the whole stream, moved on by each chunk (a scope per read costs
-        # more than the read itself on a fast model).
+        # One deadline for the whole stream, moved on by the chunks (a scope per read costs
+        # more than the read itself on a fast model), and moved at most once per ``slack``
+        # (each move reschedules the event loop's timer): the limit fires between silence_s and
+        # silence_s + slack after the last chunk, never before.
         silence_s = self.limits.silence_s
-        with anyio.CancelScope(deadline=anyio.current_time() + silence_s) as silence:
+        slack = min(SILENCE_SLACK_S, silence_s / 10)
+        with anyio.CancelScope(deadline=anyio.current_time() + silence_s + slack) as silence:
             while True:
                 events = await self.events.receive()
                 if self._apply(events) or self.events.at_end:
                     return
-                silence.deadline = math.inf  # the control call has limits of its own
-                if not await self._follow_cap():
+                if not await self._follow_cap(silence):
                     return
-                silence.deadline = anyio.current_time() + silence_s
+                now = anyio.current_time()
+                if silence.deadline < now + silence_s:
+                    silence.deadline = now + silence_s + slack
         if silence.cancelled_caught:
             self.result.fail(
                 Failure.SILENCE,
@@ -380,8 +387,9 @@ class _Reader:
         )
         return True
 
-    async def _follow_cap(self) -> bool:
-        """Do what the thinking cap decides; False when the stream must be closed."""
+    async def _follow_cap(self, silence: anyio.CancelScope) -> bool:
+        """Do what the thinking cap decides; False when the stream must be closed. The silence
+        limit waits while a control call runs (that call has limits of its own)."""
         asm, result = self.result.assembler, self.result
         decision = self.cap.decide(
             asm.thinking_tokens,
@@ -391,7 +399,9 @@ class _Reader:
         match decision:
             case SendControl():
                 result.capped = True
+                silence.deadline = math.inf
                 result.control_answer = await self.client.end_reasoning(asm.completion_id)
+                silence.deadline = anyio.current_time() + self.limits.silence_s
             case Close(why):
                 result.fail(
                     Failure.THINK_RUNAWAY,
