@@ -53,6 +53,18 @@ def stopped_line(env: Env, root_id: str) -> bool:
     return any("⏹️ Stopped by @alice." in p.message for p in env.live_bot_posts(root_id))
 
 
+def assert_stopped_with_its_draft(env: Env, root: str) -> None:
+    """No answer; one closing post: what was written before the stop, then the stop line; the
+    stop in the session log."""
+    assert env.answers(root) == []
+    [closing] = env.live_bot_posts(root)
+    assert closing.message.startswith("long"), closing
+    assert closing.message.endswith("\n\n⏹️ Stopped by @alice.")
+    with SessionLog.open(env.settings.db_path) as log:
+        state = log.state(session_name(root))
+    assert state.broken_since[-1].fields.reason == "stopped by @alice"
+
+
 def user_messages(env: Env, root_id: str) -> list[str]:
     with SessionLog.open(env.settings.db_path) as log:
         if session_name(root_id) not in {s.name for s in log.sessions()}:
@@ -253,14 +265,7 @@ async def test_stop_cancels_the_turn_frees_the_slot_and_is_logged(
         )
         await until(lambda: stopped_line(env, post.id), "the stop line")
         await until(lambda: env.status_posts_left(post.id) == [], "the status post to go")
-        assert env.answers(post.id) == []
-        # What was written before the stop stays, in the answer post, with the stop line.
-        [closing] = env.live_bot_posts(post.id)
-        assert closing.message.startswith("long"), closing
-        assert closing.message.endswith("\n\n⏹️ Stopped by @alice.")
-        with SessionLog.open(env.settings.db_path) as log:
-            state = log.state(session_name(post.id))
-        assert state.broken_since[-1].fields.reason == "stopped by @alice"
+        assert_stopped_with_its_draft(env, post.id)
         env.fake.post_as("alice", env.dm(), "short one now", root_id=post.id)
         await until(lambda: len(env.answers(post.id)) == 1, "the next answer")
 
@@ -302,15 +307,8 @@ async def test_a_stop_taken_in_just_before_a_kill_still_stops_the_turn(
         async with daemon(env):
             await until(lambda: stopped_line(env, post.id), "the stop line after the restart")
             await until(lambda: env.status_posts_left(post.id) == [], "the status post to go")
-        assert env.answers(post.id) == []
-        # One closing post: what was written before the stop, then the line; no "Nothing is
-        # running." for the stop post (it was taken in with the stop).
-        [closing] = env.live_bot_posts(post.id)
-        assert closing.message.startswith("long"), closing
-        assert closing.message.endswith("\n\n⏹️ Stopped by @alice.")
-        with SessionLog.open(env.settings.db_path) as log:
-            state = log.state(session_name(post.id))
-        assert state.broken_since[-1].fields.reason == "stopped by @alice"
+        # No "Nothing is running." for the stop post: it was taken in with the stop.
+        assert_stopped_with_its_draft(env, post.id)
         env.fake.post_as("alice", env.dm(), "short one now", root_id=post.id)
         async with daemon(env):
             await until(lambda: len(env.answers(post.id)) == 1, "the next answer")
