@@ -209,11 +209,14 @@ def inference_rules(
             await slot_folder.evict(room_for_one=True)
 
     async def after_forward(
-        method: str, path: str, query: bytes, _body: bytes, _status: int | None
+        method: str, path: str, query: bytes, body: bytes, status: int | None
     ) -> None:
+        if slot_folder is None or not is_slot_action(method, path) or action_of(query) != "save":
+            return
+        if status == 200:  # the session's earlier saves will not be restored again
+            await slot_folder.supersede(str(json.loads(body)["filename"]))
         # Whatever the status: a save the server answered with an error may still have written.
-        if slot_folder is not None and is_slot_action(method, path) and action_of(query) == "save":
-            await slot_folder.evict()
+        await slot_folder.evict()
 
     return ForwardRules(
         refusal=refusal_with_policy,

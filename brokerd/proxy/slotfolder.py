@@ -6,7 +6,9 @@ the disk is full. brokerd runs on the host and can see that folder when the oper
 (``slot_save_dirs``, with ``slot_save_max_bytes``): before each save it forwards, it removes
 loopd's files, least recently used first, until one more state as large as the largest there
 fits under the cap, and after the save (whose state may be larger) until the folder is under
-the cap again. A file is
+the cap again. A save the server answered with success supersedes the session's earlier files
+(loopd keeps one save per session and restores only its latest: the older ones would only take
+the cap's room from other sessions' latest), and they are removed at once. A file is
 used when it is saved (the server writes it) and when brokerd forwards a restore of it (brokerd
 then stamps its modification time, before the restore, so the file being read is the last to
 go). Only files of loopd's shape count and go: the folder may hold other clients' files, which
@@ -25,7 +27,7 @@ from pathlib import Path
 
 import anyio
 
-from loopcommon.slotfiles import is_slot_file_name
+from loopcommon.slotfiles import is_slot_file_name, parse_slot_file_name
 
 logger = logging.getLogger(__name__)
 
@@ -48,6 +50,20 @@ def evictions(files: Sequence[SavedFile], cap: int) -> list[SavedFile]:
         chosen.append(file)
         total -= file.size
     return chosen
+
+
+def superseded(files: Sequence[SavedFile], saved_name: str) -> list[SavedFile]:
+    """The files a successful save of ``saved_name`` makes useless: the same session's others."""
+    saved = parse_slot_file_name(saved_name)
+    if saved is None:
+        return []
+    return [
+        file
+        for file in files
+        if file.path.name != saved_name
+        and (parsed := parse_slot_file_name(file.path.name)) is not None
+        and parsed.session_tag == saved.session_tag
+    ]
 
 
 @dataclass
@@ -81,25 +97,13 @@ class SlotFolder:
         for one more state as large as the largest there (before a save)."""
         files = self.saved_files()
         reserve = max((file.size for file in files), default=0) if room_for_one else 0
-        removed = []
-        for file in evictions(files, max(self.max_bytes - reserve, 0)):
-            try:
-                file.path.unlink()
-            except FileNotFoundError:
-                continue
-            except OSError as exc:
-                logger.warning("cannot remove the saved slot state %s: %s", file.path, exc)
-                continue
-            removed.append(file)
-        if removed:
-            freed = sum(file.size for file in removed)
-            logger.info(
-                "slot save folder over its cap: removed %d files (%d bytes)",
-                len(removed),
-                freed,
-                extra={"fields": {"removed": len(removed), "bytes": freed}},
-            )
-        return removed
+        chosen = evictions(files, max(self.max_bytes - reserve, 0))
+        return _removed(chosen, "slot save folder over its cap")
+
+    def supersede_now(self, saved_name: str) -> list[SavedFile]:
+        """``saved_name`` was saved: remove the same session's other files; the files removed."""
+        chosen = superseded(self.saved_files(), saved_name)
+        return _removed(chosen, "superseded by the session's new save")
 
     def mark_used(self, name: str) -> None:
         """Stamp the file ``name`` (in whichever folder holds it) as used now."""
@@ -113,5 +117,33 @@ class SlotFolder:
         async with self._lock:
             await anyio.to_thread.run_sync(partial(self.evict_now, room_for_one=room_for_one))
 
+    async def supersede(self, saved_name: str) -> None:
+        async with self._lock:
+            await anyio.to_thread.run_sync(self.supersede_now, saved_name)
+
     async def used(self, name: str) -> None:
         await anyio.to_thread.run_sync(self.mark_used, name)
+
+
+def _removed(files: Sequence[SavedFile], why: str) -> list[SavedFile]:
+    """Remove ``files``; those removed, told in one line."""
+    removed = []
+    for file in files:
+        try:
+            file.path.unlink()
+        except FileNotFoundError:
+            continue
+        except OSError as exc:
+            logger.warning("cannot remove the saved slot state %s: %s", file.path, exc)
+            continue
+        removed.append(file)
+    if removed:
+        freed = sum(file.size for file in removed)
+        logger.info(
+            "%s: removed %d files (%d bytes)",
+            why,
+            len(removed),
+            freed,
+            extra={"fields": {"removed": len(removed), "bytes": freed}},
+        )
+    return removed

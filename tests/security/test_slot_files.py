@@ -27,6 +27,7 @@ from tests.tools.toolcall import wait_until
 STATE_BYTES = 1000
 CAP_BYTES = 3500  # three states fit, a fourth does not
 EVICTED = "slot save folder over its cap"
+SUPERSEDED = "superseded by the session's new save"
 
 
 @dataclass
@@ -63,6 +64,10 @@ class Box:
 
     def evicted_at_least(self, count: int) -> bool:
         return self.evictions() >= count
+
+    def superseded_at_least(self, count: int) -> bool:
+        """brokerd has removed a session's earlier saves ``count`` times (after the answer)."""
+        return self.brokerd.log().count(SUPERSEDED) >= count
 
     def post(self, path: str, query: str, body: object) -> int:
         transport = httpx.HTTPTransport(uds=str(self.sock))
@@ -193,3 +198,33 @@ def test_the_save_folder_stays_under_its_cap(box: Box, observed: Callable[[str],
     assert restored_outlived == [True, True]
     assert kept == [7, 8, 9]
     assert theirs.exists()
+
+
+@pytest.mark.attack(
+    attack="The box fills the save folder with one session's saves, crowding out the others'",
+    input="three saves of session s9 under three prefixes, with session s10's save beside them; "
+    "a cap that holds all four",
+    expected="after each answered save only that session's newest file is left (loopd restores "
+    "no other); the other session's file stays",
+)
+def test_a_sessions_new_save_removes_its_earlier_ones(
+    box: Box, observed: Callable[[str], None]
+) -> None:
+    saves = box.llama.folder
+    for path in saves.glob("loopd-*"):
+        path.unlink()
+    neighbour = own("s10")["filename"]
+    assert box.post("/slots/0", "action=save", {"filename": neighbour, "model": "smollm2"}) == 200
+    superseded = box.brokerd.log().count(SUPERSEDED)
+    names = [own("s9", f"turn {i}".encode())["filename"] for i in range(3)]
+    for i, name in enumerate(names):
+        assert box.post("/slots/0", "action=save", {"filename": name, "model": "smollm2"}) == 200
+        if i:
+            superseded += 1
+            wait_until(partial(box.superseded_at_least, superseded), f"the removal after save {i}")
+    left = sorted(path.name for path in saves.glob("loopd-*"))
+    observed(
+        f"files left: the session's newest {names[-1] in left}, its neighbour's "
+        f"{neighbour in left}, {len(left)} in all"
+    )
+    assert left == sorted([names[-1], neighbour])

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import anyio
 
-from brokerd.proxy.slotfolder import SavedFile, SlotFolder, evictions
+from brokerd.proxy.slotfolder import SavedFile, SlotFolder, evictions, superseded
 from loopcommon.slotfiles import slot_file_name
 
 
@@ -77,3 +77,32 @@ def test_before_a_save_room_is_made_for_one_more_state(tmp_path: Path) -> None:
     assert folder.evict_now() == []
     assert [file.path for file in folder.evict_now(room_for_one=True)] == [older]
     assert newer.exists()
+
+
+def test_a_new_save_supersedes_only_the_same_sessions_other_files() -> None:
+    newest = slot_file_name("a", b"a: three turns")
+    files = [
+        saved(slot_file_name("a", b"a: one turn"), 10, 1),
+        saved(slot_file_name("a", b"a: two turns"), 20, 2),
+        saved(newest, 30, 3),
+        saved(slot_file_name("b", b"b: one turn"), 10, 1),
+        saved("someone-elses.bin", 10, 1),
+    ]
+    assert [f.path.name for f in superseded(files, newest)] == [
+        slot_file_name("a", b"a: one turn"),
+        slot_file_name("a", b"a: two turns"),
+    ]
+    assert superseded(files, "not-of-loopds-shape.bin") == []
+
+
+def test_after_a_save_the_sessions_earlier_files_are_removed(tmp_path: Path) -> None:
+    earlier = tmp_path / slot_file_name("a", b"a: one turn")
+    earlier.write_bytes(b"\0" * 100)
+    latest = tmp_path / slot_file_name("a", b"a: two turns")
+    latest.write_bytes(b"\0" * 100)
+    other = write(tmp_path, "b", 100, 100)
+    folder = SlotFolder((tmp_path,), max_bytes=10_000)
+    anyio.run(folder.supersede, latest.name)
+    assert not earlier.exists()
+    assert latest.exists()
+    assert other.exists()
