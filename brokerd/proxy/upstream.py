@@ -7,6 +7,8 @@ from urllib.parse import urlsplit
 
 import httpx
 
+from loopcommon.transport import AsyncioTransport
+
 UNIX_PREFIX: Final = "unix:"
 # The Host a Unix-socket upstream sees; it has no name of its own.
 UNIX_ORIGIN: Final = "http://localhost"
@@ -56,7 +58,8 @@ class Upstream:
             max_keepalive_connections=MAX_IDLE_CONNECTIONS if reuse_connections else 0,
         )
         # trust_env off: a proxy variable in brokerd's environment must not reroute the traffic.
-        transport = httpx.AsyncHTTPTransport(uds=self.uds, limits=limits, trust_env=False)
+        # asyncio's own sockets: the inference proxy reads a streamed answer a token at a time.
+        transport = AsyncioTransport(uds=self.uds, limits=limits, trust_env=False)
         return httpx.AsyncClient(
             transport=transport, timeout=timeout, trust_env=False, cookies=no_cookie_jar()
         )

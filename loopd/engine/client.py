@@ -23,6 +23,7 @@ from typing import Any, Protocol
 import anyio
 import httpx
 
+from loopcommon.transport import AsyncioTransport
 from loopd.engine.liveness import slot_busy
 from loopd.engine.thinkcap import control_answer
 from loopd.errors import (
@@ -66,16 +67,12 @@ def make_async_client(url: str, connect_s: float) -> httpx.AsyncClient:
     """
     timeout = httpx.Timeout(connect=connect_s, read=None, write=connect_s, pool=connect_s)
     limits = httpx.Limits(max_keepalive_connections=0)
-    if url.startswith("unix:"):
-        transport = httpx.AsyncHTTPTransport(uds=url[len("unix:") :], limits=limits)
-        return httpx.AsyncClient(
-            transport=transport,
-            base_url="http://llama-server",
-            timeout=timeout,
-            event_hooks=inference_hooks(),
-        )
+    uds = url[len("unix:") :] if url.startswith("unix:") else None
     return httpx.AsyncClient(
-        base_url=url, timeout=timeout, limits=limits, event_hooks=inference_hooks()
+        transport=AsyncioTransport(limits=limits, uds=uds),
+        base_url="http://llama-server" if uds is not None else url,
+        timeout=timeout,
+        event_hooks=inference_hooks(),
     )
 
 

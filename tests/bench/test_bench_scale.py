@@ -26,11 +26,17 @@ def test_the_section_measures_and_renders_beside_a_before_run() -> None:
     assert found["disk"]["with tools"]["bytes"] > found["disk"]["plain"]["bytes"]
     assert found["tokens"]["200"]["loopd_ms"] > 0
     assert found["tokens"]["200"]["bare_ms"] > 0
+    assert found["tokens"]["200"]["bare_asyncio_ms"] > 0
     before = dict(found, command="python -m bench.scale (before)")
     text = "\n".join(scale.render(found, before))
     assert "python -m bench.scale (before)" in text
     warm = f"{row['request_warm_ms']:,.2f}"
     assert f"| {warm} / {warm} |" in text
+    tokens = found["tokens"]["200"]
+    own = (
+        f"{tokens['bare_asyncio_ms']:,.3f} | {tokens['loopd_ms'] / tokens['bare_asyncio_ms']:.2f} |"
+    )
+    assert own in text
 
 
 def test_the_recorded_before_run_is_there_to_compare_with() -> None:

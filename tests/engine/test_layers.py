@@ -45,6 +45,7 @@ def test_nothing_above_the_transport_sees_httpx(module: str) -> None:
 # brokerd's own errors.
 TRANSPORTS = {
     "loopd/engine/client.py",
+    "loopcommon/transport.py",
     "loopd/chat/rest.py",
     "loopd/tools/broker_client.py",
     "brokerd/tools/builtins.py",
