@@ -44,11 +44,15 @@ class StopSignals:
     def _record(self, signum: int, frame: FrameType | None) -> None:
         self._early.append(signal.Signals(signum))
 
+    def received(self) -> signal.Signals | None:
+        """The first stop signal that came while no receiver was open, if one did."""
+        return self._early[0] if self._early else None
+
     async def wait(self) -> signal.Signals:
         """The first stop signal: one that came before this receiver opened, or the next one."""
         with anyio.open_signal_receiver(*STOP_SIGNALS) as received:
-            if self._early:
-                return self._early[0]
+            if (early := self.received()) is not None:
+                return early
             async for signum in received:
                 return signal.Signals(signum)
         raise AssertionError("a signal receiver does not end")  # pragma: no cover

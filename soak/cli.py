@@ -8,6 +8,9 @@ printed gives the figures.
 
 The run needs a private mount namespace for loopd's small state file system (the disk-full
 fault): it enters one first (``unshare``), as root or in a user namespace.
+
+Ctrl-C (SIGINT) or SIGTERM stops the run: every process it started is ended, the work folder is
+kept, no report is written, and the exit status is 128 plus the signal's number.
 """
 
 from __future__ import annotations
@@ -21,12 +24,14 @@ import shutil
 import sys
 import tempfile
 from pathlib import Path
+from signal import Signals
 
 import anyio
 
+from loopcommon.stopsignals import StopSignals
 from soak.plan import Plan, make_plan
 from soak.report import Figures, comparison_line, latency_plot, render, verdict
-from soak.run import Options, run_soak
+from soak.run import Options, SoakInterrupted, run_soak
 from soak.stack import SoakError
 from soak.users import Pace
 
@@ -135,11 +140,14 @@ def main(argv: list[str] | None = None) -> int:
     command = os.environ.get("SOAK_COMMAND") or shlex.join(["python", "-m", "soak", *argv])
     plan = make_plan(args.seed, args.seconds, args.threads)
     runs: list[tuple[Figures, Path]] = []
-    for durable in DURABLE_RUNS[args.durable]:
-        done = _one_run(args, plan, command, durable)
-        if isinstance(done, int):
-            return done
-        runs.append(done)
+    with StopSignals() as signals:
+        for durable in DURABLE_RUNS[args.durable]:
+            done = _one_run(args, plan, command, durable, signals)
+            if isinstance(done, int):
+                return done
+            runs.append(done)
+        if (late := signals.received()) is not None:  # after the last run's stack was down
+            return _interrupted(late, [workdir for _, workdir in runs])
     figures, without = runs[0][0], (runs[1][0] if len(runs) > 1 else None)
     plot = args.doc.with_suffix(".png")
     args.doc.parent.mkdir(parents=True, exist_ok=True)
@@ -163,7 +171,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _one_run(
-    args: argparse.Namespace, plan: Plan, command: str, durable: bool
+    args: argparse.Namespace, plan: Plan, command: str, durable: bool, signals: StopSignals
 ) -> tuple[Figures, Path] | int:
     """One run of ``plan``, in a work folder of its own; the exit status when it could not run."""
     workdir = Path(tempfile.mkdtemp(prefix="soak", dir="/tmp"))
@@ -180,10 +188,19 @@ def _one_run(
         save_cap_bytes=args.save_cap_mib << 20,
     )
     try:
-        figures = anyio.run(run_soak, options, plan)
+        figures = anyio.run(run_soak, options, plan, signals)
+    except SoakInterrupted as exc:
+        return _interrupted(exc.signal, [workdir])
     except SoakError as exc:
         print(f"soak: {exc}", file=sys.stderr)
         print(f"soak: the work folder is kept: {workdir}", file=sys.stderr)
         return EXIT_SETUP
     print(figures.last_line(), flush=True)
     return figures, workdir
+
+
+def _interrupted(signal: Signals, workdirs: list[Path]) -> int:
+    print(f"soak: stopped by {signal.name}; every process the run started has ended", flush=True)
+    for workdir in workdirs:
+        print(f"soak: the work folder is kept: {workdir}", flush=True)
+    return 128 + signal.value

@@ -112,6 +112,10 @@ class Supervised:
                     log.info("%s exited (%s); restarting in %.0f s", self.name, code, RESTART_S)
                     await anyio.sleep(RESTART_S)
         finally:
+            # The run was cancelled (a Ctrl-C, a failure elsewhere): the process runs in a
+            # session of its own, so nothing else would end it.
+            with anyio.CancelScope(shield=True):
+                await end_process(self.process)
             self._stopped.set()
 
     def kill(self) -> int | None:
@@ -126,13 +130,7 @@ class Supervised:
     async def stop(self, timeout_s: float = 30.0) -> None:
         """SIGTERM and wait (SIGKILL past ``timeout_s``); no restart after it."""
         self._stopping = True
-        process = self.process
-        if process is not None and process.returncode is None:
-            process.terminate()
-            with anyio.move_on_after(timeout_s):
-                await process.wait()
-            if process.returncode is None:
-                process.kill()
+        await end_process(self.process, timeout_s)
         with anyio.move_on_after(timeout_s):
             await self._stopped.wait()
 
@@ -148,6 +146,18 @@ class Supervised:
             for i in range(burst, len(self.starts))
             if self.starts[i] - self.starts[i - burst] < window
         ]
+
+
+async def end_process(process: Process | None, timeout_s: float = 30.0) -> None:
+    """SIGTERM ``process`` and wait for it; SIGKILL past ``timeout_s``."""
+    if process is None or process.returncode is not None:
+        return
+    process.terminate()
+    with anyio.move_on_after(timeout_s):
+        await process.wait()
+    if process.returncode is None:
+        process.kill()
+        await process.wait()
 
 
 def _tail(path: Path, offset: int, limit: int = 16384) -> str:

@@ -17,11 +17,13 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from signal import Signals
 
 import anyio
 
 from bench.machine import describe, load_average
 from loopcommon.slotfiles import is_slot_file_name
+from loopcommon.stopsignals import StopSignals
 from soak import checks, durability
 from soak.chaos import Chaos
 from soak.checks import Row, Session
@@ -96,7 +98,21 @@ class Sampler:
         return {s.name: fd_count(s.pid) if s.pid else None for s in self.services}
 
 
-async def run_soak(options: Options, plan: Plan) -> Figures:
+class SoakInterrupted(Exception):
+    """A stop signal ended the run; the stack it started has been ended with it."""
+
+    def __init__(self, signal: Signals) -> None:
+        super().__init__(f"stopped by {signal.name}")
+        self.signal = signal
+
+
+async def _stop_on_signal(signals: StopSignals) -> None:
+    raise SoakInterrupted(await signals.wait())
+
+
+async def run_soak(options: Options, plan: Plan, signals: StopSignals) -> Figures:
+    """One run; a stop signal (taken by ``signals`` from before the loop started) ends it as
+    ``SoakInterrupted`` once everything it started has been ended."""
     started = time.time()
     paths = Paths(options.workdir)
     mount_state(paths.state)
@@ -122,6 +138,7 @@ async def run_soak(options: Options, plan: Plan) -> Figures:
     known: set[int] = set()
     try:
         async with _unwrapped(), anyio.create_task_group() as tg:
+            tg.start_soon(_stop_on_signal, signals)
             async with stack_up(
                 paths,
                 router,

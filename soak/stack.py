@@ -26,7 +26,7 @@ from anyio.abc import Process, TaskGroup
 
 from loopd_dev import devserver
 from soak.mattermost import FakeControl, bot_connected
-from soak.procs import Supervised, descendants_of
+from soak.procs import Supervised, descendants_of, end_process
 from soak.relay import Relay, StreamFaults, serve_relay
 from soak.script import MARK_TOOL, mark_tool_toml
 from soak.users import World
@@ -302,13 +302,8 @@ async def _start_fake(
 
 
 async def _terminate(process: Process) -> None:
-    if process.returncode is None:
-        process.terminate()
-        with anyio.move_on_after(10):
-            await process.wait()
-        if process.returncode is None:
-            process.kill()
-            await process.wait()
+    with anyio.CancelScope(shield=True):  # also when the run is being cancelled
+        await end_process(process, timeout_s=10)
 
 
 def _sockets_up(run: Path) -> Callable[[], Awaitable[bool]]:
