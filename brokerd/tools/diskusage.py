@@ -12,7 +12,7 @@ from typing import Any
 
 import anyio
 
-from brokerd.tools.capture import CappedOutput
+from loopcommon.capture import CappedOutput
 
 MOUNTS_FILE = "/proc/self/mounts"
 # Kernel and virtual file systems: no disk behind them.
