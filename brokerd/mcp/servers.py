@@ -23,7 +23,7 @@ from brokerd.mcp.transport import ConfinedStdio
 from brokerd.tools.calls import Ready
 from brokerd.tools.catalogue import McpRun, ToolSpec
 from brokerd.tools.errors import ToolFailure
-from brokerd.tools.execute import Limits
+from brokerd.tools.execute import CallLimits
 from brokerd.tools.wording import ToolOutcome
 from loopcommon.backoff import Backoff
 from loopcommon.capture import CappedOutput
@@ -96,7 +96,7 @@ class McpServers:
     def statuses(self) -> list[ServerStatus]:
         return [server.status() for server in self.servers.values()]
 
-    async def call(self, plan: Ready, limits: Limits) -> ToolOutcome:
+    async def call(self, plan: Ready, limits: CallLimits) -> ToolOutcome:
         run = plan.spec.run
         assert isinstance(run, McpRun)
         output = CappedOutput(limits.output_cap_bytes)

@@ -57,14 +57,14 @@ class Confiner:
 
 
 @dataclass(frozen=True)
-class Limits:
+class CallLimits:
     timeout_s: float
     output_cap_bytes: int
 
 
-def limits_for(spec: ToolSpec, settings: BrokerSettings) -> Limits:
+def limits_for(spec: ToolSpec, settings: BrokerSettings) -> CallLimits:
     """The tool's own limits, else the broker's defaults."""
-    return Limits(
+    return CallLimits(
         timeout_s=spec.timeout_s or settings.default_timeout_s,
         output_cap_bytes=spec.output_cap_bytes or settings.default_output_cap_bytes,
     )
@@ -72,7 +72,7 @@ def limits_for(spec: ToolSpec, settings: BrokerSettings) -> Limits:
 
 async def execute(
     call: Ready,
-    limits: Limits,
+    limits: CallLimits,
     builtins: Mapping[str, BuiltinHandler],
     context: BuiltinContext,
     confiner: Confiner | None = None,

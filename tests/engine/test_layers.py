@@ -124,7 +124,7 @@ PURE_PARTS: dict[str, set[str]] = {
     },
     "loopd.contextwindow.budget": {
         "BudgetRules",
-        "Verdict",
+        "BudgetVerdict",
         "judge",
         "upper_bound_tokens",
         "estimate_prompt",
