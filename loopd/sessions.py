@@ -28,6 +28,7 @@ from loopd.endpoints.warm import keep_warm
 from loopd.engine.client import InferenceClient
 from loopd.engine.durable import enabled as durable_enabled
 from loopd.engine.limits import Limits
+from loopd.engine.modelstate import ModelMemory
 from loopd.engine.outcome import TurnOutcome
 from loopd.engine.pinning import Pinning, choose_slot, decide_pinning
 from loopd.engine.progress import StatusCallback
@@ -195,6 +196,9 @@ class Runtime:
     # Durable sessions as ``know_server`` decided (one for every turn: a restore's claim on an
     # idle slot holds against the other lanes' restores).
     durable: DurableSlots | None = None
+    # What the server told of the model without waking it, and how often it forgot
+    # (``loopd.engine.modelstate``; read by ``loopd serve``'s server watch and before a turn).
+    model_memory: ModelMemory = field(default_factory=ModelMemory)
 
     def __post_init__(self) -> None:
         self.budget = ServerBudget(self.client)
