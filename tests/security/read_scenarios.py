@@ -1,0 +1,52 @@
+"""What loopd does with what a server sends, each run in a child process by ``tests.watch`` (so
+that its peak memory and its event loop's longest stall are the scenario's alone). Each takes
+the server's URL (``unix:/path``) and returns JSON."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from loopd.chat.rest import MattermostClient, MattermostError, api_client
+from loopd.engine.client import InferenceClient
+from loopd.engine.limits import Limits
+from loopd.engine.stream import run_request
+from loopd.errors import InferenceError
+
+CHAT_BODY = b'{"model": "m", "stream": true, "messages": []}'
+
+
+async def one_request(url: str, silence_s: str = "60") -> dict[str, Any]:
+    """One streamed chat request, read as a turn reads it: how it ended (``error``: the failure
+    and its line)."""
+    async with InferenceClient(url, "m") as client:
+        limits = Limits(silence_s=float(silence_s), attempts=1)
+        result = await run_request(client, CHAT_BODY, slot=0, limits=limits)
+    failure = None if result.failure is None else result.failure.value
+    return {
+        "failure": failure,
+        "detail": result.detail,
+        "error": None if failure is None else f"{failure}: {result.detail}",
+        "content": result.assembler.content,
+        "ended_s": result.ended_s,
+    }
+
+
+async def slots_call(url: str) -> dict[str, Any]:
+    """``GET /slots``, as the first-byte watch polls it."""
+    async with InferenceClient(url, "m") as client:
+        try:
+            return {"slots": len(await client.slots()), "error": None}
+        except InferenceError as exc:
+            return {"slots": None, "error": str(exc)}
+
+
+async def mattermost_call(url: str) -> dict[str, Any]:
+    """``GET /users/me`` through loopd's Mattermost client (one attempt)."""
+    client = MattermostClient(api_client(url, None), retry_for_s=0)
+    try:
+        await client.call("GET", "/users/me", "GET /users/me", retry_for_s=0)
+    except MattermostError as exc:
+        return {"error": str(exc)}
+    finally:
+        await client.aclose()
+    return {"error": None}
