@@ -1,11 +1,15 @@
-"""What loopd does with what a server sends, each run in a child process by ``tests.watch`` (so
-that its peak memory and its event loop's longest stall are the scenario's alone). Each takes
-the server's URL (``unix:/path``) and returns JSON."""
+"""What loopd does with what a server sends, and brokerd with what the box sends, each run in a
+child process by ``tests.watch`` (so that its peak memory and its event loop's longest stall are
+the scenario's alone). Each takes the server's address and returns JSON."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
+import anyio
+
+from brokerd.observe.relay import LoopdRelay, RelayError
 from loopd.chat.rest import MattermostClient, MattermostError, api_client
 from loopd.engine.client import InferenceClient
 from loopd.engine.limits import Limits
@@ -50,3 +54,23 @@ async def mattermost_call(url: str) -> dict[str, Any]:
     finally:
         await client.aclose()
     return {"error": None}
+
+
+async def status_page(socket_path: str) -> dict[str, Any]:
+    """brokerd's status page, relayed from loopd's socket at ``socket_path``: two asked at once,
+    as the page's refresh and a second browser do."""
+    relay = LoopdRelay(Path(socket_path))
+    outcomes: list[str] = []
+
+    async def one() -> None:
+        try:
+            page = await relay.fetch("/loopd/")
+        except RelayError as exc:
+            outcomes.append(str(exc))
+        else:
+            outcomes.append(f"a page of {len(page.body):,} bytes")
+
+    async with anyio.create_task_group() as tg:
+        for _ in range(2):
+            tg.start_soon(one)
+    return {"outcomes": outcomes}
