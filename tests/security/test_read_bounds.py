@@ -21,7 +21,7 @@ from tests.watch import Watched, run_watched
 
 SENT = 128 * MIB  # what the server has to send: far past every bound
 MAX_GROWTH = 48 * MIB  # what reading it may cost loopd's process, beyond where it began
-SCENARIOS = "tests.security.read_scenarios"
+SCENARIOS = "tests.security.bound_scenarios"
 SSE = "text/event-stream"
 DELTA = b'data: {"choices":[{"index":0,"delta":{"content":"Hi"}}],"id":"c1","model":"m"}\n\n'
 

@@ -20,7 +20,7 @@ from tests.security.hostile_http import MIB, head, hostile_server
 from tests.watch import run_watched
 
 MAX_GROWTH = 32 * MIB
-SCENARIO = "tests.security.read_scenarios:status_page"
+SCENARIO = "tests.security.bound_scenarios:status_page"
 
 
 def status(sessions: int, points: int) -> bytes:

@@ -8,8 +8,12 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import httpx
 
 from brokerd.observe.relay import LoopdRelay, RelayError
+from brokerd.proxy.inference import InferencePolicy, create_inference_app
+from brokerd.proxy.slotfolder import SlotFolder
+from brokerd.proxy.upstream import parse_upstream
 from loopd.chat.rest import MattermostClient, MattermostError, api_client
 from loopd.engine.client import InferenceClient
 from loopd.engine.limits import Limits
@@ -74,3 +78,23 @@ async def status_page(socket_path: str) -> dict[str, Any]:
         for _ in range(2):
             tg.start_soon(one)
     return {"outcomes": outcomes}
+
+
+async def box_saves(llama_socket: str, folder: str, cap: str, *names: str) -> dict[str, Any]:
+    """brokerd's inference proxy for a box allowed slot 0, in front of the server on
+    ``llama_socket`` whose save folder is ``folder`` (capped at ``cap`` bytes): a save of each
+    of ``names``, in order, as loopd asks for them. The statuses."""
+    slot_folder = SlotFolder((Path(folder),), int(cap), client="this box")
+    app = create_inference_app(
+        parse_upstream(f"unix:{llama_socket}"),
+        policy=InferencePolicy(frozenset({0}), frozenset({"smollm2"})),
+        slot_folder=slot_folder,
+    )
+    statuses = []
+    transport = httpx.ASGITransport(app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://infer") as box:
+        for name in names:
+            body = {"filename": name, "model": "smollm2"}
+            answer = await box.post("/slots/0", params={"action": "save"}, json=body)
+            statuses.append(answer.status_code)
+    return {"statuses": statuses}
