@@ -104,6 +104,7 @@ class Watched:
     peak_rss: int  # bytes, the child's peak over its whole life (from its exec on)
     rss_before: int  # bytes, when the scenario began (its imports done)
     longest_stall_s: float
+    output: str = ""  # what the child wrote, stdout and stderr together
 
     @property
     def growth(self) -> int:
@@ -151,6 +152,7 @@ def run_watched(scenario: str, *args: str, timeout_s: float = 120.0) -> Watched:
         peak_rss=report["peak_rss"],
         rss_before=report["rss_before"],
         longest_stall_s=report["longest_stall_s"],
+        output="".join(line for line in output.splitlines(True) if not line.startswith(_MARK)),
     )
 
 
