@@ -38,7 +38,7 @@ def _mapped(url: str) -> Iterator[None]:
 @dataclass(frozen=True)
 class BrokerAnswer:
     """A call_tool answer: the result text, and brokerd's approval id when the call waits for a
-    person (``loopd.approval``; the id never goes into the text the model reads)."""
+    person (``loopd.approvals``; the id never goes into the text the model reads)."""
 
     text: str
     approval_id: str | None = None
@@ -105,7 +105,7 @@ class BrokerClient:
         approval: Mapping[str, str] | None = None,
     ) -> BrokerAnswer:
         """``call_tool``'s answer with brokerd's approval id; ``approval`` is a person's
-        decision on this call, sent again (``loopd.approval``)."""
+        decision on this call, sent again (``loopd.approvals``)."""
         body: dict[str, object] = {
             "session": session,
             "call_id": call_id,
