@@ -15,6 +15,7 @@ from brokerd.proxy.inference import InferencePolicy, create_inference_app
 from brokerd.proxy.slotfolder import SlotFolder
 from brokerd.proxy.upstream import parse_upstream
 from loopd.chat.rest import MattermostClient, MattermostError, api_client
+from loopd.chat.ws import SocketLost, open_socket
 from loopd.engine.client import InferenceClient
 from loopd.engine.limits import Limits
 from loopd.engine.stream import run_request
@@ -98,3 +99,15 @@ async def box_saves(llama_socket: str, folder: str, cap: str, *names: str) -> di
             answer = await box.post("/slots/0", params={"action": "save"}, json=body)
             statuses.append(answer.status_code)
     return {"statuses": statuses}
+
+
+async def mattermost_socket(url: str) -> dict[str, Any]:
+    """loopd's Mattermost WebSocket at ``url``, its events read until it is lost."""
+    events = 0
+    try:
+        async with open_socket(url, None, None) as socket:
+            async for _ in socket.events():
+                events += 1
+    except SocketLost as exc:
+        return {"events": events, "error": str(exc)}
+    return {"events": events, "error": None}

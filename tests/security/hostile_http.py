@@ -1,6 +1,7 @@
 """A hostile HTTP server on a Unix socket, for the bounds of what loopd reads: each connection
 gets a status line and headers, then a body the test scripts as pieces of bytes (which may never
-end, or drip), written until the client hangs up.
+end, or drip), written until the client hangs up; and a hostile WebSocket server, whose frames
+the test gives.
 
 It runs in threads of the test's own process, so a child process that connects to it (the
 scenario under ``tests.watch``) pays only for what it reads.
@@ -8,6 +9,7 @@ scenario under ``tests.watch``) pays only for what it reads.
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import threading
 import time
@@ -15,6 +17,9 @@ from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from websockets.exceptions import ConnectionClosed
+from websockets.sync.server import ServerConnection, unix_serve
 
 MIB = 1024 * 1024
 
@@ -124,3 +129,23 @@ def _read_request(conn: socket.socket) -> str:
         rest += chunk
     method, target, *_ = [*lines[0].split(" "), "", ""]
     return f"{method} {target.split('?')[0]}"
+
+
+@contextmanager
+def hostile_websocket(path: Path, frames: Iterable[str]) -> Iterator[None]:
+    """A WebSocket server on the Unix socket ``path`` that sends ``frames`` to each client (as
+    far as the client lets it), then closes."""
+
+    def handler(ws: ServerConnection) -> None:
+        with contextlib.suppress(ConnectionClosed):
+            for frame in frames:
+                ws.send(frame)
+
+    server = unix_serve(handler, str(path))
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        server.shutdown()
+        thread.join(timeout=10)

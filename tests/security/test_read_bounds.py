@@ -9,14 +9,23 @@ what the answer cost it, and both are printed.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
 import pytest
 
+from loopd.chat.ws import MAX_MESSAGE_BYTES
 from loopd.engine.client import ANSWER_MAX_BYTES
 from loopd.wire.sse import MAX_EVENT_BYTES
-from tests.security.hostile_http import MIB, Script, head, hostile_server, repeated
+from tests.security.hostile_http import (
+    MIB,
+    Script,
+    head,
+    hostile_server,
+    hostile_websocket,
+    repeated,
+)
 from tests.watch import Watched, run_watched
 
 SENT = 128 * MIB  # what the server has to send: far past every bound
@@ -116,6 +125,29 @@ def test_a_small_calls_answer_is_bounded(short_dir: Path, observed: Callable[[st
     assert f"answered more than {ANSWER_MAX_BYTES:,} bytes" in str(watched.result["error"])
     assert watched.growth < MAX_GROWTH
     assert served.sent["GET /slots"] < SENT // 2
+
+
+@pytest.mark.attack(
+    attack="Mattermost's WebSocket (or what answers as it) sends a message of any size",
+    input=f"hello, then one `posted` event of {SENT // MIB} MiB",
+    expected=f"the message is refused before it is read ({MAX_MESSAGE_BYTES // MIB} MiB): the "
+    f"socket is closed (1009) and reopened by the caller; loopd's memory grows under "
+    f"{MAX_GROWTH // MIB} MiB",
+)
+def test_a_huge_websocket_message_is_refused_before_it_is_read(
+    short_dir: Path, observed: Callable[[str], None]
+) -> None:
+    hello = json.dumps({"event": "hello", "seq": 0, "data": {"connection_id": "c1"}})
+    posted = '{"event": "posted", "seq": 1, "data": {"post": "' + "x" * SENT + '"}}'
+    sock = short_dir / "ws.sock"
+    with hostile_websocket(sock, [hello, posted]):
+        watched = run_watched(f"{SCENARIOS}:mattermost_socket", f"unix:{sock}")
+    error = str(watched.result["error"])
+    report(observed, watched, f"{watched.result['events']} events; {error}", sock)
+    assert watched.result["events"] == 0
+    assert "1009" in error
+    assert "message too big" in error
+    assert watched.growth < MAX_GROWTH
 
 
 DRIP_BYTES = 300  # one a tenth of a second: 30 s, were it read to its end
