@@ -30,7 +30,7 @@ from loopd.observe.metrics import LabelFold
 from loopd.sessionlog.errors import LogError
 from loopd.sessionlog.records import Request
 from loopd.sessionlog.store import SessionLog
-from loopd.usage.ledger import TERMINAL_CHANNEL, Tally, Usage
+from loopd.usage.ledger import TERMINAL_CHANNEL, Tally, UsageTotals
 from loopd.usage.source import UNLABELLED, channel_and_person
 
 log = logging.getLogger(__name__)
@@ -48,7 +48,7 @@ _FIGURES = (
     ("loopd_usage_requests", "Model requests made for a person's turns."),
 )
 
-Totals = dict[tuple[str, str], Usage]  # (person, channel) -> usage
+Totals = dict[tuple[str, str], UsageTotals]  # (person, channel) -> usage
 
 
 class UsageCollector(Collector):
@@ -142,7 +142,7 @@ class UsageCollector(Collector):
         channels = self.channels.labels(_sizes(totals, 1))
         out: Totals = {}
         for (person, channel), usage in totals.items():
-            out.setdefault((people[person], channels[channel]), Usage()).add(usage)
+            out.setdefault((people[person], channels[channel]), UsageTotals()).add(usage)
         return out
 
 
@@ -150,7 +150,7 @@ def _totals(tallies: Iterable[Tally]) -> Totals:
     totals: Totals = {}
     for tally in tallies:
         for key, usage in tally.ledger.items():
-            totals.setdefault((key.person, key.channel), Usage()).add(usage)
+            totals.setdefault((key.person, key.channel), UsageTotals()).add(usage)
     return totals
 
 
@@ -162,7 +162,7 @@ def _sizes(totals: Totals, part: int) -> dict[str, float]:
     return sizes
 
 
-def _values(usage: Usage) -> tuple[float, ...]:
+def _values(usage: UsageTotals) -> tuple[float, ...]:
     return (
         float(usage.prompt_tokens),
         float(usage.cached_tokens),
