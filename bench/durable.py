@@ -43,6 +43,8 @@ from bench.ideal import common_prefix
 from loopcommon.slotfiles import slot_file_name
 from loopd_dev import devserver
 
+FINGERPRINT = "0123456789ab"  # the model that wrote a save (loopcommon.slotfiles)
+
 log = logging.getLogger("bench.durable")
 
 PRESETS = (devserver.PLAIN_MODEL, devserver.HYBRID_MODEL)
@@ -54,6 +56,7 @@ PARAGRAPH = (
     "of the audit table, the new socket permissions and the rollback plan; each owner signs "
     "off in the thread before the deploy window opens on Thursday."
 )
+
 SCRIPTED_REASONING = "The user asked about the checklist."
 SCRIPTED_ANSWER = "The checklist has four items; all owners have signed off."
 
@@ -165,7 +168,7 @@ def first_turns(client: httpx.Client, model: str) -> list[Saved]:
         first_tokens = prompt_tokens(client, model, first)
         returning = prompt_tokens(client, model, returning_messages(first))
         chat(client, model, slot, first)
-        filename = slot_file_name(session, first_tokens)
+        filename = slot_file_name(session, first_tokens, fingerprint=FINGERPRINT)
         result, _ = slot_action(client, "save", model, slot, filename)
         saves.append(
             Saved(

@@ -336,6 +336,7 @@ class Runtime:
             self.prewarmer,
             pinned=view.pinning.pinned,
             slots=self.settings.slots,
+            memory=self.model_memory,
         )
 
     def _view(self) -> ServerView:

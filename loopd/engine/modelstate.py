@@ -32,6 +32,8 @@ from dataclasses import asdict, dataclass
 from enum import StrEnum
 from typing import Any, Final
 
+from loopcommon.slotfiles import FINGERPRINT_HEX
+
 
 class ModelStatus(StrEnum):
     AWAKE = "awake"  # loaded and not asleep: holds its caches
@@ -78,7 +80,6 @@ STATE_FLAGS: Final = frozenset(
         "--swa-full",
     }
 )
-FINGERPRINT_HEX: Final = 12
 
 
 def template_sha256(chat_template: str, tool_use_template: str | None) -> str:

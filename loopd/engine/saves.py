@@ -29,6 +29,7 @@ from loopd.engine.durable import (
     usable,
     worth_restoring,
 )
+from loopd.engine.modelstate import ModelMemory, ModelReading
 from loopd.engine.request import RequestSettings
 from loopd.errors import InferenceError
 from loopd.prewarm.prewarmer import Prewarmer, PrewarmOutcome, StateBack
@@ -56,6 +57,7 @@ class SaveBook:
                 n_saved=int(data["n_saved"]),
                 slot=int(data["slot"]),
                 endpoint=None if data.get("endpoint") is None else str(data["endpoint"]),
+                fingerprint=None if data.get("fingerprint") is None else str(data["fingerprint"]),
             )
         except FileNotFoundError:
             return None
@@ -140,16 +142,53 @@ class DurableSlots:
     endpoint: str | None = None
     pinned: bool = True
     slots: Sequence[int] = (0,)
+    # What the server told of the model without waking it (``loopd.engine.modelstate``): its
+    # fingerprint, which a save is bound to, read before each save and before a turn of a
+    # session that has one.
+    memory: ModelMemory = field(default_factory=ModelMemory)
     # Slots a restore of loopd's is filling, until the request sent after it ended.
     _claimed: set[int] = field(default_factory=set)
 
+    async def look(self) -> ModelReading:
+        """Read the model (``InferenceClient.model_reading``: nothing that wakes it) into
+        ``memory``."""
+        reading = await self.client.model_reading()
+        self.memory.observe(reading)
+        return reading
+
+    @property
+    def fingerprint(self) -> str | None:
+        """The model's fingerprint as last read; None when unknown."""
+        last = self.memory.last
+        return last.fingerprint(self.client.model) if last is not None else None
+
+    async def before_turn(self, session: str) -> None:
+        """At the start of a turn of a session that has a save: read the model, so that the
+        save is held to the weights the server runs now."""
+        if self.book.latest(session) is not None:
+            await self.look()
+
     def probe(self, session: str, tools_text: str, messages: Sequence[str], slot: int) -> Probe:
+        latest = self.book.latest(session)
+        now = self.fingerprint
+        if latest is not None and now is not None and latest.fingerprint != now:
+            log.warning(
+                "%s: its save %s was written by another model (fingerprint %s, now %s: other "
+                "weights or template behind the same model id); forgotten, never restored",
+                session,
+                latest.file,
+                latest.fingerprint or "none",
+                now,
+            )
+            self.book.forget(session)
+            latest = None
         saved = usable(
-            self.book.latest(session),
+            latest,
             session=session,
             tools_text=tools_text,
             messages=messages,
             slot=slot if self.pinned else None,
+            fingerprint=now,
             endpoint=self.endpoint,
         )
         return Probe(saved)
@@ -254,7 +293,16 @@ class DurableSlots:
             log.warning("%s: its slot was not saved: the prefix read %s", session.name, read)
             return None
         held = perf.cache_n + (perf.prompt_n or 0)
-        name = save_name(session.name, tools_text, messages)
+        fingerprint = (await self.look()).fingerprint(self.client.model)
+        if fingerprint is None:
+            log.warning(
+                "%s: its slot was not saved: the server does not tell which model it runs "
+                "(%s), and a save is bound to it",
+                session.name,
+                self.memory.last.detail if self.memory.last is not None else "no reading",
+            )
+            return None
+        name = save_name(session.name, tools_text, messages, fingerprint)
         slot = await self._saved_slot(session)
         if slot is None:
             return None
@@ -271,6 +319,6 @@ class DurableSlots:
                 held,
             )
             return None
-        saved = Saved(name, len(messages), answer.n_tokens, slot, self.endpoint)
+        saved = Saved(name, len(messages), answer.n_tokens, slot, self.endpoint, fingerprint)
         self.book.record(session.name, saved)
         return saved

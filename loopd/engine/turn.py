@@ -170,6 +170,8 @@ class Turn:
         # let go when the turn ends.
         with self.log.holding_replay(self.session):
             try:
+                if self.durable is not None:
+                    await self.durable.before_turn(self.session)
                 for _ in range(self.max_rounds):
                     await self.round(kind, outcome)
                     kind = RequestKind.TOOL_FOLLOWUP

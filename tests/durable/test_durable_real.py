@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import Protocol
 
 import pytest
 
@@ -96,7 +97,16 @@ def restartable(tmp_path: Path) -> Iterator[Callable[..., Restartable]]:
             server.stop()
 
 
-def durable_settings(server: Restartable, state: Path, durable: DurableMode) -> Settings:
+class Served(Protocol):
+    """A server a test started: where it listens and the model it serves."""
+
+    @property
+    def url(self) -> str: ...
+
+    model: str
+
+
+def durable_settings(server: Served, state: Path, durable: DurableMode) -> Settings:
     return load_settings(
         infer_url=server.url,
         model=server.model,
@@ -237,10 +247,12 @@ async def test_a_save_the_server_did_not_answer_is_never_restored(
         session = runtime.ensure_session(SESSION)
         messages = runtime.log.replay_messages(SESSION)
         tools_text = runtime.log.current_epoch(SESSION).tools_text
-        name = save_name(SESSION, tools_text, messages)
-        (server.saves / name).mkdir()
         book = SaveBook(off.state_dir)
         durable = DurableSlots(runtime.client, book, runtime.prewarmer)
+        fingerprint = (await durable.look()).fingerprint(runtime.client.model)
+        assert fingerprint is not None
+        name = save_name(SESSION, tools_text, messages, fingerprint)
+        (server.saves / name).mkdir()
         request_settings = runtime.turn(session, lambda s: None).settings
         assert await durable.save(session, request_settings, tools_text, messages) is None
         assert book.latest(SESSION) is None
