@@ -152,3 +152,31 @@ def test_a_ledger_brokerd_did_not_write_is_left_with_its_files(tmp_path: Path) -
     assert again.names == frozenset()
     assert again.evict_now() == []
     assert ours.exists()
+
+
+def test_a_moved_sessions_save_is_copied_from_the_other_servers_folder(tmp_path: Path) -> None:
+    here, there, theirs_dir = tmp_path / "a", tmp_path / "b", tmp_path / "c"
+    for folder in (here, there, theirs_dir):
+        folder.mkdir()
+    saved_there = write(there, "moved", 300, 100)
+    saved_there.write_bytes(b"the state")
+    theirs = write(theirs_dir, "another client's", 300, 100)
+    mine = SlotFolder((here,), max_bytes=10_000)
+    peer = forwarded(SlotFolder((there,), max_bytes=10_000), saved_there)
+    stranger = SlotFolder((theirs_dir,), max_bytes=10_000, client="another client")
+    mine.peers = [peer, stranger]
+    anyio.run(mine.restoring, saved_there.name)
+    assert (here / saved_there.name).read_bytes() == b"the state"
+    assert saved_there.name in mine.names  # this server's folder keeps it under its cap now
+    assert saved_there.exists()  # the other server's copy is its own to keep or evict
+    anyio.run(mine.restoring, theirs.name)  # not a file this client forwarded: never copied
+    assert not (here / theirs.name).exists()
+    assert not list(here.glob(".*.copy"))
+
+
+def test_a_folder_both_servers_save_into_is_not_copied_into_itself(tmp_path: Path) -> None:
+    shared = write(tmp_path, "moved", 300, 100)
+    mine = SlotFolder((tmp_path,), max_bytes=10_000, client="infer-b")
+    mine.peers = [forwarded(SlotFolder((tmp_path,), max_bytes=10_000, client="infer-a"), shared)]
+    assert mine.copy_from_peer(shared.name) == shared
+    assert shared.name in mine.names
