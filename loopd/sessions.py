@@ -337,6 +337,7 @@ class Runtime:
             pinned=view.pinning.pinned,
             slots=self.settings.slots,
             memory=self.model_memory,
+            load_wait_s=self.settings.first_byte_s,
         )
 
     def _view(self) -> ServerView:

@@ -311,22 +311,26 @@ class InferenceClient:
         data = await self._get_json("/models", {}, wait_s or self.connect_s)
         return data if isinstance(data, dict) else {}
 
-    async def model_reading(self, wait_s: float | None = None) -> ModelReading:
-        """The model's state, start and weights, read without waking or loading it
-        (``loopd.engine.modelstate``): ``/models`` and ``/props?autoload=false``. A server that
-        answers neither gives a reading of status ``UNKNOWN`` that says why."""
+    async def model_reading(
+        self, wait_s: float | None = None, *, asker: Asker = Asker.CHECK
+    ) -> ModelReading:
+        """The model's state, start and weights (``loopd.engine.modelstate``): ``/props`` and
+        then ``/models``, neither of which wakes a sleeping model; ``/props`` loads one not
+        loaded only where a person waits (``asker``: the weights are reported only while the
+        model is loaded). A server that answers neither gives a reading of status ``UNKNOWN``
+        that says why."""
         try:
-            models: dict[str, Any] | None = await self.models(wait_s)
-        except InferenceError as exc:
-            return ModelReading(ModelStatus.UNKNOWN, detail=f"GET /models failed: {exc}")
-        try:
-            props: dict[str, Any] | None = await self.props(wait_s, asker=Asker.CHECK)
+            props: dict[str, Any] | None = await self.props(wait_s, asker=asker)
         except ServerRejected as exc:
             if exc.status != 400:  # 400: not loaded, which /models says
                 return ModelReading(ModelStatus.UNKNOWN, detail=f"GET /props failed: {exc}")
             props = None
         except InferenceError as exc:
             return ModelReading(ModelStatus.UNKNOWN, detail=f"GET /props failed: {exc}")
+        try:
+            models: dict[str, Any] | None = await self.models(wait_s)
+        except InferenceError as exc:
+            return ModelReading(ModelStatus.UNKNOWN, detail=f"GET /models failed: {exc}")
         return read_reading(models, props, self.model)
 
     async def post_json(self, path: str, body: dict[str, Any], wait_s: float) -> Any:

@@ -96,6 +96,7 @@ class Saved:
     slot: int
     endpoint: str | None = None
     fingerprint: str | None = None  # the model that wrote it (None: a record from before)
+    instance: str | None = None  # the model's process then (``ModelReading.instance``)
 
 
 def usable(

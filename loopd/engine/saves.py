@@ -29,8 +29,10 @@ from loopd.engine.durable import (
     usable,
     worth_restoring,
 )
-from loopd.engine.modelstate import ModelMemory, ModelReading
+from loopd.engine.modelstate import Forgot, ModelMemory, ModelReading, forgot
+from loopd.engine.quiet import Asker
 from loopd.engine.request import RequestSettings
+from loopd.engine.saverule import SaveDecision, SaveFigures, decide
 from loopd.errors import InferenceError
 from loopd.prewarm.prewarmer import Prewarmer, PrewarmOutcome, StateBack
 from loopd.sessionlog.records import Session
@@ -38,6 +40,10 @@ from loopd.sessionlog.records import Session
 log = logging.getLogger(__name__)
 
 FOLDER = "durable"
+
+
+def _text(value: object) -> str | None:
+    return None if value is None else str(value)
 
 
 class SaveBook:
@@ -56,8 +62,9 @@ class SaveBook:
                 message_count=int(data["message_count"]),
                 n_saved=int(data["n_saved"]),
                 slot=int(data["slot"]),
-                endpoint=None if data.get("endpoint") is None else str(data["endpoint"]),
-                fingerprint=None if data.get("fingerprint") is None else str(data["fingerprint"]),
+                endpoint=_text(data.get("endpoint")),
+                fingerprint=_text(data.get("fingerprint")),
+                instance=_text(data.get("instance")),
             )
         except FileNotFoundError:
             return None
@@ -87,15 +94,29 @@ class SaveBook:
 
 @dataclass
 class Probe:
-    """One request's look at what the server kept (its first progress event)."""
+    """One request's look at what the server kept: before it, whether the model forgot since
+    the session's save (``forgot``: then the save is restored first, and the request sent
+    once); during it, its first progress event."""
 
     saved: Saved | None  # the save this request could restore
     held: int | None = None  # the first progress event's ``cache`` count
+    forgot: Forgot | None = None  # the model forgot since the save was made
+
+    @property
+    def restore_first(self) -> bool:
+        return self.saved is not None and self.forgot is not None
 
     def lost(self, cache: int) -> bool:
         """``stream_into``'s ``lost``: close the request to restore first?"""
         self.held = cache
         return self.saved is not None and worth_restoring(self.saved, cache)
+
+    @property
+    def why(self) -> str:
+        """Why the save is restored, for the perf record."""
+        if self.forgot is not None:
+            return self.forgot.value
+        return f"the server held {self.held} tokens (the request's first progress event)"
 
 
 @dataclass(frozen=True)
@@ -108,6 +129,7 @@ class Restore:
     slot: int | None  # the slot restored into; None: no idle slot of loopd's to restore into
     ms: float = 0.0
     refusal: str = ""
+    why: str = ""  # why it was restored (``Probe.why``)
 
     def verdict(self, cache_n: int) -> RestoreOutcome:
         return after_restore(self.n_restored, self.held_before, cache_n)
@@ -125,6 +147,8 @@ class Restore:
             out.update(n_restored=self.n_restored, restore_ms=self.ms)
         if self.refusal:
             out["refusal"] = self.refusal
+        if self.why:
+            out["why"] = self.why
         return out
 
 
@@ -146,13 +170,21 @@ class DurableSlots:
     # fingerprint, which a save is bound to, read before each save and before a turn of a
     # session that has one.
     memory: ModelMemory = field(default_factory=ModelMemory)
+    # What loopd measured of saving and reading, for the rule that decides each save.
+    figures: SaveFigures = field(default_factory=SaveFigures)
+    # How long a reading may wait for the model to load (the turn's first-byte limit).
+    load_wait_s: float = 900.0
     # Slots a restore of loopd's is filling, until the request sent after it ended.
     _claimed: set[int] = field(default_factory=set)
+    # Per session, ``memory.forgets`` when its slot last held its state (its save, or a turn's
+    # end): once the count grows, the model forgot it since.
+    _held_at: dict[str, int] = field(default_factory=dict)
 
-    async def look(self) -> ModelReading:
-        """Read the model (``InferenceClient.model_reading``: nothing that wakes it) into
+    async def look(self, asker: Asker = Asker.PERSON) -> ModelReading:
+        """Read the model (``InferenceClient.model_reading``: nothing that wakes it; where a
+        person waits, a model not loaded is loaded, as the turn's request would) into
         ``memory``."""
-        reading = await self.client.model_reading()
+        reading = await self.client.model_reading(self.load_wait_s, asker=asker)
         self.memory.observe(reading)
         return reading
 
@@ -191,23 +223,52 @@ class DurableSlots:
             fingerprint=now,
             endpoint=self.endpoint,
         )
-        return Probe(saved)
+        return Probe(saved, forgot=self._forgot(session, saved))
+
+    def _forgot(self, session: str, saved: Saved | None) -> Forgot | None:
+        """What the model lost since the session's slot last held its state, as far as loopd
+        has read it (``memory``); None when nothing says so (the request's first progress
+        event still can)."""
+        if saved is None:
+            return None
+        mark = self._held_at.get(session)
+        if mark is not None:
+            return self.memory.last_forget if self.memory.forgets > mark else None
+        # Saved before loopd started: what the model is now, against what it was at the save.
+        last = self.memory.last
+        if last is None:
+            return None
+        if last.status.holds_nothing:
+            return forgot(None, last)
+        if saved.instance is not None and last.instance not in (None, saved.instance):
+            return Forgot.RESTARTED
+        return None
+
+    def held(self, session: str) -> None:
+        """The session's slot holds its state now (its turn ended there)."""
+        self._held_at[session] = self.memory.forgets
+
+    def decide(self, tokens: int) -> SaveDecision:
+        """Whether a state of ``tokens`` tokens is worth saving now (``loopd.engine.saverule``)."""
+        return decide(tokens, self.figures)
 
     async def restore(self, probe: Probe) -> Restore:
         """Put the probe's save back into a slot: the session's own where pinned, else an idle
         one of loopd's, claimed until ``release``."""
         assert probe.saved is not None
-        assert probe.held is not None
-        saved = probe.saved
+        held = probe.held or 0  # not asked where the model is known to have forgotten
+        saved, why = probe.saved, probe.why
         slot = saved.slot if self.pinned else await self._target()
         if slot is None:
-            return Restore(saved, probe.held, None, None, refusal="no idle slot to restore into")
+            refusal = "no idle slot to restore into"
+            return Restore(saved, held, None, None, refusal=refusal, why=why)
         self._claimed.add(slot)
         try:
             answer = await self.client.restore_slot(slot, saved.file)
         except InferenceError as exc:
-            return Restore(saved, probe.held, None, slot, refusal=str(exc))
-        return Restore(saved, probe.held, answer.n_tokens, slot, ms=answer.ms)
+            return Restore(saved, held, None, slot, refusal=str(exc), why=why)
+        self.figures.restored(answer.n_bytes, answer.ms)
+        return Restore(saved, held, answer.n_tokens, slot, ms=answer.ms, why=why)
 
     def release(self, restore: Restore) -> None:
         """The request sent after ``restore`` ended: its slot may take another restore."""
@@ -229,6 +290,9 @@ class DurableSlots:
         server holds (a restore of a state the slot already holds costs only its disk read).
         The session's next request confirms it (``loopd.prewarm.prewarmer``). None: no usable
         save, no slot to restore into, or the server refused it (then dropped)."""
+        if self.book.latest(session) is None:
+            return None
+        await self.look(Asker.WORK)  # what the model forgot so far, and its fingerprint now
         probe = self.probe(session, tools_text, messages, slot)
         if probe.saved is None:
             return None
@@ -240,6 +304,7 @@ class DurableSlots:
         if restore.n_restored is None:
             self.settle(session, restore, 0)  # refused: dropped
             return None
+        self.held(session)
         extra = restore.extra(restore.n_restored)
         extra["outcome"] = "restored, the next request confirms it"
         return StateBack(restore.n_restored, extra)
@@ -293,7 +358,8 @@ class DurableSlots:
             log.warning("%s: its slot was not saved: the prefix read %s", session.name, read)
             return None
         held = perf.cache_n + (perf.prompt_n or 0)
-        fingerprint = (await self.look()).fingerprint(self.client.model)
+        reading = await self.look()
+        fingerprint = reading.fingerprint(self.client.model)
         if fingerprint is None:
             log.warning(
                 "%s: its slot was not saved: the server does not tell which model it runs "
@@ -319,6 +385,18 @@ class DurableSlots:
                 held,
             )
             return None
-        saved = Saved(name, len(messages), answer.n_tokens, slot, self.endpoint, fingerprint)
+        read_ms = perf.extra.get("duration_ms")
+        read_ms = float(read_ms) if isinstance(read_ms, int | float) else None
+        self.figures.saved(answer.n_tokens, answer.n_bytes, answer.ms, read_ms)
+        saved = Saved(
+            name,
+            len(messages),
+            answer.n_tokens,
+            slot,
+            self.endpoint,
+            fingerprint,
+            reading.instance,
+        )
         self.book.record(session.name, saved)
+        self.held(session.name)
         return saved

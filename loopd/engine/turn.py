@@ -46,6 +46,7 @@ from loopd.engine.limits import Limits
 from loopd.engine.outcome import Failure, RequestResult, TurnOutcome, request_perf, retry_safe
 from loopd.engine.progress import Phase, Status, StatusCallback
 from loopd.engine.request import RequestSettings, build_body
+from loopd.engine.saverule import SaveDecision
 from loopd.engine.saves import DurableSlots, Probe, Restore
 from loopd.engine.stream import start_result, stream_into
 from loopd.errors import InferenceError
@@ -162,6 +163,8 @@ class Turn:
     # Durable sessions (``loopd.engine.durable``): a request sent after a restore names the slot
     # the restore filled, pinned or not.
     durable: DurableSlots | None = None
+    # The save rule's decision on the answer's state (``_measured``), for ``save_slot``.
+    _save: SaveDecision | None = field(default=None, init=False)
 
     async def run(self) -> TurnOutcome:
         outcome = TurnOutcome(answer=None)
@@ -184,10 +187,14 @@ class Turn:
 
     async def save_slot(self, outcome: TurnOutcome) -> None:
         """At the end of an answered turn, while the session still holds its slot: save what
-        the slot holds, the prefix the session's next request extends."""
+        the slot holds, the prefix the session's next request extends, where the save rule
+        found it pays (its decision is in the answer's perf record)."""
         if self.durable is None or not outcome.requests:
             return
+        self.durable.held(self.session)
         if outcome.requests[-1].perf.outcome != "complete":
+            return
+        if self._save is None or not self._save.save:
             return
         await self.durable.save(
             self.log.get_session(self.session),
@@ -254,6 +261,14 @@ class Turn:
         server had lost the session and a save of it is usable, the request is closed at its
         first progress event, the save restored, and the request sent again."""
         probe = self._probe()
+        if probe is not None and probe.restore_first and self.durable is not None:
+            # The model forgot since the session's save (it slept, was unloaded, restarted):
+            # restored before the request, which is sent once.
+            restore = await self.durable.restore(probe)
+            try:
+                return await self._send(kind, None, restore)
+            finally:
+                self.durable.release(restore)
         attempt = await self._send(kind, probe)
         lost = attempt.result.failure is Failure.LOST_BY_SERVER
         if lost and self.durable is not None and probe is not None:
@@ -359,6 +374,9 @@ class Turn:
         perf = request_perf(result, loss, self.endpoint, request_id)
         if reply_short:
             perf = replace(perf, extra={**perf.extra, "reply_short": reply_short})
+        save = self._measured(kind, result, loss, restore)
+        if save is not None:
+            perf = replace(perf, extra={**perf.extra, "save": save.extra()})
         timings = result.assembler.timings
         if result.failure is Failure.LOST_BY_SERVER:
             # Closed before the server read anything: not a request the slot holds
@@ -384,6 +402,26 @@ class Turn:
         _log_request(self.session, record)
         METRICS.request_recorded(record)
         return record
+
+    def _measured(
+        self, kind: RequestKind, result: RequestResult, loss: Loss, restore: Restore | None
+    ) -> SaveDecision | None:
+        """What durable sessions learn from a request (its read, and for a turn's first
+        request, whether the server kept the session); for the answer, the save rule's
+        decision on the state it leaves (``loopd.engine.saverule``)."""
+        timings = result.assembler.timings
+        if self.durable is None or timings is None:
+            return None
+        figures = self.durable.figures
+        figures.read(timings.prompt_n, timings.prompt_ms)
+        if kind is RequestKind.TURN and result.failure is None:
+            # A request sent after a restore returned to a server that had lost the session.
+            lost = loss.expected if restore is not None else loss.lost
+            figures.returned(loss.expected, lost)
+        if not result.complete or result.assembler.message().tool_calls:
+            return None
+        self._save = self.durable.decide(timings.cache_n + timings.prompt_n + timings.predicted_n)
+        return self._save
 
     def _loss(
         self, epoch: Epoch, digest: str, result: RequestResult, restore: Restore | None

@@ -193,16 +193,20 @@ class ServerFacts:
     def model_status(self) -> ModelStatus:
         return self.reading.status if self.reading is not None else ModelStatus.UNKNOWN
 
+    # ``/props`` answered 503 (the server loading the model): its facts wait for the load.
+    props_loading: bool = False
+
     @property
     def model_away(self) -> str | None:
-        """Why the model's own facts could not be read without loading it: it is not loaded,
-        and nobody waits for it. None when they were read, or failed otherwise."""
-        if self.props is not None or self.model_status not in {
-            ModelStatus.UNLOADED,
-            ModelStatus.LOADING,
-        }:
+        """Why the model's own facts could not be read: it is not loaded (and nobody waits to
+        load it), or it is loading. None when they were read, or failed otherwise."""
+        if self.props is not None:
             return None
-        return f"the model is {self.model_status.value}: checked once it is loaded"
+        if self.props_loading:
+            return "the model is loading: checked once it is loaded"
+        if self.model_status in {ModelStatus.UNLOADED, ModelStatus.LOADING}:
+            return f"the model is {self.model_status.value}: checked once it is loaded"
+        return None
 
     @property
     def interrupted(self) -> str | None:

@@ -194,6 +194,7 @@ async def _gather_layout(
         facts.props = await probe_props(client, config.first_byte_s, asker)
     except _PROBE_ERRORS as exc:
         facts.missing["props"] = f"GET /props failed: {exc}"
+        facts.props_loading = isinstance(exc, ServerRejected) and exc.status == 503
     # After /props, which loaded the model where a person waits: its file's figures are listed
     # only while it runs.
     facts.reading = await client.model_reading(config.small_call_s)

@@ -20,13 +20,12 @@ from loopd.engine.modelstate import ModelStatus
 from loopd.engine.quiet import ANSWERED_ASLEEP, Asker, Call
 from loopd.errors import InferenceError, ServerRejected
 from loopd_dev import devserver
+from tests.durable.sleepy import CHANGE_WITHIN_S, sleepy_router, status_becomes
 
 pytestmark = [pytest.mark.real_server, pytest.mark.anyio]
 
 MODEL = devserver.PLAIN_MODEL
 SLEEP_S = 2
-# How long a state change may take on a loaded machine (waking reloads the weights).
-CHANGE_WITHIN_S = 60.0
 BODY = dumps(
     {
         "model": MODEL,
@@ -40,22 +39,8 @@ BODY = dumps(
 
 @pytest.fixture(scope="module")
 def router(tmp_path_factory: pytest.TempPathFactory) -> Iterator[devserver.RunningServer]:
-    workdir = tmp_path_factory.mktemp("quiet")
-    saves = workdir / "saves"
-    saves.mkdir()
-    try:
-        server = devserver.start(
-            workdir,
-            devserver.default_cache_dir(),
-            extra_args=("--sleep-idle-seconds", str(SLEEP_S), "--slot-save-path", f"{saves}/"),
-            load=(MODEL,),
-        )
-    except devserver.DevServerError as exc:
-        pytest.fail(f"the real llama-server is required and could not start: {exc}")
-    try:
+    with sleepy_router(tmp_path_factory.mktemp("quiet"), MODEL, SLEEP_S) as server:
         yield server
-    finally:
-        server.stop()
 
 
 async def _chat(client: InferenceClient) -> None:
@@ -87,16 +72,6 @@ SENDERS: dict[Call, Callable[[InferenceClient], Awaitable[object]]] = {
         "/tokenize", {"model": MODEL, "content": "hi"}, CHANGE_WITHIN_S
     ),
 }
-
-
-async def status_becomes(client: InferenceClient, wanted: ModelStatus) -> None:
-    """Wait (reading without waking) until the model is ``wanted``."""
-    seen = ModelStatus.UNKNOWN
-    with anyio.move_on_after(CHANGE_WITHIN_S):
-        while (seen := (await client.model_reading()).status) is not wanted:  # noqa: ASYNC110 - polls the server
-            await anyio.sleep(0.1)
-        return
-    pytest.fail(f"the model stayed {seen.value}, never {wanted.value}")
 
 
 def test_every_call_is_measured_here() -> None:
