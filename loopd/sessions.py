@@ -104,11 +104,13 @@ class SessionTools:
             self.contexts[session] = ctx
         return ctx
 
-    async def run(self, session: str, call: ToolCall) -> str:
+    async def run(self, session: str, call: ToolCall) -> ToolResult:
         with tool_call(session, call, {*self.spec.names, *BROKER_TOOL_NAMES}) as seen:
             if is_broker_tool(call.name):
-                return seen.result(await self._broker(session, call))
-            return seen.result(await self.run_core(session, call.name, call.arguments))
+                text = seen.result(await self._broker(session, call))
+            else:
+                text = seen.result(await self.run_core(session, call.name, call.arguments))
+            return ToolResult(text, ok=seen.outcome == "ok")
 
     async def run_core(self, session: str, name: str, arguments: str) -> ToolResult:
         """A core tool call in the session's workspace (``loopd tools call`` runs this too)."""
@@ -359,7 +361,7 @@ class Runtime:
                 first_byte_s=s.first_byte_s, silence_s=s.silence_s, think_cap=s.stream_think_cap
             ),
             tools=self.tools,
-            repeat_limit=s.repeat_limit,
+            guard_limits=s.guard_limits,
             report=report,
             gate=Compactor(self.budget, self.budget_rules()),
             template_drops_reasoning=view.template_drops_reasoning,
@@ -496,7 +498,7 @@ class Runtime:
         for interrupted in state.interrupted_calls:
             call = interrupted.call  # as stored: the argument text the model streamed
             if is_broker_tool(call.name):
-                text = await self.tools.run(session.name, call)
+                text = (await self.tools.run(session.name, call)).text
             else:
                 text = INTERRUPTED
             self.log.append_tool_result(session.name, tool_call_id=call.id, content=text)

@@ -14,6 +14,7 @@ from enum import StrEnum
 from typing import Any
 
 from loopd.engine.cacheloss import Loss
+from loopd.engine.guards import Guard, Made
 from loopd.sessionlog.records import Perf, RequestRecord
 from loopd.wire.assemble import Outcome, StreamAssembler
 
@@ -85,6 +86,11 @@ class TurnOutcome:
     notices: list[str] = field(default_factory=list)  # one line each, for the thread
     cut_at: int | None = None  # the answer was cut at max_tokens: tokens generated (0: unknown)
     compacted: bool = False  # the turn started a new epoch (its session is worth a prewarm)
+    # The tool calls of this turn as they went (run or answered by a guard), their tool time,
+    # and the guard that ended the turn, if one did (``loopd.engine.guards``).
+    calls: list[Made] = field(default_factory=list)
+    tool_s: float = 0.0
+    guard: Guard | None = None
 
 
 def retry_safe(result: RequestResult) -> bool:

@@ -19,6 +19,7 @@ order of events, and so that a cancelled request is recorded before the cancella
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
@@ -30,7 +31,7 @@ from loopcommon.jsonbytes import dumps
 from loopcommon.retry import retrying
 from loopd.contextwindow import pool
 from loopd.contextwindow.budget import ServerBudget
-from loopd.engine import repeats
+from loopd.engine import guards
 from loopd.engine.cacheloss import (
     Circumstances,
     Loss,
@@ -54,15 +55,16 @@ from loopd.observe.metrics import METRICS
 from loopd.sessionlog.chain import messages_digest
 from loopd.sessionlog.records import Epoch, RequestKind, RequestRecord
 from loopd.sessionlog.store import SessionLog
+from loopd.tools.core import ToolResult
 from loopd.wire.assemble import ToolCall
 
 log = logging.getLogger(__name__)
 
 
 class ToolRunner(Protocol):
-    """Runs one tool call of a session and returns the result text for the log."""
+    """Runs one tool call of a session: the result text for the log, and whether it failed."""
 
-    async def run(self, session: str, call: ToolCall) -> str: ...
+    async def run(self, session: str, call: ToolCall) -> ToolResult: ...
 
 
 class TurnExit(Exception):
@@ -104,15 +106,16 @@ class RoundsExhausted(TurnExit):
         outcome.failure = str(self)
 
 
-class Repeated(TurnExit):
-    """The model made the same call again as often as the repeat guard allows
-    (``loopd.engine.repeats``)."""
+class Guarded(TurnExit):
+    """A loop guard ended the turn (``loopd.engine.guards``): the same call again, a cycle, a
+    run of failures, too many calls or too much tool time."""
 
-    def __init__(self, line: str) -> None:
-        super().__init__(line)
+    def __init__(self, stop: guards.Stop) -> None:
+        super().__init__(stop.line)
+        self.guard = stop.guard
 
     def settle(self, outcome: TurnOutcome) -> None:
-        outcome.failure = str(self)
+        outcome.failure, outcome.guard = str(self), self.guard
 
 
 class ContextGate(Protocol):
@@ -151,7 +154,7 @@ class Turn:
     limits: Limits
     tools: ToolRunner | None = None
     max_rounds: int = 16
-    repeat_limit: int = repeats.DEFAULT_LIMIT
+    guard_limits: guards.GuardLimits = field(default_factory=guards.GuardLimits)
     template_drops_reasoning: bool = False
     report: StatusCallback = field(default=lambda status: None)
     gate: ContextGate | None = None
@@ -207,7 +210,7 @@ class Turn:
                 timings = result.assembler.timings
                 outcome.cut_at = timings.predicted_n if timings is not None else 0
             raise Answered(message.content)
-        await self.execute(message.tool_calls)
+        await self.execute(message.tool_calls, outcome)
 
     async def request(self, kind: RequestKind, outcome: TurnOutcome) -> Attempt:
         """``step`` until it completes or another attempt would not be safe; every attempt is
@@ -323,22 +326,57 @@ class Turn:
             return 0
         return max(timings.predicted_n - read_back, 0)
 
-    async def execute(self, calls: Sequence[ToolCall]) -> None:
-        plan = repeats.plan(self.log.replay_messages(self.session), calls, self.repeat_limit)
-        for call, answer in zip(calls, plan.answers, strict=True):
-            if answer is not None:  # a repeat: loopd's own answer, the call is not run again
-                text = answer
-            elif self.tools is None:
-                text = f"error: tool {call.name!r} is not available in this session"
-            else:
-                text = await self.tools.run(self.session, call)
-                if self.gate is not None:
-                    text = await self.gate.fit_input(text, "this tool result")
+    async def execute(self, calls: Sequence[ToolCall], outcome: TurnOutcome) -> None:
+        """Answer the calls of the model's latest message, each as the loop guards judge it
+        (``loopd.engine.guards``): run, answered with a pointer to an earlier result, or not run
+        because a guard ended the turn (then every later call of the message is not run either,
+        and the turn ends with the guard's line, noted in the log)."""
+        seen = {made.call.id: made for made in outcome.calls}
+        made = guards.made_of_turn(self.log.replay_messages(self.session), seen)
+        del made[len(made) - len(calls) :]  # the latest message's calls are judged one by one
+        stop: guards.Stop | None = None
+        for index, call in enumerate(calls, start=1):
+            verdict = stop or guards.judge(
+                self.guard_limits, made, call, in_message=index, tool_s=outcome.tool_s
+            )
+            done = guards.Made(call, ran=False, failed=None)
+            match verdict:
+                case guards.Run():
+                    result = await self._run_tool(call, outcome)
+                    text, done = result.text, guards.Made(call, ran=True, failed=not result.ok)
+                case guards.Point(guard, text):
+                    METRICS.guard_fired(guard, "pointed")
+                case guards.Stop(_, line):
+                    stop, text = verdict, f"not run: {line}"
             self.log.append_tool_result(self.session, tool_call_id=call.id, content=text)
-        METRICS.repeats_answered(plan.pointed, stopped=plan.stop is not None)
-        if plan.stop is not None:
-            self.log.append_note(self.session, plan.stop.line)
-            raise Repeated(plan.stop.line)
+            made.append(done)
+            outcome.calls.append(done)
+        if stop is None:
+            after = guards.judge(self.guard_limits, made, None, tool_s=outcome.tool_s)
+            stop = after if isinstance(after, guards.Stop) else None
+        if stop is not None:
+            METRICS.guard_fired(stop.guard, "stopped")
+            self.log.append_note(self.session, stop.line)
+            log.warning(
+                "%s: %s", self.session, stop.line, extra={"fields": {"guard": stop.guard.value}}
+            )
+            raise Guarded(stop)
+
+    async def _run_tool(self, call: ToolCall, outcome: TurnOutcome) -> ToolResult:
+        """Run one call (its time counted in the turn's tool time); a result too long for the
+        context is cut with a visible note."""
+        if self.tools is None:
+            return ToolResult(f"error: tool {call.name!r} is not available in this session", False)
+        started = time.monotonic()
+        try:
+            result = await self.tools.run(self.session, call)
+        finally:
+            outcome.tool_s += time.monotonic() - started
+        if self.gate is not None:
+            result = ToolResult(
+                await self.gate.fit_input(result.text, "this tool result"), result.ok
+            )
+        return result
 
     def _record(
         self,
