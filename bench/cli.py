@@ -31,6 +31,7 @@ from pathlib import Path
 import anyio
 
 from bench import (
+    agent,
     cache_reuse,
     durable,
     durable_cap,
@@ -95,6 +96,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "written to <date>-real-tools.md",
     )
     parser.add_argument(
+        "--agent",
+        action="store_true",
+        help="only the agent bench (a dozen small tasks through `loopd run` on the agent "
+        "model, with the same turns' cache figures), written to <date>-agent.md",
+    )
+    parser.add_argument(
         "--durable",
         action="store_true",
         help="only durable sessions (returning after a server restart or a model reload, with "
@@ -139,6 +146,8 @@ def run(args: argparse.Namespace) -> Path:
         return _section_only(args, started, "real tool calls", "real-tools", _real_tools)
     if args.durable:
         return _section_only(args, started, "durable sessions", "durable", _durable)
+    if args.agent:
+        return _section_only(args, started, "the agent bench", "agent", _agent)
     if args.cache_reuse:
         return _section_only(args, started, "cache reuse", "cache-reuse", _cache_reuse)
     load_before = load_average()
@@ -180,7 +189,7 @@ def run(args: argparse.Namespace) -> Path:
     section = (
         ""
         if args.offline or args.production_shape
-        else "\n" + _real_tools(args) + "\n" + _durable(args)
+        else "\n" + _real_tools(args) + "\n" + _agent(args) + "\n" + _durable(args)
     )
     results = _finished(results, clock)
     path = out / f"{results.date}.md"
@@ -191,6 +200,11 @@ def run(args: argparse.Namespace) -> Path:
 def _real_tools(args: argparse.Namespace) -> str:
     with tempfile.TemporaryDirectory(prefix="bench-") as tmp:
         return realtools.render(realtools.run(Path(tmp), args.cache_dir))
+
+
+def _agent(args: argparse.Namespace) -> str:
+    with tempfile.TemporaryDirectory(prefix="bench-") as tmp:
+        return agent.render(agent.run(Path(tmp), args.cache_dir))
 
 
 def _cache_reuse(args: argparse.Namespace) -> str:

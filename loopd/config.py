@@ -264,6 +264,15 @@ class Settings(configload.FileSettings):
         "its end of the reasoning is the one recorded; it must leave 1024 tokens below "
         "`max_tokens`.",
     )
+    loop_window: int = Field(
+        default=256,
+        ge=0,
+        description="Tokens (words and marks) of the model's thinking, and of its answer, that "
+        "loopd watches for repetition as they stream: once they hold mostly the same few "
+        "phrases again and again, a thought is ended with the control call (before "
+        "`think_cap`) and an answer is closed and kept as written, each with one line saying "
+        "so. `0`: off.",
+    )
     max_tokens: int = Field(
         default=12288,
         ge=1,

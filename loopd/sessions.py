@@ -358,7 +358,10 @@ class Runtime:
                 sampling=s.sampling,
             ),
             limits=Limits(
-                first_byte_s=s.first_byte_s, silence_s=s.silence_s, think_cap=s.stream_think_cap
+                first_byte_s=s.first_byte_s,
+                silence_s=s.silence_s,
+                think_cap=s.stream_think_cap,
+                loop_window=s.loop_window,
             ),
             tools=self.tools,
             guard_limits=s.guard_limits,

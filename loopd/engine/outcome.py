@@ -37,6 +37,13 @@ class Failure(StrEnum):
     LOST_BY_SERVER = "lost_by_server"
 
 
+class Loop(StrEnum):
+    """What the repetition watch found going round in circles (``loopd.engine.loops``)."""
+
+    REASONING = "reasoning"  # ended by the control call, before the thinking cap
+    ANSWER = "answer"  # the request closed, the answer kept as written
+
+
 # Failures after which nothing the model made was lost, and another attempt may well succeed.
 # A first-byte timeout is not among them: that limit is itself the bound on waiting; nor is a
 # runaway (it would run away again), a 4xx (the request itself is wrong) or a cancellation.
@@ -65,13 +72,20 @@ class RequestResult:
     ended_s: float = 0.0
     capped: bool = False
     control_answer: str | None = None
+    looped: Loop | None = None
     events: int = 0
     output_seen: bool = False  # a reasoning, content or tool-call delta arrived
     notes: list[str] = field(default_factory=list)
 
     @property
     def complete(self) -> bool:
-        return self.failure is None and self.assembler.outcome is Outcome.COMPLETE
+        """Streamed to its end, or closed by loopd on an answer that went round in circles
+        (kept as written: nothing of it is cut but what the loop would have added)."""
+        if self.failure is not None:
+            return False
+        outcome = self.assembler.outcome
+        closed_kept = self.looped is Loop.ANSWER and outcome is Outcome.TRUNCATED
+        return outcome is Outcome.COMPLETE or closed_kept
 
     def fail(self, failure: Failure, detail: str) -> None:
         self.failure, self.detail = failure, detail
@@ -175,4 +189,6 @@ def _perf_extra(result: RequestResult, loss: Loss) -> dict[str, Any]:
         extra["status_code"] = result.status_code
     if result.control_answer is not None:
         extra["control_answer"] = result.control_answer
+    if result.looped is not None:
+        extra["looped"] = result.looped.value
     return extra

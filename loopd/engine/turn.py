@@ -44,7 +44,14 @@ from loopd.engine.cacheloss import (
 )
 from loopd.engine.client import InferenceClient
 from loopd.engine.limits import Limits
-from loopd.engine.outcome import Failure, RequestResult, TurnOutcome, request_perf, retry_safe
+from loopd.engine.outcome import (
+    Failure,
+    Loop,
+    RequestResult,
+    TurnOutcome,
+    request_perf,
+    retry_safe,
+)
 from loopd.engine.progress import Phase, Status, StatusCallback
 from loopd.engine.request import RequestSettings, build_body
 from loopd.engine.saves import DurableSlots, Probe, Restore
@@ -202,6 +209,9 @@ class Turn:
         if self.gate is not None:
             await self.gate.before_request(self, kind, outcome)
         result = (await self.request(kind, outcome)).result
+        if result.looped is not None:  # the repetition watch ended a thought or an answer
+            METRICS.guard_fired(*_LOOP_FIRINGS[result.looped])
+            outcome.notices.extend(result.notes)
         if not result.complete:
             raise RequestFailed(result.detail, result.failure)
         message = result.assembler.message()
@@ -465,6 +475,13 @@ class Turn:
             resend=digest == prev.messages_sha256,
             endpoint_changed=endpoint_changed(prev.endpoint, self.endpoint),
         )
+
+
+# How the metrics count what the repetition watch ended (``loopd_guard_firings``).
+_LOOP_FIRINGS = {
+    Loop.REASONING: ("thinking_loop", "ended"),
+    Loop.ANSWER: ("answer_loop", "closed"),
+}
 
 
 def _last_attempt(state: RetryCallState) -> Attempt:
