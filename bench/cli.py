@@ -45,6 +45,7 @@ from bench import (
     realtools,
     scale,
     switching,
+    thinkloops,
 )
 from bench.errors import BenchError
 from bench.machine import describe, load_average
@@ -102,6 +103,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "model, with the same turns' cache figures), written to <date>-agent.md",
     )
     parser.add_argument(
+        "--think-loops",
+        action="store_true",
+        help="only the thinking loops ended early (the repetition watch on the tiny thinking "
+        "preset, with and without), written to <date>-think-loops.md",
+    )
+    parser.add_argument(
         "--durable",
         action="store_true",
         help="only durable sessions (returning after a server restart or a model reload, with "
@@ -148,6 +155,8 @@ def run(args: argparse.Namespace) -> Path:
         return _section_only(args, started, "durable sessions", "durable", _durable)
     if args.agent:
         return _section_only(args, started, "the agent bench", "agent", _agent)
+    if args.think_loops:
+        return _section_only(args, started, "thinking loops", "think-loops", _think_loops)
     if args.cache_reuse:
         return _section_only(args, started, "cache reuse", "cache-reuse", _cache_reuse)
     load_before = load_average()
@@ -189,7 +198,7 @@ def run(args: argparse.Namespace) -> Path:
     section = (
         ""
         if args.offline or args.production_shape
-        else "\n" + _real_tools(args) + "\n" + _agent(args) + "\n" + _durable(args)
+        else "\n".join(["", _real_tools(args), _agent(args), _think_loops(args), _durable(args)])
     )
     results = _finished(results, clock)
     path = out / f"{results.date}.md"
@@ -205,6 +214,11 @@ def _real_tools(args: argparse.Namespace) -> str:
 def _agent(args: argparse.Namespace) -> str:
     with tempfile.TemporaryDirectory(prefix="bench-") as tmp:
         return agent.render(agent.run(Path(tmp), args.cache_dir))
+
+
+def _think_loops(args: argparse.Namespace) -> str:
+    with tempfile.TemporaryDirectory(prefix="bench-") as tmp:
+        return thinkloops.render(thinkloops.run(Path(tmp), args.cache_dir))
 
 
 def _cache_reuse(args: argparse.Namespace) -> str:

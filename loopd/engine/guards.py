@@ -11,9 +11,10 @@ Small models loop in a few ways, and each has a guard here, asked in this order:
   same order (A, B, A, B), ``cycle`` times;
 - the same call again: the same tool with the same arguments once whitespace inside strings and
   the order of keys are folded (``call_key``), with no other call between them that may have
-  changed what it would see (a write, an edit, a command, a catalogue tool). Below ``repeat``
-  such repeats the call is not run and its result points the model back to the earlier one;
-  the repeat that reaches ``repeat`` ends the turn.
+  changed what it would see (a write, an edit, a command, a catalogue tool). Such a repeat is
+  not run, and its result points the model back to the earlier one; the turn's repeat (of any
+  call) that reaches ``repeat`` ends the turn: a model paging back and forth through a file
+  repeats one call after another, each only once.
 
 Every other guard ends the turn at once. A guard set to 0 is off. The turn (``loopd.engine.turn``)
 asks ``judge`` before each call of a message and once more before its next request (``call``
@@ -70,11 +71,12 @@ class GuardLimits:
 class Made:
     """A call the model made earlier in the turn, and how it went: ``ran`` False when a guard
     answered it; ``failed`` None when it did not run, or this process did not see it run (a
-    call made before a restart)."""
+    call made before a restart); ``result`` the text the model read for it."""
 
     call: ToolCall
     ran: bool = True
     failed: bool | None = False
+    result: str = ""
 
     @property
     def key(self) -> CallKey:
@@ -201,39 +203,57 @@ def _cycle(limit: int, keys: list[CallKey], key: CallKey) -> Stop | None:
 
 
 def _repeat(limit: int, made: Sequence[Made], call: ToolCall, key: CallKey) -> Verdict:
+    """The same call again: pointed back below the limit; the turn's repeat (of this call or
+    any other) that reaches the limit ends it."""
     if not limit:
         return Run()
-    same = _same_since_a_change(made, key)
+    keys = [m.key for m in made]
+    same = _same_since_a_change(made, keys, key)
     if not same:
         return Run()
-    if len(same) < limit:
-        return Point(Guard.REPEAT, pointer(call, same[0].call))
-    return Stop(
-        Guard.REPEAT,
-        f"the model repeated a call ({call.name}, same arguments) {len(same) + 1} times; stopped",
-    )
+    # The turn's earlier repeats, of any call: each was the same as a call before it.
+    repeats = [n for n in range(len(made)) if _same_since_a_change(made[:n], keys[:n], keys[n])]
+    if len(repeats) + 1 < limit:
+        return Point(Guard.REPEAT, pointer(call, made[same[0]]))
+    if all(keys[n] == key for n in repeats):
+        line = f"the model repeated a call ({call.name}, same arguments) {len(same) + 1} times"
+    else:
+        names = ", ".join(dict.fromkeys([*(made[n].call.name for n in repeats), call.name]))
+        line = (
+            f"the model repeated calls it had already made ({names}, same arguments) "
+            f"{len(repeats) + 1} times"
+        )
+    return Stop(Guard.REPEAT, f"{line}; stopped")
 
 
-def _same_since_a_change(made: Sequence[Made], key: CallKey) -> list[Made]:
-    """The earlier calls the same as ``key``, back to the latest other call that may have
-    changed what it would see (it ran, and did not fail, and is not read-only)."""
-    same: list[Made] = []
-    for earlier in reversed(made):
-        if earlier.key == key:
-            same.append(earlier)
+def _same_since_a_change(made: Sequence[Made], keys: Sequence[CallKey], key: CallKey) -> list[int]:
+    """Where the earlier calls the same as ``key`` are, back to the latest other call that may
+    have changed what it would see (it ran, and did not fail, and is not read-only)."""
+    same: list[int] = []
+    for index in range(len(made) - 1, -1, -1):
+        earlier = made[index]
+        if keys[index] == key:
+            same.append(index)
         elif earlier.ran and earlier.failed is not True and earlier.call.name not in READ_ONLY:
             break
     return same[::-1]
 
 
-def pointer(call: ToolCall, first: ToolCall) -> str:
-    """The result of a repeat loopd did not run: where the model finds its answer, and what to
-    do next."""
+# How much of the earlier result a pointer repeats.
+POINTER_RESULT_CHARS = 800
+
+
+def pointer(call: ToolCall, first: Made) -> str:
+    """The result of a repeat loopd did not run: the earlier result again (a small model reads
+    what is in front of it more readily than what it is pointed to), and what to do next."""
+    result = first.result
+    if len(result) > POINTER_RESULT_CHARS:
+        result = f"{result[:POINTER_RESULT_CHARS]}\n[cut: the whole result is above]"
     return (
         f"not run again: you already called {call.name} with these arguments in this turn "
-        f"(call {first.id}), and nothing has changed since; its result is the tool result for "
-        f"{first.id} above. If the results so far answer the request, answer in plain text now; "
-        "otherwise make a different call."
+        f"(call {first.call.id}), and nothing has changed since. Its result was:\n{result}\n"
+        "If that answers the request, answer in plain text now; otherwise make a different "
+        "call."
     )
 
 
@@ -246,13 +266,20 @@ def _counted(names: list[str]) -> list[str]:
 def made_of_turn(messages: Sequence[str], seen: dict[str, Made]) -> list[Made]:
     """The turn's calls so far (since the latest user message; ``messages``: the session's
     replayed messages), each as ``seen`` (by call id) records it, else as a call this process
-    did not see run."""
+    did not see run, with the result the log holds for it."""
     batches: list[tuple[ToolCall, ...]] = []
+    results: dict[str, str] = {}
     for text in reversed(messages):
         message = json.loads(text)
-        if message.get("role") == "user":
+        role = message.get("role")
+        if role == "user":
             break
-        if message.get("role") == "assistant":
+        if role == "assistant":
             batches.append(tool_calls_of(text))
+        elif role == "tool":
+            results[str(message.get("tool_call_id"))] = str(message.get("content") or "")
     calls = [call for batch in reversed(batches) for call in batch]
-    return [seen.get(call.id, Made(call, ran=True, failed=None)) for call in calls]
+    return [
+        seen.get(call.id, Made(call, ran=True, failed=None, result=results.get(call.id, "")))
+        for call in calls
+    ]

@@ -3,15 +3,17 @@ circles. Pure: no I/O.
 
 A model can think in a loop until its thinking cap (the same sentence again and again, or `?!`
 for minutes), and the thinking cap is a blunt backstop: it fires late, and a loop pays every
-token up to it. A ``RepetitionWatch`` reads the text as it streams and tells when its latest
-``window`` tokens are mostly the same few phrases: split into words and marks (a run of letters
-and digits is a word, any other character that is not a space a mark of its own, so `?!` is
-two, and a run of the same mark one), the window's runs of ``N`` tokens (its n-grams) are
-counted, and when fewer than ``SHARE`` of them are different the text is looping. Ordinary prose
-and code repeat a phrase here and there,
-and their n-grams stay nearly all different; a loop of P tokens has about P different n-grams
-however long it runs, so it is seen once it has filled the window, for any P up to ``SHARE`` of
-the window.
+token up to it. A ``RepetitionWatch`` reads the stream's pieces (each delta the server sends is
+one token of the model's: ``timings_per_token`` streams them one by one) and tells when its
+latest ``window`` tokens are mostly the same few phrases: the window's runs of ``N`` tokens (its
+n-grams) are counted, and when fewer than ``SHARE`` of them are different the text is looping.
+Ordinary prose and code repeat a phrase here and there, and their n-grams stay nearly all
+different; a loop of P tokens has about P different n-grams however long it runs, so it is seen
+once it has filled the window, for any P up to ``SHARE`` of the window.
+
+The model's own tokens, not words: a thought of one long identifier again and again
+(``<tort_think_tort_tort>``, seen on the tiny thinking preset) is many tokens a round, and a
+window of words would fill only after thousands of tokens.
 
 The stream (``loopd.engine.stream``) keeps a watch on the reasoning and one on the answer of each
 request: a looping reasoning is ended by the control call before the cap
@@ -20,17 +22,13 @@ request: a looping reasoning is ended by the control call before the cap
 
 from __future__ import annotations
 
-import re
 from collections import Counter, deque
 from itertools import islice
 
-# Words and marks: what the watch counts as tokens. A run of one mark is one token: a rule of
-# dashes or a table's `|---|` is drawn once, not a loop.
-TOKEN = re.compile(r"\w+|([^\w\s])\1*")
 # The length of the runs of tokens compared.
 N = 6
 # Below this share of different n-grams in a full window, the text is looping.
-SHARE = 0.3
+SHARE = 0.2
 
 
 class RepetitionWatch:
@@ -43,19 +41,11 @@ class RepetitionWatch:
         self._recent: deque[str] = deque()
         self._grams: deque[tuple[str, ...]] = deque()
         self._counts: Counter[tuple[str, ...]] = Counter()
-        self._pending = ""  # a word at the end of the text so far, which the next piece may go on
 
-    def feed(self, text: str) -> None:
-        """Add the next piece of the text (a delta, as it streamed)."""
-        if self.window <= 0 or not text:
-            return
-        text = self._pending + text
-        matches = list(TOKEN.finditer(text))
-        self._pending = ""
-        if matches and matches[-1].end() == len(text):  # it may go on in the next piece
-            self._pending = matches.pop().group()
-        for match in matches:
-            self._push(match.group())
+    def feed(self, piece: str) -> None:
+        """Add the next token of the text (a delta, as it streamed)."""
+        if self.window > 0 and piece:
+            self._push(piece)
 
     @property
     def looping(self) -> bool:

@@ -353,7 +353,8 @@ class Turn:
             match verdict:
                 case guards.Run():
                     result = await self._run_tool(call, outcome)
-                    text, done = result.text, guards.Made(call, ran=True, failed=not result.ok)
+                    text = result.text
+                    done = guards.Made(call, ran=True, failed=not result.ok, result=text)
                 case guards.Point(guard, text):
                     METRICS.guard_fired(guard, "pointed")
                 case guards.Stop(_, line):

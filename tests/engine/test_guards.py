@@ -65,14 +65,37 @@ def test_calls_compare_after_folding_key_order_and_whitespace_in_strings() -> No
 
 def test_the_first_repeat_is_pointed_to_the_earlier_result_and_the_second_stops() -> None:
     assert judge(LIMITS, [], LIST) == Run()
-    first = judge(LIMITS, ran(LIST), LIST_AGAIN)
+    first = judge(LIMITS, [Made(LIST, result="a.txt\nb.txt")], LIST_AGAIN)
     assert isinstance(first, Point)
     assert first.guard is Guard.REPEAT
-    assert "the tool result for c1 above" in first.text
-    assert "answer in plain text now" in first.text
+    assert first.text == (
+        "not run again: you already called list_dir with these arguments in this turn (call c1), "
+        "and nothing has changed since. Its result was:\na.txt\nb.txt\nIf that answers the "
+        "request, answer in plain text now; otherwise make a different call."
+    )
+    long = judge(LIMITS, [Made(LIST, result="x" * 5000)], LIST_AGAIN)
+    assert isinstance(long, Point)
+    assert "x" * 800 + "\n[cut: the whole result is above]\n" in long.text
+    assert "x" * 801 not in long.text
     made = [*ran(LIST), Made(LIST_AGAIN, ran=False, failed=None)]
     assert judge(LIMITS, made, LIST) == Stop(
         Guard.REPEAT, "the model repeated a call (list_dir, same arguments) 3 times; stopped"
+    )
+
+
+def test_repeats_of_different_calls_count_together() -> None:
+    """Seen with the agent model: it read line 2 (the answer), paged on through the file, went
+    back to its start and paged again, each page repeated only once."""
+    pages = [
+        call(n, "read_file", json.dumps({"path": "lines.txt", "offset": offset, "limit": 1}))
+        for n, offset in enumerate([2, 3, 4, 1, 2, 3, 4, 5])
+    ]
+    made = ran(*pages[:4])
+    assert isinstance(judge(LIMITS, made, pages[4]), Point)
+    made.append(Made(pages[4], ran=False, failed=None))
+    assert judge(LIMITS, made, pages[5]) == Stop(
+        Guard.REPEAT,
+        "the model repeated calls it had already made (read_file, same arguments) 2 times; stopped",
     )
 
 
@@ -99,6 +122,8 @@ def test_only_the_turn_under_way_counts() -> None:
     made = guards.made_of_turn(messages, {})
     assert [m.call for m in made] == [LIST_AGAIN]
     assert made[0].failed is None  # made before this process saw it: not known to have failed
+    answered = [*messages, dumps({"role": "tool", "tool_call_id": "c2", "content": "b.txt"})]
+    assert guards.made_of_turn(answered, {})[0].result == "b.txt"
 
 
 # -- cycles -----------------------------------------------------------------------------------
@@ -208,7 +233,8 @@ async def test_a_turn_whose_model_repeats_a_call_ends_with_one_line_recorded(
     entries = log.entries(SESSION)
     results = [json.loads(e.message or "") for e in entries if e.kind is EntryKind.TOOL]
     assert results[0]["content"] == "a.txt"
-    assert "you already called list_dir" in results[1]["content"]
+    assert results[1]["content"].startswith("not run again: you already called list_dir")
+    assert "Its result was:\na.txt\n" in results[1]["content"]
     assert results[2]["content"] == f"not run: {line}"
     assert kinds(log)[-1] is EntryKind.NOTE
     assert entries[-1].fields.text == line

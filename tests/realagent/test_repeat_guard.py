@@ -37,7 +37,8 @@ async def test_the_guard_ends_the_models_repeating_turn_long_before_the_round_li
     # The last three calls: run, pointed to its result, stopped (the calls are the same).
     first, pointed, stopped = calls[-3:]
     assert first.name == pointed.name == stopped.name
-    assert f"the tool result for {first.id} above" in results[-2]
+    assert f"(call {first.id})" in results[-2]
+    assert f"Its result was:\n{results[-3]}\n" in results[-2]
     assert results[-1] == f"not run: {line}"
     assert entries[-1].kind is EntryKind.NOTE
     assert entries[-1].fields.text == line

@@ -1,0 +1,171 @@
+"""Thinking loops ended early: the repetition watch (``LOOPD_LOOP_WINDOW``, ``loopd.engine.loops``)
+on the tiny thinking preset (``smollm2-think``), which loops readily.
+
+A dozen short questions, each one turn through loopd's engine, twice: with the watch (the
+default window) and without it (0), both under a thinking cap of 1,024 tokens (below
+``max_tokens`` 2,048, as the settings' rule wants) and at temperature 0, so the two runs of a
+question read the same stream until the watch acts. For each run: the GPU seconds of the turn
+(the server's ``prompt_ms`` + ``predicted_ms``), its thinking tokens, and how the thought ended
+(by itself, at the cap, or by the watch). A false alarm is a question whose thought, without the
+watch, ended by itself before the cap, and which the watch ended.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+import anyio
+
+from bench.realtools import gpu_s
+from loopd.config import load_settings
+from loopd.engine.outcome import TurnOutcome
+from loopd.sessionlog.records import fresh_external_key
+from loopd.sessions import Runtime
+from loopd_dev import devserver
+
+log = logging.getLogger("bench.thinkloops")
+
+QUESTIONS = (
+    "What is 17 times 23?",
+    "Name three prime numbers above 50.",
+    "Explain in two sentences why the sky is blue.",
+    "Write a haiku about rain.",
+    "Is 91 a prime number?",
+    "What day comes after Tuesday?",
+    "Sort these words: pear, apple, fig.",
+    "How many legs do three spiders have?",
+    "What is the capital of Australia?",
+    "Translate 'good morning' into French.",
+    "How many letters are in the word banana?",
+    "A train leaves at 3 pm and travels for 2 hours. When does it arrive?",
+)
+THINK_CAP = 1024
+MAX_TOKENS = 2048
+WINDOW = load_settings(model="m").loop_window  # the shipped default
+
+
+@dataclass(frozen=True)
+class Turned:
+    gpu_s: float
+    thinking: int
+    ended: str  # "itself", "cap" or "watch"
+
+
+@dataclass(frozen=True)
+class Question:
+    text: str
+    with_watch: Turned
+    without: Turned
+
+    @property
+    def false_alarm(self) -> bool:
+        return self.without.ended == "itself" and self.with_watch.ended == "watch"
+
+
+@dataclass(frozen=True)
+class ThinkLoops:
+    model: str
+    questions: list[Question]
+
+
+def run(work: Path, cache_dir: Path) -> ThinkLoops:
+    log.info("thinking loops: %d questions on %s", len(QUESTIONS), devserver.THINKING_MODEL)
+    with devserver.running(
+        work / "server",
+        cache_dir,
+        socket_path=work / "llama.sock",
+        load=(devserver.THINKING_MODEL,),
+    ) as server:
+        return anyio.run(_measure, server.url, work)
+
+
+async def _measure(url: str, work: Path) -> ThinkLoops:
+    # One turn first, not counted: the system text and the tools are then in the server's
+    # cache for both runs of every question, not only for the second one.
+    await _turn(url, work / "warm", "warm", "Say hello.", WINDOW)
+    questions = []
+    for n, text in enumerate(QUESTIONS):
+        with_watch = await _turn(url, work / "with", f"q{n}", text, WINDOW)
+        without = await _turn(url, work / "without", f"q{n}", text, 0)
+        questions.append(Question(text, with_watch, without))
+        log.info(
+            "%s: with the watch %.1f GPU s (%s), without %.1f GPU s (%s)",
+            text,
+            with_watch.gpu_s,
+            with_watch.ended,
+            without.gpu_s,
+            without.ended,
+        )
+    return ThinkLoops(devserver.THINKING_MODEL, questions)
+
+
+async def _turn(url: str, state: Path, session: str, text: str, window: int) -> Turned:
+    settings = load_settings(
+        infer_url=url,
+        model=devserver.THINKING_MODEL,
+        state_dir=state,
+        broker_url="unix:/nonexistent",
+        temperature=0.0,
+        max_tokens=MAX_TOKENS,
+        think_cap=THINK_CAP,
+        loop_window=window,
+    )
+    runtime = Runtime.open(settings)
+    try:
+        found = runtime.ensure_session(session)
+        runtime.log.append_user(session, text, external_key=fresh_external_key())
+        outcome = await runtime.run_turn(found, lambda status: None)
+    finally:
+        await runtime.aclose()
+    return Turned(gpu_s(outcome.requests), _thinking(outcome), _ended(outcome))
+
+
+def _thinking(outcome: TurnOutcome) -> int:
+    return sum(r.perf.thinking_tokens or 0 for r in outcome.requests)
+
+
+def _ended(outcome: TurnOutcome) -> str:
+    extras = [r.perf.extra for r in outcome.requests]
+    if any(extra.get("looped") == "reasoning" for extra in extras):
+        return "watch"
+    if any(r.perf.capped for r in outcome.requests):
+        return "cap"
+    return "itself"
+
+
+def render(result: ThinkLoops) -> str:
+    qs = result.questions
+    looped = [q for q in qs if q.without.ended == "cap"]
+    calm = [q for q in qs if q.without.ended == "itself"]
+    caught = [q for q in looped if q.with_watch.ended == "watch"]
+    alarms = [q for q in qs if q.false_alarm]
+    lines = [
+        f"## Thinking loops ended early ({result.model}, `LOOPD_LOOP_WINDOW` {WINDOW} against 0)",
+        "",
+        f"Each question one turn at temperature 0, thinking cap {THINK_CAP}, `max_tokens` "
+        f"{MAX_TOKENS}; GPU s is the server's `prompt_ms` + `predicted_ms` of the turn.",
+        "",
+        "| Question | GPU s with the watch | thinking tokens | ended by | GPU s without "
+        "| thinking tokens | ended by |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for q in qs:
+        w, o = q.with_watch, q.without
+        lines.append(
+            f"| {q.text} | {w.gpu_s:.1f} | {w.thinking} | {w.ended} | {o.gpu_s:.1f} "
+            f"| {o.thinking} | {o.ended} |"
+        )
+    total_with = sum(q.with_watch.gpu_s for q in qs)
+    total_without = sum(q.without.gpu_s for q in qs)
+    lines += [
+        f"| all | {total_with:.1f} | {sum(q.with_watch.thinking for q in qs)} | "
+        f"| {total_without:.1f} | {sum(q.without.thinking for q in qs)} | |",
+        "",
+        f"Without the watch {len(looped)} of {len(qs)} thoughts ran to the cap; the watch ended "
+        f"{len(caught)} of them early. GPU seconds per turn: {total_with / len(qs):.2f} with the "
+        f"watch, {total_without / len(qs):.2f} without. False alarms (a thought that ended by "
+        f"itself without the watch, ended by it): {len(alarms)} of {len(calm)}.",
+    ]
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,63 @@
+"""Small tasks the agent model (``qwen-coder-agent``) finishes through loopd: a one-step task
+(read a file, answer with a value from it) and a two-step task (list a folder, read the file
+found there, answer), each answered in words with the value the file holds, and no loop guard
+or repetition watch firing on the way.
+
+Each turn is bounded by tokens: ``max_tokens`` 150 a request, at most ``ROUNDS`` requests (the
+tier's bound on rounds), loopd's default guards. At temperature 0 a turn repeats on the same
+build: the prompts are ones the model finishes there (``python -m bench --agent`` measures a
+dozen).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from loopd.engine.guards import GuardLimits
+from loopd.observe.metrics import METRICS
+from loopd.tools.workspace import session_workspace
+from loopd_dev import devserver
+from tests.realagent.support import agent
+
+# The agent model reads a prompt at about 14 tokens a second on two loaded cores; the first
+# request of the tier reads the whole system text and tools (about 960 tokens).
+pytestmark = [pytest.mark.anyio, pytest.mark.real_server, pytest.mark.timeout(1200)]
+
+ROUNDS = 4
+
+
+def firings() -> float:
+    """Every loop guard's and the repetition watch's firings so far, in this process."""
+    return sum(
+        sample.value
+        for metric in METRICS.registry.collect()
+        if metric.name == "loopd_guard_firings"
+        for sample in metric.samples
+        if sample.name.endswith("_total")
+    )
+
+
+async def test_a_one_step_task_is_answered_with_the_value_the_file_holds(
+    agent_server: devserver.RunningServer, tmp_path: Path
+) -> None:
+    before = firings()
+    async with agent(
+        agent_server,
+        tmp_path / "st",
+        model=devserver.AGENT_MODEL,
+        repeat_limit=GuardLimits().repeat,
+        max_rounds=ROUNDS,
+    ) as a:
+        workspace = session_workspace(a.runtime.settings.workspaces, "garden")
+        (workspace / "garden.txt").write_text(
+            "The garden has one flower: a yellow tulip by the gate.\n"
+        )
+        outcome, calls = await a.turn("garden", "Read garden.txt and name the flower it mentions.")
+    print(f"answer: {outcome.answer!r}; {len(outcome.requests)} requests; calls {calls}")
+    assert outcome.failure is None, outcome.failure
+    assert "tulip" in (outcome.answer or "").lower()
+    assert [c.name for c in calls] == ["read_file"]
+    assert (outcome.guard, outcome.notices) == (None, [])
+    assert firings() == before
