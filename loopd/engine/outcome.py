@@ -16,7 +16,7 @@ from typing import Any
 from loopd.engine.cacheloss import Loss
 from loopd.engine.guards import Guard, Made
 from loopd.sessionlog.records import Perf, RequestRecord
-from loopd.wire.assemble import Outcome, StreamAssembler
+from loopd.wire.assemble import StreamAssembler, StreamOutcome
 
 
 class Failure(StrEnum):
@@ -84,8 +84,8 @@ class RequestResult:
         if self.failure is not None:
             return False
         outcome = self.assembler.outcome
-        closed_kept = self.looped is Loop.ANSWER and outcome is Outcome.TRUNCATED
-        return outcome is Outcome.COMPLETE or closed_kept
+        closed_kept = self.looped is Loop.ANSWER and outcome is StreamOutcome.TRUNCATED
+        return outcome is StreamOutcome.COMPLETE or closed_kept
 
     def fail(self, failure: Failure, detail: str) -> None:
         self.failure, self.detail = failure, detail

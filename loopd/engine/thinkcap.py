@@ -36,7 +36,7 @@ class Close:
     why: str
 
 
-Decision = Continue | SendControl | Close
+CapDecision = Continue | SendControl | Close
 
 
 @dataclass(frozen=True)
@@ -51,7 +51,7 @@ class ThinkCap:
         answering: bool,
         control_answer: str | None,
         looping: bool = False,
-    ) -> Decision:
+    ) -> CapDecision:
         """What to do after the events read so far. ``answering``: content or a tool call has
         begun, so thinking is over; ``control_answer``: what the control call got, None when it
         was not sent; ``looping``: the thought goes round in circles."""
