@@ -34,7 +34,6 @@ from typing import Any
 import anyio
 
 from bench.realtools import Recorded, Step, against_clients, gpu_s
-from loopd.config import load_settings
 from loopd.sessionlog.store import SessionLog
 from loopd.tools.workspace import session_workspace
 from loopd_dev import devserver
@@ -275,22 +274,24 @@ def _check(task: Task, record: dict[str, Any], workspace: Path) -> bool:
 async def _with_cache_figures(url: str, state: Path, runs: list[TaskRun]) -> list[TaskRun]:
     """Each task's GPU seconds from its requests' records, and its prompts against the ideal
     and the naive client."""
-    settings = load_settings(state_dir=state, model=devserver.AGENT_MODEL)
     figured = []
     with SessionLog.open(state / "loopd.db", create=False) as session_log:
         for n, run_ in enumerate(runs):
             session = _session(n)
             records = [request.record for request in session_log.requests(session)]
-            epoch = session_log.current_epoch(session)
+            messages = session_log.replay_messages(session)
             recorded = Recorded(
-                messages=session_log.replay_messages(session),
+                messages=messages,
                 records=records,
                 turn_of=[1] * len(records),
-                system_text=settings.system_text,
-                tools_text=epoch.tools_text,
+                system_text=json.loads(messages[0])["content"],  # the epoch's system message
+                tools_text=session_log.current_epoch(session).tools_text,
             )
             steps = await against_clients(url, devserver.AGENT_MODEL, recorded)
-            figured.append(replace(run_, gpu_s=gpu_s(records), steps=steps))
+            # Every call the model made, those a guard answered included (``loopd run``
+            # lists the calls that ran).
+            calls = sum(len(json.loads(m).get("tool_calls") or ()) for m in messages)
+            figured.append(replace(run_, gpu_s=gpu_s(records), steps=steps, tool_calls=calls))
     return figured
 
 

@@ -128,7 +128,7 @@ def _thinking(outcome: TurnOutcome) -> int:
 
 def _ended(outcome: TurnOutcome) -> str:
     extras = [r.perf.extra for r in outcome.requests]
-    if any(extra.get("looped") == "reasoning" for extra in extras):
+    if any("reasoning" in extra.get("looped", ()) for extra in extras):
         return "watch"
     if any(r.perf.capped for r in outcome.requests):
         return "cap"

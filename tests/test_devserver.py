@@ -140,11 +140,20 @@ def test_the_agent_preset_serves_the_rounds_template_on_one_slot_and_one_thread(
         "threads": "1",
     }
     assert devserver.AGENT_TEMPLATE.is_file()
-    assert devserver.loopd_env("qwen-coder-agent", {}).splitlines() == [
+    assigned = devserver.loopd_env("qwen-coder-agent", {})
+    assert assigned.splitlines()[:3] == [
         "export LOOPD_TEMPERATURE=0.0",
         "export LOOPD_MAX_TOKENS=150",
         "export LOOPD_THINK_CAP=0",
     ]
+    # A shell reads the assignments: the system text comes through whole.
+    shown = subprocess.run(
+        ["bash", "-c", f'{assigned}\nprintf %s "$LOOPD_SYSTEM_TEXT"'],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert shown.stdout == devserver.AGENT_SYSTEM_TEXT
 
 
 def test_the_tool_model_brings_its_settings_unless_the_environment_sets_them() -> None:

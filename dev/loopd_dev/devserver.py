@@ -43,6 +43,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import shlex
 import signal
 import socket
 import subprocess
@@ -86,8 +87,16 @@ TOOL_MODEL_SETTINGS = {"temperature": 0.0, "max_tokens": 150, "think_cap": 0}
 AGENT_MODEL = "qwen-coder-agent"
 AGENT_MODEL_FILE = "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf"
 AGENT_TEMPLATE = Path(__file__).parent / "templates" / "loopd-tool-rounds.jinja"
-# The same settings: greedy, no thinking; 150 tokens hold its calls and a short answer.
-AGENT_MODEL_SETTINGS = TOOL_MODEL_SETTINGS
+# The same settings (greedy, no thinking; 150 tokens hold its calls and a short answer), and a
+# system text that says when to stop calling tools: with loopd's own, after one result the model
+# read settings.env again instead of giving the PORT it held; with this one it answered, and
+# still read the file a listing or a note had pointed it to (python -m bench --agent).
+AGENT_SYSTEM_TEXT = (
+    "You are loopd, a helpful assistant working in a team's chat thread. Answer briefly. Use a "
+    "tool only to find what you do not know yet; once a tool result holds the answer, reply to "
+    "the user in words."
+)
+AGENT_MODEL_SETTINGS = {**TOOL_MODEL_SETTINGS, "system_text": AGENT_SYSTEM_TEXT}
 # What each preset needs of loopd's settings (``loopd_env``).
 MODEL_SETTINGS = {TOOL_MODEL: TOOL_MODEL_SETTINGS, AGENT_MODEL: AGENT_MODEL_SETTINGS}
 # The one condition that limits rendered reasoning to the turns after the last user message.
@@ -542,7 +551,7 @@ def loopd_env(model: str, environ: Mapping[str, str]) -> str:
     environment leaves unset (the user's own win); empty for a model that needs nothing."""
     wanted = MODEL_SETTINGS.get(model, {})
     return "\n".join(
-        f"export LOOPD_{name.upper()}={value}"
+        f"export LOOPD_{name.upper()}={shlex.quote(str(value))}"
         for name, value in wanted.items()
         if f"LOOPD_{name.upper()}" not in environ
     )

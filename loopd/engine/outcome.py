@@ -72,7 +72,7 @@ class RequestResult:
     ended_s: float = 0.0
     capped: bool = False
     control_answer: str | None = None
-    looped: Loop | None = None
+    looped: list[Loop] = field(default_factory=list)  # what the repetition watch ended
     events: int = 0
     output_seen: bool = False  # a reasoning, content or tool-call delta arrived
     notes: list[str] = field(default_factory=list)
@@ -84,7 +84,7 @@ class RequestResult:
         if self.failure is not None:
             return False
         outcome = self.assembler.outcome
-        closed_kept = self.looped is Loop.ANSWER and outcome is StreamOutcome.TRUNCATED
+        closed_kept = Loop.ANSWER in self.looped and outcome is StreamOutcome.TRUNCATED
         return outcome is StreamOutcome.COMPLETE or closed_kept
 
     def fail(self, failure: Failure, detail: str) -> None:
@@ -189,6 +189,6 @@ def _perf_extra(result: RequestResult, loss: Loss) -> dict[str, Any]:
         extra["status_code"] = result.status_code
     if result.control_answer is not None:
         extra["control_answer"] = result.control_answer
-    if result.looped is not None:
-        extra["looped"] = result.looped.value
+    if result.looped:
+        extra["looped"] = [loop.value for loop in result.looped]
     return extra

@@ -399,7 +399,7 @@ class _Reader:
         closing would cut): the stream is then closed and the answer kept as written."""
         if not self.answer.looping or self.result.assembler.tool_calls:
             return False
-        self.result.looped = Loop.ANSWER
+        self.result.looped.append(Loop.ANSWER)
         timings = self.result.assembler.timings
         tokens = timings.predicted_n if timings is not None else self.answer.tokens
         self.result.notes.append(
@@ -421,7 +421,7 @@ class _Reader:
         match decision:
             case SendControl():
                 if asm.thinking_tokens < self.cap.cap:
-                    result.looped = Loop.REASONING
+                    result.looped.append(Loop.REASONING)
                     result.notes.append(
                         "the model's thinking went round in circles; loopd ended it after "
                         f"{asm.thinking_tokens} tokens"
@@ -479,7 +479,7 @@ def _classify_end(client: InferenceClient, result: RequestResult) -> None:
         )
     elif asm.problems:
         result.fail(Failure.MALFORMED, f"malformed stream from {client.url}: {asm.problems[0]}")
-    elif result.looped is Loop.ANSWER:
+    elif Loop.ANSWER in result.looped:
         pass  # closed by loopd, kept as written
     elif not asm.done:
         result.fail(Failure.TRUNCATED, f"the stream from {client.url} ended without [DONE]")

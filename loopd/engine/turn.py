@@ -209,9 +209,9 @@ class Turn:
         if self.gate is not None:
             await self.gate.before_request(self, kind, outcome)
         result = (await self.request(kind, outcome)).result
-        if result.looped is not None:  # the repetition watch ended a thought or an answer
-            METRICS.guard_fired(*_LOOP_FIRINGS[result.looped])
-            outcome.notices.extend(result.notes)
+        for loop in result.looped:  # the repetition watch ended a thought or an answer
+            METRICS.guard_fired(*_LOOP_FIRINGS[loop])
+        outcome.notices.extend(result.notes)
         if not result.complete:
             raise RequestFailed(result.detail, result.failure)
         message = result.assembler.message()

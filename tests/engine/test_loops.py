@@ -105,7 +105,7 @@ async def test_a_looping_thought_is_ended_and_the_model_answers() -> None:
         result = await run_request(server.client, user_body("x"), slot=SLOT, limits=limits)
     assert result.complete, result.detail
     assert (result.looped, result.capped, result.control_answer) == (
-        Loop.REASONING,
+        [Loop.REASONING],
         True,
         "success",
     )
@@ -129,7 +129,7 @@ async def test_without_the_watch_the_same_thought_runs_to_max_tokens() -> None:
     async with served(fake) as server:
         result = await run_request(server.client, user_body("x"), slot=SLOT, limits=limits)
     assert result.complete
-    assert (result.looped, result.capped) == (None, False)
+    assert (result.looped, result.capped) == ([], False)
     assert result.assembler.finish_reason == "length"  # 512 tokens of it
     assert result.assembler.reasoning.count("I need to check") > 40
 
@@ -159,7 +159,8 @@ async def test_a_looping_answer_is_closed_and_kept_as_written(tmp_path: Path) ->
     ]
     assert closed == "disconnected"
     assert fired("answer_loop", "closed") == before + 1
-    assert (first.record.perf.outcome, first.record.perf.extra["looped"]) == ("complete", "answer")
+    perf = first.record.perf
+    assert (perf.outcome, perf.extra["looped"]) == ("complete", ["answer"])
     # The answer is in the log as written, and replayed as such by the next request.
     assistant = next(e for e in log.entries(SESSION) if e.kind is EntryKind.ASSISTANT)
     assert json.loads(assistant.message or "")["content"] == kept

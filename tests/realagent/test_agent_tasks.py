@@ -61,3 +61,31 @@ async def test_a_one_step_task_is_answered_with_the_value_the_file_holds(
     assert [c.name for c in calls] == ["read_file"]
     assert (outcome.guard, outcome.notices) == (None, [])
     assert firings() == before
+
+
+async def test_a_two_step_task_lists_then_reads_the_file_found_then_answers(
+    agent_server: devserver.RunningServer, tmp_path: Path
+) -> None:
+    before = firings()
+    async with agent(
+        agent_server,
+        tmp_path / "st",
+        model=devserver.AGENT_MODEL,
+        repeat_limit=GuardLimits().repeat,
+        max_rounds=ROUNDS,
+    ) as a:
+        workspace = session_workspace(a.runtime.settings.workspaces, "reports")
+        (workspace / "reports").mkdir()
+        (workspace / "reports" / "march.txt").write_text("Report for March\ntotal: 1250\n")
+        outcome, calls = await a.turn(
+            "reports", "Look in the folder reports and tell me the total it records."
+        )
+        listed = a.result_of("reports", calls[0]) if calls else ""
+    print(f"answer: {outcome.answer!r}; {len(outcome.requests)} requests; calls {calls}")
+    assert outcome.failure is None, outcome.failure
+    assert "1250" in (outcome.answer or "")
+    assert [c.name for c in calls] == ["list_dir", "read_file"]
+    assert "march.txt" in listed
+    assert "reports/march.txt" in calls[1].arguments
+    assert (outcome.guard, outcome.notices) == (None, [])
+    assert firings() == before
