@@ -45,7 +45,7 @@ log = logging.getLogger("bench.agent")
 class Task:
     """One small task: the files its workspace starts with, the prompt, and what finishes it:
     ``answer_has`` in the answer (case folded), ``file_has`` (a path and a text the file must
-    hold afterwards), ``result_has`` in one of the tool results."""
+    hold afterwards, case folded), ``result_has`` in one of the tool results."""
 
     name: str
     prompt: str
@@ -228,11 +228,7 @@ def _task(infer_url: str, broker_url: str, state: Path, n: int, task: Task) -> T
         raise RuntimeError(f"loopd run of {task.name!r} failed ({done.returncode}): {done.stderr}")
     record: dict[str, Any] = json.loads(done.stdout)
     finished = record["ended"] == "answered" and _check(task, record, workspace)
-    results = [str(call.get("result", "")) for call in record["tool_calls"]]
-    guards: Counter[str] = Counter()
-    # A repeat loopd answered with a pointer (its result is the pointer), and the guard that
-    # ended the turn.
-    guards["repeat pointed"] = sum(result.startswith(POINTED) for result in results)
+    guards: Counter[str] = Counter()  # the guard that ended the turn (pointers: from the log)
     if record.get("guard"):
         guards[f"{record['guard']} stopped"] += 1
     perf = record["perf"]
@@ -265,33 +261,50 @@ def _check(task: Task, record: dict[str, Any], workspace: Path) -> bool:
     if task.file_has is not None:
         path, text = task.file_has
         target = workspace / path
-        if not target.is_file() or text not in target.read_text(errors="replace"):
+        held = target.read_text(errors="replace") if target.is_file() else ""
+        if text.casefold() not in held.casefold():
             return False
     results = [str(call.get("result", "")) for call in record["tool_calls"]]
     return not task.result_has or any(task.result_has in result for result in results)
 
 
 async def _with_cache_figures(url: str, state: Path, runs: list[TaskRun]) -> list[TaskRun]:
-    """Each task's GPU seconds from its requests' records, and its prompts against the ideal
-    and the naive client."""
-    figured = []
+    """Each task's GPU seconds from its requests' records, every call the model made (``loopd
+    run`` lists those that ran) with the repeats loopd answered with a pointer, and its prompts
+    against the ideal and the naive client."""
+    recorded = []
     with SessionLog.open(state / "loopd.db", create=False) as session_log:
-        for n, run_ in enumerate(runs):
-            session = _session(n)
-            records = [request.record for request in session_log.requests(session)]
-            messages = session_log.replay_messages(session)
-            recorded = Recorded(
-                messages=messages,
-                records=records,
-                turn_of=[1] * len(records),
-                system_text=json.loads(messages[0])["content"],  # the epoch's system message
-                tools_text=session_log.current_epoch(session).tools_text,
+        for n in range(len(runs)):
+            name = _session(n)
+            records = [request.record for request in session_log.requests(name)]
+            messages = session_log.replay_messages(name)
+            recorded.append(
+                Recorded(
+                    messages=messages,
+                    records=records,
+                    turn_of=[1] * len(records),
+                    system_text=json.loads(messages[0])["content"],  # the epoch's system text
+                    tools_text=session_log.current_epoch(name).tools_text,
+                )
             )
-            steps = await against_clients(url, devserver.AGENT_MODEL, recorded)
-            # Every call the model made, those a guard answered included (``loopd run``
-            # lists the calls that ran).
-            calls = sum(len(json.loads(m).get("tool_calls") or ()) for m in messages)
-            figured.append(replace(run_, gpu_s=gpu_s(records), steps=steps, tool_calls=calls))
+    compared = await against_clients(url, devserver.AGENT_MODEL, recorded)
+    figured = []
+    for run_, done, steps in zip(runs, recorded, compared, strict=True):
+        wire = [json.loads(m) for m in done.messages]
+        calls = sum(len(m.get("tool_calls") or ()) for m in wire)
+        pointed = sum(
+            m.get("role") == "tool" and str(m.get("content")).startswith(POINTED) for m in wire
+        )
+        guards = {**run_.guards, **({"repeat pointed": pointed} if pointed else {})}
+        figured.append(
+            replace(
+                run_,
+                gpu_s=gpu_s(done.records),
+                steps=steps,
+                tool_calls=calls,
+                guards=guards,
+            )
+        )
     return figured
 
 

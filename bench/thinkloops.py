@@ -50,7 +50,19 @@ WINDOW = load_settings(model="m").loop_window  # the shipped default
 class Turned:
     gpu_s: float
     thinking: int
-    ended: str  # "itself", "cap" or "watch"
+    ended: str  # how the thought ended: "itself", "cap" or "watch"
+    answer_closed: bool  # the watch closed a looping answer
+    cut: bool  # the answer ran to max_tokens
+
+    @property
+    def calm(self) -> bool:
+        """Nothing looped: the thought ended by itself and the answer before max_tokens."""
+        return self.ended == "itself" and not self.cut and not self.answer_closed
+
+    @property
+    def shown(self) -> str:
+        closed = ", answer closed" if self.answer_closed else ""
+        return self.ended + closed + (", answer cut at max_tokens" if self.cut else "")
 
 
 @dataclass(frozen=True)
@@ -61,7 +73,9 @@ class Question:
 
     @property
     def false_alarm(self) -> bool:
-        return self.without.ended == "itself" and self.with_watch.ended == "watch"
+        """The watch acted on a turn that, without it, looped nowhere."""
+        fired = self.with_watch.ended == "watch" or self.with_watch.answer_closed
+        return self.without.calm and fired
 
 
 @dataclass(frozen=True)
@@ -87,16 +101,22 @@ async def _measure(url: str, work: Path) -> ThinkLoops:
     await _turn(url, work / "warm", "warm", "Say hello.", WINDOW)
     questions = []
     for n, text in enumerate(QUESTIONS):
-        with_watch = await _turn(url, work / "with", f"q{n}", text, WINDOW)
-        without = await _turn(url, work / "without", f"q{n}", text, 0)
+        # Each run's user message is new to the server, bar the first's in the second: which
+        # run goes first alternates, so neither is always the one read from the cache.
+        if n % 2:
+            without = await _turn(url, work / "without", f"q{n}", text, 0)
+            with_watch = await _turn(url, work / "with", f"q{n}", text, WINDOW)
+        else:
+            with_watch = await _turn(url, work / "with", f"q{n}", text, WINDOW)
+            without = await _turn(url, work / "without", f"q{n}", text, 0)
         questions.append(Question(text, with_watch, without))
         log.info(
             "%s: with the watch %.1f GPU s (%s), without %.1f GPU s (%s)",
             text,
             with_watch.gpu_s,
-            with_watch.ended,
+            with_watch.shown,
             without.gpu_s,
-            without.ended,
+            without.shown,
         )
     return ThinkLoops(devserver.THINKING_MODEL, questions)
 
@@ -119,7 +139,9 @@ async def _turn(url: str, state: Path, session: str, text: str, window: int) -> 
         outcome = await runtime.run_turn(found, lambda status: None)
     finally:
         await runtime.aclose()
-    return Turned(gpu_s(outcome.requests), _thinking(outcome), _ended(outcome))
+    closed = any("answer" in r.perf.extra.get("looped", ()) for r in outcome.requests)
+    cut = outcome.cut_at is not None
+    return Turned(gpu_s(outcome.requests), _thinking(outcome), _ended(outcome), closed, cut)
 
 
 def _thinking(outcome: TurnOutcome) -> int:
@@ -138,9 +160,10 @@ def _ended(outcome: TurnOutcome) -> str:
 def render(result: ThinkLoops) -> str:
     qs = result.questions
     looped = [q for q in qs if q.without.ended == "cap"]
-    calm = [q for q in qs if q.without.ended == "itself"]
+    calm = [q for q in qs if q.without.calm]
     caught = [q for q in looped if q.with_watch.ended == "watch"]
     alarms = [q for q in qs if q.false_alarm]
+    closed = [q for q in qs if q.with_watch.answer_closed]
     lines = [
         f"## Thinking loops ended early ({result.model}, `LOOPD_LOOP_WINDOW` {WINDOW} against 0)",
         "",
@@ -154,8 +177,8 @@ def render(result: ThinkLoops) -> str:
     for q in qs:
         w, o = q.with_watch, q.without
         lines.append(
-            f"| {q.text} | {w.gpu_s:.1f} | {w.thinking} | {w.ended} | {o.gpu_s:.1f} "
-            f"| {o.thinking} | {o.ended} |"
+            f"| {q.text} | {w.gpu_s:.1f} | {w.thinking} | {w.shown} | {o.gpu_s:.1f} "
+            f"| {o.thinking} | {o.shown} |"
         )
     total_with = sum(q.with_watch.gpu_s for q in qs)
     total_without = sum(q.without.gpu_s for q in qs)
@@ -164,8 +187,9 @@ def render(result: ThinkLoops) -> str:
         f"| {total_without:.1f} | {sum(q.without.thinking for q in qs)} | |",
         "",
         f"Without the watch {len(looped)} of {len(qs)} thoughts ran to the cap; the watch ended "
-        f"{len(caught)} of them early. GPU seconds per turn: {total_with / len(qs):.2f} with the "
-        f"watch, {total_without / len(qs):.2f} without. False alarms (a thought that ended by "
-        f"itself without the watch, ended by it): {len(alarms)} of {len(calm)}.",
+        f"{len(caught)} of them early, and closed {len(closed)} looping answers. GPU seconds "
+        f"per turn: {total_with / len(qs):.2f} with the watch, {total_without / len(qs):.2f} "
+        "without. False alarms (the watch acting on a turn that looped nowhere without it): "
+        f"{len(alarms)} of {len(calm)}.",
     ]
     return "\n".join(lines) + "\n"

@@ -52,6 +52,7 @@ import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -88,17 +89,22 @@ AGENT_MODEL = "qwen-coder-agent"
 AGENT_MODEL_FILE = "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf"
 AGENT_TEMPLATE = Path(__file__).parent / "templates" / "loopd-tool-rounds.jinja"
 # The same settings (greedy, no thinking; 150 tokens hold its calls and a short answer), and a
-# system text that says when to stop calling tools: with loopd's own, after one result the model
-# read settings.env again instead of giving the PORT it held; with this one it answered, and
-# still read the file a listing or a note had pointed it to (python -m bench --agent).
+# system text that says when to read and when to stop: with loopd's own, after one result the
+# model read settings.env again instead of giving the PORT it held, and listed a folder again
+# instead of counting its three files; with this one it answers both, and still reads the file a
+# listing or a note points it to. ("Use a tool only to find what you do not know yet" made it
+# answer about settings.env without reading it.)
 AGENT_SYSTEM_TEXT = (
-    "You are loopd, a helpful assistant working in a team's chat thread. Answer briefly. Use a "
-    "tool only to find what you do not know yet; once a tool result holds the answer, reply to "
-    "the user in words."
+    "You are loopd, a helpful assistant working in a team's chat thread. Answer briefly. Read "
+    "files with the tools before you answer about them. When a tool result answers the "
+    "question, answer in words at once."
 )
-AGENT_MODEL_SETTINGS = {**TOOL_MODEL_SETTINGS, "system_text": AGENT_SYSTEM_TEXT}
+AGENT_MODEL_SETTINGS: dict[str, Any] = {**TOOL_MODEL_SETTINGS, "system_text": AGENT_SYSTEM_TEXT}
 # What each preset needs of loopd's settings (``loopd_env``).
-MODEL_SETTINGS = {TOOL_MODEL: TOOL_MODEL_SETTINGS, AGENT_MODEL: AGENT_MODEL_SETTINGS}
+MODEL_SETTINGS: dict[str, dict[str, Any]] = {
+    TOOL_MODEL: TOOL_MODEL_SETTINGS,
+    AGENT_MODEL: AGENT_MODEL_SETTINGS,
+}
 # The one condition that limits rendered reasoning to the turns after the last user message.
 _LATEST_TURNS_ONLY = "{%- if loop.index0 > ns.last_query_index %}"
 

@@ -123,12 +123,10 @@ def call_key(call: ToolCall) -> CallKey:
     in strings folded (arguments that are not JSON compare as folded text)."""
     name = call.name.strip()
     try:
-        arguments = json.loads(call.arguments)
-    except (json.JSONDecodeError, RecursionError):
+        arguments = fold(json.loads(call.arguments))
+        canonical = json.dumps(arguments, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    except (ValueError, RecursionError):  # not JSON, or nested past what Python recurses into
         return name, fold(call.arguments)
-    canonical = json.dumps(
-        fold(arguments), sort_keys=True, separators=(",", ":"), ensure_ascii=False
-    )
     return name, canonical
 
 

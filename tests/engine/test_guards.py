@@ -61,6 +61,8 @@ def test_calls_compare_after_folding_key_order_and_whitespace_in_strings() -> No
     assert guards.call_key(LIST) != guards.call_key(ToolCall("x", "read_file", '{"path": "."}'))
     broken = ToolCall("x", "list_dir", '{"path":   ')
     assert guards.call_key(broken) == ("list_dir", '{"path":')
+    deep = ToolCall("x", "list_dir", "[" * 100_000 + "]" * 100_000)
+    assert guards.call_key(deep) == ("list_dir", "[" * 100_000 + "]" * 100_000)
 
 
 def test_the_first_repeat_is_pointed_to_the_earlier_result_and_the_second_stops() -> None:
