@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from loopcommon.sanitize import visible
 from loopd.engine.progress import Phase, Status
 
 
@@ -112,7 +113,9 @@ DRAFT_MARK = " …"  # ends an answer post while more is coming
 
 def draft_text(written: str, limit: int) -> str:
     """An answer post while the answer is being written: the text so far (at most the first
-    post's worth) and a mark that more is coming."""
+    post's worth, its hidden characters shown as the post will show them) and a mark that more
+    is coming."""
+    written = visible(written)
     mark = DRAFT_MARK
     head = written if len(written) + len(mark) <= limit else written[: limit - len(mark)]
     return head.rstrip() + mark

@@ -38,7 +38,6 @@ from loopd.chat.labels import AUTHOR
 from loopd.chat.mentions import named
 from loopd.chat.outbox import PART_PROP, TURN_PROP, Outbox
 from loopd.chat.rest import MattermostError
-from loopd.chat.split import split_message
 from loopd.chat.status import DRAFT_MARK, Finished, InLine
 from loopd.chat.turnposts import DRAFT, STATUS, TurnPosts, close, draft_post
 from loopd.contextwindow.compaction import is_compaction_instruction
@@ -540,7 +539,7 @@ class Threads:
         answer = json.loads(last.message).get("content") or "(the model gave an empty answer)"
         if notices:
             answer += "\n\n" + "\n".join(f"_{notice}_" for notice in notices)
-        parts = split_message(answer, self.outbox.max_post_size)
+        parts = self.outbox.parts(answer)
         if self.state.planned_parts(key) is None:
             self.state.record_intent(key, len(parts))
         if 0 not in self.state.posted_parts(key):

@@ -268,9 +268,11 @@ async def test_chromium_shows_the_busy_slot_the_session_and_its_phase(
     session = f"mm:{first.id}"
     assert still_live, "the turn was still live when the browser had finished"
     # The busy slot's row: the session (its thread's label, then loopd's name) and its phase.
-    row = re.search(r'<span class="busy">busy</span></td><td>(.*?)</td><td>([^<]*)</td>', text)
+    row = re.search(
+        r'<span class="busy">busy</span></td><td>(.*?)</td><td><bdi>([^<]*)</bdi></td>', text
+    )
     assert row is not None, text
-    assert f"<code>{session}</code>" in row.group(1), row.group(1)
+    assert f"<code><bdi>{session}</bdi></code>" in row.group(1), row.group(1)
     assert row.group(2).startswith("queued"), row.group(2)
     assert results["shot"].returncode == 0, results["shot"].stderr.decode(errors="replace")[-2000:]
     from matplotlib import image
