@@ -18,7 +18,8 @@ import anyio
 
 from loopcommon.errors import DaemonError
 from loopd.approvals.call import ASKER, AskedCall, Stepped
-from loopd.approvals.wait import settle
+from loopd.approvals.wait import settle_with_broker
+from loopd.approvals.words import canonical_arguments
 from loopd.config import Settings
 from loopd.contextwindow.budget import BudgetRules, ServerBudget
 from loopd.contextwindow.compaction import Compactor
@@ -137,13 +138,23 @@ class SessionTools:
         if not isinstance(name, str) or not name:
             return 'error: call_tool needs {"name": "<tool>", "arguments": {...}}'
         # The inner arguments travel to brokerd as text; they are validated there, not replayed.
-        inner = args.get("arguments", {})
-        inner_text = inner if isinstance(inner, str) else json.dumps(inner, ensure_ascii=False)
+        # Canonical: a person asked to approve the call reads exactly this text.
+        inner_text = canonical_arguments(args.get("arguments", {}))
         answer = await self.broker.call_tool_answer(session, call.id, name, inner_text)
         if answer.approval_id is None or self.log is None:
             return answer.text
-        asked = AskedCall(session, call.id, name, inner_text, answer.approval_id, time.time())
-        return await settle(self.log, self.broker, asked, self.approval_timeout_s)
+        asked = AskedCall(
+            session,
+            call.id,
+            name,
+            inner_text,
+            answer.approval_id,
+            time.time(),
+            description=answer.description,
+        )
+        return await settle_with_broker(
+            self.log, self.broker, ASKER.get(), asked, self.approval_timeout_s
+        )
 
 
 @dataclass(frozen=True)

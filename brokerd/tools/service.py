@@ -65,6 +65,7 @@ class CallAnswer:
     status: CallStatus
     recorded_status: CallStatus | None = None
     approval_id: str | None = None  # for loopd only (status "needs_approval")
+    description: str | None = None  # with an approval id: the tool's, for the person asked
 
 
 class ToolBroker:
@@ -226,7 +227,9 @@ class ToolBroker:
             approval_id = secrets.token_urlsafe(approvals.APPROVAL_ID_BYTES)
             self._audit.record_asked(approval_id, request)
         text = approvals.waiting_result(request.name)
-        return CallAnswer(text, "needs_approval", approval_id=approval_id)
+        return CallAnswer(
+            text, "needs_approval", approval_id=approval_id, description=plan.spec.description
+        )
 
     async def _run_new(
         self, request: CallRequest, arguments: str | object, approval: ApprovalBody | None
