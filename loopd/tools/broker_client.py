@@ -3,8 +3,8 @@
 Both return the text to append as the tool result. When brokerd cannot be reached, or answers
 with an error, the text says so and the turn goes on: nothing here raises for a broker problem
 (cancellation still propagates, as it must). The exchange itself runs under ``_mapped``, which
-turns every httpx error into loopd's own (``BrokerUnreachable``, ``BrokerError``); the wording for
-the model is decided from those, in one place (``_post``).
+turns every httpx error into loopd's own (``BrokerUnreachable``, ``BrokerCallError``); the wording
+for the model is decided from those, in one place (``_post``).
 """
 
 import json
@@ -15,7 +15,7 @@ from types import TracebackType
 
 import httpx
 
-from loopd.errors import BrokerError, BrokerUnreachable
+from loopd.errors import BrokerCallError, BrokerUnreachable
 from loopd.observe.context import broker_hooks
 
 UNIX_PREFIX = "unix:"
@@ -32,7 +32,7 @@ def _mapped(url: str) -> Iterator[None]:
     except httpx.ConnectError as exc:
         raise BrokerUnreachable(f"cannot connect to {url}: {exc}") from exc
     except httpx.HTTPError as exc:
-        raise BrokerError(f"{type(exc).__name__}: {exc}") from exc
+        raise BrokerCallError(f"{type(exc).__name__}: {exc}") from exc
 
 
 @dataclass(frozen=True)
@@ -118,7 +118,7 @@ class BrokerClient:
         what = f"call_tool {name!r}"
         try:
             status, content = await self._exchange("/v1/call_tool", body)
-        except (BrokerUnreachable, BrokerError) as exc:
+        except (BrokerUnreachable, BrokerCallError) as exc:
             return BrokerAnswer(unreachable_text(what, exc))
         text = result_text(status, content, what)
         if not 200 <= status < 300 or (approval_id := approval_id_of(content)) is None:
@@ -128,7 +128,7 @@ class BrokerClient:
     async def _post(self, path: str, body: dict[str, str], *, what: str) -> str:
         try:
             status, content = await self._exchange(path, body)
-        except (BrokerUnreachable, BrokerError) as exc:
+        except (BrokerUnreachable, BrokerCallError) as exc:
             return unreachable_text(what, exc)
         return result_text(status, content, what)
 
@@ -139,7 +139,7 @@ class BrokerClient:
         return response.status_code, response.content
 
 
-def unreachable_text(what: str, exc: BrokerUnreachable | BrokerError) -> str:
+def unreachable_text(what: str, exc: BrokerUnreachable | BrokerCallError) -> str:
     if isinstance(exc, BrokerUnreachable):
         return (
             f"{what} is unavailable: brokerd is not running ({exc}). Nothing was run. "
