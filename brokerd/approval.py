@@ -56,13 +56,13 @@ def declared_effects(spec: ToolSpec) -> tuple[str, ...]:
 
 
 def unknown_names(
-    overrides: Mapping[str, ApprovalMode], catalogue: Collection[str], servers: Collection[str]
+    names: Collection[str], catalogue: Collection[str], servers: Collection[str]
 ) -> list[str]:
-    """Names in ``[broker.approval]`` that no tool can have: a catalogue name the catalogue
-    lacks, or ``server.tool`` of a server not configured (a misspelt name would leave its
-    tool at its default without a word)."""
+    """The ``names`` of ``[broker.approval]`` that no tool can have: a catalogue name the
+    catalogue lacks, or ``server.tool`` of a server not configured (a misspelt name would leave
+    its tool at its default without a word)."""
     unknown = []
-    for name in sorted(overrides):
+    for name in sorted(names):
         server, dot, _ = name.partition(".")
         known = server in servers if dot else name in catalogue
         if not known:

@@ -14,7 +14,8 @@ from typing import TYPE_CHECKING
 import anyio
 
 from brokerd import approval as approvals
-from brokerd.approval import ApprovalBody, Decided, NotThisCall, approval_mode, unknown_names
+from brokerd.approval import ApprovalBody, Decided, NotThisCall, approval_mode
+from brokerd.config import check_approval_names
 from brokerd.confine import (
     ConfinementError,
     check_declared,
@@ -37,7 +38,7 @@ from brokerd.tools.calls import (
     plan_call,
 )
 from brokerd.tools.catalogue import Catalogue, CommandRun, McpRun, load_catalogue
-from brokerd.tools.errors import CallConflictError, CatalogueError
+from brokerd.tools.errors import CallConflictError
 from brokerd.tools.execute import Confiner, execute, limits_for
 from brokerd.tools.ranking import rank
 from brokerd.tools.settings import BrokerSettings
@@ -101,19 +102,15 @@ class ToolBroker:
         hidden: Sequence[Path] = (),
         mcp: "Sequence[McpServerConfig]" = (),
     ) -> "ToolBroker":
-        """Load the catalogue (raising ``CatalogueError`` naming a bad file) and the audit log.
+        """Load the catalogue (raising ``CatalogueError`` naming a bad file, ``ConfigError``
+        naming a tool of ``[broker.approval]`` that no tool can be) and the audit log.
 
         Command tools and stdio MCP servers run confined: ``ConfinementError`` when that is
         impossible here, or when one declares a path that holds one of brokerd's own
         (``hidden``, plus the audit log).
         """
         catalogue = load_catalogue(settings.catalogue_dir, BUILTINS.keys())
-        unknown = unknown_names(settings.approval, catalogue.tools, [m.name for m in mcp])
-        if unknown:
-            raise CatalogueError(
-                f"[broker.approval] names {', '.join(unknown)}: no catalogue tool and no "
-                "[[mcp]] server's tool has that name"
-            )
+        check_approval_names(settings.approval, catalogue.tools, [m.name for m in mcp])
         audit = open_audit_log(settings)
         if settings.audit_retention_days is not None:
             pruned = prune_audit_log(audit, settings.audit_retention_days)
