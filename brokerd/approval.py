@@ -18,14 +18,13 @@ another.
 
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass
-from typing import Final, Literal
+from typing import Final
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from brokerd.tools.catalogue import ApprovalMode, CommandRun, ToolSpec
+from brokerd.tools.catalogue import CommandRun, ToolSpec
+from loopcommon.approvals import ApprovalMode, Verdict
 
-__all__ = ["ApprovalMode"]
-Verdict = Literal["allow", "deny", "timeout"]
 APPROVAL_ID_BYTES: Final = 18  # 144 random bits, URL-safe base64: 24 characters
 MAX_DECIDER_CHARS: Final = 200
 
@@ -151,18 +150,3 @@ def waiting_result(name: str) -> str:
 
 def not_this_call_result(name: str, reason: str) -> str:
     return f"{name} was not run: the approval sent with this call is not valid ({reason})."
-
-
-def decided_result(name: str, verdict: Verdict, by: str, result: str | None = None) -> str:
-    """The tool result the model reads after a decision: who allowed or refused it."""
-    if verdict == "allow":
-        return f"Allowed by {by}.\n{result or ''}".rstrip("\n")
-    if verdict == "deny":
-        return (
-            f"{name} was not run: {by} denied this call. Do not try it again in this turn; "
-            "answer without it, or ask what to do instead."
-        )
-    return (
-        f"{name} was not run: nobody allowed it in time ({by}), so it was denied. Do not try it "
-        "again in this turn; answer without it, or ask what to do instead."
-    )

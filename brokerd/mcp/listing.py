@@ -19,7 +19,8 @@ from typing import TYPE_CHECKING, Any, Final
 import anyio
 
 from brokerd.approval import approval_mode
-from brokerd.tools.catalogue import ApprovalMode, BuiltinRun, Catalogue, ToolSpec
+from brokerd.tools.catalogue import BuiltinRun, Catalogue, ToolSpec
+from loopcommon.approvals import ApprovalMode
 
 if TYPE_CHECKING:
     from brokerd.mcp.server import ServerStatus

@@ -42,6 +42,7 @@ from brokerd.tools.errors import CallConflictError
 from brokerd.tools.execute import Confiner, execute, limits_for
 from brokerd.tools.ranking import rank
 from brokerd.tools.settings import BrokerSettings
+from loopcommon.approvals import decided_result
 from loopcommon.callstatus import CallStatus
 
 if TYPE_CHECKING:
@@ -244,11 +245,11 @@ class ToolBroker:
             self._audit.record_start(request)
             if isinstance(gated, Decided) and gated.verdict != "allow":
                 status: CallStatus = "denied"
-                result = approvals.decided_result(request.name, gated.verdict, gated.by)
+                result = decided_result(request.name, gated.verdict, gated.by)
             else:
                 status, result = await self._answer(plan)
                 if isinstance(gated, Decided):
-                    result = approvals.decided_result(request.name, "allow", gated.by, result)
+                    result = decided_result(request.name, "allow", gated.by, result)
             self._audit.record_end(request.session, request.call_id, status, result)
             return CallAnswer(result, status)
         except anyio.get_cancelled_exc_class():

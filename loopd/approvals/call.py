@@ -8,13 +8,14 @@ asks the same people, whoever joined the thread since.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable
 from contextlib import AbstractAsyncContextManager
 from contextvars import ContextVar
 from dataclasses import dataclass
-from typing import Literal, Protocol
+from typing import Protocol
 
-Verdict = Literal["allow", "deny", "timeout"]
+from loopcommon.approvals import Verdict
 
 
 @dataclass(frozen=True)
@@ -29,6 +30,13 @@ class AskedCall:
     asked_at: float  # seconds since the epoch, when it was first asked
     people: tuple[str, ...] = ()  # who was asked (with the admins: ``loopd.approvals.deciders``)
     description: str = ""  # what the tool says it does
+
+
+def core_approval_id(session: str, call_id: str, tool: str, arguments: str) -> str:
+    """The approval id of a call of one of loopd's core tools (loopd asks about these itself):
+    the same call after a restart has the same id, so it finds its question again."""
+    key = "\0".join((session, call_id, tool, arguments)).encode()
+    return "core-" + hashlib.sha256(key).hexdigest()[:32]
 
 
 @dataclass(frozen=True)

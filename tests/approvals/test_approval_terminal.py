@@ -40,7 +40,7 @@ async def run_turn(
             state_dir=tmp_path / "state",
             max_tokens=256,
             think_cap=0,
-            approval_timeout_s=timeout_s,
+            approval={"timeout_s": timeout_s},
         )
         runtime = Runtime.open(settings)
         try:

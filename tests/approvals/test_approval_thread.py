@@ -51,6 +51,7 @@ async def thread_env(
     mattermost_on_tcp: bool = False,  # for a client that speaks TCP only (Node's)
     mm_config: FakeConfig = FAST_MM,
     max_tokens: int = 256,
+    asks: tuple[str, ...] = (),  # core tools set to ask ([approval])
 ) -> AsyncIterator[Env]:
     mm_sockets = None if mattermost_on_tcp else sockets
     async with (
@@ -63,7 +64,7 @@ async def thread_env(
             FAKE_MODEL,
             max_tokens=max_tokens,
             broker_url=broker_url,
-            approval_timeout_s=timeout_s,
+            approval={"timeout_s": timeout_s, **dict.fromkeys(asks, "ask")},
         )
         yield Env(mm, settings, chat_settings_for(mm, tmp_path))
 
@@ -148,23 +149,29 @@ async def test_the_question_survives_a_restart_of_loopd(
 ) -> None:
     script_a_call(fake_llama, FAKE_MODEL)
     async with thread_env(tmp_path, sockets, llama) as env:
-        async with daemon(env) as running:
-            root = env.fake.post_as("alice", env.dm(), "echo hi")
-            line = await asked(env, running, root.id)
-        # loopd is gone (killed) with the question open; brokerd is still up.
-        async with daemon(env) as again:
-            questions = again.adapter.threads.questions
-            await until(lambda: questions.is_open(line.post_id), "the question asked again")
-            env.fake.react_as("alice", line.post_id, "white_check_mark")
-            await until(lambda: len(env.answers(root.id)) == 1, "the answer after the restart")
-        posted = [p for p in env.live_bot_posts(root.id) if p.message.startswith("🔐")]
-        assert [p.post_id for p in posted] == [line.post_id]  # asked once, in one post
-    result = tool_results(env.settings.db_path, session_name(root.id))[-1]
+        root = await allowed_after_a_restart(env, "echo hi")
+    result = tool_results(env.settings.db_path, session_name(root))[-1]
     assert result == "Allowed by @alice.\necho: hi"
-    asked_notes = [
-        n for n in notes(env.settings.db_path, session_name(root.id)) if "approval asked" in n
-    ]
+
+
+async def allowed_after_a_restart(env: Env, text: str) -> str:
+    """alice's ``text`` makes a call that asks; loopd is killed with the question open, asks on
+    once started again (in the same post, from the question as first noted), and she allows
+    it. The thread's root id."""
+    async with daemon(env) as running:
+        root = env.fake.post_as("alice", env.dm(), text)
+        line = await asked(env, running, root.id)
+    # loopd is gone (killed) with the question open; brokerd is still up.
+    async with daemon(env) as again:
+        questions = again.adapter.threads.questions
+        await until(lambda: questions.is_open(line.post_id), "the question asked again")
+        env.fake.react_as("alice", line.post_id, "white_check_mark")
+        await until(lambda: len(env.answers(root.id)) == 1, "the answer after the restart")
+    posted = [p for p in env.live_bot_posts(root.id) if p.message.startswith("🔐")]
+    assert [p.post_id for p in posted] == [line.post_id]  # asked once, in one post
+    asked_notes = [n for n in notes(env.settings.db_path, session_name(root.id)) if "asked" in n]
     assert len(asked_notes) == 1  # the restart asked on from the first question
+    return root.id
 
 
 async def test_a_reaction_given_while_loopd_was_away_counts(
