@@ -15,8 +15,9 @@ character is shown as what it is, never passed on (``visible``):
 
 Newlines and tabs stay, and so does ``\\r\\n`` (as a newline). A zero-width joiner stays between
 two pictographs, where it draws one emoji (``👩‍💻``); anywhere else it is shown. What follows an
-escaped ESC (``]52;c;...``) is then plain text. Every label is ASCII, so it can reorder nothing,
-and ``visible`` of its own output changes nothing: an exit may apply it again.
+escaped ESC (``]52;c;...``) is then plain text. A label holds no control and no right-to-left
+letter, so it reorders nothing beside it, and ``visible`` of its own output changes nothing: an
+exit may apply it again.
 
 Each exit applies it once to all it sends: ``loopd.chat.rest`` to every post and edit (and the
 outbox before it splits a post, so that a part keeps its length), the terminal to what came

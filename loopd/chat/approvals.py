@@ -54,9 +54,10 @@ def question_head(call: AskedCall, posts: int = 1) -> str:
 
 def ask_line(settings: ChatSettings, deciders: Deciders, wait_s: float) -> str:
     """The question's second line while it is open (pure): who answers, and how."""
-    who = " or ".join(f"@{name}" for name in sorted(deciders.people)) or "someone of this thread"
+    people = " or ".join(f"@{name}" for name in sorted(deciders.people))
+    who = f"{people} or an admin" if people else "An admin"
     return (
-        f"{who} or an admin: react :{settings.allow_reaction}: to allow or "
+        f"{who}: react :{settings.allow_reaction}: to allow or "
         f":{settings.deny_reaction}: to deny (within {minutes(wait_s)}, then it is denied)."
     )
 

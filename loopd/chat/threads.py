@@ -29,6 +29,7 @@ from tenacity import RetryCallState, retry_if_exception
 from loopcommon.backoff import Backoff
 from loopcommon.errors import DaemonError
 from loopcommon.retry import retrying
+from loopcommon.sanitize import visible
 from loopd.approvals.call import ASKER
 from loopd.approvals.deciders import Deciders, may_decide
 from loopd.chat.approvals import Questions
@@ -482,7 +483,7 @@ class Threads:
         people[root_of(name)] = people.get(root_of(name), frozenset()) | {who.lower()}
         if draft is not None and not self.outbox.delivered(key):
             room = self.outbox.max_post_size - len(line) - 2
-            written = written[:room].rstrip()
+            written = visible(written)[:room].rstrip()  # as the post shows it, within the limit
             text = f"{written}\n\n{line}" if written else line
             try:
                 await self.outbox.client.patch_message(

@@ -61,6 +61,8 @@ def test_the_thread_question_words() -> None:
         "(within 10 minutes, then it is denied)."
     )
     assert argument_posts(CALL, 16383) == [f"```json\n{ARGUMENTS}\n```"]
+    assert ask_line(settings(), Deciders.of([]), 90).startswith("An admin: react")
+    assert status_text(AwaitingApproval(())) == "⏳ waiting for an admin's approval"
     assert status_text(AwaitingApproval(("alice",))) == "⏳ waiting for @alice's approval"
     assert status_text(AwaitingApproval(("alice", "bob"))) == (
         "⏳ waiting for @alice's or @bob's approval"
