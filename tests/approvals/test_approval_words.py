@@ -9,6 +9,8 @@ import anyio
 import anyio.lowlevel
 import pytest
 
+from brokerd.approval import not_this_call_result, waiting_result
+from loopcommon.approvals import decided_result
 from loopd.approvals.call import AskedCall, Decision
 from loopd.approvals.deciders import Deciders
 from loopd.approvals.words import (
@@ -119,3 +121,24 @@ async def test_only_the_people_asked_or_an_admin_answer() -> None:
         assert questions.react("p2", "x", "carol", "carol-id")  # on the arguments' post
     assert decided == [Decision("deny", "@carol")]
     assert not questions.react("p1", "white_check_mark", "alice", "alice-id")  # closed
+
+
+def test_what_the_model_reads_of_a_call_that_asked() -> None:
+    assert waiting_result("fs.write") == (
+        "fs.write needs a person's approval before it runs, and none was given: nothing was run. "
+        "The person who started this turn is asked; wait for their decision."
+    )
+    assert not_this_call_result("fs.write", "it names an approval brokerd did not issue") == (
+        "fs.write was not run: the approval sent with this call is not valid (it names an "
+        "approval brokerd did not issue)."
+    )
+    assert decided_result("fs.write", "allow", "@alice", "done\n") == "Allowed by @alice.\ndone"
+    assert decided_result("fs.write", "deny", "@alice") == (
+        "fs.write was not run: @alice denied this call. Do not try it again in this turn; "
+        "answer without it, or ask what to do instead."
+    )
+    assert decided_result("fs.write", "timeout", "no answer within 10 minutes") == (
+        "fs.write was not run: nobody allowed it in time (no answer within 10 minutes), so it "
+        "was denied. Do not try it again in this turn; answer without it, or ask what to do "
+        "instead."
+    )
