@@ -34,6 +34,10 @@ MOMENTS = (0.0, 0.01, 0.03, 0.06, 0.1, 0.15, 0.2, 0.3, 0.45, 0.6, 0.9, 1.3)
 KILLED_BY_SIGINT = -signal.SIGINT
 # The interpreter's own initialisation (importing ``site``, setting up the standard streams).
 INTERPRETER_START_UP = "Fatal Python error: init_"
+# ``site`` runs the ``.pth`` files of the environment (an editable install's path hook) before
+# the program's first line, and reports an interrupt there itself, as the error of that file, or
+# as an exception ignored in the import lock's clean-up; then the program runs on.
+SITE_REPORTS = ("Error processing line ", "Exception ignored in: <function _get_module_lock")
 
 
 def interrupted(argv: list[str], env: dict[str, str], after_s: float) -> tuple[int, str]:
@@ -59,9 +63,10 @@ def interrupted(argv: list[str], env: dict[str, str], after_s: float) -> tuple[i
 
 
 def in_interpreter_start_up(err: str) -> bool:
-    """The interrupt came before a line of the program ran: while Python imported ``site``, or
-    inside Python's import machinery as the installed script's first statement imported the
-    entry module (its only frame is that statement: no frame of the program's own code)."""
+    """The interrupt came before a line of the program ran: while Python imported ``site`` (or
+    ran the ``.pth`` files it reads), or inside Python's import machinery as the installed
+    script's first statement imported the entry module (its only frame is that statement: no
+    frame of the program's own code)."""
     frames = [line for line in err.splitlines() if line.lstrip().startswith("File ")]
     script, machinery = f'"{BIN}/', '"<frozen importlib.'
     if (
@@ -73,10 +78,11 @@ def in_interpreter_start_up(err: str) -> bool:
         assert err.rstrip().endswith("KeyboardInterrupt"), err
         assert "/loopcommon/" not in err, err
         return True
-    if not err.startswith(INTERPRETER_START_UP):
+    if not err.startswith((INTERPRETER_START_UP, *SITE_REPORTS)):
         return False
     assert "/loopd/" not in err, err
     assert "/brokerd/" not in err, err
+    assert "/loopcommon/" not in err, err
     return True
 
 

@@ -48,22 +48,6 @@ def made_since(requests: Iterable[Request], since: datetime | None) -> list[Requ
     return [r for r in requests if datetime.fromisoformat(r.created_at) >= since]
 
 
-def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    perf = subparsers.add_parser("perf", help="per-request perf records: cache reuse, times")
-    perf.add_argument("--session", help="one session (default: every session)")
-    perf.add_argument("--json", action="store_true", help="the records as a JSON list")
-    perf.add_argument(
-        "--since", metavar="WHEN", help="only requests since WHEN: 30m, 2h, 7d or an ISO date"
-    )
-    perf.add_argument(
-        "--plot",
-        metavar="FILE.png",
-        type=Path,
-        help="draw prompt_n, cache_n, time to first byte and tokens/s per request (matplotlib)",
-    )
-    perf.set_defaults(handler=log_handler(run))
-
-
 def run(args: argparse.Namespace, db_path: Path, out: TextIO, err: TextIO) -> int:
     """The ``perf`` command: 0 on success (no log yet is no sessions), 2 when the log cannot be
     read or has no such session, for a bad ``--since``, or for a plot that cannot be drawn."""
@@ -100,6 +84,9 @@ def run(args: argparse.Namespace, db_path: Path, out: TextIO, err: TextIO) -> in
         every = [r for rows in by_session.values() for r in rows]
         out.write(format_summary("all sessions", summarize(every)) + "\n")
     return 0
+
+
+handler = log_handler(run)
 
 
 def _requests(

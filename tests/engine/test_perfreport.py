@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 import io
 import json
 from pathlib import Path
@@ -12,6 +11,7 @@ import pytest
 
 from loopcommon.jsonbytes import dumps
 from loopd.cli import perf as perf_command
+from loopd.cli.parser import build_parser
 from loopd.engine.cacheloss import LossCause
 from loopd.observe import perfsummary
 from loopd.sessionlog.chain import messages_digest
@@ -65,9 +65,7 @@ def db(tmp_path: Path) -> Path:
 
 
 def _run(db: Path, *argv: str) -> tuple[int, str, str]:
-    parser = argparse.ArgumentParser()
-    perf_command.register(parser.add_subparsers())
-    args = parser.parse_args(["perf", *argv])
+    args = build_parser().parse_args(["perf", *argv])
     out, err = io.StringIO(), io.StringIO()
     code = perf_command.run(args, db, out, err)
     return code, out.getvalue(), err.getvalue()

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 import io
 import sys
 from dataclasses import dataclass
@@ -14,6 +13,7 @@ import pytest
 
 from loopcommon.jsonbytes import dumps
 from loopd.cli import perf as perf_command
+from loopd.cli.parser import build_parser
 from loopd.observe import perfsummary
 from loopd.sessionlog.chain import messages_digest
 from loopd.sessionlog.records import Perf, RequestKind, RequestRecord, fresh_external_key
@@ -24,9 +24,7 @@ NOW = datetime(2026, 5, 1, 12, 0, tzinfo=UTC)
 
 
 def _run(db: Path, *argv: str) -> tuple[int, str, str]:
-    parser = argparse.ArgumentParser()
-    perf_command.register(parser.add_subparsers())
-    args = parser.parse_args(["perf", *argv])
+    args = build_parser().parse_args(["perf", *argv])
     out, err = io.StringIO(), io.StringIO()
     code = perf_command.run(args, db, out, err)
     return code, out.getvalue(), err.getvalue()
