@@ -43,8 +43,16 @@ class SigintDeferred:
         _signal.pthread_sigmask(_signal.SIG_UNBLOCK, {_signal.SIGINT})
 
 
+# httpx imports its own command line (click, rich's console, pygments: a tenth of ``loopd run``'s
+# start) whenever those are installed, and loopd's dependencies install them; neither program
+# runs it. An entry of None makes that import fail, which httpx expects where they are missing.
+_UNUSED_MODULES = ("httpx._main",)
+
+
 def run_program(program: str, module: str) -> int:
     """Import ``module`` and call its ``main``; an interrupt anywhere in it is one line."""
+    for unused in _UNUSED_MODULES:
+        sys.modules.setdefault(unused, None)  # type: ignore[arg-type]
     try:
         import importlib
 
