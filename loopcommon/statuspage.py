@@ -1,5 +1,5 @@
-"""loopd's status page: its data (slots, live turns, sessions) and the page made from it, as plain
-HTML with inline SVG plots. Pure: no I/O.
+"""loopd's status page: its data (the wait people saw for a turn's first token, slots, live turns,
+sessions) and the page made from it, as plain HTML with inline SVG plots. Pure: no I/O.
 
 loopd reads its runtime into a ``StatusSnapshot`` (``loopd.observe.status``) and serves it as
 ``/status.json``; brokerd checks that data against these types and renders the page with
@@ -70,12 +70,24 @@ class SessionView:
 
 
 @dataclass(frozen=True)
+class WaitView:
+    """The wait people saw for a turn's first token over the latest turns: its p50 and p95, and
+    each part's p50 (in milliseconds, named in a person's words, in order)."""
+
+    turns: int
+    p50_ms: float
+    p95_ms: float
+    parts_p50_ms: tuple[tuple[str, float], ...]
+
+
+@dataclass(frozen=True)
 class StatusSnapshot:
     generated_at: str
     model: str
     slots: tuple[SlotView, ...]
     live: tuple[LiveView, ...]
     sessions: tuple[SessionView, ...]
+    waits: WaitView | None = None  # None: no turn has recorded its wait yet
 
     def as_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -108,6 +120,8 @@ def render(snap: StatusSnapshot, thread_url: str | None = None) -> str:
         "<h1>loopd</h1>",
         f'<p class="muted">model <code>{e(snap.model)}</code> · {e(snap.generated_at)} · '
         f"refreshes every {REFRESH_S} s</p>",
+        "<h2>The wait for the first token</h2>",
+        _waits(snap.waits),
         "<h2>Slots</h2>",
         _slots_table(snap.slots, named),
         "<h2>Live turns</h2>",
@@ -117,6 +131,28 @@ def render(snap: StatusSnapshot, thread_url: str | None = None) -> str:
         "</body></html>",
     ]
     return "\n".join(parts)
+
+
+def _waits(waits: WaitView | None) -> str:
+    if waits is None:
+        return '<p class="muted">no turn has recorded its wait yet</p>'
+    e = html.escape
+    noun = "turn" if waits.turns == 1 else "turns"
+    parts = "; ".join(f"{e(what)} {duration(ms)}" for what, ms in waits.parts_p50_ms)
+    return (
+        f"<p><b>p50 {duration(waits.p50_ms)}</b> · <b>p95 {duration(waits.p95_ms)}</b> over "
+        f'the latest {waits.turns} {noun}</p><p class="muted">p50 of each part: {parts}</p>'
+    )
+
+
+def duration(ms: float) -> str:
+    """``850 ms``, ``3.4 s``, ``2 min 5 s``: a wait as a person reads it."""
+    if ms < 1000:
+        return f"{ms:,.0f} ms"
+    if ms < 60_000:
+        return f"{ms / 1000:,.1f} s"
+    minutes, seconds = divmod(round(ms / 1000), 60)
+    return f"{minutes} min {seconds} s"
 
 
 def _slots_table(slots: Sequence[SlotView], named: Callable[[str], str]) -> str:

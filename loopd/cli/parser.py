@@ -175,7 +175,7 @@ def _perf(sub: Subparsers) -> None:
         "--plot",
         metavar="FILE.png",
         type=Path,
-        help="draw prompt_n, cache_n, time to first byte and tokens/s per request (matplotlib)",
+        help="draw prompt_n, cache_n, the wait for the first token and tokens/s (matplotlib)",
     )
     perf.set_defaults(handler=Command("loopd.cli.perf", "handler"))
 
