@@ -134,8 +134,9 @@ def unreplayable_call(asm: StreamAssembler) -> str | None:
 def request_perf(
     result: RequestResult, loss: Loss, endpoint: str | None = None, request_id: str | None = None
 ) -> Perf:
-    """The request's perf record: the server's counters, the engine's times, the cache loss,
-    and ``request_id``, the id its lines in loopd's and brokerd's logs carry."""
+    """The request's perf record: the server's counters, the engine's times (the parts of the
+    wait a person saw, ``loopd.engine.waits``, the server's queue also as ``queue_wait_ms``), the
+    cache loss, and ``request_id``, the id its lines in loopd's and brokerd's logs carry."""
     asm, t = result.assembler, result.assembler.timings
     wait = result.wait.parts()
     return Perf(
@@ -151,13 +152,13 @@ def request_perf(
         capped=result.capped,
         cache_loss=loss.lost,
         cache_loss_cause=loss.label or None,
-        extra=_perf_extra(result, loss)
+        extra=_perf_extra(result, loss, wait)
         | ({"endpoint": endpoint} if endpoint else {})
         | ({"request_id": request_id} if request_id else {}),
     )
 
 
-def _perf_extra(result: RequestResult, loss: Loss) -> dict[str, Any]:
+def _perf_extra(result: RequestResult, loss: Loss, wait: dict[str, float]) -> dict[str, Any]:
     asm, t = result.assembler, result.assembler.timings
     extra: dict[str, Any] = {
         "expected_reuse": loss.expected,
@@ -165,7 +166,7 @@ def _perf_extra(result: RequestResult, loss: Loss) -> dict[str, Any]:
         "finish_reason": asm.finish_reason,
         "completion_id": asm.completion_id,
         "had_reasoning": bool(asm.reasoning),
-        **result.wait.parts(),
+        **wait,
     }
     if t is not None:
         extra.update(prompt_ms=t.prompt_ms, predicted_ms=t.predicted_ms)
