@@ -12,20 +12,21 @@ from datetime import UTC, datetime
 from typing import Final
 
 from loopcommon.statuspage import (
+    MAX_SESSIONS,
+    PLOT_POINTS,
     LiveView,
     SessionView,
     SlotView,
     StatusSnapshot,
     ThreadView,
     WaitView,
+    bounded,
 )
 from loopd.engine.waits import WAIT_PARTS, person_wait_ms
 from loopd.observe.perfsummary import PART_WORDS, percentile, summarize
 from loopd.sessionlog.records import Request, RequestKind
 from loopd.sessions import Runtime
 
-PLOT_POINTS: Final = 60  # the latest requests a session's plot shows
-MAX_SESSIONS: Final = 50  # the most recently active sessions listed
 WAIT_TURNS: Final = 100  # the latest turns the wait for the first token is over
 PREWARM_PREFIX: Final = "prewarm:"  # the scheduler holds a slot for a prewarm under this name
 
@@ -33,8 +34,8 @@ PREWARM_PREFIX: Final = "prewarm:"  # the scheduler holds a slot for a prewarm u
 def snapshot(
     runtime: Runtime, now: float | None = None, threads: Mapping[str, ThreadView] = {}
 ) -> StatusSnapshot:
-    """What the page shows, read from the runtime now; ``threads``: the Mattermost threads'
-    labels, by session name."""
+    """What the page shows, read from the runtime now, within the page's bounds
+    (``statuspage.bounded``); ``threads``: the Mattermost threads' labels, by session name."""
     wall = time.time() if now is None else now
     live = runtime.live.all()
     phases = {turn.session: turn.phase for turn in live}
@@ -57,7 +58,7 @@ def snapshot(
         for s in listed
     ]
     sessions.sort(key=lambda v: (v.phase is not None, v.last_turn_at or ""), reverse=True)
-    return StatusSnapshot(
+    snap = StatusSnapshot(
         generated_at=_stamp(wall),
         model=runtime.client.model,
         slots=tuple(slots),
@@ -65,6 +66,7 @@ def snapshot(
         sessions=tuple(sessions[:MAX_SESSIONS]),
         waits=wait_view([r for rows in requests.values() for r in rows]),
     )
+    return bounded(snap)
 
 
 def wait_view(requests: Sequence[Request], latest: int = WAIT_TURNS) -> WaitView | None:

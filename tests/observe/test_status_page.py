@@ -11,6 +11,7 @@ from loopcommon.statuspage import (
     SlotView,
     StatusSnapshot,
     WaitView,
+    bounded,
     render,
     sparkline,
     when,
@@ -127,6 +128,7 @@ def test_the_wait_people_saw_comes_first() -> None:
     assert " p50 1.2 s · p95 1 min 2 s over the latest 12 turns " in text
     assert " p50 of each part: in loopd's queue 0 ms; reading the prompt 1.2 s " in text
     assert page.index("The wait for the first token") < page.index("Slots")
+    assert bounded(snapshot(waits=waits)).waits == waits  # what loopd serves keeps it
     assert " no turn has recorded its wait yet " in text_of(render(snapshot()))
 
 
