@@ -2,8 +2,9 @@
 
 Before the first byte the request waits while a watch polls ``/slots`` (and ``/health``), each
 poll under its own short timeout; ``loopd.engine.liveness`` judges each poll (queued, stuck, gone)
-and the end of the wait. After the first byte every event is life (progress events included);
-``silence_s`` without any closes the connection, which cancels the generation on the server.
+and the end of the wait. After the first byte every event is life (progress events included),
+but not a keep-alive ping, nor bytes that complete no event; ``silence_s`` without any event
+closes the connection, which cancels the generation on the server.
 Both are measured in tests/contract/test_contract_stream.py:
 ``test_i_progress_events_break_the_prefill_silence`` and
 ``test_l_closing_the_stream_frees_the_slot_within_a_second``. After each chunk's events
@@ -54,6 +55,7 @@ from loopd.engine.outcome import Failure, Loop, RequestResult, unreplayable_call
 from loopd.engine.progress import Phase, Status, StatusCallback
 from loopd.engine.request import ANY_SLOT
 from loopd.engine.thinkcap import Close, SendControl, ThinkCap
+from loopd.engine.waits import WaitClock
 from loopd.errors import (
     InferenceError,
     ServerRejected,
@@ -66,6 +68,7 @@ from loopd.wire.events import (
     ContentDelta,
     Done,
     Foreign,
+    KeepAlive,
     Malformed,
     Progress,
     ReasoningDelta,
@@ -202,7 +205,7 @@ _WAIT_PHASES: dict[type[LivenessVerdict], Phase] = {
 
 def start_result() -> RequestResult:
     """The result of a request sent now."""
-    return RequestResult(assembler=StreamAssembler(), sent_at=time.monotonic())
+    return RequestResult(assembler=StreamAssembler(), wait=WaitClock(sent=time.monotonic()))
 
 
 async def run_request(
@@ -241,7 +244,9 @@ async def stream_into(
             watch = _SlotWatch(client, slot, limits, throttled)
             answer = await _open(client, body, limits, watch, result, stack)
             if answer is not None:
-                result.first_byte_s = time.monotonic() - result.sent_at
+                arrived = time.monotonic()
+                result.first_byte_s = arrived - result.sent_at
+                result.wait.byte(arrived)
                 reader = _Reader(client, EventStream(answer), limits, throttled, result, lost)
                 await reader.read()
     except ServerRejected as exc:
@@ -282,7 +287,6 @@ async def _open(
                 error = exc  # raised outside the task group, so it is not wrapped in a group
             watch.finish()
     watch.end_wait()
-    result.queue_wait_s = watch.wait.queued_s
     if error is not None:
         raise error
     if answer is None:
@@ -341,10 +345,12 @@ class _Reader:
         self.answer = RepetitionWatch(limits.loop_window)
 
     async def read(self) -> None:
-        # One deadline for the whole stream, moved on by the chunks (a scope per read costs
-        # more than the read itself on a fast model), and moved at most once per ``slack``
-        # (each move reschedules the event loop's timer): the limit fires between silence_s and
-        # silence_s + slack after the last chunk, never before.
+        # One deadline for the whole stream, moved on by the chunks that complete an event (a
+        # scope per read costs more than the read itself on a fast model), and moved at most
+        # once per ``slack`` (each move reschedules the event loop's timer): the limit fires
+        # between silence_s and silence_s + slack after the last event, never before. Bytes
+        # that complete no event, and keep-alive pings (the server's own "nothing to say"), are
+        # not life: a drip of them must not hold the slot.
         silence_s = self.limits.silence_s
         slack = min(SILENCE_SLACK_S, silence_s / 10)
         with anyio.CancelScope(deadline=anyio.current_time() + silence_s + slack) as silence:
@@ -354,6 +360,8 @@ class _Reader:
                     return
                 if not await self._follow_cap(silence):
                     return
+                if not _alive(events):
+                    continue
                 now = anyio.current_time()
                 if silence.deadline < now + silence_s:
                     silence.deadline = now + silence_s + slack
@@ -367,11 +375,13 @@ class _Reader:
     def _apply(self, events: list[StreamEvent]) -> bool:
         """Fold the events in; True when the stream is over or can no longer be trusted."""
         ended = False
-        asm = self.result.assembler
+        asm, wait = self.result.assembler, self.result.wait
         for event in events:
             asm.apply(event)
             self.result.events += 1
             if isinstance(event, ReasoningDelta | ContentDelta | ToolCallDelta):
+                if not self.result.output_seen:
+                    wait.token(time.monotonic())
                 self.result.output_seen = True
             if isinstance(event, ReasoningDelta):
                 self.thought.feed(event.text)
@@ -379,8 +389,10 @@ class _Reader:
                 self.answer.feed(event.text)
             ended = ended or isinstance(event, _LAST_EVENTS)
             _report_event(event, asm, self.report)
-            if isinstance(event, Progress) and self._lost_at(event.cache):
-                return True
+            if isinstance(event, Progress):
+                wait.progress(event.processed, event.total, time.monotonic())
+                if self._lost_at(event.cache):
+                    return True
         return ended
 
     def _lost_at(self, cache: int) -> bool:
@@ -438,6 +450,14 @@ class _Reader:
                 )
                 return False
         return True
+
+
+def _alive(events: list[StreamEvent]) -> bool:
+    """Whether a chunk's events say the request is alive: any event but a keep-alive ping."""
+    # The first event decides on the hot path (a token's chunk); a ping comes alone.
+    return bool(events) and (
+        type(events[0]) is not KeepAlive or any(type(e) is not KeepAlive for e in events)
+    )
 
 
 def _report_event(event: StreamEvent, asm: StreamAssembler, report: StatusThrottle) -> None:

@@ -11,21 +11,31 @@ from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Final
 
-from loopcommon.statuspage import LiveView, SessionView, SlotView, StatusSnapshot, ThreadView
-from loopd.observe.perfsummary import summarize
+from loopcommon.statuspage import (
+    MAX_SESSIONS,
+    PLOT_POINTS,
+    LiveView,
+    SessionView,
+    SlotView,
+    StatusSnapshot,
+    ThreadView,
+    WaitView,
+    bounded,
+)
+from loopd.engine.waits import WAIT_PARTS, person_wait_ms
+from loopd.observe.perfsummary import PART_WORDS, percentile, summarize
 from loopd.sessionlog.records import Request, RequestKind
 from loopd.sessions import Runtime
 
-PLOT_POINTS: Final = 60  # the latest requests a session's plot shows
-MAX_SESSIONS: Final = 50  # the most recently active sessions listed
+WAIT_TURNS: Final = 100  # the latest turns the wait for the first token is over
 PREWARM_PREFIX: Final = "prewarm:"  # the scheduler holds a slot for a prewarm under this name
 
 
 def snapshot(
     runtime: Runtime, now: float | None = None, threads: Mapping[str, ThreadView] = {}
 ) -> StatusSnapshot:
-    """What the page shows, read from the runtime now; ``threads``: the Mattermost threads'
-    labels, by session name."""
+    """What the page shows, read from the runtime now, within the page's bounds
+    (``statuspage.bounded``); ``threads``: the Mattermost threads' labels, by session name."""
     wall = time.time() if now is None else now
     live = runtime.live.all()
     phases = {turn.session: turn.phase for turn in live}
@@ -41,19 +51,41 @@ def snapshot(
         LiveView(t.session, t.slot, t.phase, max(wall - t.started_at, 0.0), t.holding, t.ahead)
         for t in live
     )
+    listed = runtime.log.sessions()
+    requests = {s.name: runtime.log.requests(s.name) for s in listed}
     sessions = [
-        session_view(
-            s.name, s.slot, runtime.log.requests(s.name), phases.get(s.name), threads.get(s.name)
-        )
-        for s in runtime.log.sessions()
+        session_view(s.name, s.slot, requests[s.name], phases.get(s.name), threads.get(s.name))
+        for s in listed
     ]
     sessions.sort(key=lambda v: (v.phase is not None, v.last_turn_at or ""), reverse=True)
-    return StatusSnapshot(
+    snap = StatusSnapshot(
         generated_at=_stamp(wall),
         model=runtime.client.model,
         slots=tuple(slots),
         live=live_views,
         sessions=tuple(sessions[:MAX_SESSIONS]),
+        waits=wait_view([r for rows in requests.values() for r in rows]),
+    )
+    return bounded(snap)
+
+
+def wait_view(requests: Sequence[Request], latest: int = WAIT_TURNS) -> WaitView | None:
+    """The wait for the first token over the ``latest`` turns that recorded theirs."""
+    waited = sorted(
+        (r for r in requests if person_wait_ms(r.record.perf.extra) is not None),
+        key=lambda r: r.created_at,
+    )[-latest:]
+    if not waited:
+        return None
+    summary = summarize(waited)
+    parts = tuple(
+        (PART_WORDS[name], percentile(summary.wait_parts_ms[name], 50)) for name in WAIT_PARTS
+    )
+    return WaitView(
+        turns=len(summary.waits_ms),
+        p50_ms=percentile(summary.waits_ms, 50),
+        p95_ms=percentile(summary.waits_ms, 95),
+        parts_p50_ms=parts,
     )
 
 
