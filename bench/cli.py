@@ -6,12 +6,15 @@ SmolLM2 thinking templates and the hybrid preset) and switching (the plain and t
 preset) benchmarks, logging at trace level so the hybrid's turns say what the server did. Then
 benchmarks with routers of their own: pinning on a unified pool (``bench/pool.py``), where a
 hybrid model's cache goes (``bench/hybrid.py``), placement across two endpoints
-(``bench/placement.py``) and real tool calls by the tool model (``bench/realtools.py``; alone:
-``--real-tools``, written to ``<date>-real-tools.md``) and durable sessions, a returning session's
-re-read after the server forgot it, with and without a saved slot state (the server's own save and
-restore, ``bench/durable.py``, then loopd's rule, ``bench/durable_loopd.py``, twenty threads taking
-turns beyond the host cache, ``bench/durable_turns.py``, and the save folder under brokerd's cap,
-``bench/durable_cap.py``; alone: ``--durable``, written to
+(``bench/placement.py``), real tool calls by the tool model (``bench/realtools.py``; alone:
+``--real-tools``, written to ``<date>-real-tools.md``), the agent bench, a dozen small tasks
+through ``loopd run`` on the agent model with the same turns' cache figures (``bench/agent.py``;
+alone: ``--agent``), thinking loops ended early by the repetition watch on the tiny thinking
+preset (``bench/thinkloops.py``; alone: ``--think-loops``) and durable sessions, a returning
+session's re-read after the server forgot it, with and without a saved slot state (the server's
+own save and restore, ``bench/durable.py``, then loopd's rule, ``bench/durable_loopd.py``,
+twenty threads taking turns beyond the host cache, ``bench/durable_turns.py``, and the save
+folder under brokerd's cap, ``bench/durable_cap.py``; alone: ``--durable``, written to
 ``<date>-durable.md``), and the edges, which need no real server: a command's start-up, brokerd's
 relay of a streamed answer and the wait a person saw (``bench/edges.py``; alone: ``--edges``,
 written to ``<date>-edges.md``). The report goes to ``bench/results/<date>.md`` with a plot per
