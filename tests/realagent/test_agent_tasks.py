@@ -12,13 +12,16 @@ dozen).
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
 from loopd.engine.guards import GuardLimits
+from loopd.engine.outcome import TurnOutcome
 from loopd.observe.metrics import METRICS
 from loopd.tools.workspace import session_workspace
+from loopd.wire.assemble import ToolCall
 from loopd_dev import devserver
 from tests.realagent.support import agent
 
@@ -40,54 +43,66 @@ def firings() -> float:
     )
 
 
-async def test_a_one_step_task_is_answered_with_the_value_the_file_holds(
-    agent_server: devserver.RunningServer, tmp_path: Path
-) -> None:
+@dataclass
+class Task:
+    """One turn of the agent on a workspace holding ``files``: its outcome, the calls it made and
+    the text of each call's result."""
+
+    outcome: TurnOutcome
+    calls: list[ToolCall]
+    results: list[str]
+
+
+async def task(
+    server: devserver.RunningServer, state: Path, files: dict[str, str], prompt: str
+) -> Task:
+    """The turn, with loopd's default guards; no guard or repetition watch may fire in it."""
     before = firings()
     async with agent(
-        agent_server,
-        tmp_path / "st",
+        server,
+        state,
         model=devserver.AGENT_MODEL,
         repeat_limit=GuardLimits().repeat,
         max_rounds=ROUNDS,
     ) as a:
-        workspace = session_workspace(a.runtime.settings.workspaces, "garden")
-        (workspace / "garden.txt").write_text(
-            "The garden has one flower: a yellow tulip by the gate.\n"
-        )
-        outcome, calls = await a.turn("garden", "Read garden.txt and name the flower it mentions.")
+        workspace = session_workspace(a.runtime.settings.workspaces, "task")
+        for name, text in files.items():
+            (workspace / name).parent.mkdir(parents=True, exist_ok=True)
+            (workspace / name).write_text(text)
+        outcome, calls = await a.turn("task", prompt)
+        results = [json.loads(a.result_of("task", call))["content"] for call in calls]
     print(f"answer: {outcome.answer!r}; {len(outcome.requests)} requests; calls {calls}")
     assert outcome.failure is None, outcome.failure
-    assert "tulip" in (outcome.answer or "").lower()
-    # It reads the file (at temperature 0 on build 11434 it first lists the path, then reads it).
-    assert (calls[-1].name, json.loads(calls[-1].arguments)["path"]) == ("read_file", "garden.txt")
     assert (outcome.guard, outcome.notices) == (None, [])
     assert firings() == before
+    return Task(outcome, calls, results)
+
+
+async def test_a_one_step_task_is_answered_with_the_value_the_file_holds(
+    agent_server: devserver.RunningServer, tmp_path: Path
+) -> None:
+    done = await task(
+        agent_server,
+        tmp_path,
+        {"garden.txt": "The garden has one flower: a yellow tulip by the gate.\n"},
+        "Read garden.txt and name the flower it mentions.",
+    )
+    assert "tulip" in (done.outcome.answer or "").lower()
+    # It reads the file (at temperature 0 on build 11434 it first lists the path, then reads it).
+    last = done.calls[-1]
+    assert (last.name, json.loads(last.arguments)["path"]) == ("read_file", "garden.txt")
 
 
 async def test_a_two_step_task_lists_then_reads_the_file_found_then_answers(
     agent_server: devserver.RunningServer, tmp_path: Path
 ) -> None:
-    before = firings()
-    async with agent(
+    done = await task(
         agent_server,
-        tmp_path / "st",
-        model=devserver.AGENT_MODEL,
-        repeat_limit=GuardLimits().repeat,
-        max_rounds=ROUNDS,
-    ) as a:
-        workspace = session_workspace(a.runtime.settings.workspaces, "reports")
-        (workspace / "reports").mkdir()
-        (workspace / "reports" / "march.txt").write_text("Report for March\ntotal: 1250\n")
-        outcome, calls = await a.turn(
-            "reports", "Look in the folder reports and tell me the total it records."
-        )
-        listed = a.result_of("reports", calls[0]) if calls else ""
-    print(f"answer: {outcome.answer!r}; {len(outcome.requests)} requests; calls {calls}")
-    assert outcome.failure is None, outcome.failure
-    assert "1250" in (outcome.answer or "")
-    assert [c.name for c in calls] == ["list_dir", "read_file"]
-    assert "march.txt" in listed
-    assert "reports/march.txt" in calls[1].arguments
-    assert (outcome.guard, outcome.notices) == (None, [])
-    assert firings() == before
+        tmp_path,
+        {"reports/march.txt": "Report for March\ntotal: 1250\n"},
+        "Look in the folder reports and tell me the total it records.",
+    )
+    assert "1250" in (done.outcome.answer or "")
+    assert [c.name for c in done.calls] == ["list_dir", "read_file"]
+    assert "march.txt" in done.results[0]
+    assert json.loads(done.calls[1].arguments)["path"] == "reports/march.txt"
