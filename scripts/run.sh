@@ -140,8 +140,10 @@ if [ -n "${DEMO:-}" ]; then
     if [ ${#status_url[@]} -gt 0 ]; then
         echo "demo: loopd's status page is ${status_url[1]}" >&2
     fi
-    echo "demo: host_uptime asks before it runs: with LOOPD_MODEL=qwen-coder-tools, ask" \
-        "\"@loopd What is the host's uptime? Use the host_uptime tool.\" and react ✅ or ❌." >&2
+    echo "demo: an approval: host_uptime runs only once you react ✅ (❌ denies). SmolLM2 calls" \
+        "no tools: with LOOPD_MODEL=qwen-coder-tools make demo, write in a thread" \
+        "'@loopd Use find_tool with the query \"uptime\".'" \
+        "then 'Call host_uptime with call_tool, with the arguments {}.'" >&2
     echo "demo: Ctrl-C ends it; the next make demo starts a new world." >&2
     # Its log goes to a file: this terminal says where the page is, and what ended the demo.
     status=0

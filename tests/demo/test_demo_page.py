@@ -1,17 +1,25 @@
-"""The demo page's server side: what the page is told (who it acts as, where, which reactions),
-and that nothing in it can end the page's script element early."""
+"""The demo's parts: what the page is told (who it acts as, where, which reactions), that
+nothing in it can end the page's script element early, and the approval brokerd asks for."""
 
 from __future__ import annotations
 
 import json
+import os
 import re
+from pathlib import Path
 
 import httpx
 import pytest
 
+from brokerd.approval import approval_mode
+from brokerd.config import load_settings
+from brokerd.tools.builtins import BUILTINS
+from brokerd.tools.catalogue import load_catalogue
 from loopd.chat.config import ChatSettings
 from loopd_dev.demo.page import PageOptions, page_config, page_routes, render_index, script_json
 from loopd_dev.fakes.mattermost import FakeMattermost, build_app
+
+DEMO_BROKERD_CONFIG = Path(__file__).parents[2] / "dev" / "loopd_dev" / "demo" / "brokerd.toml"
 
 
 def config_in(html: str) -> dict[str, object]:
@@ -79,3 +87,18 @@ async def test_the_fake_serves_the_page_its_script_and_style_beside_its_api() ->
     assert style.status_code == 200
     assert ping.status_code == 200
     assert missing.status_code == 404
+
+
+def test_the_demos_brokerd_asks_before_host_uptime_only(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    for name in [n for n in os.environ if n.startswith("BROKERD_")]:
+        monkeypatch.delenv(name)
+    monkeypatch.setenv("BROKERD_CONFIG", str(DEMO_BROKERD_CONFIG))
+    # As scripts/run.sh gives it.
+    monkeypatch.setenv("BROKERD_BROKER__AUDIT_DB", str(tmp_path / "audit.db"))
+    broker = load_settings().broker
+    assert broker is not None
+    catalogue = load_catalogue(broker.catalogue_dir, BUILTINS.keys())
+    asking = [spec.name for spec in catalogue if approval_mode(spec, broker.approval) == "ask"]
+    assert asking == ["host_uptime"]
