@@ -22,6 +22,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -75,29 +76,22 @@ def state_dir() -> Iterator[Path]:
     shutil.rmtree(folder, ignore_errors=True)
 
 
-def browse(state_dir: Path, url: str, screenshot: Path) -> dict[str, object]:
-    """The page in Chromium, driven by ``js/demo_page.cjs`` (playwright-core, no browser of its
-    own: the machine's Chromium)."""
-    node = npm_cache.node("the demo page's test")
+def in_chromium(script: str, profile: Path, url: str, **more: object) -> dict[str, Any]:
+    """``js/<script>`` run on the page at ``url`` in Chromium (playwright-core, no browser of its
+    own: the machine's Chromium, with a profile of the test's own); what it saw."""
+    node = npm_cache.node("the demo page's tests")
     modules = npm_cache.node_modules(npm_cache.cache_dir("npm-playwright"), PLAYWRIGHT)
-    chat = ChatSettings()
-    profile = state_dir.with_suffix(".chromium")
     arguments = {
         "modules": str(modules),
         "chromium": system_tool("chromium"),
         "profile": str(profile),
         "url": url,
-        "screenshot": str(screenshot),
-        "prompts": {"long": LONG, "short": SHORT},
-        "reactions": {"stop": chat.stop_reaction, "regenerate": REGENERATE_REACTION},
-        "grown_chars": 60,
         "wait_ms": int(WAIT_S * 1000),
-        "regenerates": False,
+        **more,
     }
-    script = Path(__file__).parent / "js" / "demo_page.cjs"
     try:
         done = subprocess.run(
-            [node, str(script), json.dumps(arguments)],
+            [node, str(Path(__file__).parent / "js" / script), json.dumps(arguments)],
             capture_output=True,
             text=True,
             timeout=3 * WAIT_S,
@@ -106,7 +100,7 @@ def browse(state_dir: Path, url: str, screenshot: Path) -> dict[str, object]:
     finally:
         shutil.rmtree(profile, ignore_errors=True)
     assert done.returncode == 0, done.stderr[-4000:]
-    result: dict[str, object] = json.loads(done.stdout)
+    result: dict[str, Any] = json.loads(done.stdout)
     return result
 
 
@@ -155,7 +149,17 @@ def test_make_demo_page_in_chromium_post_stream_stop_regenerate(
         assert not (state_dir / "demo" / "loopd.db").read_bytes().startswith(b"an earlier")
 
         shot = tmp_path / "demo.png"
-        seen = browse(state_dir, f"{base}/", shot)
+        chat = ChatSettings()
+        seen = in_chromium(
+            "demo_page.cjs",
+            state_dir.with_suffix(".chromium"),
+            f"{base}/",
+            screenshot=str(shot),
+            prompts={"long": LONG, "short": SHORT},
+            reactions={"stop": chat.stop_reaction, "regenerate": REGENERATE_REACTION},
+            grown_chars=60,
+            regenerates=False,
+        )
 
         welcome = str(seen["welcome"])
         assert {"✅", "❌", "🛑", "🔁"} <= set(welcome), welcome
@@ -234,3 +238,25 @@ def test_a_second_make_demo_on_the_same_state_says_so(state_dir: Path) -> None:
     assert done.returncode == 2
     assert done.stderr == f"run: a demo is already running on {state_dir / 'demo'}\n"
     assert (state_dir / "demo" / "loopd.db").read_text() == "the running demo's sessions"
+
+
+def test_the_page_keeps_a_post_the_server_failed_and_sends_it_once(tmp_path: Path) -> None:
+    port = free_port()
+    out = tmp_path / "demo.json"
+    with out.open("w") as sink:
+        page = subprocess.Popen(
+            [str(REPO / ".venv" / "bin" / "python"), "-m", "loopd_dev.demo", "--port", str(port)],
+            stdout=sink,
+            stderr=subprocess.STDOUT,
+        )
+    try:
+        wait_for("the page served", lambda: out.read_text().startswith("{"), out, page)
+        seen = in_chromium("page_faults.cjs", tmp_path / "chromium", f"http://127.0.0.1:{port}/")
+    finally:
+        page.terminate()
+        page.wait(timeout=60)
+    assert seen["notice"].startswith("could not send: 503 "), seen
+    assert seen["kept"] == "@loopd kept when refused"
+    assert seen["notice_after"] is True
+    assert seen["posts"] == ["@loopd kept when refused"]
+    assert seen["threads"] == 1

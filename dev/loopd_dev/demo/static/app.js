@@ -13,6 +13,8 @@ const state = {
   edits: new Map(), // id -> how many edits this page has seen (loopd's answer grows by edits)
   selected: null, // the root post id of the thread shown, or null for a new thread
   typingUntil: new Map(), // root id ("" for the channel) -> time the indicator expires
+  sending: false, // a post is on its way
+  pendingId: null, // the message's pending_post_id: a post sent again is taken for the first
   socket: null,
 };
 
@@ -245,6 +247,7 @@ function draw() {
 
 async function select(rootId) {
   state.selected = rootId;
+  state.pendingId = null; // a message for another thread
   history.replaceState(null, "", rootId ? `#${rootId}` : "#");
   el("message").placeholder = rootId
     ? "Reply in this thread… (Enter sends, Shift+Enter for a new line)"
@@ -266,11 +269,17 @@ async function send(event) {
   const box = el("message");
   const message = box.value;
   if (!message.trim()) return;
-  const body = { channel_id: config.channel.id, message };
+  if (state.sending) return; // Enter pressed again before the server answered: one post
+  // As Mattermost's web app does: one id per message typed, so that sending it again after a
+  // failure the server may have committed anyway (a timeout, a 5xx) posts it once.
+  if (!state.pendingId) state.pendingId = `${config.person.id}:${Date.now()}`;
+  const body = { channel_id: config.channel.id, message, pending_post_id: state.pendingId };
   if (state.selected) body.root_id = state.selected;
+  state.sending = true;
   el("send").disabled = true;
   try {
     const post = await call("POST", "/posts", body);
+    state.pendingId = null;
     box.value = "";
     notice("");
     keep(post);
@@ -280,6 +289,7 @@ async function send(event) {
     // The text stays in the box: nothing typed is lost.
     notice(`could not send: ${error.message}`);
   } finally {
+    state.sending = false;
     el("send").disabled = false;
   }
 }
@@ -388,6 +398,9 @@ function start() {
     el("status-link").hidden = false;
   }
   el("composer").addEventListener("submit", send);
+  el("message").addEventListener("input", () => {
+    state.pendingId = null; // another text is another message
+  });
   el("message").addEventListener("keydown", (event) => {
     if (event.key === "Enter" && !event.shiftKey && !event.isComposing) send(event);
   });
