@@ -4,20 +4,7 @@
 // grown_chars, wait_ms, regenerates). Output: one JSON object of what the page showed at each step.
 'use strict';
 
-const input = JSON.parse(process.argv[2]);
-const {chromium} = require(`${input.modules}/playwright-core`);
-
-// The flags a shared, offline machine needs (the profile is the test's own).
-const FLAGS = [
-    '--headless',
-    '--no-sandbox',
-    '--disable-gpu',
-    '--disable-background-networking',
-    '--disable-component-update',
-    '--disable-sync',
-    '--no-first-run',
-];
-const wait = {timeout: input.wait_ms};
+const {input, run, wait} = require('./browser.cjs');
 
 // Every post of the thread shown, as the page draws it.
 function shown(page) {
@@ -67,69 +54,51 @@ async function react(page, id, emoji) {
     );
 }
 
-async function main() {
-    const context = await chromium.launchPersistentContext(input.profile, {
-        executablePath: input.chromium,
-        headless: true,
-        args: FLAGS,
-        viewport: {width: 1280, height: 900},
-    });
+run(async (context) => {
     const out = {};
-    try {
-        const page = await context.newPage();
-        await page.goto(input.url);
-        await page.waitForSelector('#connection[data-connected="true"]', wait);
-        out.welcome = await page.textContent('#posts');
+    const page = await context.newPage();
+    await page.goto(input.url);
+    await page.waitForSelector('#connection[data-connected="true"]', wait);
+    out.welcome = await page.textContent('#posts');
 
-        // A post, and its answer as it streams: the page shows it growing (to a few lines, so
-        // the screenshot shows some of it).
-        await send(page, input.prompts.long);
-        const first = await answerAfter(page, 0, false);
-        await page.waitForFunction(
-            ({id, least}) => {
-                const post = document.querySelector(`article.post[data-post-id="${id}"] .message`);
-                return post && post.textContent.length >= least;
-            },
-            {id: first.id, least: Math.max(first.text.length + 1, input.grown_chars)},
-            {...wait, polling: 'raf'},
-        );
-        out.streamed = [first.text, await textOf(page, first.id)];
+    // A post, and its answer as it streams: the page shows it growing (to a few lines, so
+    // the screenshot shows some of it).
+    await send(page, input.prompts.long);
+    const first = await answerAfter(page, 0, false);
+    await page.waitForFunction(
+        ({id, least}) => {
+            const post = document.querySelector(`article.post[data-post-id="${id}"] .message`);
+            return post && post.textContent.length >= least;
+        },
+        {id: first.id, least: Math.max(first.text.length + 1, input.grown_chars)},
+        {...wait, polling: 'raf'},
+    );
+    out.streamed = [first.text, await textOf(page, first.id)];
 
-        // 🛑 on the answer while it is written; the thread says it stopped.
-        await react(page, first.id, input.reactions.stop);
-        await page.waitForFunction(
-            () => [...document.querySelectorAll('#posts article.post[data-kind="answer"]')]
-                .some((p) => /stopped/i.test(p.querySelector('.message').textContent)),
-            null,
-            {...wait, polling: 'raf'},
-        );
-        out.after_stop = await shown(page);
+    // 🛑 on the answer while it is written; the thread says it stopped.
+    await react(page, first.id, input.reactions.stop);
+    await page.waitForFunction(
+        () => [...document.querySelectorAll('#posts article.post[data-kind="answer"]')]
+            .some((p) => /stopped/i.test(p.querySelector('.message').textContent)),
+        null,
+        {...wait, polling: 'raf'},
+    );
+    out.after_stop = await shown(page);
 
-        // A reply, answered to its end.
-        await send(page, input.prompts.short);
-        const before = out.after_stop.filter((p) => p.kind === 'answer').length;
-        const reply = await answerAfter(page, before, true);
-        out.reply = reply;
+    // A reply, answered to its end.
+    await send(page, input.prompts.short);
+    const before = out.after_stop.filter((p) => p.kind === 'answer').length;
+    const reply = await answerAfter(page, before, true);
+    out.reply = reply;
 
-        // 🔁 on that answer: the reaction is on the post (and, where loopd regenerates, a new
-        // answer follows it).
-        await react(page, reply.id, input.reactions.regenerate);
-        if (input.regenerates) {
-            out.regenerated = await answerAfter(page, before + 1, true);
-        }
-        out.thread = await shown(page);
-        out.threads = await page.$$eval('#thread-list li', (items) => items.map((i) => i.textContent));
-        await page.screenshot({path: input.screenshot});
-    } finally {
-        await context.close();
+    // 🔁 on that answer: the reaction is on the post (and, where loopd regenerates, a new
+    // answer follows it).
+    await react(page, reply.id, input.reactions.regenerate);
+    if (input.regenerates) {
+        out.regenerated = await answerAfter(page, before + 1, true);
     }
+    out.thread = await shown(page);
+    out.threads = await page.$$eval('#thread-list li', (items) => items.map((i) => i.textContent));
+    await page.screenshot({path: input.screenshot});
     return out;
-}
-
-main().then(
-    (out) => process.stdout.write(JSON.stringify(out)),
-    (err) => {
-        process.stderr.write(`${err.stack || err}\n`);
-        process.exit(1);
-    },
-);
+}, {width: 1280, height: 900});
