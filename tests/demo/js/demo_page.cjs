@@ -97,6 +97,12 @@ run(async (context) => {
     if (input.regenerates) {
         out.regenerated = await answerAfter(page, before + 1, true);
     }
+    // The turn is over once loopd has removed its status post.
+    await page.waitForFunction(
+        () => !document.querySelector('#posts article.post[data-kind="status"]'),
+        null,
+        {...wait, polling: 'raf'},
+    );
     out.thread = await shown(page);
     out.threads = await page.$$eval('#thread-list li', (items) => items.map((i) => i.textContent));
     await page.screenshot({path: input.screenshot});
