@@ -197,8 +197,14 @@ def test_make_demo_page_in_chromium_post_stream_stop_regenerate(
         assert announced["base_url"] == base
     finally:
         if demo.poll() is None:
-            os.killpg(demo.pid, signal.SIGKILL)
-            demo.wait()
+            # A Ctrl-C first, so that run.sh ends what it started in sessions of their own (the
+            # page's process names no folder of this test's).
+            os.killpg(demo.pid, signal.SIGINT)
+            try:
+                demo.wait(timeout=120)
+            except subprocess.TimeoutExpired:
+                os.killpg(demo.pid, signal.SIGKILL)
+                demo.wait()
         for line in processes_under(state_dir):
             os.kill(int(line.split(":")[0]), signal.SIGKILL)
         out.unlink(missing_ok=True)
