@@ -17,9 +17,10 @@ from pathlib import Path
 import anyio
 
 from loopcommon.errors import DaemonError
-from loopd.approvals.call import ASKER, AskedCall, Stepped
-from loopd.approvals.wait import settle
-from loopd.config import Settings
+from loopd.approvals.call import ASKER, AskedCall, Stepped, core_approval_id
+from loopd.approvals.wait import settle_core_call, settle_with_broker, was_allowed
+from loopd.approvals.words import canonical_arguments
+from loopd.config import ApprovalSettings, Settings
 from loopd.contextwindow.budget import BudgetRules, ServerBudget
 from loopd.contextwindow.compaction import Compactor
 from loopd.endpoints.serving import Endpoints
@@ -57,6 +58,7 @@ from loopd.tools.core import (
     ToolResult,
     is_broker_tool,
     make_tool_context,
+    parse_arguments,
     run_core_tool,
 )
 from loopd.tools.errors import ToolFailure
@@ -89,7 +91,7 @@ class SessionTools:
     reserve: ReserveFile | None = None  # room for the session log when a tool fills the disk
     # Where a call that waits for a person records the question and the decision.
     log: SessionLog | None = None
-    approval_timeout_s: float = 600.0
+    approval: ApprovalSettings = field(default_factory=ApprovalSettings)  # [approval]
 
     async def context(self, session: str) -> ToolContext:
         ctx = self.contexts.get(session)
@@ -105,11 +107,51 @@ class SessionTools:
             self.contexts[session] = ctx
         return ctx
 
-    async def run(self, session: str, call: ToolCall) -> str:
+    async def run(self, session: str, call: ToolCall) -> ToolResult:
         with tool_call(session, call, {*self.spec.names, *BROKER_TOOL_NAMES}) as seen:
             if is_broker_tool(call.name):
-                return seen.result(await self._broker(session, call))
-            return seen.result(await self.run_core(session, call.name, call.arguments))
+                text = seen.result(await self._broker(session, call))
+            elif self.approval.asks(call.name) and self.log is not None:
+                text = seen.result(await self._core_asked(session, call, self.log))
+            else:
+                text = seen.result(await self.run_core(session, call.name, call.arguments))
+            return ToolResult(text, ok=seen.outcome == "ok")
+
+    def reruns(self, session: str, call: ToolCall) -> bool:
+        """Whether a call a restart cut short is sent again, not answered as interrupted: a
+        brokerd call (brokerd answers a known call from its record), or a core call that waits
+        for a person and was not allowed (it never ran)."""
+        if is_broker_tool(call.name):
+            return True
+        if not self.approval.asks(call.name) or self.log is None:
+            return False
+        approval_id = core_approval_id(session, call.id, call.name, call.arguments)
+        return not was_allowed(self.log, session, approval_id)
+
+    async def _core_asked(
+        self, session: str, call: ToolCall, session_log: SessionLog
+    ) -> ToolResult:
+        """A core tool call that waits for a person's approval ([approval])."""
+        try:
+            parse_arguments(call.name, call.arguments, self.spec.schemas[call.name])
+        except (ToolFailure, KeyError):  # it fails before it acts: nothing to ask about
+            return await self.run_core(session, call.name, call.arguments)
+        asked = AskedCall(
+            session,
+            call.id,
+            call.name,
+            canonical_arguments(call.arguments),
+            core_approval_id(session, call.id, call.name, call.arguments),
+            time.time(),
+            description=self.spec.descriptions.get(call.name, ""),
+        )
+        return await settle_core_call(
+            session_log,
+            ASKER.get(),
+            asked,
+            self.approval.timeout_s,
+            lambda: self.run_core(session, call.name, call.arguments),
+        )
 
     async def run_core(self, session: str, name: str, arguments: str) -> ToolResult:
         """A core tool call in the session's workspace (``loopd tools call`` runs this too)."""
@@ -138,13 +180,23 @@ class SessionTools:
         if not isinstance(name, str) or not name:
             return 'error: call_tool needs {"name": "<tool>", "arguments": {...}}'
         # The inner arguments travel to brokerd as text; they are validated there, not replayed.
-        inner = args.get("arguments", {})
-        inner_text = inner if isinstance(inner, str) else json.dumps(inner, ensure_ascii=False)
+        # Canonical: a person asked to approve the call reads exactly this text.
+        inner_text = canonical_arguments(args.get("arguments", {}))
         answer = await self.broker.call_tool_answer(session, call.id, name, inner_text)
         if answer.approval_id is None or self.log is None:
             return answer.text
-        asked = AskedCall(session, call.id, name, inner_text, answer.approval_id, time.time())
-        return await settle(self.log, self.broker, asked, self.approval_timeout_s)
+        asked = AskedCall(
+            session,
+            call.id,
+            name,
+            inner_text,
+            answer.approval_id,
+            time.time(),
+            description=answer.description,
+        )
+        return await settle_with_broker(
+            self.log, self.broker, ASKER.get(), asked, self.approval.timeout_s
+        )
 
 
 @dataclass(frozen=True)
@@ -230,7 +282,7 @@ class Runtime:
             ),
             reserve=reserve,
             log=session_log,
-            approval_timeout_s=settings.approval_timeout_s,
+            approval=settings.approval,
         )
         endpoints = None
         if settings.has_endpoint_tables:
@@ -362,10 +414,13 @@ class Runtime:
                 sampling=s.sampling,
             ),
             limits=Limits(
-                first_byte_s=s.first_byte_s, silence_s=s.silence_s, think_cap=s.stream_think_cap
+                first_byte_s=s.first_byte_s,
+                silence_s=s.silence_s,
+                think_cap=s.stream_think_cap,
+                loop_window=s.loop_window,
             ),
             tools=self.tools,
-            repeat_limit=s.repeat_limit,
+            guard_limits=s.guard_limits,
             report=report,
             gate=Compactor(self.budget, self.budget_rules()),
             template_drops_reasoning=view.template_drops_reasoning,
@@ -408,14 +463,17 @@ class Runtime:
         self.prewarm_plan.drop(session.name)
         view = self._view()
         with self.live.turn(session.name, session.slot, report, on_position) as live:
+            asked_at = time.monotonic()  # the wait a person sees starts (loopd.engine.waits)
             async with self.scheduler.slot(session.name, session.slot, live.on_position):
                 # The plan learns what the slot holds before the slot is released (and seen idle).
                 asker = ASKER.get()
                 token = None
                 if asker is not None:  # a wait for a person's approval frees the slot meanwhile
                     token = ASKER.set(Stepped(asker, self._stepped_aside(session, live)))
+                turn = self.turn(session, live.report)
+                turn.asked_at = asked_at
                 try:
-                    outcome = await self.turn(session, live.report).run()
+                    outcome = await turn.run()
                 finally:
                     if token is not None:
                         ASKER.reset(token)
@@ -501,8 +559,8 @@ class Runtime:
         state = self.log.state(session.name)
         for interrupted in state.interrupted_calls:
             call = interrupted.call  # as stored: the argument text the model streamed
-            if is_broker_tool(call.name):
-                text = await self.tools.run(session.name, call)
+            if self.tools.reruns(session.name, call):
+                text = (await self.tools.run(session.name, call)).text
             else:
                 text = INTERRUPTED
             self.log.append_tool_result(session.name, tool_call_id=call.id, content=text)

@@ -14,6 +14,8 @@ from enum import StrEnum
 from typing import Any
 
 from loopd.engine.cacheloss import Loss
+from loopd.engine.guards import Guard, Made
+from loopd.engine.waits import WaitClock
 from loopd.sessionlog.records import Perf, RequestRecord
 from loopd.wire.assemble import StreamAssembler, StreamOutcome
 
@@ -34,6 +36,13 @@ class Failure(StrEnum):
     # Closed at the first progress event: the server had lost the session, and loopd restores
     # its saved state before sending again (``loopd.engine.durable``).
     LOST_BY_SERVER = "lost_by_server"
+
+
+class Loop(StrEnum):
+    """What the repetition watch found going round in circles (``loopd.engine.loops``)."""
+
+    REASONING = "reasoning"  # ended by the control call, before the thinking cap
+    ANSWER = "answer"  # the request closed, the answer kept as written
 
 
 # Failures after which nothing the model made was lost, and another attempt may well succeed.
@@ -58,19 +67,29 @@ class RequestResult:
     detail: str = ""
     status_code: int | None = None
     error_type: str = ""
-    sent_at: float = 0.0
     first_byte_s: float | None = None
-    queue_wait_s: float = 0.0
     ended_s: float = 0.0
     capped: bool = False
     control_answer: str | None = None
+    looped: list[Loop] = field(default_factory=list)  # what the repetition watch ended
     events: int = 0
     output_seen: bool = False  # a reasoning, content or tool-call delta arrived
     notes: list[str] = field(default_factory=list)
+    wait: WaitClock = field(default_factory=lambda: WaitClock(sent=0.0))
+
+    @property
+    def sent_at(self) -> float:
+        return self.wait.sent
 
     @property
     def complete(self) -> bool:
-        return self.failure is None and self.assembler.outcome is StreamOutcome.COMPLETE
+        """Streamed to its end, or closed by loopd on an answer that went round in circles
+        (kept as written: nothing of it is cut but what the loop would have added)."""
+        if self.failure is not None:
+            return False
+        outcome = self.assembler.outcome
+        closed_kept = Loop.ANSWER in self.looped and outcome is StreamOutcome.TRUNCATED
+        return outcome is StreamOutcome.COMPLETE or closed_kept
 
     def fail(self, failure: Failure, detail: str) -> None:
         self.failure, self.detail = failure, detail
@@ -85,6 +104,11 @@ class TurnOutcome:
     notices: list[str] = field(default_factory=list)  # one line each, for the thread
     cut_at: int | None = None  # the answer was cut at max_tokens: tokens generated (0: unknown)
     compacted: bool = False  # the turn started a new epoch (its session is worth a prewarm)
+    # The tool calls of this turn as they went (run or answered by a guard), their tool time,
+    # and the guard that ended the turn, if one did (``loopd.engine.guards``).
+    calls: list[Made] = field(default_factory=list)
+    tool_s: float = 0.0
+    guard: Guard | None = None
 
 
 def retry_safe(result: RequestResult) -> bool:
@@ -130,29 +154,31 @@ def unreplayable_call(asm: StreamAssembler) -> str | None:
 def request_perf(
     result: RequestResult, loss: Loss, endpoint: str | None = None, request_id: str | None = None
 ) -> Perf:
-    """The request's perf record: the server's counters, the engine's times, the cache loss,
-    and ``request_id``, the id its lines in loopd's and brokerd's logs carry."""
+    """The request's perf record: the server's counters, the engine's times (the parts of the
+    wait a person saw, ``loopd.engine.waits``, the server's queue also as ``queue_wait_ms``), the
+    cache loss, and ``request_id``, the id its lines in loopd's and brokerd's logs carry."""
     asm, t = result.assembler, result.assembler.timings
+    wait = result.wait.parts()
     return Perf(
         outcome="complete" if result.complete else "broken",
         cache_n=t.cache_n if t else None,
         prompt_n=t.prompt_n if t else None,
         predicted_n=t.predicted_n if t else None,
         ttfb_ms=None if result.first_byte_s is None else round(result.first_byte_s * 1000, 1),
-        queue_wait_ms=round(result.queue_wait_s * 1000, 1),
+        queue_wait_ms=wait.get("server_queue_ms"),
         prompt_per_second=t.prompt_per_second if t else None,
         predicted_per_second=t.predicted_per_second if t else None,
         thinking_tokens=asm.thinking_tokens,
         capped=result.capped,
         cache_loss=loss.lost,
         cache_loss_cause=loss.label or None,
-        extra=_perf_extra(result, loss)
+        extra=_perf_extra(result, loss, wait)
         | ({"endpoint": endpoint} if endpoint else {})
         | ({"request_id": request_id} if request_id else {}),
     )
 
 
-def _perf_extra(result: RequestResult, loss: Loss) -> dict[str, Any]:
+def _perf_extra(result: RequestResult, loss: Loss, wait: dict[str, float]) -> dict[str, Any]:
     asm, t = result.assembler, result.assembler.timings
     extra: dict[str, Any] = {
         "expected_reuse": loss.expected,
@@ -160,6 +186,7 @@ def _perf_extra(result: RequestResult, loss: Loss) -> dict[str, Any]:
         "finish_reason": asm.finish_reason,
         "completion_id": asm.completion_id,
         "had_reasoning": bool(asm.reasoning),
+        **wait,
     }
     if t is not None:
         extra.update(prompt_ms=t.prompt_ms, predicted_ms=t.predicted_ms)
@@ -169,4 +196,6 @@ def _perf_extra(result: RequestResult, loss: Loss) -> dict[str, Any]:
         extra["status_code"] = result.status_code
     if result.control_answer is not None:
         extra["control_answer"] = result.control_answer
+    if result.looped:
+        extra["looped"] = [loop.value for loop in result.looped]
     return extra

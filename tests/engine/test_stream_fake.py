@@ -59,7 +59,10 @@ async def test_the_status_callback_is_not_flooded() -> None:
             server.client,
             user_body("think"),
             slot=SLOT,
-            limits=replace(FAST, status_interval_s=60, think_cap=10_000, slots_poll_s=60),
+            # The watch off: THINKER's 400 "hmm"s are a loop it would end.
+            limits=replace(
+                FAST, status_interval_s=60, think_cap=10_000, slots_poll_s=60, loop_window=0
+            ),
             report=seen.append,
         )
     assert result.complete, result.detail
@@ -94,9 +97,8 @@ async def test_a_request_queued_behind_another_task_reports_queued_then_complete
         )
     assert blocker[0].complete
     assert queued.complete, queued.detail
-    assert queued.queue_wait_s > 0
+    assert queued.wait.parts()["server_queue_ms"] > 0
     assert queued.first_byte_s is not None
-    assert queued.first_byte_s >= queued.queue_wait_s
 
 
 async def test_stall_before_the_first_byte_gives_up_at_the_first_byte_limit() -> None:
