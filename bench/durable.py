@@ -41,6 +41,7 @@ import httpx
 from bench.errors import BenchError
 from bench.ideal import common_prefix
 from loopcommon.slotfiles import slot_file_name
+from loopd.engine.saverule import fit_size
 from loopd_dev import devserver
 
 FINGERPRINT = "0123456789ab"  # the model that wrote a save (loopcommon.slotfiles)
@@ -208,12 +209,13 @@ def come_back(client: httpx.Client, saved: Saved, event: str, *, durable: bool) 
 
 
 def state_sizes(saves: Sequence[Saved]) -> dict[str, tuple[float, float]]:
-    """Per preset, the fixed part and the per-token part of a saved state (two lengths)."""
+    """Per preset, the fixed part and the per-token part of a saved state (two lengths), as
+    loopd's save rule fits them (``loopd.engine.saverule.fit_size``)."""
     sizes = {}
     for preset in dict.fromkeys(s.preset for s in saves):
-        short, long_ = sorted((s for s in saves if s.preset == preset), key=lambda s: s.n_saved)
-        per_token = (long_.n_written - short.n_written) / (long_.n_saved - short.n_saved)
-        sizes[preset] = (short.n_written - per_token * short.n_saved, per_token)
+        size = fit_size([(s.n_saved, s.n_written) for s in saves if s.preset == preset])
+        if size is not None:
+            sizes[preset] = (size.fixed_bytes, size.bytes_per_token)
     return sizes
 
 

@@ -22,6 +22,7 @@ from loopcommon.statuspage import (
     WaitView,
     bounded,
 )
+from loopd.engine.modelstate import ModelStatus
 from loopd.engine.waits import WAIT_PARTS, person_wait_ms
 from loopd.observe.perfsummary import PART_WORDS, percentile, summarize
 from loopd.sessionlog.records import Request, RequestKind
@@ -64,6 +65,7 @@ def snapshot(
         slots=tuple(slots),
         live=live_views,
         sessions=tuple(sessions[:MAX_SESSIONS]),
+        model_state=_model_state(runtime.model_memory.status),
         waits=wait_view([r for rows in requests.values() for r in rows]),
     )
     return bounded(snap)
@@ -113,6 +115,11 @@ def session_view(
         phase=phase,
         thread=thread,
     )
+
+
+def _model_state(status: ModelStatus) -> str:
+    """The model's state as the page says it; "" where loopd has not read it."""
+    return "" if status is ModelStatus.UNKNOWN else status.value
 
 
 def _stamp(wall: float) -> str:

@@ -17,6 +17,7 @@ import pytest
 from loopd.config import Settings, load_settings
 from loopd.engine.modelstate import Forgot, ModelStatus
 from loopd.engine.quiet import Asker
+from loopd.observe.status import snapshot
 from loopd.selftest.run import run_selftest
 from loopd.serve import ServerWatch
 from loopd.sessions import Runtime
@@ -89,6 +90,7 @@ async def test_an_idle_check_of_a_matching_server_asks_only_what_is_answered_asl
         assert watch.runtime.model_memory.status is ModelStatus.ASLEEP
         assert watch.runtime.model_memory.last_forget is Forgot.SLEPT
         assert watch.change is None
+        assert snapshot(watch.runtime).model_state == "asleep"  # the status page says so
 
 
 async def test_an_unloaded_model_stays_unloaded_and_owes_its_probes(
