@@ -63,6 +63,7 @@ from loopd.tools.limits import ToolLimits
 from loopd.tools.quota import RESERVE_FILE, ReserveFile
 from loopd.tools.spec import ToolsSpec, load_tools_spec
 from loopd.tools.workspace import migrate_legacy_workspaces, session_workspace
+from loopd.turnstop import record_end
 from loopd.wire.assemble import ToolCall
 
 log = logging.getLogger(__name__)
@@ -394,7 +395,17 @@ class Runtime:
         report: StatusCallback,
         on_position: PositionCallback = lambda ahead: None,
     ) -> TurnOutcome:
-        """A turn, once the session's slot is free (FIFO behind other sessions on it)."""
+        """A turn, once the session's slot is free (FIFO behind other sessions on it). A turn
+        that ends without an answer is recorded as ended, with the line it ended on: a restart
+        does not run it again (``loopd.turnstop.record_end``)."""
+        outcome = await self._placed_turn(session, report, on_position)
+        if outcome.failure is not None:
+            record_end(self.log, session.name, outcome.failure)
+        return outcome
+
+    async def _placed_turn(
+        self, session: Session, report: StatusCallback, on_position: PositionCallback
+    ) -> TurnOutcome:
         if self.endpoints is not None:
             return await self.endpoints.run_turn(self, session, report, on_position)
         # Real work: every prewarm gives way (one beside a turn slows both; ``loopd.prewarm``).

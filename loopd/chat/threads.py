@@ -45,9 +45,10 @@ from loopd.engine.notes import cut_note
 from loopd.engine.outcome import TurnOutcome
 from loopd.sessionlog.errors import DiskFullError, LockedError
 from loopd.sessionlog.records import REPLAYED_KINDS, Entry, EntryKind
+from loopd.sessionlog.state import ends_turn, taken_back
 from loopd.sessionlog.store import SessionLog
 from loopd.sessions import Runtime
-from loopd.turnstop import is_stop, record_stop, was_stopped
+from loopd.turnstop import record_stop, was_stopped
 
 log = logging.getLogger("loopd.chat.threads")
 
@@ -76,33 +77,40 @@ def is_answer(entry: Entry) -> bool:
 def latest_answer(entries: list[Entry]) -> Entry | None:
     """The latest answer to the thread, even when a message came after it (it waits for the
     next turn); never a copy a compaction carried into a new epoch (that one was delivered
-    before), nor the summary a compaction asked for (it answers loopd's instruction)."""
+    before), nor the summary a compaction asked for (it answers loopd's instruction), nor an
+    answer taken back to be generated again (a regenerate)."""
     latest: Entry | None = None
     summary_asked = False  # the next assistant entry is the summary (messages may come between)
+    taken = taken_back(entries)
     for entry in entries:
         if is_compaction_instruction(entry):
             summary_asked = True
         elif entry.kind is EntryKind.ASSISTANT:
-            if is_answer(entry) and entry.fields.refers_to is None and not summary_asked:
+            kept = entry.fields.refers_to is None and entry.seq not in taken
+            if is_answer(entry) and kept and not summary_asked:
                 latest = entry
             summary_asked = False
     return latest
 
 
-def ends_a_turn(entry: Entry) -> bool:
-    return is_answer(entry) or is_stop(entry)
+def ends_a_turn(entry: Entry, taken: frozenset[int] = frozenset()) -> bool:
+    """An answer, a stop or a turn's end without an answer, unless it was taken back since
+    (``taken``: ``loopd.sessionlog.state.taken_back`` of the entries read)."""
+    return entry.seq not in taken and (is_answer(entry) or ends_turn(entry))
 
 
 def since_last_turn(entries: list[Entry], before_seq: int | None = None) -> list[Entry]:
     """The entries after the last ended turn (an answer or a stop), up to ``before_seq``."""
     upto = [e for e in entries if before_seq is None or e.seq < before_seq]
-    start = max((i + 1 for i, e in enumerate(upto) if ends_a_turn(e)), default=0)
+    taken = taken_back(entries)
+    start = max((i + 1 for i, e in enumerate(upto) if ends_a_turn(e, taken)), default=0)
     return upto[start:]
 
 
 def recent_turns(entries: list[Entry]) -> list[Entry]:
     """The entries of the last ended turn and of any turn after it."""
-    ends = [i for i, e in enumerate(entries) if ends_a_turn(e)]
+    taken = taken_back(entries)
+    ends = [i for i, e in enumerate(entries) if ends_a_turn(e, taken)]
     start = ends[-2] + 1 if len(ends) >= 2 else 0
     return entries[start:]
 
@@ -124,7 +132,10 @@ def thread_entries(log: SessionLog, name: str) -> list[Entry]:
         if first is not None:
             tail = entries[first + 1 :]
             answer = latest_answer(tail)
-            if answer is not None and any(ends_a_turn(e) for e in tail if e.seq < answer.seq):
+            taken = taken_back(tail)
+            if answer is not None and any(
+                ends_a_turn(e, taken) for e in tail if e.seq < answer.seq
+            ):
                 return tail
         count *= 2
 
@@ -293,11 +304,13 @@ class Threads:
                 self._dirty.discard(session)
                 try:
                     await self._step_until_done(session)
-                except* DaemonError:
-                    # One thread's failure (a damaged log, a post Mattermost refuses) must not
-                    # end the daemon; the next message wakes the session again.
+                except* DaemonError as failed:
+                    # One thread's failure (a damaged log, a post Mattermost refuses, a thread
+                    # Mattermost no longer has) must not end the daemon; the next message wakes
+                    # the session again. loopd's errors say what failed in one line each.
                     # except*: the turn runs in a task group, which wraps what it raises.
-                    log.exception("the turn of %s failed", session)
+                    said = "; ".join(dict.fromkeys(str(leaf) for leaf in leaves(failed)))
+                    log.error("the turn of %s failed: %s", session, said)  # noqa: TRY400
         finally:
             self._workers.discard(session)
             self._waiting.pop(session, None)  # nothing of this thread waits any more

@@ -52,7 +52,7 @@ from loopd.errors import InferenceError
 from loopd.observe.context import request_scope
 from loopd.observe.metrics import METRICS
 from loopd.sessionlog.chain import messages_digest
-from loopd.sessionlog.records import Epoch, RequestKind, RequestRecord
+from loopd.sessionlog.records import Epoch, NoteReason, RequestKind, RequestRecord
 from loopd.sessionlog.store import SessionLog
 from loopd.wire.assemble import ToolCall
 
@@ -337,7 +337,8 @@ class Turn:
             self.log.append_tool_result(self.session, tool_call_id=call.id, content=text)
         METRICS.repeats_answered(plan.pointed, stopped=plan.stop is not None)
         if plan.stop is not None:
-            self.log.append_note(self.session, plan.stop.line)
+            # The turn ends here, for good (``loopd.turnstop``): a restart does not run it again.
+            self.log.append_note(self.session, plan.stop.line, reason=NoteReason.TURN_ENDED)
             raise Repeated(plan.stop.line)
 
     def _record(
@@ -426,6 +427,7 @@ class Turn:
             template_drops_reasoning=self.template_drops_reasoning,
             resend=digest == prev.messages_sha256,
             endpoint_changed=endpoint_changed(prev.endpoint, self.endpoint),
+            taken_back=self.log.taken_back_since(self.session, prev.recorded_at),
         )
 
 
