@@ -16,7 +16,7 @@ from pathlib import Path
 
 import anyio
 
-from loopcommon.errors import DaemonError
+from loopcommon.errors import ConfigError, DaemonError
 from loopd.approval import ASKER, AskedCall, Stepped
 from loopd.approvalwait import settle
 from loopd.config import Settings
@@ -34,7 +34,7 @@ from loopd.engine.progress import StatusCallback
 from loopd.engine.request import RequestSettings
 from loopd.engine.saves import DurableSlots, SaveBook
 from loopd.engine.turn import Turn
-from loopd.errors import ServerRejected
+from loopd.errors import InferenceError, ServerRejected
 from loopd.observe.context import request_scope
 from loopd.observe.live import LiveTurn, LiveTurns
 from loopd.observe.metrics import METRICS
@@ -91,6 +91,27 @@ class SessionTools:
     log: SessionLog | None = None
     approval_timeout_s: float = 600.0
 
+    @classmethod
+    def open(cls, settings: Settings, spec: ToolsSpec, session_log: SessionLog) -> SessionTools:
+        """The tools of ``settings`` (no server needed: ``loopd tools call`` runs them alone)."""
+        reserve = ReserveFile(settings.state_dir / RESERVE_FILE)
+        reserve.after_tool()  # made at start, where the disk has room for it
+        return cls(
+            workspaces=settings.workspaces,
+            spec=spec,
+            broker=BrokerClient(settings.broker_url),
+            contexts={},
+            protected=(settings.state_dir, settings.tools_file.parent / "loopd.toml"),
+            unsandboxed_commands=settings.unsandboxed_commands,
+            limits=ToolLimits(
+                workspace_max_bytes=settings.workspace_max_bytes,
+                disk_reserve_bytes=settings.disk_reserve_bytes,
+            ),
+            reserve=reserve,
+            log=session_log,
+            approval_timeout_s=settings.approval_timeout_s,
+        )
+
     async def context(self, session: str) -> ToolContext:
         ctx = self.contexts.get(session)
         if ctx is None:
@@ -145,6 +166,14 @@ class SessionTools:
             return answer.text
         asked = AskedCall(session, call.id, name, inner_text, answer.approval_id, time.time())
         return await settle(self.log, self.broker, asked, self.approval_timeout_s)
+
+
+def slots_refusal(missing: list[int], total: int, url: str) -> str:
+    """The one line for LOOPD_SLOTS naming slots the server at ``url`` does not have."""
+    named = ", ".join(str(slot) for slot in missing)
+    has = {1: "1 slot (0)", 2: "2 slots (0 and 1)"}.get(total, f"{total} slots (0 to {total - 1})")
+    verb = "is" if len(missing) == 1 else "are"
+    return f"LOOPD_SLOTS: the server at {url} has {has}; {named} {verb} not among them"
 
 
 @dataclass(frozen=True)
@@ -212,23 +241,7 @@ class Runtime:
         migrate_legacy_workspaces(settings.workspaces, [s.name for s in session_log.sessions()])
         one = settings.for_endpoint(settings.endpoints()[0])  # the shorthand, or the first table
         client = InferenceClient(one.infer_url, one.model, connect_s=settings.connect_s)
-        reserve = ReserveFile(settings.state_dir / RESERVE_FILE)
-        reserve.after_tool()  # made at start, where the disk has room for it
-        tools = SessionTools(
-            workspaces=settings.workspaces,
-            spec=spec,
-            broker=BrokerClient(settings.broker_url),
-            contexts={},
-            protected=(settings.state_dir, settings.tools_file.parent / "loopd.toml"),
-            unsandboxed_commands=settings.unsandboxed_commands,
-            limits=ToolLimits(
-                workspace_max_bytes=settings.workspace_max_bytes,
-                disk_reserve_bytes=settings.disk_reserve_bytes,
-            ),
-            reserve=reserve,
-            log=session_log,
-            approval_timeout_s=settings.approval_timeout_s,
-        )
+        tools = SessionTools.open(settings, spec, session_log)
         endpoints = None
         if settings.has_endpoint_tables:
             checker = endpoint_checker(settings, spec.text)
@@ -244,6 +257,22 @@ class Runtime:
             await self.endpoints.start_checked(reachability_checker(self.endpoints.clients()))
         elif not await self.client.health():
             raise ServerRejected(self.client.url, 503, "/health is not ok")
+        else:
+            await self._check_slots()
+
+    async def _check_slots(self) -> None:
+        """``ConfigError`` when LOOPD_SLOTS names a slot the server does not have (its id would
+        wrap around to another slot). Asked of ``/props`` without loading a model: a model not
+        loaded yet is not checked (``loopd serve``'s self-test checks it)."""
+        try:
+            total = (await self.client.props(autoload=False)).get("total_slots")
+        except InferenceError as exc:
+            log.info("the server's slots are not checked (%s)", exc)
+            return
+        if not isinstance(total, int) or total <= 0:
+            return
+        if missing := [slot for slot in self.settings.slots if slot >= total]:
+            raise ConfigError(slots_refusal(missing, total, self.client.url))
 
     async def aclose(self) -> None:
         await self.client.aclose()

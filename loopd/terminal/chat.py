@@ -33,7 +33,7 @@ from loopd.config import Settings
 from loopd.engine.outcome import TurnOutcome
 from loopd.terminal import slash
 from loopd.terminal.core import ChatCore, SessionExists, Stopped, TurnEnd, Watcher
-from loopd.terminal.lineinput import LineInput, PipedInput, TerminalInput
+from loopd.terminal.lineinput import LineInput, NotText, PipedInput, TerminalInput
 from loopd.terminal.link import Link, ScreenWatch, connected, drop_pending_sigint, sigint_held
 from loopd.terminal.logfile import logs_out_of_the_way
 from loopd.terminal.render import DIM, RESET, Style, TurnView
@@ -102,6 +102,11 @@ class TerminalChat:
             except KeyboardInterrupt:  # at the prompt: leave
                 self._write(self.out, "\n")
                 return 0
+            except NotText as exc:  # said in one line; a script is told by the exit status
+                self._write(self.err, f"loopd: {exc}\n")
+                if not self.interactive:
+                    return EXIT_FAILED
+                continue
             if text is None:
                 if self.interactive:
                     self._write(self.out, "\n")

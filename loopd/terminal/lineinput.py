@@ -14,12 +14,35 @@ on the next prompt, edited or sent with Enter as if typed.
 from __future__ import annotations
 
 import contextlib
+import re
 from collections.abc import Callable
 from pathlib import Path
-from typing import Protocol, TextIO
+from typing import Final, Protocol, TextIO
+
+from loopd.errors import LoopdError
 
 # The words that may follow the text before the cursor.
 Completer = Callable[[str], list[str]]
+
+# What stdin's decoding leaves of bytes that are not UTF-8 (``surrogateescape``: U+DC80 to
+# U+DCFF), and any other lone surrogate: neither can be stored or sent.
+_NOT_TEXT: Final = re.compile("[\ud800-\udfff]")
+
+
+class NotText(LoopdError):
+    """A message that is not text (bytes that are not UTF-8); nothing was sent."""
+
+
+def checked_text(text: str, what: str = "the message") -> str:
+    """``text``, or ``NotText`` naming the first byte that is not UTF-8 and where it is."""
+    found = _NOT_TEXT.search(text)
+    if found is None:
+        return text
+    code = ord(found.group())
+    at = len(text[: found.start()].encode("utf-8", "surrogateescape"))
+    byte = f"byte 0x{code - 0xDC00:02x}" if 0xDC80 <= code <= 0xDCFF else f"U+{code:04X}"
+    raise NotText(f"{what} is not UTF-8 text ({byte} at byte {at:,}); nothing was sent")
+
 
 PROMPT = "you> "
 HISTORY_LENGTH = 1000
@@ -34,14 +57,29 @@ class LineInput(Protocol):
         """Have ``text`` on the next line, ready to send (where lines are typed)."""
 
 
+def read_all(stream: TextIO) -> str:
+    """All of ``stream``: bytes that are not UTF-8 kept as lone surrogates for
+    ``checked_text`` to name, whatever the locale's own decoding would do with them."""
+    raw = getattr(stream, "buffer", None)
+    if raw is None:
+        return stream.read()
+    return str(raw.read().decode("utf-8", "surrogateescape"))
+
+
 class PipedInput:
-    """One message a line, from a pipe or a file."""
+    """One message a line, from a pipe or a file; ``NotText`` for a line that is not text."""
 
     def __init__(self, stream: TextIO) -> None:
         self.stream = stream
 
     def read(self) -> str | None:
-        return self.stream.readline() or None
+        raw = getattr(self.stream, "buffer", None)
+        line = (
+            raw.readline().decode("utf-8", "surrogateescape")
+            if raw is not None
+            else self.stream.readline()
+        )
+        return checked_text(line) if line else None
 
     def offer(self, text: str) -> None:
         """A pipe's lines are written beforehand: nothing to offer them."""
