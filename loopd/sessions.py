@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import time
 from collections.abc import Callable, Collection
 from contextlib import AbstractAsyncContextManager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import anyio
@@ -20,7 +21,7 @@ from loopcommon.errors import ConfigError, DaemonError
 from loopd.approval import ASKER, AskedCall, Stepped
 from loopd.approvalwait import settle
 from loopd.config import Settings
-from loopd.contextwindow.budget import BudgetRules, ServerBudget
+from loopd.contextwindow.budget import BudgetRules, ServerBudget, cut_notice
 from loopd.contextwindow.compaction import Compactor
 from loopd.endpoints.serving import Endpoints
 from loopd.endpoints.start import reachability_checker
@@ -59,10 +60,11 @@ from loopd.tools.core import (
     run_core_tool,
 )
 from loopd.tools.errors import ToolFailure
+from loopd.tools.files import write_file
 from loopd.tools.limits import ToolLimits
 from loopd.tools.quota import RESERVE_FILE, ReserveFile
 from loopd.tools.spec import ToolsSpec, load_tools_spec
-from loopd.tools.workspace import migrate_legacy_workspaces, session_workspace
+from loopd.tools.workspace import Workspace, migrate_legacy_workspaces, session_workspace
 from loopd.turnstop import record_end
 from loopd.wire.assemble import ToolCall
 
@@ -111,6 +113,17 @@ class SessionTools:
             log=session_log,
             approval_timeout_s=settings.approval_timeout_s,
         )
+
+    async def keep_file(self, session: str, path: str, text: str) -> str | None:
+        """Write ``text`` whole to ``path`` in the session's workspace, within its quota, as
+        write_file would (of any size the quota allows); None once written, else why not."""
+        try:
+            ctx = await self.context(session)
+            limits = replace(ctx.limits, write_max_bytes=max(len(text.encode()), 1))
+            await anyio.to_thread.run_sync(write_file, Workspace(ctx.workspace), path, text, limits)
+        except ToolFailure as exc:
+            return str(exc)
+        return None
 
     async def context(self, session: str) -> ToolContext:
         ctx = self.contexts.get(session)
@@ -166,6 +179,21 @@ class SessionTools:
             return answer.text
         asked = AskedCall(session, call.id, name, inner_text, answer.approval_id, time.time())
         return await settle(self.log, self.broker, asked, self.approval_timeout_s)
+
+
+@dataclass(frozen=True)
+class Taken:
+    """A user message in the log, and what to tell its author of it (None: nothing)."""
+
+    appended: Appended
+    notice: str | None = None
+
+
+def kept_message_path(external_key: str) -> str:
+    """Where, in its session's workspace, a message too long for the context is kept whole: one
+    file per message, named by its intake key (a post id, or the terminal's fresh key)."""
+    name = re.sub(r"[^A-Za-z0-9._-]", "-", external_key).strip(".-") or "message"
+    return f"messages/{name}.txt"
 
 
 def slots_refusal(missing: list[int], total: int, url: str) -> str:
@@ -405,10 +433,23 @@ class Runtime:
             summary_max_tokens=self.settings.summary_max_tokens,
         )
 
-    async def append_user(self, session: str, text: str, *, external_key: str) -> Appended:
-        """Append a user message, cut with a visible note if one message cannot hold it."""
-        fitted = await Compactor(self.budget, self.budget_rules()).fit_input(text, "this message")
-        return self.log.append_user(session, fitted, external_key=external_key)
+    async def append_user(self, session: str, text: str, *, external_key: str) -> Taken:
+        """Append a user message. One longer than one message may be in the context is never
+        cut silently: the whole text is kept in the session's workspace (``kept_message_path``),
+        the model reads its head with a note naming that file, and ``Taken.notice`` is the line
+        the person is told, where they wrote it."""
+        compactor = Compactor(self.budget, self.budget_rules())
+        kept_in = kept_message_path(external_key)
+        cut = await compactor.fit(text, "this message", kept_in)
+        notice = None
+        if cut.was_cut:
+            refusal = await self.tools.keep_file(session, kept_in, text)
+            if refusal is not None:  # the note must not name a file that is not there
+                log.warning("message %s of %s not kept whole: %s", external_key, session, refusal)
+                cut = await compactor.fit(text, "this message")
+            notice = cut_notice(cut, kept_in, refusal)
+        appended = self.log.append_user(session, cut.text, external_key=external_key)
+        return Taken(appended, notice)
 
     async def prewarm(self, session: Session) -> PrewarmResult:
         """Read the session's prompt into its idle slot (LOOPD_PREWARM); see ``loopd.prewarm``."""

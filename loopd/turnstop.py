@@ -28,7 +28,16 @@ from loopd.sessionlog.store import SessionLog
 
 STOPPED: Final = STOPPED_BY
 
-__all__ = ["STOPPED", "is_stop", "record_end", "record_stop", "take_back", "was_stopped"]
+__all__ = [
+    "STOPPED",
+    "NothingToRetry",
+    "is_stop",
+    "record_end",
+    "record_stop",
+    "retry_target",
+    "take_back",
+    "was_stopped",
+]
 
 
 def was_stopped(state: SessionState) -> bool:
@@ -65,15 +74,19 @@ def take_back(session_log: SessionLog, session: str, who: str) -> Entry:
     generated again from the same messages, which the server holds), or its end (a stop, a
     failure) undone. The earlier answer or end stays in the log. ``NothingToRetry`` when the
     session has neither: it is new, or a turn is under way."""
-    state = session_log.state(session)
-    if state.pending_turn or state.interrupted_calls:
-        raise NothingToRetry("a turn is already under way or waiting to run")
-    if state.ended_by is not None:
-        target = state.ended_by.seq
-    elif state.answer is not None:
-        target = state.answer.seq
-    else:
-        raise NothingToRetry("there is no answer to generate again yet")
+    target = retry_target(session_log.state(session))
     return session_log.append_note(
         session, f"run again by @{who}", reason=NoteReason.TAKEN_BACK, refers_to=target
     )
+
+
+def retry_target(state: SessionState) -> int:
+    """The entry a retry takes back: the end of a turn that did not answer, else the latest
+    answer; ``NothingToRetry`` when there is neither."""
+    if state.pending_turn or state.interrupted_calls:
+        raise NothingToRetry("a turn is already under way or waiting to run")
+    if state.ended_by is not None:
+        return state.ended_by.seq
+    if state.answer is not None:
+        return state.answer.seq
+    raise NothingToRetry("there is no answer to generate again yet")

@@ -45,10 +45,10 @@ from loopd.engine.notes import cut_note
 from loopd.engine.outcome import TurnOutcome
 from loopd.sessionlog.errors import DiskFullError, LockedError
 from loopd.sessionlog.records import REPLAYED_KINDS, Entry, EntryKind
-from loopd.sessionlog.state import ends_turn, taken_back
+from loopd.sessionlog.state import ends_turn, is_stop, is_take_back, taken_back
 from loopd.sessionlog.store import SessionLog
 from loopd.sessions import Runtime
-from loopd.turnstop import record_stop, was_stopped
+from loopd.turnstop import NothingToRetry, record_stop, retry_target, take_back, was_stopped
 
 log = logging.getLogger("loopd.chat.threads")
 
@@ -196,6 +196,33 @@ class StopResult(StrEnum):
     STOPPED = "stopped"
     NOTHING_RUNNING = "nothing running"
     NOT_ALLOWED = "not allowed"
+
+
+class RetryResult(StrEnum):
+    """What a retry reaction did; each but ``RUNS`` and ``NOT_AN_ANSWER`` is said in the
+    thread (``RETRY_WORDS``)."""
+
+    RUNS = "runs again"
+    NOT_AN_ANSWER = "not one of loopd's answers"
+    NOT_LATEST = "not the latest answer"
+    BUSY = "a turn is under way"
+    NOT_ALLOWED = "not allowed"
+
+
+RETRY_WORDS = {
+    RetryResult.NOT_LATEST: "🔁 Only a thread's latest answer can be generated again.",
+    RetryResult.BUSY: "🔁 A turn is under way in this thread; react again once it has ended.",
+    RetryResult.NOT_ALLOWED: "🔁 Only the people whose messages it answered (or an admin) can "
+    "have this answer generated again.",
+}
+
+
+def turn_anchor(entries: list[Entry]) -> int:
+    """The seq a turn's posts are keyed by: its last replayed entry, or the take-back after it
+    that runs the turn again (a new key: the posts of the turn it runs again stay as they are)."""
+    last = max(e.seq for e in entries if e.kind in REPLAYED_KINDS)
+    again = [e.seq for e in entries if e.seq > last and is_take_back(e)]
+    return again[-1] if again else last
 
 
 def answering_seq(entries: list[Entry]) -> int:
@@ -360,7 +387,11 @@ class Threads:
     async def _release_held(self, session: str) -> None:
         """Held messages into the log, in arrival order (no turn runs now)."""
         for key, text in self.state.held(session):
-            await self.runtime.append_user(session, text, external_key=key)
+            taken = await self.runtime.append_user(session, text, external_key=key)
+            channel = self.state.thread_channel(root_of(session))
+            if taken.notice is not None and channel is not None:  # too long: said in the thread
+                line = f"✂️ {taken.notice}"
+                await self.outbox.post_once(f"long:{key}", channel, root_of(session), line)
             self.state.release(key)
 
     async def _turn(self, name: str) -> None:
@@ -370,10 +401,9 @@ class Threads:
             return
         entries = thread_entries(self.runtime.log, name)
         self.outbox.client.mentionable[root_of(name)] = thread_people(entries)
-        replayed = [e for e in entries if e.kind in REPLAYED_KINDS]
         posts = TurnPosts(
             self.outbox,
-            f"{name}#{replayed[-1].seq}",
+            f"{name}#{turn_anchor(entries)}",
             channel,
             root_of(name),
             interval_s=self.settings.status_interval_s,
@@ -448,6 +478,9 @@ class Threads:
         asked = self.state.stop_asked(name)
         if asked is None or asked.answering_seq != answering_seq(entries):
             return False  # no stop, or one of an earlier turn
+        last = max(e.seq for e in entries if e.kind in REPLAYED_KINDS)
+        if any(is_stop(e) for e in entries if e.seq > last):
+            return False  # recorded already: this turn runs again since (a retry)
         stop = self._record_stop(name, asked.who)
         if (channel := self.state.thread_channel(root_of(name))) is not None:
             draft, written = await self._left_draft(name, entries)
@@ -525,6 +558,35 @@ class Threads:
         running.stopped_by = who
         running.scope.cancel()
         return StopResult.STOPPED
+
+    def retry_by_post(self, post_id: str, who: str, who_id: str = "") -> RetryResult:
+        """A retry reaction on ``post_id``: when it is the thread's latest answer (or the
+        closing line of a turn that ended without one), that turn runs again: its answer is
+        taken out of the replay and generated anew from the same messages (the earlier one
+        stays in the log and the thread), or its end is undone (``loopd.turnstop``). The
+        turn's people and the admins may ask it."""
+        key = self.state.post_key(post_id)
+        name, _, rest = (key or "").partition("#")
+        seq = rest.split(":", 1)[0]
+        if key is None or not name.startswith(PREFIX) or not seq.isdigit():
+            return RetryResult.NOT_AN_ANSWER
+        if self.running(name) or self.state.held(name):
+            return RetryResult.BUSY
+        log_ = self.runtime.log
+        try:
+            target = retry_target(log_.state(name))
+        except NothingToRetry:
+            return RetryResult.BUSY
+        if target != int(seq):
+            return RetryResult.NOT_LATEST
+        entries = thread_entries(log_, name)
+        asked_by = requesters([e for e in entries if e.seq < target])
+        if who not in asked_by and not ({who, who_id} & set(self.settings.admins)):
+            return RetryResult.NOT_ALLOWED
+        take_back(log_, name, who)
+        log.info("the latest turn of %s runs again, asked by @%s", name, who)
+        self.wake(name)
+        return RetryResult.RUNS
 
     def owners(self, session: str) -> frozenset[str]:
         running = self._running.get(session)
