@@ -22,7 +22,7 @@ from typing import Annotated, Final, Literal, Self
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic_settings import SettingsConfigDict
 
-from brokerd.mcp.config import McpServers
+from brokerd.mcp.config import McpServerConfigs
 from brokerd.proxy.chatpolicy import valid_entry
 from brokerd.proxy.upstream import parse_upstream
 from brokerd.tools.settings import BrokerSettings
@@ -197,7 +197,9 @@ class BrokerdSettings(configload.FileSettings):
         description="loopd's metrics socket as the host sees it (in the folder loopd.container "
         "mounts at /run/loopd-metrics), relayed at metrics_addr under /loopd/.",
     )
-    mcp: McpServers = Field(default=(), description="MCP servers whose tools the broker offers.")
+    mcp: McpServerConfigs = Field(
+        default=(), description="MCP servers whose tools the broker offers."
+    )
 
     @field_validator("chat_allowed_teams", "chat_allowed_channels", "chat_allowed_users")
     @classmethod

@@ -18,8 +18,8 @@ from pathlib import Path
 import anyio
 
 from loopcommon.errors import ConfigError, DaemonError
-from loopd.approval import ASKER, AskedCall, Stepped
-from loopd.approvalwait import settle
+from loopd.approvals.call import ASKER, AskedCall, Stepped
+from loopd.approvals.wait import settle
 from loopd.config import Settings
 from loopd.contextwindow.budget import BudgetRules, ServerBudget, cut_notice
 from loopd.contextwindow.compaction import Compactor

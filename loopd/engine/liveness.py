@@ -116,7 +116,7 @@ class TimedOut:
     why: str
 
 
-Verdict = Waiting | Queued | Stuck | Gone
+LivenessVerdict = Waiting | Queued | Stuck | Gone
 
 
 def slot_busy(slots: Sequence[Mapping[str, Any]], slot: int) -> bool:
@@ -163,7 +163,7 @@ class FirstByteWait:
     slots_refused: bool = False  # /slots refused for good: it is not asked again
     gone: str | None = None
 
-    def polled(self, slots: SlotsAnswer, verdict: Verdict, now: float) -> FirstByteWait:
+    def polled(self, slots: SlotsAnswer, verdict: LivenessVerdict, now: float) -> FirstByteWait:
         wait = replace(
             self,
             stuck=self.stuck or isinstance(verdict, Stuck),

@@ -33,6 +33,7 @@ from loopd.engine.limits import Limits
 from loopd.engine.liveness import (
     FirstByteWait,
     Gone,
+    LivenessVerdict,
     Queued,
     SlotsAnswer,
     SlotsFailed,
@@ -42,7 +43,6 @@ from loopd.engine.liveness import (
     SlotsRefused,
     Stuck,
     TimedOut,
-    Verdict,
     Waiting,
     health_verdict,
     no_first_byte,
@@ -161,7 +161,7 @@ class _SlotWatch:
         """The first byte came, or the wait ended otherwise: close the queued stretch."""
         self.wait = self.wait.ended(time.monotonic())
 
-    async def _verdict(self, answer: SlotsAnswer) -> Verdict:
+    async def _verdict(self, answer: SlotsAnswer) -> LivenessVerdict:
         if isinstance(answer, SlotsListed):
             # A request the server places waits only while every slot is busy.
             return slots_verdict(answer.slots, None if self.slot == ANY_SLOT else self.slot)
@@ -192,7 +192,7 @@ class _SlotWatch:
         return False
 
 
-_WAIT_PHASES: dict[type[Verdict], Phase] = {
+_WAIT_PHASES: dict[type[LivenessVerdict], Phase] = {
     Waiting: Phase.WAITING,
     Queued: Phase.QUEUED,
     Stuck: Phase.STUCK,

@@ -17,7 +17,7 @@ from prometheus_client.registry import Collector
 
 from loopcommon.statuspage import ThreadView
 from loopd.sessionlog.store import SessionLog
-from loopd.usage.ledger import Ledger, Usage, merged, totals
+from loopd.usage.ledger import Ledger, UsageTotals, merged, totals
 from loopd.usage.source import one_session
 
 _FIGURES = (
@@ -71,7 +71,7 @@ class UsageCollector(Collector):
         return families
 
 
-def _values(usage: Usage) -> tuple[float, ...]:
+def _values(usage: UsageTotals) -> tuple[float, ...]:
     return (
         float(usage.prompt_tokens),
         float(usage.cached_tokens),

@@ -28,6 +28,7 @@ from urllib.parse import quote
 from sqlite_utils import Database
 from sqlite_utils.db import Table
 
+from loopcommon.sqlitefile import UnusableFileError, open_sqlite
 from loopd.sessionlog.errors import NotALogError, StorageError
 from loopd.sessionlog.migrations import APPLICATION_ID
 from loopd.sessionlog.reading import SQLITE_HEADER
@@ -140,13 +141,13 @@ def _index(path: Path) -> Iterator[Database]:
     """The index file, made anew when it is damaged; in memory where it cannot be written."""
     try:
         index = _open_index(path)
-    except (sqlite3.DatabaseError, OSError):
+    except (sqlite3.DatabaseError, OSError, UnusableFileError):
         # Derived data: a damaged or foreign file is rebuilt, an unwritable place is worked around.
         with contextlib.suppress(OSError):
             path.unlink(missing_ok=True)
         try:
             index = _open_index(path)
-        except (sqlite3.DatabaseError, OSError):
+        except (sqlite3.DatabaseError, OSError, UnusableFileError):
             index = Database(memory=True)
     try:
         yield index
@@ -155,9 +156,9 @@ def _index(path: Path) -> Iterator[Database]:
 
 
 def _open_index(path: Path) -> Database:
-    conn = sqlite3.connect(path, timeout=5, isolation_level=None)
+    # WAL: a search reads while another brings it up. Derived data: rebuilt when lost.
+    conn = open_sqlite(path, durable=False)
     try:
-        conn.execute("PRAGMA journal_mode = WAL")  # a search reads while another brings it up
         conn.execute("BEGIN IMMEDIATE")  # fails here on a read-only or foreign file
         conn.execute("COMMIT")
     except BaseException:

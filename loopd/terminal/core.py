@@ -19,7 +19,7 @@ from typing import Any, Protocol
 
 import anyio
 
-from loopd.approval import ASKER, Asker
+from loopd.approvals.call import ASKER, Asker
 from loopd.chat.status import InLine
 from loopd.config import Settings
 from loopd.engine.outcome import TurnOutcome
@@ -101,7 +101,7 @@ class ChatCore:
         self.session = session
         self.who = who  # who a stop is recorded for: the local user
         self.locks = locks  # the session is this terminal's alone (``loopd.terminal.inuse``)
-        # Asks y/n when a tool call waits for approval (loopd.approval); piped input has
+        # Asks y/n when a tool call waits for approval (loopd.approvals); piped input has
         # nobody to ask, and such a call is denied.
         self.asker: Asker | None = TerminalAsker(who) if sys.stdin.isatty() else None
         self._scope: anyio.CancelScope | None = None

@@ -48,7 +48,7 @@ class Style(Enum):
 
 
 @dataclass(frozen=True)
-class Shown:
+class TurnEndText:
     """What to write when a turn ends: ``out`` to stdout, ``err`` (a failure's line) to stderr."""
 
     out: str
@@ -165,15 +165,15 @@ class TurnView:
 
     # -- the end ---------------------------------------------------------------------------------
 
-    def finished(self, outcome: TurnOutcome) -> Shown:
+    def finished(self, outcome: TurnOutcome) -> TurnEndText:
         err = f"loopd: {for_terminal(outcome.failure)}\n" if outcome.failure is not None else ""
         cut = f"[loopd] {cut_note(outcome.cut_at)}\n" if outcome.cut_at is not None else ""
         if self.style is Style.PLAIN:
             notices = self.notices(outcome.notices)
             if outcome.failure is not None:
-                return Shown(notices, err)
+                return TurnEndText(notices, err)
             # stdout is the answer alone (data); the cut is said beside it, on stderr
-            return Shown(notices + (outcome.answer or "(no answer)") + "\n", cut)
+            return TurnEndText(notices + (outcome.answer or "(no answer)") + "\n", cut)
         out = self._settle_thinking() + self._clear()
         if outcome.failure is None:
             out += self._rest_of_answer(outcome.answer or "")
@@ -182,7 +182,7 @@ class TurnView:
         out += self._settle_answer() + self._end_line()
         if cut:
             out += f"{DIM}{cut}{RESET}"
-        return Shown(out + self.notices(outcome.notices), err)
+        return TurnEndText(out + self.notices(outcome.notices), err)
 
     def notices(self, notices: Sequence[str]) -> str:
         """loopd's own lines about the turn, dimmed (plain when piped)."""

@@ -43,14 +43,14 @@ class UsageKey:
 
 
 @dataclass
-class Usage:
+class UsageTotals:
     requests: int = 0
     prompt_tokens: int = 0
     cached_tokens: int = 0
     generated_tokens: int = 0
     gpu_seconds: float = 0.0
 
-    def add(self, other: Usage) -> None:
+    def add(self, other: UsageTotals) -> None:
         self.requests += other.requests
         self.prompt_tokens += other.prompt_tokens
         self.cached_tokens += other.cached_tokens
@@ -58,17 +58,17 @@ class Usage:
         self.gpu_seconds += other.gpu_seconds
 
 
-Ledger = dict[UsageKey, Usage]
+Ledger = dict[UsageKey, UsageTotals]
 
 
-def request_usage(request: Request) -> Usage:
+def request_usage(request: Request) -> UsageTotals:
     perf = request.record.perf
     server_ms = sum(
         value
         for value in (perf.extra.get("prompt_ms"), perf.extra.get("predicted_ms"))
         if isinstance(value, int | float)
     )
-    return Usage(
+    return UsageTotals(
         requests=1,
         prompt_tokens=perf.prompt_n or 0,
         cached_tokens=perf.cache_n or 0,
@@ -125,7 +125,7 @@ def session_ledger(
     ledger: Ledger = {}
     for request in requests:
         key = UsageKey(day_of(request.created_at), people[request.id], channel)
-        ledger.setdefault(key, Usage()).add(request_usage(request))
+        ledger.setdefault(key, UsageTotals()).add(request_usage(request))
     return ledger
 
 
@@ -133,19 +133,21 @@ def merged(ledgers: Iterable[Ledger]) -> Ledger:
     out: Ledger = {}
     for ledger in ledgers:
         for key, usage in ledger.items():
-            out.setdefault(key, Usage()).add(usage)
+            out.setdefault(key, UsageTotals()).add(usage)
     return out
 
 
-def totals(ledger: Mapping[UsageKey, Usage], by: Callable[[UsageKey], Key]) -> dict[Key, Usage]:
+def totals(
+    ledger: Mapping[UsageKey, UsageTotals], by: Callable[[UsageKey], Key]
+) -> dict[Key, UsageTotals]:
     """The ledger summed over what ``by`` leaves out (``lambda k: k.person``: per person)."""
-    out: dict[Key, Usage] = {}
+    out: dict[Key, UsageTotals] = {}
     for key, usage in ledger.items():
-        out.setdefault(by(key), Usage()).add(usage)
+        out.setdefault(by(key), UsageTotals()).add(usage)
     return out
 
 
-def ledger_records(ledger: Mapping[UsageKey, Usage]) -> list[dict[str, Any]]:
+def ledger_records(ledger: Mapping[UsageKey, UsageTotals]) -> list[dict[str, Any]]:
     """One JSON object per day, person and channel, in that order."""
     records = []
     for key in sorted(ledger):
@@ -158,7 +160,7 @@ def ledger_records(ledger: Mapping[UsageKey, Usage]) -> list[dict[str, Any]]:
 _HEAD = ("day", "person", "channel", "requests", "prompt", "cached", "generated", "GPU s")
 
 
-def format_ledger(ledger: Mapping[UsageKey, Usage]) -> str:
+def format_ledger(ledger: Mapping[UsageKey, UsageTotals]) -> str:
     """A table, a row per day, person and channel, then each person's total over them."""
     if not ledger:
         return "no requests recorded"
@@ -176,7 +178,7 @@ def format_ledger(ledger: Mapping[UsageKey, Usage]) -> str:
     return "\n".join(lines)
 
 
-def _row(names: tuple[str, str, str], usage: Usage) -> tuple[str, ...]:
+def _row(names: tuple[str, str, str], usage: UsageTotals) -> tuple[str, ...]:
     return (
         *names,
         f"{usage.requests:,}",

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from loopcommon.jsonbytes import dumps
-from loopd.approval import ASKER
+from loopd.approvals.call import ASKER
 from loopd.config import load_settings
 from loopd.sessionlog.chain import messages_digest
 from loopd.sessionlog.records import Perf, RequestKind, RequestRecord, fresh_external_key

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from loopd.approval import ASKER
+from loopd.approvals.call import ASKER
 from loopd.config import load_settings
 from loopd.sessions import Runtime
 from loopd.terminal.approve import TerminalAsker

@@ -21,8 +21,8 @@ from loopd.terminal.link import local_user
 from loopd.usage.ledger import (
     LOOPD_ITSELF,
     TERMINAL_CHANNEL,
-    Usage,
     UsageKey,
+    UsageTotals,
     day_of,
     session_ledger,
 )
@@ -139,8 +139,8 @@ def test_loopds_own_requests_and_a_terminal_session(tmp_path: Path) -> None:
     day = day_of(requests[0].created_at)
     assert day == requests[0].created_at[:10]  # the log's clock is UTC
     assert ledger == {
-        UsageKey(day, LOOPD_ITSELF, TERMINAL_CHANNEL): Usage(1, 50, 100, 1, 1.0),
-        UsageKey(day, "ann", TERMINAL_CHANNEL): Usage(2, 36, 200, 6, 2.0),
+        UsageKey(day, LOOPD_ITSELF, TERMINAL_CHANNEL): UsageTotals(1, 50, 100, 1, 1.0),
+        UsageKey(day, "ann", TERMINAL_CHANNEL): UsageTotals(2, 36, 200, 6, 2.0),
     }
     assert day_of("2026-05-01T23:30:00-02:00") == "2026-05-02"
 
