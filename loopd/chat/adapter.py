@@ -254,8 +254,8 @@ class ChatAdapter:
         result = self.threads.retry_by_post(post_id, user.username, user.id)
         log.info("retry reaction by @%s on %s: %s", user.username, post_id, result.value)
         said = RETRY_WORDS.get(result)
-        key = self.state.post_key(post_id) or ""
-        root = root_of(key.partition("#")[0])
+        keys = self.state.post_keys(post_id)
+        root = root_of(keys[0].partition("#")[0]) if keys else ""
         channel = self.state.thread_channel(root)
         if said is not None and channel is not None:
             # Once per post and person: a reaction taken back and given again says it once.

@@ -218,6 +218,13 @@ RETRY_WORDS = {
 }
 
 
+def _keyed(key: str) -> tuple[str, int | None]:
+    """(the session, the seq) of an outbox key ``<session>#<seq>[:<what>]``."""
+    name, _, rest = key.partition("#")
+    seq = rest.split(":", 1)[0]
+    return name, int(seq) if seq.isdigit() else None
+
+
 def turn_anchor(entries: list[Entry]) -> int:
     """The seq a turn's posts are keyed by: its last replayed entry, or the take-back after it
     that runs the turn again (a new key: the posts of the turn it runs again stay as they are)."""
@@ -564,11 +571,11 @@ class Threads:
         taken out of the replay and generated anew from the same messages (the earlier one
         stays in the log and the thread), or its end is undone (``loopd.turnstop``). The
         turn's people and the admins may ask it."""
-        key = self.state.post_key(post_id)
-        name, _, rest = (key or "").partition("#")
-        seq = rest.split(":", 1)[0]
-        if key is None or not name.startswith(PREFIX) or not seq.isdigit():
+        posted = [_keyed(key) for key in self.state.post_keys(post_id)]
+        names = {name for name, _ in posted if name.startswith(PREFIX)}
+        if len(names) != 1:
             return RetryResult.NOT_AN_ANSWER
+        (name,) = names
         if self.running(name) or self.state.held(name):
             return RetryResult.BUSY
         log_ = self.runtime.log
@@ -576,7 +583,7 @@ class Threads:
             target = retry_target(log_.state(name))
         except NothingToRetry:
             return RetryResult.BUSY
-        if target != int(seq):
+        if target not in {seq for _, seq in posted}:
             return RetryResult.NOT_LATEST
         entries = thread_entries(log_, name)
         asked_by = requesters([e for e in entries if e.seq < target])

@@ -27,10 +27,10 @@ from tests.approvals.test_approval_thread import thread_env
 from tests.chat.chat_support import (
     Env,
     daemon,
+    environment,
     until,
 )
 from tests.chat.conftest import FAKE_MODEL, fake_llama, llama, sockets
-from tests.chat.test_chat_scenarios import environment
 
 __all__ = ["fake_llama", "llama", "sockets"]  # the chat tests' fixtures, here too
 
