@@ -40,12 +40,12 @@ SlotId = Annotated[int, Field(ge=0)]
 DEFAULT_SLOT_SAVE_MAX_BYTES: Final = 20 * 1024**3
 SLOT_SAVE_DIRS_HELP: Final = (
     "The server's --slot-save-path folder(s) as this host sees them (a router whose models "
-    "save apart: each); brokerd keeps loopd's files there under slot_save_max_bytes. "
-    "Empty: brokerd bounds nothing."
+    "save apart: each); brokerd keeps the saves it forwarded there under slot_save_max_bytes "
+    "(other clients' files are left alone). Empty: brokerd bounds nothing."
 )
 SLOT_SAVE_MAX_HELP: Final = (
-    "Bytes loopd's saved slot states may take in slot_save_dirs, all together; after each save "
-    "the least recently used go first."
+    "Bytes the saves brokerd forwarded may take in slot_save_dirs, all together; after each "
+    "save the least recently used go first."
 )
 
 

@@ -14,7 +14,8 @@ nothing) and asks these rules what each poll means:
 - any answer from ``/health`` counts as alive: a router loading a model answers 503. A 503 to the
   request itself is waited out the same way (``worth_waiting_out``).
 
-After the first byte every event is life; the silence limit alone rules then.
+After the first byte every event but a keep-alive ping is life; the silence limit alone rules
+then (``loopd.engine.stream``).
 """
 
 from __future__ import annotations

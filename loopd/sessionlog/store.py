@@ -525,6 +525,16 @@ class SessionLog:
             )
         return [rows.request_from_row(row) for row in found]
 
+    def requests_after(self, row: int, limit: int) -> list[tuple[str, Request]]:
+        """The first ``limit`` requests recorded after row ``row``, every session's, in order,
+        each with its session's name: what was recorded since a reader last looked, by index."""
+        with self._reading():
+            found = self._select(
+                f"{rows.REQUEST_SELECT} WHERE r.id > ? ORDER BY r.id LIMIT ?", (row, limit)
+            )
+            names = {s.id: s.name for s in self.sessions()} if found else {}
+        return [(names[row["session_id"]], rows.request_from_row(row)) for row in found]
+
     def latest_request(
         self,
         session: str,
@@ -639,11 +649,14 @@ class SessionLog:
                     del self._holds[session]
                     self._replayed.pop(session, None)
 
-    def entries(self, session: str) -> list[Entry]:
+    def entries(self, session: str, *, after_seq: int = 0, limit: int | None = None) -> list[Entry]:
+        """The session's entries after ``after_seq`` (all of them by default), in log order;
+        the first ``limit`` of them when given."""
         with self._reading():
             target = self.get_session(session)
             found = self._select(
-                f"{rows.ENTRY_SELECT} WHERE e.session_id = ? ORDER BY e.seq", (target.id,)
+                f"{rows.ENTRY_SELECT} WHERE e.session_id = ? AND e.seq > ? ORDER BY e.seq LIMIT ?",
+                (target.id, after_seq, -1 if limit is None else limit),
             )
         return [rows.entry_from_row(row) for row in found]
 

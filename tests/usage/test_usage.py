@@ -102,10 +102,13 @@ def test_the_metrics_carry_the_totals_per_person_and_channel(tmp_path: Path) -> 
     _write_thread(tmp_path)
     registry = CollectorRegistry()
     with SessionLog.open(tmp_path / "loopd.db") as log:
-        registry.register(UsageCollector(log, lambda: thread_labels(tmp_path), local_user()))
+        collector = UsageCollector(log, lambda: thread_labels(tmp_path), local_user())
+        registry.register(collector)
+        collector.refresh()
         first = generate_latest(registry).decode()
         log.append_user(THREAD, "@alice: Thanks!", external_key="p3")
         log.append_assistant(THREAD, _answer("Welcome."), request=_record(5, 2))
+        collector.refresh()
         second = generate_latest(registry).decode()
     line = 'loopd_usage_prompt_tokens_total{channel="~town-square",person="%s"} %s'
     assert line % ("alice", "40.0") in first
