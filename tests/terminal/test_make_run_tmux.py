@@ -169,7 +169,8 @@ def test_make_run_suspends_and_loses_nothing_typed_or_pasted(
     # An interactive shell runs make, as a person's does: it has the job control fg needs.
     tmux = Tmux("bash --norc --noprofile -i", env)
     try:
-        tmux.keys(f"make -C {REPO} run; echo $? > {done}", "Enter")
+        # Not `make ...; echo $?`: the shell would go on to the echo when make is stopped.
+        tmux.keys(f"make -C {REPO} run", "Enter")
         tmux.wait_for("the chat's prompt", lambda s: s.rstrip().endswith(PROMPT.rstrip()))
 
         # Ctrl-Z with a line begun: the shell has the job; fg brings the chat and the line back.
@@ -217,7 +218,9 @@ def test_make_run_suspends_and_loses_nothing_typed_or_pasted(
             "the begun line back", lambda s: s.rstrip().endswith(PROMPT + "keep this line")
         )
         tmux.keys("C-u", "C-d")
-        tmux.wait_for("make run ended", lambda _: done.exists())
+        tmux.wait_for("make run ended", lambda _: processes_under(state_dir) == [])
+        tmux.keys(f"echo $? > {done}", "Enter")  # the status of fg: make's
+        tmux.wait_for("make's exit status", lambda _: done.exists())
         assert done.read_text().strip() == "0", tmux.screen()
     finally:
         tmux.kill()
