@@ -1,5 +1,5 @@
-"""loopd's status page: its data (slots, live turns, sessions) and the page made from it, as plain
-HTML with inline SVG plots. Pure: no I/O.
+"""loopd's status page: its data (the wait people saw for a turn's first token, slots, live turns,
+sessions) and the page made from it, as plain HTML with inline SVG plots. Pure: no I/O.
 
 loopd reads its runtime into a ``StatusSnapshot`` (``loopd.observe.status``) and serves it as
 ``/status.json``; brokerd checks that data against these types and renders the page with
@@ -32,6 +32,7 @@ MAX_LIVE: Final = 100  # live turns listed (running or in line), the oldest firs
 MAX_SESSIONS: Final = 50  # the most recently active sessions listed
 PLOT_POINTS: Final = 60  # the latest requests a session's plot shows
 MAX_TEXT: Final = 256  # characters of any string (the page shows fewer)
+MAX_PARTS: Final = 8  # the parts of the wait for a turn's first token (loopd records four)
 MAX_COUNT: Final = 1 << 40  # tokens, requests, places in line
 STATUS_MAX_BYTES: Final = 1024 * 1024  # status data as loopd writes it: the largest valid is 0.6 MB
 PAGE_MAX_BYTES: Final = 2 * 1024 * 1024  # the page rendered from the largest status data
@@ -39,6 +40,7 @@ PAGE_MAX_BYTES: Final = 2 * 1024 * 1024  # the page rendered from the largest st
 Text = Annotated[str, Field(max_length=MAX_TEXT)]
 Count = Annotated[int, Field(ge=0, le=MAX_COUNT)]
 Slot = Annotated[int, Field(ge=-1, le=MAX_COUNT)]  # -1: a session the server places
+# A span of time, in seconds or (the wait's figures) in milliseconds.
 Seconds = Annotated[float, Field(ge=0, le=MAX_COUNT, allow_inf_nan=False)]
 LABEL_CHARS: Final = 64  # the most of a name (a channel, a person, a session) the page shows
 FIRST_WORDS_CHARS: Final = 120
@@ -93,12 +95,24 @@ class SessionView:
 
 
 @dataclass(frozen=True)
+class WaitView:
+    """The wait people saw for a turn's first token over the latest turns: its p50 and p95, and
+    each part's p50 (in milliseconds, named in a person's words, in order)."""
+
+    turns: Count
+    p50_ms: Seconds
+    p95_ms: Seconds
+    parts_p50_ms: Annotated[tuple[tuple[Text, Seconds], ...], Field(max_length=MAX_PARTS)]
+
+
+@dataclass(frozen=True)
 class StatusSnapshot:
     generated_at: Text
     model: Text
     slots: Annotated[tuple[SlotView, ...], Field(max_length=MAX_SLOTS)]
     live: Annotated[tuple[LiveView, ...], Field(max_length=MAX_LIVE)]
     sessions: Annotated[tuple[SessionView, ...], Field(max_length=MAX_SESSIONS)]
+    waits: WaitView | None = None  # None: no turn has recorded its wait yet
 
     def as_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -119,6 +133,7 @@ def bounded(snap: StatusSnapshot) -> StatusSnapshot:
             replace(t, session=_cut(t.session), phase=_cut(t.phase)) for t in snap.live[:MAX_LIVE]
         ),
         sessions=tuple(_bounded_session(s) for s in snap.sessions[:MAX_SESSIONS]),
+        waits=snap.waits,  # loopd's own figures and words, within the bounds as made
     )
 
 
@@ -175,6 +190,8 @@ def render(snap: StatusSnapshot, thread_url: str | None = None) -> str:
         "<h1>loopd</h1>",
         f'<p class="muted">model <code>{e(snap.model)}</code> · {e(snap.generated_at)} · '
         f"refreshes every {REFRESH_S} s</p>",
+        "<h2>The wait for the first token</h2>",
+        _waits(snap.waits),
         "<h2>Slots</h2>",
         _slots_table(snap.slots, named),
         "<h2>Live turns</h2>",
@@ -184,6 +201,28 @@ def render(snap: StatusSnapshot, thread_url: str | None = None) -> str:
         "</body></html>",
     ]
     return "\n".join(parts)
+
+
+def _waits(waits: WaitView | None) -> str:
+    if waits is None:
+        return '<p class="muted">no turn has recorded its wait yet</p>'
+    e = html.escape
+    noun = "turn" if waits.turns == 1 else "turns"
+    parts = "; ".join(f"{e(what)} {duration(ms)}" for what, ms in waits.parts_p50_ms)
+    return (
+        f"<p><b>p50 {duration(waits.p50_ms)}</b> · <b>p95 {duration(waits.p95_ms)}</b> over "
+        f'the latest {waits.turns} {noun}</p><p class="muted">p50 of each part: {parts}</p>'
+    )
+
+
+def duration(ms: float) -> str:
+    """``850 ms``, ``3.4 s``, ``2 min 5 s``: a wait as a person reads it."""
+    if ms < 1000:
+        return f"{ms:,.0f} ms"
+    if ms < 60_000:
+        return f"{ms / 1000:,.1f} s"
+    minutes, seconds = divmod(round(ms / 1000), 60)
+    return f"{minutes} min {seconds} s"
 
 
 def _slots_table(slots: Sequence[SlotView], named: Callable[[str], str]) -> str:

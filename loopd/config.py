@@ -47,6 +47,7 @@ from loopcommon.address import check_address
 from loopcommon.configload import Rule
 from loopcommon.errors import ConfigError
 from loopd.chat.config import ChatSettings
+from loopd.datafiles import CORE_TOOLS_FILE as CORE_TOOLS_FILE  # LOOPD_TOOLS_FILE's default
 from loopd.engine.durable import DurableMode
 from loopd.engine.pinning import PinSlots
 from loopd.engine.repeats import DEFAULT_LIMIT as DEFAULT_REPEAT_LIMIT
@@ -54,9 +55,6 @@ from loopd.engine.request import Sampling
 
 # The sampling settings' defaults are the request's own (``Sampling``), written once there.
 _SAMPLING: Final = Sampling()
-
-# The core tools array ships inside the package, so an installed wheel finds it wherever it lives.
-CORE_TOOLS_FILE = Path(__file__).resolve().parent / "data" / "tools.schema.json"
 
 
 def _default_state_dir() -> Path:

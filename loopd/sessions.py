@@ -483,14 +483,17 @@ class Runtime:
         self.prewarm_plan.drop(session.name)
         view = self._view()
         with self.live.turn(session.name, session.slot, report, on_position) as live:
+            asked_at = time.monotonic()  # the wait a person sees starts (loopd.engine.waits)
             async with self.scheduler.slot(session.name, session.slot, live.on_position):
                 # The plan learns what the slot holds before the slot is released (and seen idle).
                 asker = ASKER.get()
                 token = None
                 if asker is not None:  # a wait for a person's approval frees the slot meanwhile
                     token = ASKER.set(Stepped(asker, self._stepped_aside(session, live)))
+                turn = self.turn(session, live.report)
+                turn.asked_at = asked_at
                 try:
-                    outcome = await self.turn(session, live.report).run()
+                    outcome = await turn.run()
                 finally:
                     if token is not None:
                         ASKER.reset(token)

@@ -233,6 +233,7 @@ class Endpoints:
         server.plan.drop(session.name)
         with runtime.live.turn(session.name, slot, report, on_position) as live:
             turn = self.aim(runtime, server, session, live.report)
+            turn.asked_at = time.monotonic()  # the wait a person sees starts (engine.waits)
             async with AsyncExitStack() as held:
                 with self.fleet.waiting(server.name):
                     await held.enter_async_context(

@@ -19,6 +19,7 @@ order of events, and so that a cancelled request is recorded before the cancella
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
@@ -162,8 +163,13 @@ class Turn:
     # Durable sessions (``loopd.engine.durable``): a request sent after a restore names the slot
     # the restore filled, pinned or not.
     durable: DurableSlots | None = None
+    # When the turn asked for its slot (monotonic; default: when it runs): the start of the wait
+    # a person sees, which ends at the turn's first token (``loopd.engine.waits``).
+    asked_at: float | None = None
+    _waiting_since: float | None = field(default=None, init=False, repr=False)
 
     async def run(self) -> TurnOutcome:
+        self._waiting_since = self.asked_at if self.asked_at is not None else time.monotonic()
         outcome = TurnOutcome(answer=None)
         kind = RequestKind.TURN
         # Each request of the turn extends the previous one's messages; the session's text is
@@ -283,6 +289,7 @@ class Turn:
             settings = replace(settings, slot=restore.slot)
         body = build_body(settings, epoch.tools_text, messages)
         result = start_result()
+        result.wait.asked = self._waiting_since
         reply_short = 0
         with request_scope(self.session) as scope:  # its id in the headers and the log lines
             try:
@@ -297,6 +304,8 @@ class Turn:
                 )
                 reply_short = await self._reply_short(result)
             finally:
+                if result.wait.first_token is not None:
+                    self._waiting_since = None  # the person's wait ended on this request
                 # Synchronous, so a cancellation going on cannot interrupt it.
                 record = self._record(
                     kind, epoch, messages, result, restore, scope.request_id, reply_short
