@@ -382,7 +382,7 @@ class ChatAdapter:
     async def _take(self, name: str, key: str, text: str) -> str | None:
         """Into the log, or held while the thread's turn runs (see ``threads``); what to tell
         the thread of a message too long for the context (``Runtime.append_user``)."""
-        if self.threads.running(name):
+        if self.threads.holds(name):
             self.state.hold(key, name, text)
             return None
         return (await self.runtime.append_user(name, text, external_key=key)).notice
