@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import pty
+import select
 import termios
 from collections.abc import Iterator
 
@@ -65,12 +66,14 @@ def test_a_pipe_is_left_alone() -> None:
 def test_take_typed_reads_the_line_begun_and_leaves_the_mode(terminal: tuple[int, int]) -> None:
     tty, typist = terminal
     with open(tty, closefd=False) as stream, typed_keys_unechoed(stream):
-        os.write(typist, b"sent line\nbegun, with a tyoo\x7f\x7fpo")
+        # An edited line, ended: once it can be read, the terminal has taken the erases.
+        os.write(typist, b"sent, with a tyoo\x7f\x7fpo\nbegun")
+        select.select([tty], [], [], 10)
         inside = termios.tcgetattr(tty)
         typed = take_typed(stream)
         assert termios.tcgetattr(tty) == inside
         assert take_typed(stream) == ""  # read once
-    assert typed == "sent line\nbegun, with a typo"
+    assert typed == "sent, with a typo\nbegun"
 
 
 def test_split_typed_sends_ended_lines_and_keeps_the_begun_one() -> None:
