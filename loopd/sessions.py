@@ -141,13 +141,15 @@ class SessionTools:
             self.contexts[session] = ctx
         return ctx
 
-    async def run(self, session: str, call: ToolCall) -> str:
+    async def run(self, session: str, call: ToolCall) -> ToolResult:
         with tool_call(session, call, {*self.spec.names, *BROKER_TOOL_NAMES}) as seen:
             if is_broker_tool(call.name):
-                return seen.result(await self._broker(session, call))
-            if self.approval.asks(call.name) and self.log is not None:
-                return seen.result(await self._core_asked(session, call, self.log))
-            return seen.result(await self.run_core(session, call.name, call.arguments))
+                text = seen.result(await self._broker(session, call))
+            elif self.approval.asks(call.name) and self.log is not None:
+                text = seen.result(await self._core_asked(session, call, self.log))
+            else:
+                text = seen.result(await self.run_core(session, call.name, call.arguments))
+            return ToolResult(text, ok=seen.outcome == "ok")
 
     def reruns(self, session: str, call: ToolCall) -> bool:
         """Whether a call a restart cut short is sent again, not answered as interrupted: a
@@ -464,10 +466,13 @@ class Runtime:
                 sampling=s.sampling,
             ),
             limits=Limits(
-                first_byte_s=s.first_byte_s, silence_s=s.silence_s, think_cap=s.stream_think_cap
+                first_byte_s=s.first_byte_s,
+                silence_s=s.silence_s,
+                think_cap=s.stream_think_cap,
+                loop_window=s.loop_window,
             ),
             tools=self.tools,
-            repeat_limit=s.repeat_limit,
+            guard_limits=s.guard_limits,
             report=report,
             gate=Compactor(self.budget, self.budget_rules()),
             template_drops_reasoning=view.template_drops_reasoning,
@@ -630,7 +635,7 @@ class Runtime:
         for interrupted in state.interrupted_calls:
             call = interrupted.call  # as stored: the argument text the model streamed
             if self.tools.reruns(session.name, call):
-                text = await self.tools.run(session.name, call)
+                text = (await self.tools.run(session.name, call)).text
             else:
                 text = INTERRUPTED
             self.log.append_tool_result(session.name, tool_call_id=call.id, content=text)

@@ -60,9 +60,9 @@ wait_for_socket() {  # path, what, pid
 }
 
 # LOOPD_MODEL picks the model (a preset of loopd_dev.devserver: smollm2 unless set, or
-# qwen-coder-tools, a model that really calls the tools; loopd itself has no default model); the
-# router loads it before ready, and the settings it needs (e.g. temperature 0) come with it
-# unless the environment sets them.
+# qwen-coder-agent, a model that really calls the tools and answers; loopd itself has no default
+# model); the router loads it before ready, and the settings it needs (e.g. temperature 0) come
+# with it unless the environment sets them.
 export LOOPD_MODEL="${LOOPD_MODEL:-smollm2}"
 load=(--load "$LOOPD_MODEL")
 eval "$($bin/python -m loopd_dev.devserver --loopd-env "$LOOPD_MODEL")"

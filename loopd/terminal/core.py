@@ -31,6 +31,7 @@ from loopd.sessionlog.records import Session, fresh_external_key
 from loopd.sessions import Runtime
 from loopd.terminal.approve import TerminalAsker
 from loopd.terminal.inuse import SessionLocks
+from loopd.tools.core import ToolResult
 from loopd.turnstop import record_stop, retry_target, take_back
 from loopd.wire.assemble import ToolCall
 
@@ -68,10 +69,10 @@ class WatchedTools:
     inner: ToolRunner
     watcher: Watcher
 
-    async def run(self, session: str, call: ToolCall) -> str:
+    async def run(self, session: str, call: ToolCall) -> ToolResult:
         self.watcher.tool_started(call)
         result = await self.inner.run(session, call)
-        self.watcher.tool_finished(call, result)
+        self.watcher.tool_finished(call, result.text)
         return result
 
 
