@@ -1,10 +1,11 @@
 """Every way a turn ends is final: reopening the session afterwards runs nothing.
 
 One test per way (answered, stopped, a failed request, a time limit, the repeat guard, the round
-limit): the turn runs in ``loopd run``, then ``loopd chat`` opens the session again, which runs
-whatever a turn left pending first. It must send no request and write nothing, and ``loopd
-sessions`` must say how the turn ended. The one turn that does resume, for contrast: a turn cut by
-a crash (``loopd run`` killed mid-turn) is answered when the session is opened again.
+limit, the call limit): the turn runs in ``loopd run``, then ``loopd chat`` opens the session
+again, which runs whatever a turn left pending first. It must send no request and write nothing,
+and ``loopd sessions`` must say how the turn ended. The one turn that does resume, for contrast:
+a turn cut by a crash (``loopd run`` killed mid-turn) is answered when the session is opened
+again.
 """
 
 from __future__ import annotations
@@ -119,16 +120,29 @@ def test_a_turn_the_repeat_guard_ended(ended: Ended) -> None:
     assert "ended: the model repeated a call (list_dir" in reopen_runs_nothing(ended)
 
 
-def test_a_turn_that_reached_the_round_limit(ended: Ended) -> None:
-    calls = [
+def distinct_calls(count: int) -> list[ScriptedReply]:
+    """``count`` replies, each one call of another folder (none exists: each call fails)."""
+    return [
         ScriptedReply(tool_calls=(ScriptedToolCall("list_dir", f'{{"path": "d{n}"}}'),))
-        for n in range(ROUNDS)
+        for n in range(count)
     ]
-    ended.server.script(*calls)
-    result = run_turn(ended)
+
+
+def test_a_turn_that_reached_the_round_limit(ended: Ended) -> None:
+    ended.server.script(*distinct_calls(ROUNDS))
+    # The round limit alone: the guards that would end such a turn sooner are off.
+    result = run_turn(ended, ("failure_limit", "0"), ("cycle_limit", "0"))
     assert result.returncode == EXIT_NO_ANSWER, result.stderr
     assert ended.server.chat_requests() == ROUNDS
     assert f"ended: stopped after {ROUNDS} tool rounds" in reopen_runs_nothing(ended)
+
+
+def test_a_turn_that_reached_the_call_limit(ended: Ended) -> None:
+    ended.server.script(*distinct_calls(3))
+    result = run_turn(ended, ("calls_per_turn", "2"), ("failure_limit", "0"))
+    assert result.returncode == EXIT_NO_ANSWER, result.stderr
+    row = reopen_runs_nothing(ended)
+    assert "ended: the model made more than 2 tool calls in one turn" in row
 
 
 def test_only_a_turn_cut_by_a_crash_runs_again(ended: Ended) -> None:
