@@ -46,7 +46,7 @@ from loopd.chat.split import MAX_POST_RUNES
 from loopd.chat.threads import Threads
 from loopd.config import Settings
 from loopd.endpoints.start import EXIT_NONE_UP, check_at_start
-from loopd.engine.quiet import Asker
+from loopd.engine.quiet import Purpose
 from loopd.errors import LoopdError
 from loopd.observe.server import serve_runtime
 from loopd.selftest.endpoints import down_line, endpoint_checker
@@ -128,13 +128,13 @@ class ServerWatch:
         while the server differs, the last run could not tell, or the live probes are owed,
         its probes run where the model is awake and loopd idle (else the layout decides)."""
         if self.change is None and not self.untold and not self.live_due:
-            quick = await self._selftest(live=False, asker=Asker.CHECK)
+            quick = await self._selftest(live=False, purpose=Purpose.CHECK)
             self._read(quick)
             if quick.unreachable or quick.ok or quick.model_away is not None:
                 return
             self.live_due = True
-        asker = Asker.WORK if self.runtime.scheduler.idle() else Asker.CHECK
-        report = await self._selftest(live=True, asker=asker)
+        purpose = Purpose.WORK if self.runtime.scheduler.idle() else Purpose.CHECK
+        report = await self._selftest(live=True, purpose=purpose)
         self._read(report)
         if report.unreachable:
             log.warning("the server check could not reach %s; checking again later", report.url)
@@ -187,14 +187,14 @@ class ServerWatch:
                 reading.status.value,
             )
 
-    async def _selftest(self, *, live: bool, asker: Asker) -> SelftestReport:
+    async def _selftest(self, *, live: bool, purpose: Purpose) -> SelftestReport:
         tools_text = self.runtime.spec.text
         return await run_selftest(
             self.settings,
             tools_text=tools_text,
             expected_dir=self.expected_dir,
             live=live,
-            asker=asker,
+            purpose=purpose,
         )
 
     def _matches(self, report: SelftestReport) -> None:
@@ -375,7 +375,7 @@ async def startup_selftest(settings: Settings, expected_dir: Path = DEFAULT_DIR)
     not loaded, loopd starts on the layout checks alone, and the probes run once it is awake."""
     tools_text = load_tools_spec(settings.tools_file).text
     report = await run_selftest(
-        settings, tools_text=tools_text, expected_dir=expected_dir, asker=Asker.WORK
+        settings, tools_text=tools_text, expected_dir=expected_dir, purpose=Purpose.WORK
     )
     if report.unreachable:
         print(format_report(report), file=sys.stderr)

@@ -33,7 +33,7 @@ from loopcommon.bodies import ERROR_PREFIX_BYTES, error_text, read_at_most
 from loopcommon.transport import AsyncioTransport
 from loopd.engine.liveness import slot_busy
 from loopd.engine.modelstate import ModelReading, ModelStatus, read_reading
-from loopd.engine.quiet import Asker, router_params
+from loopd.engine.quiet import Purpose, router_params
 from loopd.engine.thinkcap import control_answer
 from loopd.errors import (
     ConnectionDropped,
@@ -290,12 +290,12 @@ class InferenceClient:
         return slot_busy(await self.slots(wait_s), slot)
 
     async def props(
-        self, wait_s: float | None = None, *, asker: Asker = Asker.PERSON
+        self, wait_s: float | None = None, *, purpose: Purpose = Purpose.PERSON
     ) -> dict[str, Any]:
         """``GET /props?model=``; a router loads the model for it only where a person waits
         (``loopd.engine.quiet``: elsewhere ``autoload=false``, and a model not loaded is
         ServerRejected 400)."""
-        params = {"model": self.model, **router_params(asker)}
+        params = {"model": self.model, **router_params(purpose)}
         data = await self._get_json("/props", params, wait_s or self.connect_s)
         if not isinstance(data, dict):
             raise ServerRejected(self.url, 200, "/props answered something other than an object")
@@ -312,15 +312,15 @@ class InferenceClient:
         return data if isinstance(data, dict) else {}
 
     async def model_reading(
-        self, wait_s: float | None = None, *, asker: Asker = Asker.CHECK
+        self, wait_s: float | None = None, *, purpose: Purpose = Purpose.CHECK
     ) -> ModelReading:
         """The model's state, start and weights (``loopd.engine.modelstate``): ``/props`` and
         then ``/models``, neither of which wakes a sleeping model; ``/props`` loads one not
-        loaded only where a person waits (``asker``: the weights are reported only while the
+        loaded only where a person waits (``purpose``: the weights are reported only while the
         model is loaded). A server that answers neither gives a reading of status ``UNKNOWN``
         that says why."""
         try:
-            props: dict[str, Any] | None = await self.props(wait_s, asker=asker)
+            props: dict[str, Any] | None = await self.props(wait_s, purpose=purpose)
         except ServerRejected as exc:
             if exc.status != 400:  # 400: not loaded, which /models says
                 return ModelReading(ModelStatus.UNKNOWN, detail=f"GET /props failed: {exc}")

@@ -11,7 +11,7 @@ other request (``/slots``, a chat request, the control call, a slot's save or re
 request for a model that is not loaded loads it (and may evict another client's model to make
 room) unless it carries ``autoload=false`` (GET and POST alike).
 
-So, by who is asking (``Asker``):
+So, by what the request is for (``Purpose``):
 
 - **A person waits** (a turn and everything it does: its liveness polls, its compaction, its
   save at the end; ``loopd selftest`` run by hand): any request. It may wake the model or load
@@ -54,7 +54,7 @@ class Call(StrEnum):
 ANSWERED_ASLEEP = frozenset({Call.HEALTH, Call.PROPS, Call.MODELS})
 
 
-class Asker(StrEnum):
+class Purpose(StrEnum):
     PERSON = "a person waits"
     CHECK = "a background check"
     WORK = "background work"
@@ -70,21 +70,21 @@ class Verdict:
     why: str = ""
 
 
-def may_send(call: Call, asker: Asker, model: ModelStatus = ModelStatus.UNKNOWN) -> Verdict:
+def may_send(call: Call, purpose: Purpose, model: ModelStatus = ModelStatus.UNKNOWN) -> Verdict:
     """The rule (see the module doc). ``model``: the model's state as last read without waking
     it; only background work looks at it."""
-    if asker is Asker.PERSON:
+    if purpose is Purpose.PERSON:
         return Verdict(allowed=True, autoload=True)
     if call in ANSWERED_ASLEEP:
         return Verdict(allowed=True, autoload=False)
-    if asker is Asker.CHECK:
+    if purpose is Purpose.CHECK:
         return Verdict(False, False, f"a background check never sends {call.value}: it wakes")
     if model is ModelStatus.AWAKE:
         return Verdict(allowed=True, autoload=False)
     return Verdict(False, False, f"the model is {model.value}: background work waits for a person")
 
 
-def router_params(asker: Asker) -> dict[str, str]:
-    """The query parameters a router request of ``asker`` carries: ``autoload=false`` unless a
+def router_params(purpose: Purpose) -> dict[str, str]:
+    """The query parameters a router request of ``purpose`` carries: ``autoload=false`` unless a
     person waits (then none: the router's own default, ``--models-autoload``, holds)."""
-    return {} if asker is Asker.PERSON else {"autoload": "false"}
+    return {} if purpose is Purpose.PERSON else {"autoload": "false"}

@@ -30,7 +30,7 @@ from loopd.engine.durable import (
     worth_restoring,
 )
 from loopd.engine.modelstate import Forgot, ModelMemory, ModelReading, forgot
-from loopd.engine.quiet import Asker
+from loopd.engine.quiet import Purpose
 from loopd.engine.request import RequestSettings
 from loopd.engine.saverule import SaveDecision, SaveFigures, decide
 from loopd.errors import InferenceError
@@ -180,11 +180,11 @@ class DurableSlots:
     # end): once the count grows, the model forgot it since.
     _held_at: dict[str, int] = field(default_factory=dict)
 
-    async def look(self, asker: Asker = Asker.PERSON) -> ModelReading:
+    async def look(self, purpose: Purpose = Purpose.PERSON) -> ModelReading:
         """Read the model (``InferenceClient.model_reading``: nothing that wakes it; where a
         person waits, a model not loaded is loaded, as the turn's request would) into
         ``memory``."""
-        reading = await self.client.model_reading(self.load_wait_s, asker=asker)
+        reading = await self.client.model_reading(self.load_wait_s, purpose=purpose)
         self.memory.observe(reading)
         return reading
 
@@ -292,7 +292,7 @@ class DurableSlots:
         save, no slot to restore into, or the server refused it (then dropped)."""
         if self.book.latest(session) is None:
             return None
-        await self.look(Asker.WORK)  # what the model forgot so far, and its fingerprint now
+        await self.look(Purpose.WORK)  # what the model forgot so far, and its fingerprint now
         probe = self.probe(session, tools_text, messages, slot)
         if probe.saved is None:
             return None

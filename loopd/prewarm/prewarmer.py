@@ -65,7 +65,7 @@ import anyio
 
 from loopd.engine.cacheloss import Circumstances, PrevRequest, cache_loss
 from loopd.engine.client import InferenceClient
-from loopd.engine.quiet import Asker, Call, may_send
+from loopd.engine.quiet import Call, Purpose, may_send
 from loopd.engine.request import RequestSettings, build_body
 from loopd.errors import InferenceError, StreamBroken
 from loopd.scheduler import Scheduler
@@ -220,7 +220,7 @@ class Prewarmer:
         if not self.log.state(session.name).idle:
             return "a turn is pending"
         # Background work (``loopd.engine.quiet``): never on a model asleep or not loaded.
-        verdict = may_send(Call.CHAT, Asker.WORK, (await self.client.model_reading()).status)
+        verdict = may_send(Call.CHAT, Purpose.WORK, (await self.client.model_reading()).status)
         if not verdict.allowed:
             return verdict.why
         try:

@@ -19,7 +19,7 @@ import anyio
 
 from loopd.config import EndpointSettings, Settings
 from loopd.endpoints.health import EndpointHealth
-from loopd.engine.quiet import Asker
+from loopd.engine.quiet import Purpose
 from loopd.selftest.expected import DEFAULT_DIR, ExpectationsError
 from loopd.selftest.run import SelftestReport, format_result, run_selftest
 
@@ -89,7 +89,7 @@ def endpoint_checker(
                 tools_text=tools_text,
                 expected_dir=expected_dir,
                 endpoint=name,
-                asker=Asker.WORK,  # nobody waits: it neither wakes nor loads the model
+                purpose=Purpose.WORK,  # nobody waits: it neither wakes nor loads the model
             )
         except ExpectationsError as exc:
             return EndpointCheck(endpoint, None, str(exc))

@@ -33,7 +33,7 @@ from loopd.engine.durable import probe_name
 from loopd.engine.limits import Limits
 from loopd.engine.outcome import Failure, RequestResult
 from loopd.engine.pinning import PinSlots, decide_pinning
-from loopd.engine.quiet import Asker, Call, may_send
+from loopd.engine.quiet import Call, Purpose, may_send
 from loopd.engine.request import RequestSettings, Sampling, build_body
 from loopd.engine.stream import run_request
 from loopd.engine.thinkcap import SUCCESS
@@ -132,14 +132,14 @@ async def gather_facts(
     config: ProbeConfig,
     *,
     live: bool = True,
-    asker: Asker = Asker.PERSON,
+    purpose: Purpose = Purpose.PERSON,
 ) -> ServerFacts:
     """Ask the server everything the checks need; never raises for what the server does.
 
     ``connect`` opens a new client for the configured URL and model (see the module's note).
     Without ``live``, only what costs no generation and no render: health, the listing, the
     model's state, ``/props``, and ``/slots`` where a person waits (``loopd serve`` checks that
-    much every few minutes, as a background check). ``asker`` decides what may be sent
+    much every few minutes, as a background check). ``purpose`` decides what may be sent
     (``loopd.engine.quiet``): where nobody waits, nothing loads the model, a check sends
     nothing that wakes it, and the live probes run only on a model awake now
     (``ServerFacts.live_skipped`` says why they did not).
@@ -166,10 +166,10 @@ async def gather_facts(
             return facts
         if facts.listing.router:
             facts.router = await probe_router(client, config.small_call_s)
-        await _gather_layout(client, config, facts, asker)
+        await _gather_layout(client, config, facts, purpose)
     if not live:
         return facts
-    verdict = may_send(Call.CHAT, asker, facts.model_status)
+    verdict = may_send(Call.CHAT, purpose, facts.model_status)
     if not verdict.allowed:
         facts.live_skipped = verdict.why
         facts.missing.update(dict.fromkeys(_LIVE_FACTS, f"not run: {verdict.why}"))
@@ -186,19 +186,19 @@ _ALL_FACTS = ("listing", "props", "slots", *_LIVE_FACTS)
 
 
 async def _gather_layout(
-    client: InferenceClient, config: ProbeConfig, facts: ServerFacts, asker: Asker
+    client: InferenceClient, config: ProbeConfig, facts: ServerFacts, purpose: Purpose
 ) -> None:
     try:
         # A router loads the model for /props if it is not running (where a person waits):
         # allow for the load.
-        facts.props = await probe_props(client, config.first_byte_s, asker)
+        facts.props = await probe_props(client, config.first_byte_s, purpose)
     except _PROBE_ERRORS as exc:
         facts.missing["props"] = f"GET /props failed: {exc}"
         facts.props_loading = isinstance(exc, ServerRejected) and exc.status == 503
     # After /props, which loaded the model where a person waits: its file's figures are listed
     # only while it runs.
     facts.reading = await client.model_reading(config.small_call_s)
-    verdict = may_send(Call.SLOTS, asker, facts.model_status)
+    verdict = may_send(Call.SLOTS, purpose, facts.model_status)
     if not verdict.allowed:
         facts.missing["slots"] = f"not asked: {verdict.why}"
         return
@@ -239,9 +239,9 @@ async def probe_listing(client: InferenceClient, limit_s: float) -> Listing:
 
 
 async def probe_props(
-    client: InferenceClient, limit_s: float, asker: Asker = Asker.PERSON
+    client: InferenceClient, limit_s: float, purpose: Purpose = Purpose.PERSON
 ) -> Props:
-    return parse_props(await _idempotent(lambda: client.props(limit_s, asker=asker)))
+    return parse_props(await _idempotent(lambda: client.props(limit_s, purpose=purpose)))
 
 
 async def probe_router(client: InferenceClient, limit_s: float) -> RouterFacts | None:

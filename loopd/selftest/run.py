@@ -12,7 +12,7 @@ from typing import Any
 
 from loopd.config import Settings
 from loopd.engine.client import InferenceClient
-from loopd.engine.quiet import Asker
+from loopd.engine.quiet import Purpose
 from loopd.selftest.checks import (
     CheckResult,
     expectation_from_facts,
@@ -167,7 +167,7 @@ async def run_selftest(
     expected_dir: Path = DEFAULT_DIR,
     live: bool = True,
     endpoint: str | None = None,
-    asker: Asker = Asker.PERSON,
+    purpose: Purpose = Purpose.PERSON,
 ) -> SelftestReport:
     """Probe the server at ``settings.infer_url`` for ``model`` (default ``settings.model``).
 
@@ -177,7 +177,7 @@ async def run_selftest(
     from what the server reports now (the endpoint's file, or the model's for the shorthand),
     so the checks then compare against the new values and the live probes still run. Without
     ``live``, only the layout checks run (``layout_checks``: no request reaches a slot).
-    ``asker``: who asks (``loopd.engine.quiet``); where nobody waits, nothing loads the model,
+    ``purpose``: who asks (``loopd.engine.quiet``); where nobody waits, nothing loads the model,
     and the live probes run only on a model awake now (else only the layout checks, with the
     report's ``live_skipped`` saying why).
     Raises ``ExpectationsError`` for an expectations file that cannot be read or written.
@@ -189,7 +189,7 @@ async def run_selftest(
     def connect() -> InferenceClient:
         return InferenceClient(settings.infer_url, model, connect_s=settings.connect_s)
 
-    facts = await gather_facts(connect, config, live=live, asker=asker)
+    facts = await gather_facts(connect, config, live=live, purpose=purpose)
     expected, expectations = find_expectation(model, endpoint, expected_dir)
     recording = None
     if record and facts.health.reachable:

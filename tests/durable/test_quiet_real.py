@@ -17,7 +17,7 @@ from loopcommon.jsonbytes import dumps
 from loopd.engine.client import InferenceClient
 from loopd.engine.durable import probe_name
 from loopd.engine.modelstate import ModelStatus
-from loopd.engine.quiet import ANSWERED_ASLEEP, Asker, Call
+from loopd.engine.quiet import ANSWERED_ASLEEP, Call, Purpose
 from loopd.errors import InferenceError, ServerRejected
 from loopd_dev import devserver
 from tests.durable.sleepy import CHANGE_WITHIN_S, sleepy_router, status_becomes
@@ -56,7 +56,7 @@ async def _rejected_or_answered(call: Awaitable[object]) -> None:
 
 SENDERS: dict[Call, Callable[[InferenceClient], Awaitable[object]]] = {
     Call.HEALTH: lambda c: c.health(),
-    Call.PROPS: lambda c: c.props(asker=Asker.CHECK),
+    Call.PROPS: lambda c: c.props(purpose=Purpose.CHECK),
     Call.MODELS: lambda c: c.models(),
     Call.SLOTS: lambda c: c.slots(wait_s=CHANGE_WITHIN_S),
     Call.CHAT: _chat,
@@ -114,12 +114,12 @@ async def test_an_unloaded_model_stays_unloaded_for_a_background_check(
         await client.health()
         await client.models()
         with pytest.raises(ServerRejected, match="model is not loaded"):
-            await client.props(asker=Asker.CHECK)
+            await client.props(purpose=Purpose.CHECK)
         with pytest.raises(ServerRejected, match="model is not loaded"):
             await client.slots()
         assert (await client.model_reading()).status is ModelStatus.UNLOADED
         # A person's request loads it again, as any client's would.
-        await client.props(CHANGE_WITHIN_S, asker=Asker.PERSON)
+        await client.props(CHANGE_WITHIN_S, purpose=Purpose.PERSON)
         await status_becomes(client, ModelStatus.AWAKE)
 
 

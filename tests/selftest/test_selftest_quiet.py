@@ -16,7 +16,7 @@ import pytest
 
 from loopd.config import Settings, load_settings
 from loopd.engine.modelstate import Forgot, ModelStatus
-from loopd.engine.quiet import Asker
+from loopd.engine.quiet import Purpose
 from loopd.observe.status import snapshot
 from loopd.selftest.run import run_selftest
 from loopd.serve import ServerWatch
@@ -81,7 +81,9 @@ async def test_an_idle_check_of_a_matching_server_asks_only_what_is_answered_asl
     tmp_path: Path, fake: FakeLlama, llama: RunningFake
 ) -> None:
     async with watching(tmp_path, llama) as watch:
-        assert watch.runtime.model_memory.status is ModelStatus.AWAKE
+        memory = watch.runtime.model_memory
+        assert memory.last is not None
+        assert memory.last.status is ModelStatus.AWAKE
         fake.faults.set(sleeping=True)
         since = len(fake.log)
         with anyio.fail_after(CHECK_WITHIN_S):
@@ -138,7 +140,7 @@ async def test_the_startup_self_test_does_not_wake_a_sleeping_model(
     fake.faults.set(sleeping=True)
     since = len(fake.log)
     with anyio.fail_after(CHECK_WITHIN_S):
-        report = await run_selftest(settings, expected_dir=expected, asker=Asker.WORK)
+        report = await run_selftest(settings, expected_dir=expected, purpose=Purpose.WORK)
     assert asked(fake, since) <= QUIET
     assert report.ok  # the layout checks, all it could run
     assert report.live_skipped == "the model is asleep: background work waits for a person"
