@@ -3,16 +3,19 @@ warm turn where the rule skips the save, and what a return gains where it saves.
 
 - *Warm turns*: on each preset, one session with ``durable`` on and one with it off, each on a
   router of its own (so neither sees the other's requests), take turns alternately, so that
-  both meet the same load on the machine. Nothing is forgotten between turns, so the rule's
-  chance of a lost return falls with every warm return, and it skips the save once what a
-  return could gain no longer covers what a save costs. Measured: each turn's wall time (the
+  both meet the same load on the machine; their models are read in the background, as
+  ``loopd serve``'s server watch reads them (so a turn reads nothing before it starts).
+  Nothing is forgotten between turns, so the rule's chance of a lost return falls with every
+  warm return, and it skips the save once what a return could gain no longer covers what a
+  save costs. Measured: each turn's wall time (the
   save included where one was made), the median over the turns whose decision was a skip, on
   against off.
 - *A long session after a restart*: on each preset, a session with a long first message
   takes a few warm turns (so the rule's figures are measured), its last decision is recorded,
-  the router is killed and started again, and the session returns. With ``durable`` on loopd
-  restores the save before the request (the model restarted: its process is new); off, the
-  prompt is read again. Measured: the return's wait to its first token as the person saw it
+  the router is killed and started again, and the session returns, as through ``loopd chat``
+  (no watch: the turn reads the model before it starts). With ``durable`` on loopd restores
+  the save before the request (the model restarted: its process is new); off, the prompt is
+  read again. Measured: the return's wait to its first token as the person saw it
   (``loopd.engine.waits``: the restore is inside it) and ``prompt_n``.
 """
 
@@ -91,13 +94,16 @@ def _router(work: Path, cache_dir: Path, model: str) -> Iterator[devserver.Runni
         server.stop()
 
 
-def _runtime(url: str, model: str, state: Path, durable: bool) -> Runtime:
+def _runtime(url: str, model: str, state: Path, durable: bool, *, watched: bool) -> Runtime:
     settings = settings_for(url, model, state, durable, PINNING[model])
     runtime = Runtime.open(settings.model_copy(update={"slots": (0,)}))
-    # What ``loopd serve``'s self-test tells it (the slot pool probe, the save probe).
+    # What ``loopd serve``'s self-test tells it (the slot pool probe, the save probe); and,
+    # ``watched``, that a watch reads the model in the background, as ``loopd serve``'s does
+    # (a turn then does not read it before it starts; unwatched, as in ``loopd chat``, it does).
     runtime.know_server(
         idle_slots_cleared=model == devserver.HYBRID_MODEL, durable_available=durable
     )
+    runtime.model_memory.watched = watched
     return runtime
 
 
@@ -114,8 +120,8 @@ def warm_turns(work: Path, cache_dir: Path, model: str) -> WarmTurns:
     ):
 
         async def turns() -> WarmTurns:
-            on = _runtime(on_server.url, model, work / "on" / "state", True)
-            off = _runtime(off_server.url, model, work / "off" / "state", False)
+            on = _runtime(on_server.url, model, work / "on" / "state", True, watched=True)
+            off = _runtime(off_server.url, model, work / "off" / "state", False, watched=True)
             on_ms: list[float] = []
             off_ms: list[float] = []
             saves, reason = 0, ""
@@ -148,7 +154,7 @@ def long_return(work: Path, cache_dir: Path, model: str, durable: bool) -> LongR
     servers = [start(work, cache_dir, model)]
 
     async def session() -> LongReturn:
-        runtime = _runtime(servers[0].url, model, work / "state", durable)
+        runtime = _runtime(servers[0].url, model, work / "state", durable, watched=False)
         try:
             await say(runtime, "long", first_message("long", LONG_NOTES[model]))
             last: list[Request] = []

@@ -91,6 +91,7 @@ class ServerWatch:
 
     def start(self, report: SelftestReport) -> None:
         """Take the startup self-test's report (it was reachable)."""
+        self.runtime.model_memory.watched = True
         self._read(report)
         self.live_due = report.model_away is not None or report.live_skipped is not None
         if report.model_away is not None:

@@ -282,6 +282,13 @@ class ModelMemory:
     last: ModelReading | None = None
     forgets: int = 0
     last_forget: Forgot | None = None
+    # A watch reads the model in the background (``loopd serve``'s server watch), so a turn
+    # need not read it before it starts.
+    watched: bool = False
+
+    # The latest reading that told the weights and the template (a model not loaded tells
+    # neither): the fingerprint a turn checks a save against until it reads the model again.
+    known: ModelReading | None = None
 
     def observe(self, reading: ModelReading) -> Forgot | None:
         """Take a reading; what the model lost since the last one, if anything."""
@@ -289,6 +296,8 @@ class ModelMemory:
             return None
         lost = forgot(self.last, reading)
         self.last = reading
+        if reading.weights is not None and reading.template is not None:
+            self.known = reading
         if lost is not None:
             self.forgets += 1
             self.last_forget = lost

@@ -190,14 +190,16 @@ class DurableSlots:
 
     @property
     def fingerprint(self) -> str | None:
-        """The model's fingerprint as last read; None when unknown."""
-        last = self.memory.last
-        return last.fingerprint(self.client.model) if last is not None else None
+        """The model's fingerprint as last read (a model not loaded tells none: the one before
+        it); None when never read. A restore reads it again first (``Turn.step``)."""
+        known = self.memory.known
+        return known.fingerprint(self.client.model) if known is not None else None
 
     async def before_turn(self, session: str) -> None:
-        """At the start of a turn of a session that has a save: read the model, so that the
-        save is held to the weights the server runs now."""
-        if self.book.latest(session) is not None:
+        """At the start of a turn of a session that has a save, where no watch reads the model
+        in the background (``loopd chat``, ``loopd run``; ``loopd serve``'s server watch does):
+        read it, so that the turn knows whether it forgot since the save."""
+        if not self.memory.watched and self.book.latest(session) is not None:
             await self.look()
 
     def probe(self, session: str, tools_text: str, messages: Sequence[str], slot: int) -> Probe:

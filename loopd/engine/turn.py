@@ -276,26 +276,41 @@ class Turn:
 
     async def step(self, kind: RequestKind) -> Attempt:
         """One request, built from the log, streamed, and recorded however it ended. Where the
-        server had lost the session and a save of it is usable, the request is closed at its
-        first progress event, the save restored, and the request sent again."""
+        model forgot the session since its save (loopd read it asleep, unloaded or restarted),
+        the save is restored first and the request sent once; where the request's first
+        progress event shows the server lost it, the request is closed there, the save
+        restored, and the request sent again. A restore goes only into the weights that wrote
+        the save: the model is read again first."""
         probe = self._probe()
-        if probe is not None and probe.restore_first and self.durable is not None:
-            # The model forgot since the session's save (it slept, was unloaded, restarted):
-            # restored before the request, which is sent once.
-            restore = await self.durable.restore(probe)
-            try:
-                return await self._send(kind, None, restore)
-            finally:
-                self.durable.release(restore)
+        if probe is not None and probe.restore_first:
+            probe = await self._read_again(probe)
+            if probe.restore_first:
+                return await self._restored(kind, probe)
         attempt = await self._send(kind, probe)
-        lost = attempt.result.failure is Failure.LOST_BY_SERVER
-        if lost and self.durable is not None and probe is not None:
-            restore = await self.durable.restore(probe)
-            try:
-                attempt = await self._send(kind, None, restore)
-            finally:
-                self.durable.release(restore)
+        if attempt.result.failure is Failure.LOST_BY_SERVER and probe is not None:
+            probe = await self._read_again(probe)
+            if probe.saved is not None:
+                return await self._restored(kind, probe)
+            attempt = await self._send(kind, None)  # its save is not for these weights
         return attempt
+
+    async def _read_again(self, probe: Probe) -> Probe:
+        """The probe again, on a fresh reading of the model (its fingerprint now)."""
+        assert self.durable is not None
+        await self.durable.look()
+        again = self._probe()
+        assert again is not None
+        again.held = probe.held
+        return again
+
+    async def _restored(self, kind: RequestKind, probe: Probe) -> Attempt:
+        """The probe's save restored, then the request sent (naming the slot restored into)."""
+        assert self.durable is not None
+        restore = await self.durable.restore(probe)
+        try:
+            return await self._send(kind, None, restore)
+        finally:
+            self.durable.release(restore)
 
     def _probe(self) -> Probe | None:
         if self.durable is None:

@@ -149,3 +149,12 @@ def test_the_memory_counts_forgettings_and_ignores_readings_that_tell_nothing() 
     memory.observe(at(ModelStatus.AWAKE, "9"))
     assert memory.forgets == 2
     assert memory.last_forget is Forgot.RESTARTED
+
+
+def test_the_memory_keeps_the_last_fingerprint_a_reading_told() -> None:
+    memory = ModelMemory()
+    told = read_reading(models(meta=META), PROPS, "m")
+    memory.observe(told)
+    memory.observe(read_reading(models("unloaded"), None, "m"))  # tells no weights
+    assert memory.known == told
+    assert memory.status is ModelStatus.UNLOADED
