@@ -44,7 +44,7 @@ PRESETS = (devserver.PLAIN_MODEL, devserver.HYBRID_MODEL)
 # The dense preset keeps its slots (pinned, as loopd serve's self-test finds); the hybrid's
 # unified pool clears them, so the server places its requests (production's layout).
 PINNING = {devserver.PLAIN_MODEL: PinSlots.YES, devserver.HYBRID_MODEL: PinSlots.NO}
-WARMUP_TURNS = 12  # warm returns before the measured ones: the rule's chance settles
+WARMUP_TURNS = 30  # warm returns before the measured ones: the rule's chance settles
 MEASURED_TURNS = 20
 WARM_NOTES = 20  # the warm session's first message: about 500 tokens of notes
 # The long session's first message: SmolLM2's slots hold 4,096 tokens, the hybrid's pool 16,384.

@@ -18,6 +18,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from loopcommon.slotfiles import is_slot_file_name, session_tag
+from loopd.engine.cacheloss import LossCause
 from loopd.engine.client import InferenceClient
 from loopd.engine.durable import (
     RestoreOutcome,
@@ -101,10 +102,11 @@ class Probe:
     saved: Saved | None  # the save this request could restore
     held: int | None = None  # the first progress event's ``cache`` count
     forgot: Forgot | None = None  # the model forgot since the save was made
+    displaced: bool = False  # pinned, another session's request ran on the slot since
 
     @property
     def restore_first(self) -> bool:
-        return self.saved is not None and self.forgot is not None
+        return self.saved is not None and (self.forgot is not None or self.displaced)
 
     def lost(self, cache: int) -> bool:
         """``stream_into``'s ``lost``: close the request to restore first?"""
@@ -116,6 +118,8 @@ class Probe:
         """Why the save is restored, for the perf record."""
         if self.forgot is not None:
             return self.forgot.value
+        if self.displaced:
+            return LossCause.SHARED_SLOT.value
         return f"the server held {self.held} tokens (the request's first progress event)"
 
 
@@ -202,7 +206,15 @@ class DurableSlots:
         if not self.memory.watched and self.book.latest(session) is not None:
             await self.look()
 
-    def probe(self, session: str, tools_text: str, messages: Sequence[str], slot: int) -> Probe:
+    def probe(
+        self,
+        session: str,
+        tools_text: str,
+        messages: Sequence[str],
+        slot: int,
+        *,
+        displaced: bool = False,
+    ) -> Probe:
         latest = self.book.latest(session)
         now = self.fingerprint
         if latest is not None and now is not None and latest.fingerprint != now:
@@ -225,7 +237,7 @@ class DurableSlots:
             fingerprint=now,
             endpoint=self.endpoint,
         )
-        return Probe(saved, forgot=self._forgot(session, saved))
+        return Probe(saved, forgot=self._forgot(session, saved), displaced=displaced)
 
     def _forgot(self, session: str, saved: Saved | None) -> Forgot | None:
         """What the model lost since the session's slot last held its state, as far as loopd

@@ -320,7 +320,19 @@ class Turn:
             self.log.current_epoch(self.session).tools_text,
             self.log.replay_messages(self.session),
             self.slot,
+            displaced=self._displaced(),
         )
+
+    def _displaced(self) -> bool:
+        """Pinned, another session's request ran on the session's slot since its own latest:
+        the slot holds that prompt now (a pinned request is not restored from the server's host
+        cache), as the log says without asking the server."""
+        if not self.pinned:
+            return False
+        prev = previous_request(self.log.latest_request(self.session, counted=True))
+        if prev is None:
+            return False
+        return self.log.slot_used_since(self.slot, prev.request_row, besides=self.session)
 
     async def _send(
         self, kind: RequestKind, probe: Probe | None, restore: Restore | None = None

@@ -18,7 +18,6 @@ from loopd.config import Settings, load_settings
 from loopd.engine.cacheloss import LossCause
 from loopd.engine.durable import DurableMode, save_name
 from loopd.engine.limits import Limits
-from loopd.engine.outcome import Failure
 from loopd.engine.pinning import PinSlots
 from loopd.engine.request import build_body
 from loopd.engine.saves import DurableSlots, SaveBook
@@ -219,7 +218,8 @@ async def test_a_session_evicted_by_another_on_its_slot_comes_back_from_disk(
 ) -> None:
     """Two sessions take turns on one slot and the server has no host prompt cache: each
     return finds the slot holding the other's prompt, and restores its own state instead of
-    reading it again."""
+    reading it again, before its request (the log says the other session ran there), which is
+    sent once."""
     server = restartable(devserver.PLAIN_MODEL, layout=devserver.ServerLayout(cache_ram_mib=0))
     settings = durable_settings(server, tmp_path / "state", DurableMode.ON)
     # Long enough that the shared head (system text and tools) is under half of each prompt.
@@ -228,9 +228,10 @@ async def test_a_session_evicted_by_another_on_its_slot_comes_back_from_disk(
         for name in "AB":
             await say(runtime, story[name], name)
         back = await say(runtime, "Summarise in three words.", "A")
-    assert back[0].record.perf.extra.get("failure") == Failure.LOST_BY_SERVER.value
-    answered = turn_request(back[1:]).record.perf
+    assert [r.record.kind for r in back] == [RequestKind.TURN, RequestKind.PREWARM]
+    answered = turn_request(back).record.perf
     assert answered.cache_loss_cause == LossCause.RESTORED.value, answered
+    assert answered.extra["restore"]["why"] == LossCause.SHARED_SLOT.value
     assert answered.prompt_n is not None
     assert answered.prompt_n < 40, "only the new message was read"
 
