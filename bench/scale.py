@@ -47,6 +47,7 @@ from unittest import mock
 import httpx
 
 from loopcommon.transport import AsyncioTransport
+from loopd.approval import Asker
 from loopd.contextwindow.budget import ServerBudget
 from loopd.contextwindow.compaction import Compactor
 from loopd.engine.client import InferenceClient
@@ -137,7 +138,7 @@ def fill(log: SessionLog, name: str, entries: int, *, tools: bool = True) -> lis
 
 
 class _Tools:
-    async def run(self, session: str, call: ToolCall) -> str:
+    async def run(self, session: str, call: ToolCall, asker: Asker | None) -> str:
         return "42 lines\n" * 4
 
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Sequence
 from contextlib import AbstractAsyncContextManager
-from contextvars import ContextVar
 from dataclasses import asdict, dataclass
 from typing import Final, Literal, Protocol
 
@@ -64,12 +63,6 @@ class Stepped:
     async def decide(self, call: AskedCall, wait_s: float) -> Decision | None:
         async with self.step_aside():
             return await self.inner.decide(call, wait_s)
-
-
-# The asker of the front end running this turn (set around a turn by the Mattermost threads and
-# the terminal); with none (``loopd tools call``, a turn without a person) a call that asks is
-# denied at once.
-ASKER: ContextVar[Asker | None] = ContextVar("loopd_approval_asker", default=None)
 
 
 def shown_arguments(arguments: str) -> str:

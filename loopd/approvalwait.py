@@ -14,8 +14,8 @@ import time
 from collections.abc import Callable
 
 from loopd.approval import (
-    ASKER,
     AskedCall,
+    Asker,
     Decision,
     asked_before,
     asked_note,
@@ -37,16 +37,18 @@ async def settle(
     broker: BrokerClient,
     asked: AskedCall,
     limit_s: float,
+    asker: Asker | None,
     clock: Callable[[], float] = time.time,
 ) -> str:
-    """The tool result once the person (or the time limit) decided."""
+    """The tool result once the person ``asker`` asks (or the time limit) decided; with no
+    asker (``loopd tools call``, a turn without a person) the call is denied at once."""
     recent = session_log.latest_entries(asked.session, RECENT_ENTRIES)
     earlier = asked_before(recent, asked.approval_id)
     if earlier is None:
         session_log.append_note(asked.session, asked_note(asked))
     else:
         asked = earlier
-    decision = await decide(asked, limit_s, clock)
+    decision = await decide(asked, limit_s, asker, clock)
     session_log.append_note(asked.session, decided_note(asked, decision))
     log.info(
         "approval of %s in %s: %s by %s", asked.tool, asked.session, decision.verdict, decision.by
@@ -61,8 +63,9 @@ async def settle(
     return answer.text
 
 
-async def decide(asked: AskedCall, limit_s: float, clock: Callable[[], float]) -> Decision:
-    asker = ASKER.get()
+async def decide(
+    asked: AskedCall, limit_s: float, asker: Asker | None, clock: Callable[[], float]
+) -> Decision:
     if asker is None:
         return refused_here()
     left_s = limit_s - (clock() - asked.asked_at)

@@ -17,7 +17,7 @@ from pathlib import Path
 import anyio
 
 from loopcommon.errors import DaemonError
-from loopd.approval import ASKER, AskedCall, Stepped
+from loopd.approval import AskedCall, Asker, Stepped
 from loopd.approvalwait import settle
 from loopd.config import Settings
 from loopd.contextwindow.budget import BudgetRules, ServerBudget
@@ -104,10 +104,10 @@ class SessionTools:
             self.contexts[session] = ctx
         return ctx
 
-    async def run(self, session: str, call: ToolCall) -> str:
+    async def run(self, session: str, call: ToolCall, asker: Asker | None) -> str:
         with tool_call(session, call, {*self.spec.names, *BROKER_TOOL_NAMES}) as seen:
             if is_broker_tool(call.name):
-                return seen.result(await self._broker(session, call))
+                return seen.result(await self._broker(session, call, asker))
             return seen.result(await self.run_core(session, call.name, call.arguments))
 
     async def run_core(self, session: str, name: str, arguments: str) -> ToolResult:
@@ -121,7 +121,7 @@ class SessionTools:
             await anyio.to_thread.run_sync(self.reserve.after_tool)
         return result
 
-    async def _broker(self, session: str, call: ToolCall) -> str:
+    async def _broker(self, session: str, call: ToolCall, asker: Asker | None) -> str:
         try:
             args = json.loads(call.arguments)
         except ValueError as exc:
@@ -143,7 +143,7 @@ class SessionTools:
         if answer.approval_id is None or self.log is None:
             return answer.text
         asked = AskedCall(session, call.id, name, inner_text, answer.approval_id, time.time())
-        return await settle(self.log, self.broker, asked, self.approval_timeout_s)
+        return await settle(self.log, self.broker, asked, self.approval_timeout_s, asker)
 
 
 @dataclass(frozen=True)
@@ -341,7 +341,7 @@ class Runtime:
             return self.know_server(idle_slots_cleared=None)
         return self.server
 
-    def turn(self, session: Session, report: StatusCallback) -> Turn:
+    def turn(self, session: Session, report: StatusCallback, asker: Asker | None = None) -> Turn:
         s = self.settings
         view = self._view()
         return Turn(
@@ -366,6 +366,7 @@ class Runtime:
             pinned=view.pinning.pinned,
             pool_clears_idle_slots=view.pinning.idle_slots_cleared is True,
             durable=self.durable,
+            asker=asker,
         )
 
     def budget_rules(self) -> BudgetRules:
@@ -393,10 +394,14 @@ class Runtime:
         session: Session,
         report: StatusCallback,
         on_position: PositionCallback = lambda ahead: None,
+        *,
+        asker: Asker | None = None,
     ) -> TurnOutcome:
-        """A turn, once the session's slot is free (FIFO behind other sessions on it)."""
+        """A turn, once the session's slot is free (FIFO behind other sessions on it).
+        ``asker``: who is asked about a tool call that waits for a person's approval (the
+        front end's person; None: nobody, and such a call is denied)."""
         if self.endpoints is not None:
-            return await self.endpoints.run_turn(self, session, report, on_position)
+            return await self.endpoints.run_turn(self, session, report, on_position, asker)
         # Real work: every prewarm gives way (one beside a turn slows both; ``loopd.prewarm``).
         self.prewarmer.preempt_all()
         self.prewarm_plan.drop(session.name)
@@ -404,15 +409,13 @@ class Runtime:
         with self.live.turn(session.name, session.slot, report, on_position) as live:
             async with self.scheduler.slot(session.name, session.slot, live.on_position):
                 # The plan learns what the slot holds before the slot is released (and seen idle).
-                asker = ASKER.get()
-                token = None
-                if asker is not None:  # a wait for a person's approval frees the slot meanwhile
-                    token = ASKER.set(Stepped(asker, self._stepped_aside(session, live)))
+                # A wait for a person's approval frees the slot meanwhile.
+                stepped = (
+                    None if asker is None else Stepped(asker, self._stepped_aside(session, live))
+                )
                 try:
-                    outcome = await self.turn(session, live.report).run()
+                    outcome = await self.turn(session, live.report, stepped).run()
                 finally:
-                    if token is not None:
-                        ASKER.reset(token)
                     self.prewarm_plan.used(session.name, session.slot)
                 # Placed by the server, the compacted epoch waits in its host cache: no read.
                 if outcome.compacted and view.pinning.pinned:
@@ -488,7 +491,9 @@ class Runtime:
             # idle moment tries again. (A session whose own turn is coming needs no prewarm.)
             self.prewarm_plan.want(name, slot)
 
-    async def resume(self, session: Session, report: StatusCallback) -> TurnOutcome | None:
+    async def resume(
+        self, session: Session, report: StatusCallback, *, asker: Asker | None = None
+    ) -> TurnOutcome | None:
         """Finish what a crash left: interrupted tool calls get a result (brokerd's are asked
         again: it answers a known call id from its record without running it twice), then a
         pending turn runs. None when there was nothing to do."""
@@ -496,10 +501,10 @@ class Runtime:
         for interrupted in state.interrupted_calls:
             call = interrupted.call  # as stored: the argument text the model streamed
             if is_broker_tool(call.name):
-                text = await self.tools.run(session.name, call)
+                text = await self.tools.run(session.name, call, asker)
             else:
                 text = INTERRUPTED
             self.log.append_tool_result(session.name, tool_call_id=call.id, content=text)
         if state.interrupted_calls or state.pending_turn:
-            return await self.run_turn(session, report)
+            return await self.run_turn(session, report, asker=asker)
         return None

@@ -29,7 +29,7 @@ from tenacity import RetryCallState, retry_if_exception
 from loopcommon.backoff import Backoff
 from loopcommon.errors import DaemonError
 from loopcommon.retry import retrying
-from loopd.approval import ASKER
+from loopd.approval import Asker
 from loopd.chat.approvals import Questions
 from loopd.chat.config import ChatSettings
 from loopd.chat.cursor import ChatState, ChatStateError
@@ -371,15 +371,13 @@ class Threads:
         running = _Running(posts, requesters(entries), answering_seq(entries))
         self._running[name] = running
         # A call that waits for a person's approval asks in this thread (loopd.approval).
-        ASKER.set(
-            self.questions.asker(self.outbox, name, channel, root_of(name), running.requesters)
-        )
+        asker = self.questions.asker(self.outbox, name, channel, root_of(name), running.requesters)
         outcome: TurnOutcome | None = None
         try:
             async with anyio.create_task_group() as tg:
                 tg.start_soon(posts.follow)
                 with running.scope:
-                    outcome = await self._run(name, posts)
+                    outcome = await self._run(name, posts, asker)
                 running.ended = True
                 tg.cancel_scope.cancel()
             # Still "running" while it concludes: a message now is held until the answer is out.
@@ -393,7 +391,7 @@ class Threads:
         finally:
             del self._running[name]
 
-    async def _run(self, name: str, posts: TurnPosts) -> TurnOutcome | None:
+    async def _run(self, name: str, posts: TurnPosts, asker: Asker) -> TurnOutcome | None:
         session = self.runtime.log.get_session(name)
 
         def on_position(ahead: int) -> None:
@@ -404,8 +402,8 @@ class Threads:
 
         if self.runtime.log.state(name).interrupted_calls:
             self._waiting.pop(name, None)
-            return await self.runtime.resume(session, posts.show)
-        return await self.runtime.run_turn(session, posts.show, on_position)
+            return await self.runtime.resume(session, posts.show, asker=asker)
+        return await self.runtime.run_turn(session, posts.show, on_position, asker=asker)
 
     async def _conclude(
         self, name: str, channel: str, running: _Running, outcome: TurnOutcome | None

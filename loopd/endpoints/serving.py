@@ -24,6 +24,7 @@ from contextlib import AsyncExitStack
 from dataclasses import dataclass, field, replace
 
 from loopcommon.errors import DaemonError
+from loopd.approval import Asker
 from loopd.config import EndpointSettings, Settings
 from loopd.contextwindow.budget import ServerBudget
 from loopd.contextwindow.compaction import Compactor
@@ -182,6 +183,7 @@ class Endpoints:
         session: Session,
         report: StatusCallback,
         on_position: PositionCallback,
+        asker: Asker | None = None,
     ) -> TurnOutcome:
         """The session's turn on its endpoint; on another one if that endpoint proves dead."""
         outcome = TurnOutcome(answer=None, failure="no endpoint is configured")
@@ -203,7 +205,7 @@ class Endpoints:
                     moved_from,
                     server.name,
                 )
-            outcome = await self._run_on(runtime, server, session, report, on_position)
+            outcome = await self._run_on(runtime, server, session, report, on_position, asker)
             if isinstance(placement, Move):  # its first prompt here: the shared head is read
                 self._learn_head(runtime, server.name, session.name, outcome)
             if outcome.answer is not None or not await self._proves_dead(server, outcome):
@@ -225,6 +227,7 @@ class Endpoints:
         session: Session,
         report: StatusCallback,
         on_position: PositionCallback,
+        asker: Asker | None,
     ) -> TurnOutcome:
         slot = self.slot_on(server, session.name)
         # Real work: the server's prewarms give way (one beside a turn slows both), and this
@@ -232,7 +235,7 @@ class Endpoints:
         server.prewarmer.preempt_all()
         server.plan.drop(session.name)
         with runtime.live.turn(session.name, slot, report, on_position) as live:
-            turn = self.aim(runtime, server, session, live.report)
+            turn = replace(self.aim(runtime, server, session, live.report), asker=asker)
             async with AsyncExitStack() as held:
                 with self.fleet.waiting(server.name):
                     await held.enter_async_context(

@@ -28,6 +28,7 @@ from tenacity import RetryCallState, retry_if_result
 from loopcommon.backoff import Backoff
 from loopcommon.jsonbytes import dumps
 from loopcommon.retry import retrying
+from loopd.approval import Asker
 from loopd.contextwindow import pool
 from loopd.contextwindow.budget import ServerBudget
 from loopd.engine import repeats
@@ -60,9 +61,11 @@ log = logging.getLogger(__name__)
 
 
 class ToolRunner(Protocol):
-    """Runs one tool call of a session and returns the result text for the log."""
+    """Runs one tool call of a session and returns the result text for the log; ``asker``:
+    who is asked about a call that waits for a person's approval (None: nobody, and such a
+    call is denied)."""
 
-    async def run(self, session: str, call: ToolCall) -> str: ...
+    async def run(self, session: str, call: ToolCall, asker: Asker | None) -> str: ...
 
 
 class TurnExit(Exception):
@@ -162,6 +165,9 @@ class Turn:
     # Durable sessions (``loopd.engine.durable``): a request sent after a restore names the slot
     # the restore filled, pinned or not.
     durable: DurableSlots | None = None
+    # Who is asked about a tool call that waits for a person's approval (the front end's, its
+    # wait stepping aside from the slot); None: nobody can be asked, and such a call is denied.
+    asker: Asker | None = None
 
     async def run(self) -> TurnOutcome:
         outcome = TurnOutcome(answer=None)
@@ -331,7 +337,7 @@ class Turn:
             elif self.tools is None:
                 text = f"error: tool {call.name!r} is not available in this session"
             else:
-                text = await self.tools.run(self.session, call)
+                text = await self.tools.run(self.session, call, self.asker)
                 if self.gate is not None:
                     text = await self.gate.fit_input(text, "this tool result")
             self.log.append_tool_result(self.session, tool_call_id=call.id, content=text)

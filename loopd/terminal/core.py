@@ -19,7 +19,7 @@ from typing import Any, Protocol
 
 import anyio
 
-from loopd.approval import ASKER, Asker
+from loopd.approval import Asker
 from loopd.chat.status import InLine
 from loopd.config import Settings
 from loopd.engine.outcome import TurnOutcome
@@ -65,9 +65,9 @@ class WatchedTools:
     inner: ToolRunner
     watcher: Watcher
 
-    async def run(self, session: str, call: ToolCall) -> str:
+    async def run(self, session: str, call: ToolCall, asker: Asker | None) -> str:
         self.watcher.tool_started(call)
-        result = await self.inner.run(session, call)
+        result = await self.inner.run(session, call, asker)
         self.watcher.tool_finished(call, result)
         return result
 
@@ -78,8 +78,10 @@ class TerminalRuntime(Runtime):
 
     watcher: Watcher | None = None
 
-    def turn(self, session: Session, report: Callable[[Status], None]) -> Turn:
-        turn = super().turn(session, report)
+    def turn(
+        self, session: Session, report: Callable[[Status], None], asker: Asker | None = None
+    ) -> Turn:
+        turn = super().turn(session, report, asker)
         # Every status goes through: each is one small write to the terminal, and the answer
         # should appear as it is written, not in half-second jumps.
         turn.limits = replace(turn.limits, status_interval_s=0.0)
@@ -150,7 +152,7 @@ class ChatCore:
         log.info("resuming the pending turn of %s", self.session.name)
 
         async def resume() -> TurnOutcome | None:
-            return await self.runtime.resume(self.session, watcher.status)
+            return await self.runtime.resume(self.session, watcher.status, asker=self.asker)
 
         return await self._watched(watcher, resume)
 
@@ -166,7 +168,9 @@ class ChatCore:
         def on_position(ahead: int) -> None:
             watcher.in_line(InLine(slot, ahead))
 
-        return await self.runtime.run_turn(self.session, watcher.status, on_position)
+        return await self.runtime.run_turn(
+            self.session, watcher.status, on_position, asker=self.asker
+        )
 
     async def _watched(
         self, watcher: Watcher, run: Callable[[], Awaitable[TurnOutcome | None]]
@@ -174,7 +178,6 @@ class ChatCore:
         outcome: TurnOutcome | None = None
         scope = self._scope = anyio.CancelScope()
         self.runtime.watcher = watcher
-        ASKER.set(self.asker)  # this turn's task asks here
         try:
             with scope:
                 if self._stopping:

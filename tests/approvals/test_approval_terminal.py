@@ -9,7 +9,6 @@ from pathlib import Path
 
 import pytest
 
-from loopd.approval import ASKER
 from loopd.config import load_settings
 from loopd.sessions import Runtime
 from loopd.terminal.approve import TerminalAsker
@@ -48,8 +47,7 @@ async def run_turn(
             asker = TerminalAsker(
                 "me", write=shown.append, read_line=lambda stop: answer(runtime, stop)
             )
-            ASKER.set(asker)
-            outcome = await runtime.run_turn(session, lambda status: None)
+            outcome = await runtime.run_turn(session, lambda status: None, asker=asker)
         finally:
             await runtime.aclose()
     assert outcome.answer == "Done."

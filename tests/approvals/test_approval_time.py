@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from loopd.approval import ASKER, AskedCall, Decision
+from loopd.approval import AskedCall, Decision
 from loopd.approvalwait import decide
 
 pytestmark = pytest.mark.anyio
@@ -22,23 +22,20 @@ class Recorded:
 
 async def test_the_wait_is_what_is_left_of_the_limit() -> None:
     asker = Recorded()
-    ASKER.set(asker)
-    decision = await decide(CALL, 600.0, clock=lambda: 1400.0)
+    decision = await decide(CALL, 600.0, asker, clock=lambda: 1400.0)
     assert asker.waits == [200.0]
     assert decision == Decision("timeout", "no answer within 10 minutes")
 
 
 async def test_a_limit_already_past_denies_without_asking() -> None:
     asker = Recorded()
-    ASKER.set(asker)
-    assert await decide(CALL, 600.0, clock=lambda: 1700.0) == Decision(
+    assert await decide(CALL, 600.0, asker, clock=lambda: 1700.0) == Decision(
         "timeout", "no answer within 10 minutes"
     )
     assert asker.waits == []
 
 
 async def test_with_nobody_to_ask_the_call_is_denied() -> None:
-    ASKER.set(None)
-    decision = await decide(CALL, 600.0, clock=lambda: 1000.0)
+    decision = await decide(CALL, 600.0, None, clock=lambda: 1000.0)
     assert decision.verdict == "deny"
     assert "no person can be asked here" in decision.by

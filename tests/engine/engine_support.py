@@ -14,6 +14,7 @@ from typing import Any
 import anyio
 
 from loopcommon.jsonbytes import dumps
+from loopd.approval import Asker
 from loopd.engine.client import InferenceClient
 from loopd.engine.limits import Limits
 from loopd.engine.progress import Status
@@ -105,7 +106,7 @@ class FakeTools:
     answers: dict[str, str] = field(default_factory=dict)
     calls: list[ToolCall] = field(default_factory=list)
 
-    async def run(self, session: str, call: ToolCall) -> str:
+    async def run(self, session: str, call: ToolCall, asker: Asker | None) -> str:
         self.calls.append(call)
         return self.answers.get(call.name, f"error: no tool {call.name}")
 

@@ -16,6 +16,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from loopd.approval import Asker
 from loopd.config import load_settings
 from loopd.engine.client import ChatStream, InferenceClient
 from loopd.engine.outcome import TurnOutcome
@@ -65,8 +66,8 @@ class BoundedRuntime(Runtime):
 
     max_rounds: int | None = None
 
-    def turn(self, session: Session, report: StatusCallback) -> Turn:
-        turn = super().turn(session, report)
+    def turn(self, session: Session, report: StatusCallback, asker: Asker | None = None) -> Turn:
+        turn = super().turn(session, report, asker)
         return turn if self.max_rounds is None else replace(turn, max_rounds=self.max_rounds)
 
 

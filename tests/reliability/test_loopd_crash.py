@@ -8,6 +8,7 @@ import json
 import anyio
 import pytest
 
+from loopd.approval import Asker
 from loopd.sessionlog.records import EntryKind
 from loopd.sessionlog.store import SessionLog
 from loopd.sessions import INTERRUPTED
@@ -116,7 +117,7 @@ class _Killed(Exception):
 
 
 class _DieBeforeTool:
-    async def run(self, session: str, call: ToolCall) -> str:
+    async def run(self, session: str, call: ToolCall, asker: Asker | None) -> str:
         raise _Killed(call.id)
 
 
@@ -137,10 +138,10 @@ async def test_dies_after_the_assistant_entry_before_the_tool(observe: Observe) 
             turn = rt.turn(session, lambda status: None)
 
             class FindThenDie:
-                async def run(self, name: str, call: ToolCall) -> str:
+                async def run(self, name: str, call: ToolCall, asker: Asker | None) -> str:
                     if call.name == "call_tool":
                         raise _Killed(call.id)
-                    return await real_tools.run(name, call)
+                    return await real_tools.run(name, call, asker)
 
             turn.tools = FindThenDie()
             with pytest.raises(_Killed):
