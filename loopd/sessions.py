@@ -386,7 +386,7 @@ class Runtime:
         settings = self.turn(session, lambda status: None).settings
         with request_scope(session.name):
             result = await self.prewarmer.prewarm(session, settings)
-        METRICS.prewarm_ended(result)
+        METRICS.prewarm_ended(result.outcome.value)
         return result
 
     async def run_turn(

@@ -140,5 +140,5 @@ class MoveWarmer:
             result = await server.prewarmer.prewarm(
                 replace(session, slot=slot), turn.settings, moved=moved
             )
-        METRICS.prewarm_ended(result)
+        METRICS.prewarm_ended(result.outcome.value)
         return result

@@ -21,7 +21,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any, Protocol
+from typing import Protocol
 
 from tenacity import RetryCallState, retry_if_result
 
@@ -31,7 +31,7 @@ from loopcommon.retry import retrying
 from loopd.approval import Asker
 from loopd.contextwindow import pool
 from loopd.contextwindow.budget import ServerBudget
-from loopd.engine import repeats
+from loopd.engine import recorder, repeats
 from loopd.engine.cacheloss import (
     Circumstances,
     Loss,
@@ -46,13 +46,13 @@ from loopd.engine.client import InferenceClient
 from loopd.engine.limits import Limits
 from loopd.engine.outcome import Failure, RequestResult, TurnOutcome, request_perf, retry_safe
 from loopd.engine.progress import Phase, Status, StatusCallback
+from loopd.engine.recorder import Reply, Sent
 from loopd.engine.request import RequestSettings, build_body
 from loopd.engine.saves import DurableSlots, Probe, Restore
 from loopd.engine.stream import start_result, stream_into
 from loopd.errors import InferenceError
 from loopd.observe.context import request_scope
 from loopd.observe.metrics import METRICS
-from loopd.sessionlog.chain import messages_digest
 from loopd.sessionlog.records import Epoch, RequestKind, RequestRecord
 from loopd.sessionlog.store import SessionLog
 from loopd.wire.assemble import ToolCall
@@ -356,10 +356,10 @@ class Turn:
         request_id: str | None = None,
         reply_short: int = 0,
     ) -> RequestRecord:
-        """Append the assistant entry (or the broken one) with the request's record, which
-        keeps ``request_id`` (the id its log lines carry) so both can be joined."""
-        digest = messages_digest(messages)
-        loss = self._loss(epoch, digest, result, restore)
+        """Record the request with the assistant entry (or the broken one); its record keeps
+        ``request_id`` (the id its log lines carry) so both can be joined."""
+        sent = Sent.of(kind, self.slot, epoch.number, messages)
+        loss = self._loss(epoch, sent.digest, result, restore)
         perf = request_perf(result, loss, self.endpoint, request_id)
         if reply_short:
             perf = replace(perf, extra={**perf.extra, "reply_short": reply_short})
@@ -370,24 +370,9 @@ class Turn:
             perf = replace(perf, cache_n=None, prompt_n=None, predicted_n=None)
         elif restore is not None and timings is not None:
             perf = replace(perf, extra={**perf.extra, "restore": restore.extra(timings.cache_n)})
-        record = RequestRecord(
-            kind=kind,
-            slot=self.slot,
-            epoch=epoch.number,
-            message_count=len(messages),
-            messages_sha256=digest,
-            perf=perf,
-        )
         message = dumps(result.assembler.message().to_wire())
-        if result.complete:
-            self.log.append_assistant(self.session, message, request=record)
-        else:
-            self.log.append_broken(
-                self.session, partial_text=message, reason=result.detail, request=record
-            )
-        _log_request(self.session, record)
-        METRICS.request_recorded(record)
-        return record
+        reply = Reply(message, result.complete, result.detail)
+        return recorder.record(self.log, self.session, sent, perf, reply)
 
     def _loss(
         self, epoch: Epoch, digest: str, result: RequestResult, restore: Restore | None
@@ -440,27 +425,3 @@ def _last_attempt(state: RetryCallState) -> Attempt:
     assert state.outcome is not None
     attempt: Attempt = state.outcome.result()
     return attempt
-
-
-def _log_request(session: str, record: RequestRecord) -> None:
-    perf = record.perf
-    fields: dict[str, Any] = {
-        "session": session,
-        "slot": record.slot,
-        "kind": record.kind.value,
-        "outcome": perf.outcome,
-        "cache_n": perf.cache_n,
-        "prompt_n": perf.prompt_n,
-        "predicted_n": perf.predicted_n,
-        "ttfb_ms": perf.ttfb_ms,
-        "cache_loss": perf.cache_loss,
-    }
-    if perf.cache_loss_cause:
-        fields["loss_cause"] = perf.cache_loss_cause
-    if perf.capped:
-        fields["capped"] = True
-    if perf.outcome == "complete":
-        log.info("model request", extra={"fields": fields})
-    else:
-        detail = perf.extra.get("detail", "")
-        log.warning("model request broke: %s", detail, extra={"fields": fields})

@@ -23,7 +23,6 @@ from prometheus_client import (
 
 from loopcommon.version import installed_version
 from loopd.engine.cacheloss import LossCause
-from loopd.prewarm.prewarmer import PrewarmOutcome, PrewarmResult
 from loopd.sessionlog.records import RequestKind, RequestRecord
 
 SECONDS_BUCKETS: Final = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 900)
@@ -222,16 +221,11 @@ class LoopdMetrics:
     def slot_waited(self, slot: int, seconds: float) -> None:
         self.slot_wait.labels(str(slot)).observe(seconds)
 
-    def prewarm_ended(self, result: PrewarmResult) -> None:
-        """A prewarm ended: done (its request recorded), failed, cancelled or skipped (no
-        request sent)."""
-        self.prewarms.labels(result.outcome.value).inc()
-        if result.record is not None:
-            self.request_recorded(result.record)
-        elif result.outcome is PrewarmOutcome.FAILED:
-            self.requests.labels(RequestKind.PREWARM.value, "broken").inc()
-        elif result.outcome is PrewarmOutcome.CANCELLED:
-            self.requests.labels(RequestKind.PREWARM.value, "cancelled").inc()
+    def prewarm_ended(self, outcome: str) -> None:
+        """A prewarm ended (``PrewarmOutcome``'s value): done, failed, cancelled or skipped (no
+        request sent). Its request, if it sent one, was counted when it was recorded
+        (``loopd.engine.recorder``)."""
+        self.prewarms.labels(outcome).inc()
 
     def tool_called(self, tool: str, outcome: str, seconds: float) -> None:
         self.tool_calls.labels(tool, outcome).inc()

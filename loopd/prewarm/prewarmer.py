@@ -61,12 +61,13 @@ from typing import Any, Protocol
 
 import anyio
 
+from loopd.engine import recorder
 from loopd.engine.cacheloss import Circumstances, PrevRequest, cache_loss
 from loopd.engine.client import InferenceClient
+from loopd.engine.recorder import Sent
 from loopd.engine.request import RequestSettings, build_body
 from loopd.errors import InferenceError, StreamBroken
 from loopd.scheduler import Scheduler
-from loopd.sessionlog.chain import messages_digest
 from loopd.sessionlog.records import Perf, RequestKind, RequestRecord, Session
 from loopd.sessionlog.store import SessionLog
 from loopd.wire.sse import SSEData, SSEDecoder
@@ -243,37 +244,23 @@ class Prewarmer:
             if back is not None:
                 return self._restored(session, epoch.number, messages, back)
         body = build_body(prewarm_settings(settings, max_tokens), epoch.tools_text, messages)
-        record = RequestRecord(
-            kind=RequestKind.PREWARM,
-            slot=session.slot,
-            epoch=epoch.number,
-            message_count=len(messages),
-            messages_sha256=messages_digest(messages),
-        )
+        sent = Sent.of(RequestKind.PREWARM, session.slot, epoch.number, messages)
         started = time.monotonic()
         try:
             answer = await self._post(body)
         except anyio.get_cancelled_exc_class():
-            self._record(session, record, "cancelled", started, "real work needed the slot")
+            self._failed(session, sent, "cancelled", started, "real work needed the slot")
             raise
         except InferenceError as exc:
-            self._record(session, record, "broken", started, str(exc))
+            self._failed(session, sent, "broken", started, str(exc))
             return PrewarmResult(PrewarmOutcome.FAILED, str(exc))
         if answer is None:
-            self._record(session, record, "broken", started, "timed out")
+            self._failed(session, sent, "broken", started, "timed out")
             return PrewarmResult(PrewarmOutcome.FAILED, f"no answer in {self.timeout_s:g} s")
         perf = timings_perf(answer, (time.monotonic() - started) * 1000)
         perf = self._moved(moved, epoch.number, session.slot, perf)
-        done = replace(record, perf=perf)
-        self.log.record_request(session.name, done)
-        log.info(
-            "prewarmed %s on slot %d: cache_n %s, prompt_n %s",
-            session.name,
-            session.slot,
-            perf.cache_n,
-            perf.prompt_n,
-        )
-        return PrewarmResult(PrewarmOutcome.DONE, record=done)
+        record = recorder.record(self.log, session.name, sent, perf)
+        return PrewarmResult(PrewarmOutcome.DONE, record=record)
 
     def _restored(
         self, session: Session, epoch: int, messages: list[str], back: StateBack
@@ -287,29 +274,26 @@ class Prewarmer:
             predicted_n=0,
             extra={"restore": back.restore},
         )
-        record = RequestRecord(
-            kind=RequestKind.PREWARM,
-            slot=session.slot,
-            epoch=epoch,
-            message_count=len(messages),
-            messages_sha256=messages_digest(messages),
-            perf=perf,
-        )
-        self.log.record_request(session.name, record)
+        sent = Sent.of(RequestKind.PREWARM, session.slot, epoch, messages)
+        record = recorder.record(self.log, session.name, sent, self._named(perf))
         log.info("prewarmed %s from its save: %d tokens restored", session.name, back.n_restored)
         return PrewarmResult(PrewarmOutcome.DONE, record=record)
 
     def _moved(self, moved: PrevRequest | None, epoch: int, slot: int, perf: Perf) -> Perf:
         """The perf record, named with its endpoint; after a move, with the move's loss."""
-        if self.endpoint is None:
-            return perf
-        extra: dict[str, Any] = {**perf.extra, "endpoint": self.endpoint}
+        perf = self._named(perf)
         if moved is None or perf.cache_n is None:
-            return replace(perf, extra=extra)
+            return perf
         around = Circumstances(endpoint_changed=True)
         loss = cache_loss(moved, epoch_id=epoch, slot=slot, cache_n=perf.cache_n, around=around)
-        extra["expected_reuse"] = loss.expected
+        extra = {**perf.extra, "expected_reuse": loss.expected}
         return replace(perf, cache_loss=loss.lost, cache_loss_cause=loss.label or None, extra=extra)
+
+    def _named(self, perf: Perf) -> Perf:
+        """``perf`` naming the server it ran on, where loopd has several."""
+        if self.endpoint is None:
+            return perf
+        return replace(perf, extra={**perf.extra, "endpoint": self.endpoint})
 
     async def _post(self, body: bytes) -> Any:
         with anyio.move_on_after(self.timeout_s):
@@ -320,9 +304,9 @@ class Prewarmer:
                 return answer
         return None
 
-    def _record(
-        self, session: Session, record: RequestRecord, outcome: str, started: float, detail: str
+    def _failed(
+        self, session: Session, sent: Sent, outcome: str, started: float, detail: str
     ) -> None:
         duration_ms = round((time.monotonic() - started) * 1000, 1)
         perf = Perf(outcome=outcome, extra={"duration_ms": duration_ms, "detail": detail})
-        self.log.record_request(session.name, replace(record, perf=perf))
+        recorder.record(self.log, session.name, sent, self._named(perf))

@@ -345,3 +345,32 @@ def test_the_claims_are_read() -> None:
 def test_a_module_that_says_it_is_pure_is(module: str) -> None:
     problems = purity_problems(module)
     assert not problems, "\n".join(problems)
+
+
+# -- One request recorder --------------------------------------------------------------------
+
+RECORDER = "loopd/engine/recorder.py"
+
+
+def _calls(path: Path) -> set[str]:
+    """What ``path`` calls, by name or attribute (``RequestRecord(``, ``log.record_request(``)."""
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Call):
+            func = node.func
+            if isinstance(func, ast.Name):
+                names.add(func.id)
+            elif isinstance(func, ast.Attribute):
+                names.add(func.attr)
+    return names
+
+
+def test_one_module_builds_and_appends_a_requests_record() -> None:
+    # The session log stores records; everyone else goes through the recorder.
+    builders = {
+        path.relative_to(PACKAGE.parent).as_posix()
+        for path in PACKAGE.rglob("*.py")
+        if "sessionlog" not in path.parts
+        and _calls(path) & {"RequestRecord", "record_request", "append_assistant"}
+    }
+    assert builders == {RECORDER}
