@@ -153,7 +153,7 @@ def _canned_stream(streams: Iterator[bytes]) -> Callable[..., Awaitable[None]]:
 
 def _turn(log: SessionLog, name: str, client: InferenceClient, report: Any = None) -> Turn:
     settings = RequestSettings(model=_MODEL, slot=0, max_tokens=8192 + 512)
-    turn = Turn(
+    return Turn(
         session=name,
         slot=0,
         client=client,
@@ -162,10 +162,8 @@ def _turn(log: SessionLog, name: str, client: InferenceClient, report: Any = Non
         limits=Limits(),
         tools=_Tools(),
         gate=Compactor(ServerBudget(client, n_ctx=1 << 20)),
+        report=report if report is not None else (lambda status: None),
     )
-    if report is not None:
-        turn.report = report
-    return turn
 
 
 async def _per_request(path: Path, name: str, turns: int) -> tuple[float, float]:

@@ -323,7 +323,9 @@ class Settings(configload.FileSettings):
         "end of each turn (`--slot-save-path`), and restore it when the server no longer holds "
         "the session (a restart, a model reload, its idle sleep, an eviction), so a returning "
         "thread is not read again in full. `auto` turns them on where the self-test's probe "
-        "saves and restores a slot; `on` without asking; `off` never.",
+        "saves and restores a slot (`loopd serve`'s at start; for `loopd chat` and `loopd run`, "
+        "the answer `loopd selftest --record` stored), for each server; `on` without asking; "
+        "`off` never.",
     )
     system_text: str = Field(
         default="You are loopd, a helpful assistant working in a team's chat thread. "

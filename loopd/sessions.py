@@ -1,4 +1,4 @@
-"""The pieces a session needs, built once from the settings: log, server client, tools.
+"""The pieces a session needs, built once from the settings: log, tools, servers.
 
 Both front ends (the terminal thread and the Mattermost adapter) go through here, so a session
 behaves the same whichever way its messages arrive.
@@ -9,42 +9,30 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Callable, Collection
-from contextlib import AbstractAsyncContextManager
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import anyio
 
-from loopcommon.errors import DaemonError
-from loopd.approval import AskedCall, Asker, Stepped
+from loopd.approval import AskedCall, Asker
 from loopd.approvalwait import settle
 from loopd.config import Settings
-from loopd.contextwindow.budget import BudgetRules, ServerBudget
 from loopd.contextwindow.compaction import Compactor
-from loopd.endpoints.serving import Endpoints
+from loopd.endpoints.server import TurnRules
+from loopd.endpoints.serving import Endpoints, FrontEnd
 from loopd.endpoints.start import reachability_checker
 from loopd.endpoints.warm import keep_warm
 from loopd.engine.client import InferenceClient
-from loopd.engine.durable import enabled as durable_enabled
-from loopd.engine.limits import Limits
 from loopd.engine.outcome import TurnOutcome
-from loopd.engine.pinning import Pinning, choose_slot, decide_pinning
+from loopd.engine.pinning import choose_slot
 from loopd.engine.progress import StatusCallback
-from loopd.engine.request import RequestSettings
-from loopd.engine.saves import DurableSlots, SaveBook
-from loopd.engine.turn import Turn
-from loopd.errors import ServerRejected
-from loopd.observe.context import request_scope
-from loopd.observe.live import LiveTurn, LiveTurns
-from loopd.observe.metrics import METRICS
+from loopd.engine.turn import ToolRunner, Turn
+from loopd.observe.live import LiveTurns
 from loopd.observe.toolcalls import tool_call
-from loopd.prewarm.plan import PrewarmPlan, restart_wants
-from loopd.prewarm.prewarmer import Prewarmer, PrewarmOutcome, PrewarmResult
-from loopd.scheduler import PositionCallback, Scheduler
-from loopd.selftest.endpoints import endpoint_checker
-from loopd.selftest.expected import DEFAULT_DIR, ExpectationsError, load_expectation
-from loopd.selftest.template import TemplateAnswer
+from loopd.prewarm.prewarmer import PrewarmResult
+from loopd.scheduler import PositionCallback
+from loopd.selftest.expected import DEFAULT_DIR, ServerAnswers
 from loopd.serverchange import ServerChange
 from loopd.sessionlog.records import Appended, Session
 from loopd.sessionlog.store import SessionLog
@@ -146,71 +134,42 @@ class SessionTools:
         return await settle(self.log, self.broker, asked, self.approval_timeout_s, asker)
 
 
-@dataclass(frozen=True)
-class ServerView:
-    """What the engine was told about the server: where requests go, and whether its template
-    drops past reasoning (the cache-loss rule's ``template_drops_reasoning``)."""
-
-    pinning: Pinning
-    keeps_past_reasoning: TemplateAnswer = TemplateAnswer.UNKNOWN
-    durable_available: bool | None = None  # the self-test's save-and-restore probe
-
-    @property
-    def template_drops_reasoning(self) -> bool:
-        return self.keeps_past_reasoning is TemplateAnswer.NO
-
-
-def recorded_pool_answer(model: str, expected_dir: Path = DEFAULT_DIR) -> bool | None:
-    """``idle_slots_cleared`` as the model's expectations file records it; None when there is
-    no file, it records nothing, or it cannot be read (the self-test reports that itself)."""
-    try:
-        expected = load_expectation(model, expected_dir)
-    except ExpectationsError:
-        return None
-    return expected.idle_slots_cleared if expected is not None else None
-
-
 @dataclass
 class Runtime:
+    """The pieces every front end's turns share, built once from the settings (and from what the
+    self-test found, where it ran): the session log, the tools, the servers and the turns under
+    way. Every turn runs through ``endpoints`` (``loopd.endpoints.serving``), one server or
+    several."""
+
     settings: Settings
     log: SessionLog
-    client: InferenceClient
     spec: ToolsSpec
     tools: SessionTools
-    # One per process: every front end's turns share the slots through it.
-    scheduler: Scheduler = field(default_factory=Scheduler)
-    budget: ServerBudget = field(init=False)
-    prewarmer: Prewarmer = field(init=False)
-    prewarm_plan: PrewarmPlan = field(default_factory=PrewarmPlan)
-    live: LiveTurns = field(default_factory=LiveTurns)  # the turns under way (loopd.observe)
-    endpoints: Endpoints | None = None  # the servers of [[endpoint]] tables (loopd.endpoints)
-    _idle_slots: set[int] = field(default_factory=set)
-    _idle_wake: anyio.Event | None = None
-    # Set by ``know_server`` (``loopd serve`` passes the self-test's answers); until then the
-    # recorded expectations decide where requests go (``loopd.engine.pinning``).
-    server: ServerView | None = None
+    endpoints: Endpoints  # the servers: the [[endpoint]] tables, or the shorthand's one
+    live: LiveTurns  # the turns under way (loopd.observe)
     # Set while the server differs from the recorded expectations (``loopd serve``): the front
     # end then tells each thread so instead of running its turn (``loopd.serverchange``).
     server_change: ServerChange | None = None
-    # Durable sessions as ``know_server`` decided (one for every turn: a restore's claim on an
-    # idle slot holds against the other lanes' restores).
-    durable: DurableSlots | None = None
-
-    def __post_init__(self) -> None:
-        self.budget = ServerBudget(self.client)
-        self.prewarmer = Prewarmer(
-            self.client, self.log, self.scheduler, enabled=self.settings.prewarm
-        )
-        self.scheduler.on_idle(self._slot_idle)
 
     @classmethod
-    def open(cls, settings: Settings) -> Runtime:
+    def open(
+        cls,
+        settings: Settings,
+        *,
+        selftest: Mapping[str, ServerAnswers] = {},
+        expected_dir: Path = DEFAULT_DIR,
+        client_type: type[InferenceClient] = InferenceClient,
+        rules: TurnRules | None = None,
+    ) -> Runtime:
+        """``selftest``: what the self-test found of each server (by endpoint name) where it ran
+        in this process; every other server is known by what ``loopd selftest --record``
+        stored in ``expected_dir``. ``client_type``: the class of each server's client (tests
+        tap the traffic). ``rules``: what every turn goes by (default: the settings'; the
+        terminal's passes every status on at once)."""
         settings.state_dir.mkdir(parents=True, exist_ok=True)
         spec = load_tools_spec(settings.tools_file)
         session_log = SessionLog.open(settings.db_path)
         migrate_legacy_workspaces(settings.workspaces, [s.name for s in session_log.sessions()])
-        one = settings.for_endpoint(settings.endpoints()[0])  # the shorthand, or the first table
-        client = InferenceClient(one.infer_url, one.model, connect_s=settings.connect_s)
         reserve = ReserveFile(settings.state_dir / RESERVE_FILE)
         reserve.after_tool()  # made at start, where the disk has room for it
         tools = SessionTools(
@@ -228,26 +187,30 @@ class Runtime:
             log=session_log,
             approval_timeout_s=settings.approval_timeout_s,
         )
-        endpoints = None
-        if settings.has_endpoint_tables:
-            checker = endpoint_checker(settings, spec.text)
-            endpoints = Endpoints.open(settings, session_log, checker)
-        return cls(settings, session_log, client, spec, tools, endpoints=endpoints)
+        live = LiveTurns()
+        endpoints = Endpoints.open(
+            settings,
+            session_log,
+            rules=rules or TurnRules.of(settings),
+            live=live,
+            head=(spec.sha256, settings.system_text),
+            tools_text=spec.text,
+            selftest=selftest,
+            expected_dir=expected_dir,
+            client_type=client_type,
+        )
+        return cls(settings, session_log, spec, tools, endpoints, live)
 
     async def start_terminal(self) -> None:
-        """The check a terminal's chat or one-shot turn starts with: its one server's
-        ``/health`` (``ServerRejected`` when it is not ok); with ``[[endpoint]]`` tables every
-        endpoint's, at once, the ones down marked down and re-checked so, as ``loopd serve``
-        starts (``loopd.endpoints.start``; ``NoEndpointUp`` when none answers)."""
-        if self.endpoints is not None:
-            await self.endpoints.start_checked(reachability_checker(self.endpoints.clients()))
-        elif not await self.client.health():
-            raise ServerRejected(self.client.url, 503, "/health is not ok")
+        """The check a terminal's chat or one-shot turn starts with: every server's ``/health``,
+        at once, the ones down marked down and re-checked, as ``loopd serve`` starts
+        (``loopd.endpoints.start``; ``NoEndpointUp`` when none answers). The self-test's live
+        probes are not run: they take a slot, and would evict the caches of the very sessions
+        a script is about to serve."""
+        await self.endpoints.start_checked(reachability_checker(self.endpoints.clients()))
 
     async def aclose(self) -> None:
-        await self.client.aclose()
-        if self.endpoints is not None:
-            await self.endpoints.aclose()
+        await self.endpoints.aclose()
         await self.tools.broker.aclose()
         self.log.close()
 
@@ -279,115 +242,38 @@ class Runtime:
 
     def new_session_head(self) -> tuple[str, str]:
         """What a new session's epoch begins with: its tools (their sha256) and system text."""
-        return self.spec.sha256, self.settings.system_text
+        return self.endpoints.head
 
-    # -- what the server is -----------------------------------------------------------------------
-
-    def know_server(
+    def front_end(
         self,
-        *,
-        idle_slots_cleared: bool | None,
-        keeps_past_reasoning: TemplateAnswer = TemplateAnswer.UNKNOWN,
-        expected_dir: Path = DEFAULT_DIR,
-        durable_available: bool | None = None,
-    ) -> ServerView:
-        """Take the self-test's answers (None / UNKNOWN where it did not run or could not tell):
-        pinning (``loopd.engine.pinning``), the shared pool's budget, the template's verdict."""
-        pinning = decide_pinning(
-            self.settings.pin_slots,
-            selftest=idle_slots_cleared,
-            recorded=recorded_pool_answer(self.client.model, expected_dir),  # the server's model
-        )
-        view = ServerView(pinning, keeps_past_reasoning, durable_available)
-        self.server = view
-        self.durable = self._durable(view)
-        self.prewarmer.restorer = self.durable  # a prewarm restores a saved session
-        self.budget.shared = pinning.shared_pool
-        self.budget.requests = self.settings.pool_requests
-        log.info(
-            "requests %s (%s); %s; the template keeps past reasoning: %s",
-            "pinned to each session's slot" if pinning.pinned else "placed by the server",
-            pinning.why,
-            f"the KV pool is shared: a request plans with {self.settings.pool_requests} "
-            "requests' share of it"
-            if pinning.shared_pool
-            else "each slot has its own context",
-            keeps_past_reasoning.value,
-        )
-        log.info(
-            "durable sessions: %s (LOOPD_DURABLE %s; the self-test's probe: %s)",
-            "on" if self.durable is not None else "off",
-            self.settings.durable.value,
-            {True: "available", False: "not available", None: "not run"}[durable_available],
-        )
-        return view
-
-    def _durable(self, view: ServerView) -> DurableSlots | None:
-        """Saves and restores, where the setting and the self-test allow."""
-        if not durable_enabled(self.settings.durable, view.durable_available):
-            return None
-        return DurableSlots(
-            self.client,
-            SaveBook(self.settings.state_dir),
-            self.prewarmer,
-            pinned=view.pinning.pinned,
-            slots=self.settings.slots,
-        )
-
-    def _view(self) -> ServerView:
-        """The server as told, or, without a self-test (``loopd chat``, ``--skip-selftest``),
-        as the recorded expectations say (the template's verdict then unknown)."""
-        if self.server is None:
-            return self.know_server(idle_slots_cleared=None)
-        return self.server
+        report: StatusCallback,
+        on_position: PositionCallback = lambda ahead: None,
+        asker: Asker | None = None,
+        tools: ToolRunner | None = None,
+    ) -> FrontEnd:
+        """What a front end passes to a turn; ``tools``: the runner of its tool calls (default:
+        the session tools)."""
+        return FrontEnd(report, tools or self.tools, on_position, asker)
 
     def turn(self, session: Session, report: StatusCallback, asker: Asker | None = None) -> Turn:
-        s = self.settings
-        view = self._view()
-        return Turn(
-            session=session.name,
-            slot=session.slot,
-            client=self.client,
-            log=self.log,
-            settings=RequestSettings(
-                model=s.model,
-                slot=view.pinning.id_slot(session.slot),
-                max_tokens=s.max_tokens,
-                sampling=s.sampling,
-            ),
-            limits=Limits(
-                first_byte_s=s.first_byte_s, silence_s=s.silence_s, think_cap=s.stream_think_cap
-            ),
-            tools=self.tools,
-            repeat_limit=s.repeat_limit,
-            report=report,
-            gate=Compactor(self.budget, self.budget_rules()),
-            template_drops_reasoning=view.template_drops_reasoning,
-            pinned=view.pinning.pinned,
-            pool_clears_idle_slots=view.pinning.idle_slots_cleared is True,
-            durable=self.durable,
-            asker=asker,
-        )
-
-    def budget_rules(self) -> BudgetRules:
-        return BudgetRules(
-            compact_at=self.settings.compact_at,
-            max_tokens=self.settings.max_tokens,
-            summary_max_tokens=self.settings.summary_max_tokens,
-        )
+        """The session's next turn, as ``run_turn`` builds it, on its server (placed there now
+        if it has none) and its slot there, without waiting for the slot."""
+        server, slot = self.endpoints.seat(session)
+        return self.endpoints.turn_on(server, session, slot, self.front_end(report, asker=asker))
 
     async def append_user(self, session: str, text: str, *, external_key: str) -> Appended:
-        """Append a user message, cut with a visible note if one message cannot hold it."""
-        fitted = await Compactor(self.budget, self.budget_rules()).fit_input(text, "this message")
+        """Append a user message, cut with a visible note if one message cannot hold it (by
+        the context of the session's server)."""
+        server = self.endpoints.server_of(session)
+        gate = Compactor(server.budget, self.endpoints.rules.budget)
+        fitted = await gate.fit_input(text, "this message")
         return self.log.append_user(session, fitted, external_key=external_key)
 
     async def prewarm(self, session: Session) -> PrewarmResult:
-        """Read the session's prompt into its idle slot (LOOPD_PREWARM); see ``loopd.prewarm``."""
-        settings = self.turn(session, lambda status: None).settings
-        with request_scope(session.name):
-            result = await self.prewarmer.prewarm(session, settings)
-        METRICS.prewarm_ended(result.outcome.value)
-        return result
+        """Read the session's prompt into its idle slot on its server (LOOPD_PREWARM); see
+        ``loopd.prewarm``."""
+        server, slot = self.endpoints.seat(session)
+        return await self.endpoints.prewarm(server, session, slot)
 
     async def run_turn(
         self,
@@ -396,115 +282,41 @@ class Runtime:
         on_position: PositionCallback = lambda ahead: None,
         *,
         asker: Asker | None = None,
+        tools: ToolRunner | None = None,
     ) -> TurnOutcome:
-        """A turn, once the session's slot is free (FIFO behind other sessions on it).
-        ``asker``: who is asked about a tool call that waits for a person's approval (the
-        front end's person; None: nobody, and such a call is denied)."""
-        if self.endpoints is not None:
-            return await self.endpoints.run_turn(self, session, report, on_position, asker)
-        # Real work: every prewarm gives way (one beside a turn slows both; ``loopd.prewarm``).
-        self.prewarmer.preempt_all()
-        self.prewarm_plan.drop(session.name)
-        view = self._view()
-        with self.live.turn(session.name, session.slot, report, on_position) as live:
-            async with self.scheduler.slot(session.name, session.slot, live.on_position):
-                # The plan learns what the slot holds before the slot is released (and seen idle).
-                # A wait for a person's approval frees the slot meanwhile.
-                stepped = (
-                    None if asker is None else Stepped(asker, self._stepped_aside(session, live))
-                )
-                try:
-                    outcome = await self.turn(session, live.report, stepped).run()
-                finally:
-                    self.prewarm_plan.used(session.name, session.slot)
-                # Placed by the server, the compacted epoch waits in its host cache: no read.
-                if outcome.compacted and view.pinning.pinned:
-                    self.prewarm_plan.want(session.name, session.slot)
-                return live.finished(outcome)
-
-    def _stepped_aside(
-        self, session: Session, live: LiveTurn
-    ) -> Callable[[], AbstractAsyncContextManager[None]]:
-        return lambda: self.scheduler.stepped_aside(session.name, session.slot, live.on_position)
-
-    # -- prewarm on idle slots -------------------------------------------------------------------
+        """A turn, once the session's slot is free (FIFO behind other sessions on it), on its
+        server (``loopd.endpoints.serving``). ``asker``: who is asked about a tool call that
+        waits for a person's approval (the front end's person; None: nobody, and such a call
+        is denied); ``tools``: the runner of its tool calls (default: the session tools)."""
+        front = self.front_end(report, on_position, asker, tools)
+        return await self.endpoints.run_turn(session, front)
 
     async def keep_warm(self, restarted: Collection[str] = ()) -> None:
-        """Prewarm wanted sessions whenever their slot falls idle, until cancelled; returns at
-        once when LOOPD_PREWARM is off. ``restarted``: the front end's sessions, of which each
-        slot's most recently active one is read back first (see loopd.prewarm.plan).
-        With several endpoints, this re-checks the down ones instead, and prewarms the front
-        end's sessions (``restarted``) moved off one (loopd.endpoints.warm)."""
-        if self.endpoints is not None:
-            await keep_warm(self.endpoints, self, restarted)
-            return
-        if not self.prewarmer.enabled:
-            return
-        self._want_after_restart(restarted)
-        self._idle_slots.update(self.settings.slots)
-        while True:
-            self._idle_wake = anyio.Event()
-            while self._idle_slots:
-                slot = min(self._idle_slots)
-                self._idle_slots.discard(slot)
-                try:
-                    await self._prewarm_slot(slot)
-                except DaemonError:
-                    # Optional work: a log or server error here must not end the front end.
-                    log.exception("prewarm on slot %d failed; prewarm goes on", slot)
-            await self._idle_wake.wait()
-
-    def _slot_idle(self, slot: int) -> None:
-        # A prewarm waits for the whole engine to be idle; then every slot's may run.
-        if self._idle_wake is not None and self.scheduler.idle():
-            self._idle_slots.update(self.settings.slots)
-            self._idle_wake.set()
-
-    def _want_after_restart(self, names: Collection[str]) -> None:
-        if not names:
-            return
-        slots = {s.name: s.slot for s in self.log.sessions() if s.name in names}
-        busy = [
-            name
-            for name in slots
-            if (state := self.log.state(name)).pending_turn or state.interrupted_calls
-        ]
-        for name, slot in restart_wants(slots, self.log.last_answered(), busy):
-            self.prewarm_plan.want(name, slot)
-
-    async def _prewarm_slot(self, slot: int) -> None:
-        name = self.prewarm_plan.next_for(slot)
-        if name is None or self.scheduler.holder(slot) is not None:
-            return
-        # Dropped while it runs, so that a prewarm that raises is not tried again and again
-        # (its own release of the slot would bring this loop straight back to it).
-        self.prewarm_plan.drop(name)
-        result = await self.prewarm(self.log.get_session(name))
-        if result.outcome is PrewarmOutcome.DONE:
-            self.prewarm_plan.warmed(name, slot)
-        elif result.outcome is PrewarmOutcome.FAILED:
-            log.warning(
-                "prewarm of %s failed (%s); its next turn reads its prompt", name, result.detail
-            )
-        elif self.log.state(name).idle:
-            # Cancelled by another session's work, or skipped while the slot was busy: the next
-            # idle moment tries again. (A session whose own turn is coming needs no prewarm.)
-            self.prewarm_plan.want(name, slot)
+        """Prewarm wanted sessions whenever their server is idle, and re-check down endpoints,
+        until cancelled (``loopd.endpoints.warm``). ``restarted``: the front end's sessions,
+        of which each slot's most recently active one is read back first."""
+        await keep_warm(self.endpoints, restarted)
 
     async def resume(
-        self, session: Session, report: StatusCallback, *, asker: Asker | None = None
+        self,
+        session: Session,
+        report: StatusCallback,
+        *,
+        asker: Asker | None = None,
+        tools: ToolRunner | None = None,
     ) -> TurnOutcome | None:
         """Finish what a crash left: interrupted tool calls get a result (brokerd's are asked
         again: it answers a known call id from its record without running it twice), then a
         pending turn runs. None when there was nothing to do."""
         state = self.log.state(session.name)
+        runner = tools or self.tools
         for interrupted in state.interrupted_calls:
             call = interrupted.call  # as stored: the argument text the model streamed
             if is_broker_tool(call.name):
-                text = await self.tools.run(session.name, call, asker)
+                text = await runner.run(session.name, call, asker)
             else:
                 text = INTERRUPTED
             self.log.append_tool_result(session.name, tool_call_id=call.id, content=text)
         if state.interrupted_calls or state.pending_turn:
-            return await self.run_turn(session, report, asker=asker)
+            return await self.run_turn(session, report, asker=asker, tools=tools)
         return None

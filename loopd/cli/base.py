@@ -34,8 +34,9 @@ def log_handler(command: LogCommand) -> Handler:
 
 
 def add_expected_dir(parser: argparse.ArgumentParser) -> None:
-    """``--expected-dir``, for ``selftest`` and ``serve``: expectations recorded on the host for
-    the operator's own server, so the image needs no rebuild."""
+    """``--expected-dir``, for ``selftest``, ``serve``, ``chat`` and ``run``: expectations
+    recorded on the host for the operator's own server, so the image needs no rebuild (``chat``
+    and ``run`` go by what they record of durable sessions and the slot pool)."""
     parser.add_argument(
         "--expected-dir",
         type=Path,

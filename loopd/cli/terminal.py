@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 
+from loopd.cli.base import add_expected_dir
 from loopd.config import Settings
 from loopd.statedir import check_state_dir
 
@@ -33,6 +34,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 
 def _turn_options(parser: argparse.ArgumentParser) -> None:
+    add_expected_dir(parser)
     parser.add_argument(
         "--show-thinking",
         action="store_true",
@@ -49,7 +51,7 @@ def _chat(args: argparse.Namespace, settings: Settings) -> int:
     from loopd.terminal.chat import ChatOptions, run_chat
 
     check_state_dir(settings.state_dir, create=True)
-    options = ChatOptions(args.session, args.show_thinking, args.log_stderr)
+    options = ChatOptions(args.session, args.show_thinking, args.log_stderr, args.expected_dir)
     return run_chat(settings, options)
 
 
@@ -57,5 +59,12 @@ def _run(args: argparse.Namespace, settings: Settings) -> int:
     from loopd.terminal.oneshot import RunOptions, run_once
 
     check_state_dir(settings.state_dir, create=True)
-    options = RunOptions(args.prompt, args.session, args.json, args.show_thinking, args.log_stderr)
+    options = RunOptions(
+        args.prompt,
+        args.session,
+        args.json,
+        args.show_thinking,
+        args.log_stderr,
+        args.expected_dir,
+    )
     return run_once(settings, options)

@@ -59,6 +59,9 @@ from loopd.wire.assemble import ToolCall
 
 log = logging.getLogger(__name__)
 
+# Requests a turn may make: an answer, or tool calls and their follow-ups, then it stops.
+DEFAULT_MAX_ROUNDS = 16
+
 
 class ToolRunner(Protocol):
     """Runs one tool call of a session and returns the result text for the log; ``asker``:
@@ -136,9 +139,10 @@ class Attempt:
     result: RequestResult
 
 
-@dataclass
+@dataclass(frozen=True)
 class Turn:
-    """Everything a turn needs; it holds no conversation state of its own.
+    """Everything a turn needs, built once (``loopd.endpoints.server.build_turn``) and never
+    changed; it holds no conversation state of its own.
 
     ``slot`` is the session's slot, recorded with every request; ``settings.slot`` is what goes
     out as ``id_slot``: the same where sessions are pinned, else ``ANY_SLOT`` (the server places
@@ -153,7 +157,7 @@ class Turn:
     settings: RequestSettings
     limits: Limits
     tools: ToolRunner | None = None
-    max_rounds: int = 16
+    max_rounds: int = DEFAULT_MAX_ROUNDS
     repeat_limit: int = repeats.DEFAULT_LIMIT
     template_drops_reasoning: bool = False
     report: StatusCallback = field(default=lambda status: None)
@@ -194,7 +198,7 @@ class Turn:
         if outcome.requests[-1].perf.outcome != "complete":
             return
         await self.durable.save(
-            self.log.get_session(self.session),
+            replace(self.log.get_session(self.session), slot=self.slot),  # its slot here
             self.settings,
             self.log.current_epoch(self.session).tools_text,
             self.log.replay_messages(self.session),

@@ -158,7 +158,6 @@ class Prewarmer:
     enabled: bool = False
     timeout_s: float = 900.0
     endpoint: str | None = None  # the server's name where loopd has several (loopd.endpoints)
-    restorer: StateRestorer | None = None  # durable sessions, where they are on
     _running: dict[int, anyio.CancelScope] = field(default_factory=dict)
 
     def preempt(self, slot: int) -> bool:
@@ -177,12 +176,18 @@ class Prewarmer:
         return slot in self._running
 
     async def prewarm(
-        self, session: Session, settings: RequestSettings, *, moved: PrevRequest | None = None
+        self,
+        session: Session,
+        settings: RequestSettings,
+        *,
+        moved: PrevRequest | None = None,
+        restorer: StateRestorer | None = None,
     ) -> PrewarmResult:
-        """Read ``session``'s prompt into its slot, if the slot is idle; see the module doc.
-        ``moved``: the session's previous request, where it ran on another endpoint (the
-        session moved off a dead server): this read is the move's re-read, and its loss is
-        recorded (``endpoint lost``)."""
+        """Read ``session``'s prompt into its slot (``session.slot``: its slot on this server),
+        if the slot is idle; see the module doc. ``moved``: the session's previous request,
+        where it ran on another endpoint (the session moved off a dead server): this read is
+        the move's re-read, and its loss is recorded (``endpoint lost``). ``restorer``: durable
+        sessions, where they are on: a usable save is restored instead of the read."""
         why_not = await self._why_not(session)
         if why_not:
             return PrewarmResult(PrewarmOutcome.SKIPPED, why_not)
@@ -196,7 +201,7 @@ class Prewarmer:
             with anyio.CancelScope() as scope:
                 self._running[session.slot] = scope
                 try:
-                    return await self._send(session, settings, moved, restore=True)
+                    return await self._send(session, settings, moved, restorer=restorer)
                 finally:
                     del self._running[session.slot]
         return PrewarmResult(PrewarmOutcome.CANCELLED, "real work needed the slot")
@@ -231,14 +236,14 @@ class Prewarmer:
         settings: RequestSettings,
         moved: PrevRequest | None,
         max_tokens: int = 1,
-        restore: bool = False,
+        restorer: StateRestorer | None = None,
     ) -> PrewarmResult:
-        """Read the session's messages; ``restore``: its usable save put back instead, where it
-        has one (see the module doc)."""
+        """Read the session's messages; with a ``restorer``, its usable save put back instead,
+        where it has one (see the module doc)."""
         epoch = self.log.current_epoch(session.name)
         messages = self.log.replay_messages(session.name)
-        if restore and self.restorer is not None:
-            back = await self.restorer.restore_for_prewarm(
+        if restorer is not None:
+            back = await restorer.restore_for_prewarm(
                 session.name, epoch.tools_text, messages, session.slot
             )
             if back is not None:

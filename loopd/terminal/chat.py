@@ -31,6 +31,7 @@ from loopcommon.sanitize import for_terminal
 from loopd.cli.log import list_sessions, search_entries
 from loopd.config import Settings
 from loopd.engine.outcome import TurnOutcome
+from loopd.selftest.expected import DEFAULT_DIR
 from loopd.terminal import slash
 from loopd.terminal.core import ChatCore, SessionExists, Stopped, TurnEnd, Watcher
 from loopd.terminal.lineinput import LineInput, PipedInput, TerminalInput
@@ -48,6 +49,7 @@ class ChatOptions:
     session: str = "terminal"
     show_thinking: bool = False
     log_stderr: bool = False
+    expected_dir: Path = DEFAULT_DIR  # the servers' recorded expectations
 
 
 def run_chat(settings: Settings, options: ChatOptions) -> int:
@@ -58,7 +60,7 @@ def run_chat(settings: Settings, options: ChatOptions) -> int:
             if interactive
             else PipedInput(sys.stdin)
         )
-        with connected(settings, options.session) as link:
+        with connected(settings, options.session, options.expected_dir) as link:
             if isinstance(lines, TerminalInput):
                 lines.complete_with(
                     lambda before: slash.completions(before, link.call(link.core.session_names))

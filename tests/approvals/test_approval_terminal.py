@@ -15,6 +15,7 @@ from loopd.terminal.approve import TerminalAsker
 from loopd_dev.fakes.llama import FakeLlama, RunningFake
 from tests.approvals.support import asking_broker, audit_approvals, script_a_call, tool_results
 from tests.chat.conftest import FAKE_MODEL
+from tests.engine.engine_support import one_server
 
 pytestmark = pytest.mark.anyio
 
@@ -93,7 +94,7 @@ async def test_the_wait_gives_the_slot_to_other_sessions(
     holders: list[str | None] = []
 
     def answer(runtime: Runtime, stop: threading.Event) -> str:
-        holders.append(runtime.scheduler.holder(0))  # while the person decides
+        holders.append(one_server(runtime).scheduler.holder(0))  # while the person decides
         return "y\n"
 
     result, _ = await run_turn(tmp_path, sockets, fake_llama, llama, answer)

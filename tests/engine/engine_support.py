@@ -15,6 +15,8 @@ import anyio
 
 from loopcommon.jsonbytes import dumps
 from loopd.approval import Asker
+from loopd.config import SHORTHAND_ENDPOINT
+from loopd.endpoints.server import Server
 from loopd.engine.client import InferenceClient
 from loopd.engine.limits import Limits
 from loopd.engine.progress import Status
@@ -22,6 +24,7 @@ from loopd.engine.request import RequestSettings, Sampling, build_body
 from loopd.engine.turn import Turn
 from loopd.sessionlog.records import EntryKind, Request, fresh_external_key
 from loopd.sessionlog.store import SessionLog
+from loopd.sessions import Runtime
 from loopd.wire.assemble import ToolCall
 from loopd_dev.fakes.llama import FakeLlama, RunningFake, serve_fake_llama
 
@@ -149,3 +152,9 @@ async def eventually(check: Callable[[], bool | Awaitable[bool]], seconds: float
             if value if isinstance(value, bool) else await value:
                 return
             await anyio.sleep(0.005)
+
+
+def one_server(runtime: Runtime) -> Server:
+    """The one server of a runtime set up with ``LOOPD_INFER_URL`` (the shorthand), as the
+    runtime knows it now."""
+    return runtime.endpoints.servers[SHORTHAND_ENDPOINT]

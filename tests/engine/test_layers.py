@@ -127,6 +127,7 @@ PURE_PARTS: dict[str, set[str]] = {
         "cut_text",
         "context_share",
     },
+    "loopd.endpoints.server": {"Known", "known"},
     "loopd.contextwindow.pool": {
         "is_pool_full",
         "_count",
@@ -172,6 +173,7 @@ DECLARATIONS: dict[str, str] = {
 MENTIONS_ONLY: dict[str, str] = {
     "brokerd.tools.service": "the shell around the pure ranking, calls and wording",
     "loopd.endpoints.serving": "the I/O shell around Fleet (placement and health)",
+    "loopd.endpoints.warm": "the shell around the pure prewarm plan",
     "loopd.observe.status": "reads the runtime; loopcommon.statuspage renders",
     "loopd.selftest": "the package: pure checks beside the probe",
 }

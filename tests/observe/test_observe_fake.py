@@ -222,7 +222,7 @@ async def test_the_status_page_shows_a_live_turn_and_its_phase(
     queued_row = '<span class="busy">busy</span></td><td><code>mm:live</code></td><td>queued behind'
     assert queued_row in during
     assert "<script" not in during
-    assert value(metrics_during, "loopd_slot_busy", slot="0") == 1
+    assert value(metrics_during, "loopd_slot_busy", endpoint="default", slot="0") == 1
     assert value(metrics_during, "loopd_sessions_active") == 1
     assert '<span class="idle">idle</span>' in after
     assert "no turn is under way" in after

@@ -88,7 +88,7 @@ async def test_both_metrics_pages_move_as_a_turn_goes(
 
     # While the turn waits: it is live, its slot is busy, the post was counted, no request ended.
     assert value(loopd_queued, "loopd_sessions_active") == 1
-    assert value(loopd_queued, "loopd_slot_busy", slot="0") == 1
+    assert value(loopd_queued, "loopd_slot_busy", endpoint="default", slot="0") == 1
     assert loopd_moved(loopd_before, loopd_queued, "loopd_mattermost_events_total", event="posted")
     assert (
         loopd_moved(

@@ -4,6 +4,7 @@ with no new input: it must resume the pending turn, answer, and run no tool twic
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import anyio
 import pytest
@@ -135,7 +136,7 @@ async def test_dies_after_the_assistant_entry_before_the_tool(observe: Observe) 
             # find_tool runs for real; the process "dies" just before call_tool would run.
             session = rt.ensure_session(SESSION)
             rt.log.append_user(SESSION, "mark it", external_key="k-1")
-            turn = rt.turn(session, lambda status: None)
+            base = rt.turn(session, lambda status: None)
 
             class FindThenDie:
                 async def run(self, name: str, call: ToolCall, asker: Asker | None) -> str:
@@ -143,9 +144,8 @@ async def test_dies_after_the_assistant_entry_before_the_tool(observe: Observe) 
                         raise _Killed(call.id)
                     return await real_tools.run(name, call, asker)
 
-            turn.tools = FindThenDie()
             with pytest.raises(_Killed):
-                await turn.run()
+                await replace(base, tools=FindThenDie()).run()
         assert env.mark_lines() == []
         resumed = await chat(env)
         again = await chat(env)  # nothing pending any more: runs nothing
