@@ -1,7 +1,7 @@
 """What a turn is doing, in words: the one wording of each phase, for the thread's status post and
 for the terminal's status line, and when a post may be edited again.
 
-Pure: the shells (``turnposts.TurnPosts``, ``terminal.StatusLine``) feed it what happened and a
+Pure: the shells (``turnposts.TurnPosts``, ``terminal.render.TurnView``) feed it what happened and a
 clock reading."""
 
 from __future__ import annotations
