@@ -47,7 +47,7 @@ from unittest import mock
 import httpx
 
 from loopcommon.transport import AsyncioTransport
-from loopd.approval import Asker
+from loopd.approvals.call import Asker
 from loopd.contextwindow.budget import ServerBudget
 from loopd.contextwindow.compaction import Compactor
 from loopd.engine.client import InferenceClient

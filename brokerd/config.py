@@ -22,7 +22,7 @@ from typing import Annotated, Final, Literal, Self
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic_settings import SettingsConfigDict
 
-from brokerd.mcp.config import McpServers
+from brokerd.mcp.config import McpServerConfigs
 from brokerd.proxy.chatpolicy import valid_entry
 from brokerd.proxy.upstream import parse_upstream
 from brokerd.tools.settings import BrokerSettings
@@ -40,12 +40,12 @@ SlotId = Annotated[int, Field(ge=0)]
 DEFAULT_SLOT_SAVE_MAX_BYTES: Final = 20 * 1024**3
 SLOT_SAVE_DIRS_HELP: Final = (
     "The server's --slot-save-path folder(s) as this host sees them (a router whose models "
-    "save apart: each); brokerd keeps loopd's files there under slot_save_max_bytes. "
-    "Empty: brokerd bounds nothing."
+    "save apart: each); brokerd keeps the saves it forwarded there under slot_save_max_bytes "
+    "(other clients' files are left alone). Empty: brokerd bounds nothing."
 )
 SLOT_SAVE_MAX_HELP: Final = (
-    "Bytes loopd's saved slot states may take in slot_save_dirs, all together; after each save "
-    "the least recently used go first."
+    "Bytes the saves brokerd forwarded may take in slot_save_dirs, all together; after each "
+    "save the least recently used go first."
 )
 
 
@@ -197,7 +197,9 @@ class BrokerdSettings(configload.FileSettings):
         description="loopd's metrics socket as the host sees it (in the folder loopd.container "
         "mounts at /run/loopd-metrics), relayed at metrics_addr under /loopd/.",
     )
-    mcp: McpServers = Field(default=(), description="MCP servers whose tools the broker offers.")
+    mcp: McpServerConfigs = Field(
+        default=(), description="MCP servers whose tools the broker offers."
+    )
 
     @field_validator("chat_allowed_teams", "chat_allowed_channels", "chat_allowed_users")
     @classmethod

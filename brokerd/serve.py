@@ -134,9 +134,15 @@ def _inference_endpoint(
         policy=policy,
         body_cap=settings.body_cap_bytes,
         bodies=bodies,
-        slot_folder=SlotFolder(*saves) if saves[0] else None,
+        slot_folder=SlotFolder(*saves, client=slot_client(path)) if saves[0] else None,
     )
     return Endpoint(name, path, instrument(name, app), limits)
+
+
+def slot_client(socket_path: Path) -> str:
+    """What tells this brokerd's saves from other clients' in a shared save folder: its host, its
+    account and the socket the box reaches the server by (two deployments differ in one)."""
+    return f"{socket.gethostname()}:{os.getuid()}:{socket_path.resolve()}"
 
 
 def _build_app(

@@ -5,6 +5,13 @@ loopd reads its runtime into a ``StatusSnapshot`` (``loopd.observe.status``) and
 ``/status.json``; brokerd checks that data against these types and renders the page with
 ``render``, which escapes every string, so the box's bytes reach a browser as text only. The page
 refreshes itself, so a browser left on it follows the box without any script.
+
+The data is bounded by its types, so that what the page costs does not grow with what the box
+sends: at most ``MAX_SLOTS`` slots, ``MAX_LIVE`` live turns, ``MAX_SESSIONS`` sessions of
+``PLOT_POINTS`` points each, strings of ``MAX_TEXT`` characters, counts below ``MAX_COUNT``.
+brokerd refuses data past a bound at validation (and status data over ``STATUS_MAX_BYTES`` before
+it); loopd cuts its own to them (``bounded``). The largest page they allow is well under
+``PAGE_MAX_BYTES`` (tests/observe/test_status_bounds.py).
 """
 
 from __future__ import annotations
@@ -13,11 +20,26 @@ import functools
 import html
 import re
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from datetime import UTC, datetime
-from typing import Any, Final
+from typing import Annotated, Any, Final
+
+from pydantic import Field
 
 REFRESH_S: Final = 5
+MAX_SLOTS: Final = 64
+MAX_LIVE: Final = 100  # live turns listed (running or in line), the oldest first
+MAX_SESSIONS: Final = 50  # the most recently active sessions listed
+PLOT_POINTS: Final = 60  # the latest requests a session's plot shows
+MAX_TEXT: Final = 256  # characters of any string (the page shows fewer)
+MAX_COUNT: Final = 1 << 40  # tokens, requests, places in line
+STATUS_MAX_BYTES: Final = 1024 * 1024  # status data as loopd writes it: the largest valid is 0.6 MB
+PAGE_MAX_BYTES: Final = 2 * 1024 * 1024  # the page rendered from the largest status data
+
+Text = Annotated[str, Field(max_length=MAX_TEXT)]
+Count = Annotated[int, Field(ge=0, le=MAX_COUNT)]
+Slot = Annotated[int, Field(ge=-1, le=MAX_COUNT)]  # -1: a session the server places
+Seconds = Annotated[float, Field(ge=0, le=MAX_COUNT, allow_inf_nan=False)]
 LABEL_CHARS: Final = 64  # the most of a name (a channel, a person, a session) the page shows
 FIRST_WORDS_CHARS: Final = 120
 POST_ID: Final = re.compile(r"[a-z0-9]{26}")  # Mattermost's ids: nothing else goes in a link
@@ -26,10 +48,10 @@ WEB_URL: Final = re.compile(r"https?://[^\s\"'<>]+\Z")
 
 @dataclass(frozen=True)
 class SlotView:
-    slot: int
-    holder: str | None  # the session holding it (for a prewarm: the session being warmed)
-    phase: str | None
-    in_line: int  # sessions waiting for it in loopd's line
+    slot: Slot
+    holder: Text | None  # the session holding it (for a prewarm: the session being warmed)
+    phase: Text | None
+    in_line: Count  # sessions waiting for it in loopd's line
 
     @property
     def busy(self) -> bool:
@@ -38,12 +60,12 @@ class SlotView:
 
 @dataclass(frozen=True)
 class LiveView:
-    session: str
-    slot: int
-    phase: str
-    running_s: float
+    session: Text
+    slot: Slot
+    phase: Text
+    running_s: Seconds
     holding: bool
-    ahead: int
+    ahead: Count
 
 
 @dataclass(frozen=True)
@@ -51,34 +73,79 @@ class ThreadView:
     """A Mattermost thread's label: its root post, its channel (``~town-square``, or ``direct
     message``), the person who started it and its first words."""
 
-    root: str
-    channel: str
-    person: str
-    first_words: str
+    root: Text
+    channel: Text
+    person: Text
+    first_words: Text
 
 
 @dataclass(frozen=True)
 class SessionView:
-    name: str
-    slot: int
-    requests: int
-    last_turn_at: str | None
-    hit_rate: float | None
-    prompt_n: tuple[int, ...]  # per request, oldest first (the latest PLOT_POINTS)
-    phase: str | None  # the live turn's, if one runs
+    name: Text
+    slot: Slot
+    requests: Count
+    last_turn_at: Text | None
+    hit_rate: Annotated[float, Field(ge=0, le=1)] | None
+    # per request, oldest first (the latest PLOT_POINTS)
+    prompt_n: Annotated[tuple[Count, ...], Field(max_length=PLOT_POINTS)]
+    phase: Text | None  # the live turn's, if one runs
     thread: ThreadView | None = None  # a Mattermost thread's label
 
 
 @dataclass(frozen=True)
 class StatusSnapshot:
-    generated_at: str
-    model: str
-    slots: tuple[SlotView, ...]
-    live: tuple[LiveView, ...]
-    sessions: tuple[SessionView, ...]
+    generated_at: Text
+    model: Text
+    slots: Annotated[tuple[SlotView, ...], Field(max_length=MAX_SLOTS)]
+    live: Annotated[tuple[LiveView, ...], Field(max_length=MAX_LIVE)]
+    sessions: Annotated[tuple[SessionView, ...], Field(max_length=MAX_SESSIONS)]
 
     def as_json(self) -> dict[str, Any]:
         return asdict(self)
+
+
+def bounded(snap: StatusSnapshot) -> StatusSnapshot:
+    """``snap`` cut to the types' bounds: the first slots and live turns, the first sessions
+    (loopd lists the most recently active first), each plot's latest points, every string's
+    start. What loopd serves, so that brokerd never refuses loopd's own data."""
+    return StatusSnapshot(
+        generated_at=_cut(snap.generated_at),
+        model=_cut(snap.model),
+        slots=tuple(
+            replace(s, holder=_cut_some(s.holder), phase=_cut_some(s.phase))
+            for s in snap.slots[:MAX_SLOTS]
+        ),
+        live=tuple(
+            replace(t, session=_cut(t.session), phase=_cut(t.phase)) for t in snap.live[:MAX_LIVE]
+        ),
+        sessions=tuple(_bounded_session(s) for s in snap.sessions[:MAX_SESSIONS]),
+    )
+
+
+def _bounded_session(view: SessionView) -> SessionView:
+    thread = view.thread
+    if thread is not None:
+        thread = ThreadView(*(_cut(text) for text in _texts(thread)))
+    return replace(
+        view,
+        name=_cut(view.name),
+        last_turn_at=_cut_some(view.last_turn_at),
+        prompt_n=view.prompt_n[-PLOT_POINTS:],
+        phase=_cut_some(view.phase),
+        thread=thread,
+    )
+
+
+def _texts(thread: ThreadView) -> tuple[str, str, str, str]:
+    return (thread.root, thread.channel, thread.person, thread.first_words)
+
+
+def _cut(text: str) -> str:
+    return text[:MAX_TEXT]
+
+
+def _cut_some(text: str | None) -> str | None:
+    return None if text is None else text[:MAX_TEXT]
 
 
 STYLE: Final = """

@@ -51,9 +51,9 @@ class StreamCut(StreamBroken):
     """The connection broke while the answer was being read."""
 
 
-class BrokerError(LoopdError):
+class BrokerCallError(LoopdError):
     """Talking to brokerd's tool broker failed."""
 
 
-class BrokerUnreachable(BrokerError):
+class BrokerUnreachable(BrokerCallError):
     """Nothing answers at the broker's URL: nothing was sent, so nothing ran."""

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import anyio
 
-from loopd.approval import AskedCall, Asker
-from loopd.approvalwait import settle
+from loopd.approvals.call import AskedCall, Asker
+from loopd.approvals.wait import settle
 from loopd.config import Settings
 from loopd.contextwindow.compaction import Compactor
 from loopd.endpoints.server import TurnRules

@@ -109,4 +109,4 @@ def _unique_names(servers: tuple[McpServerConfig, ...]) -> tuple[McpServerConfig
     return servers
 
 
-McpServers = Annotated[tuple[McpServerConfig, ...], AfterValidator(_unique_names)]
+McpServerConfigs = Annotated[tuple[McpServerConfig, ...], AfterValidator(_unique_names)]

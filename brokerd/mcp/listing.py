@@ -25,7 +25,7 @@ EXIT_CONFIG: Final = 2
 
 
 @dataclass(frozen=True)
-class Row:
+class ListedTool:
     name: str
     source: str  # builtin, command, or mcp
     server: str | None = None
@@ -43,23 +43,26 @@ def register(commands: "argparse._SubParsersAction[argparse.ArgumentParser]") ->
     listing.set_defaults(handler=list_tools)
 
 
-def rows(catalogue: Catalogue, statuses: "Sequence[ServerStatus]") -> list[Row]:
+def rows(catalogue: Catalogue, statuses: "Sequence[ServerStatus]") -> list[ListedTool]:
     """One row per tool, then one per MCP server that has no tool to show (pure)."""
     found = [_file_row(spec.name, spec.run) for spec in catalogue]
     for status in statuses:
         found += [
-            Row(spec.name, "mcp", status.name, status.state, status.detail) for spec in status.tools
+            ListedTool(spec.name, "mcp", status.name, status.state, status.detail)
+            for spec in status.tools
         ]
         if not status.tools:
-            found.append(Row(f"{status.name}.*", "mcp", status.name, status.state, status.detail))
+            found.append(
+                ListedTool(f"{status.name}.*", "mcp", status.name, status.state, status.detail)
+            )
     return found
 
 
-def _file_row(name: str, run: BuiltinRun | CommandRun | McpRun) -> Row:
-    return Row(name, "builtin" if isinstance(run, BuiltinRun) else "command")
+def _file_row(name: str, run: BuiltinRun | CommandRun | McpRun) -> ListedTool:
+    return ListedTool(name, "builtin" if isinstance(run, BuiltinRun) else "command")
 
 
-def render(found: Sequence[Row]) -> str:
+def render(found: Sequence[ListedTool]) -> str:
     table = [("TOOL", "SOURCE", "SERVER")]
     for row in found:
         source = f"mcp {row.server}" if row.server else row.source
@@ -73,7 +76,7 @@ def render(found: Sequence[Row]) -> str:
     )
 
 
-def as_json(found: Sequence[Row], statuses: "Sequence[ServerStatus]") -> dict[str, Any]:
+def as_json(found: Sequence[ListedTool], statuses: "Sequence[ServerStatus]") -> dict[str, Any]:
     return {
         "tools": [
             {"name": row.name, "source": row.source, "server": row.server, "up": row.state == "up"}

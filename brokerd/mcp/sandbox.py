@@ -22,17 +22,16 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Final
 
-from brokerd.confine import (
+from brokerd.confine import ConfinementError, bind
+from brokerd.mcp.config import McpServerConfig
+from loopcommon.sandbox import (
     SYSTEM_DIRS,
     Bind,
     Confinement,
-    ConfinementError,
     HiddenPath,
     ResourceLimits,
-    bind,
     is_within,
 )
-from brokerd.mcp.config import McpServerConfig
 
 BASE_PATH: Final = "/usr/local/bin:/usr/bin:/bin"
 BASE_ENV: Final = {"PATH": BASE_PATH, "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8"}

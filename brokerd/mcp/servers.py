@@ -14,25 +14,20 @@ from typing import Any, Final
 import anyio
 from anyio.abc import TaskStatus
 
-from brokerd.confine import (
-    ConfinementError,
-    HiddenPath,
-    HostView,
-    detect_host_view,
-    sandbox_argv,
-)
+from brokerd.confine import ConfinementError, confined_argv, detect_host_view
 from brokerd.mcp.config import McpServerConfig
 from brokerd.mcp.results import result_text
 from brokerd.mcp.sandbox import server_confinement, server_env
 from brokerd.mcp.server import RESTART, McpServer, ServerStatus
 from brokerd.mcp.transport import ConfinedStdio
 from brokerd.tools.calls import Ready
-from brokerd.tools.capture import CappedOutput
 from brokerd.tools.catalogue import McpRun, ToolSpec
 from brokerd.tools.errors import ToolFailure
-from brokerd.tools.execute import Limits
+from brokerd.tools.execute import CallLimits
 from brokerd.tools.wording import ToolOutcome
 from loopcommon.backoff import Backoff
+from loopcommon.capture import CappedOutput
+from loopcommon.sandbox import HiddenPath, HostView
 
 # What one server's message may hold (a result with an image, a long file): beyond it the
 # server is stopped rather than held in memory.
@@ -66,7 +61,7 @@ class McpServers:
             env = server_env(config)
             try:
                 confinement = server_confinement(config, hidden, env)
-                argv = sandbox_argv(view(), confinement, config.command or (), env)
+                argv = confined_argv(view(), confinement, config.command or (), env)
             except ConfinementError as exc:
                 raise ConfinementError(f"mcp server {config.name}: {exc}") from None
 
@@ -101,7 +96,7 @@ class McpServers:
     def statuses(self) -> list[ServerStatus]:
         return [server.status() for server in self.servers.values()]
 
-    async def call(self, plan: Ready, limits: Limits) -> ToolOutcome:
+    async def call(self, plan: Ready, limits: CallLimits) -> ToolOutcome:
         run = plan.spec.run
         assert isinstance(run, McpRun)
         output = CappedOutput(limits.output_cap_bytes)

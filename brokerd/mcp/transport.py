@@ -22,7 +22,7 @@ from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStre
 from mcp.client._transport import TransportStreams
 from mcp.shared.message import SessionMessage
 
-from brokerd.confine import kill_tree
+from loopcommon.sandbox import kill_group
 
 logger = logging.getLogger(__name__)
 
@@ -117,7 +117,7 @@ class ConfinedStdio:
                             await send.send(parse_message(line))
                     if len(buffer) > self.max_message_bytes:
                         self._end(f"sent a message over {self.max_message_bytes} bytes")
-                        kill_tree(process)
+                        kill_group(process.pid)
                         break
         except (anyio.ClosedResourceError, anyio.BrokenResourceError):
             pass  # the session is gone: brokerd is stopping this server
@@ -156,7 +156,7 @@ class ConfinedStdio:
                 await process.stdin.aclose()
         with anyio.move_on_after(EXIT_GRACE_S):
             await process.wait()
-        kill_tree(process)  # what a clean exit left behind dies too (the group leader is gone)
+        kill_group(process.pid)  # what a clean exit left behind dies too (the group leader is gone)
         with anyio.move_on_after(REAP_GRACE_S):
             await process.aclose()
 

@@ -11,14 +11,18 @@ that folder, so everything read from it is hostile input:
   podman's API) is refused, not followed;
 - only three fixed paths are asked for, with ``GET``, and nothing of the operator's request (no
   query, no header) is passed on;
-- an answer must be 200, unencoded, at most ``MAX_BYTES`` and complete within ``TIMEOUT_S``;
+- an answer must be 200, unencoded, at most its page's ``max_bytes`` (``MAX_BYTES`` for the
+  metrics; for the status data ``STATUS_MAX_BYTES``, which its bounded types fit in) and complete
+  within ``TIMEOUT_S``;
   ``MAX_AT_ONCE`` relays run at once (more are answered 503 at once), so a box that stalls
   cannot tie brokerd up;
 - what goes back to the operator carries brokerd's own content type for the path, and a
   Content-Security-Policy that lets the page run no script, load nothing, and (``sandbox``)
   follow no ``<meta http-equiv="refresh">``, which ``default-src 'none'`` alone lets Chromium
   follow; the status page itself is never the box's markup: brokerd renders it from loopd's
-  status data (``brokerd.observe.statuspage``).
+  status data (``brokerd.observe.statuspage``), which its types bound (slots, sessions, points,
+  string lengths), so the page costs what the largest valid data costs, however much the box
+  sends; it is rendered in a worker thread, never on the loop that serves the sockets.
 """
 
 import contextlib
@@ -36,7 +40,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 
 from brokerd.errors import BrokerdError
 from brokerd.observe.statuspage import NotAStatus, render_status
-from loopcommon.statuspage import REFRESH_S
+from loopcommon.statuspage import REFRESH_S, STATUS_MAX_BYTES
 
 MAX_BYTES: Final = 8 * 1024 * 1024
 MAX_HEAD_BYTES: Final = 16 * 1024  # a status line and headers larger than this are refused
@@ -52,20 +56,24 @@ PAGE_POLICY: Final = (
 @dataclass(frozen=True)
 class Page:
     """A page brokerd serves under /loopd: the path it asks loopd for, the content type it
-    sends, how loopd's answer becomes the page (None: as it is) and the page's refresh period
-    (sent as the ``Refresh`` header, which the sandbox leaves working)."""
+    sends, how loopd's answer becomes the page (None: as it is), the page's refresh period
+    (sent as the ``Refresh`` header, which the sandbox leaves working) and the most it reads of
+    loopd's answer."""
 
     source: str
     content_type: str
     render: Callable[[bytes, str | None], bytes] | None = None  # the body, Mattermost's URL
     refresh_s: int | None = None
+    max_bytes: int = MAX_BYTES
 
 
 # brokerd's path (under /loopd) -> the page.
 PAGES: Final = {
     "/loopd/metrics": Page("/metrics", CONTENT_TYPE_LATEST),
-    "/loopd/": Page("/status.json", "text/html; charset=utf-8", render_status, REFRESH_S),
-    "/loopd/status.json": Page("/status.json", "application/json"),
+    "/loopd/": Page(
+        "/status.json", "text/html; charset=utf-8", render_status, REFRESH_S, STATUS_MAX_BYTES
+    ),
+    "/loopd/status.json": Page("/status.json", "application/json", max_bytes=STATUS_MAX_BYTES),
 }
 
 
@@ -129,21 +137,21 @@ class LoopdRelay:
         async with self._slots:
             try:
                 with anyio.fail_after(self.timeout_s):
-                    body = await self._get(served.source)
+                    body = await self._get(served.source, served.max_bytes)
             except TimeoutError:
                 raise RelayError(
                     f"loopd's metrics socket did not answer in {self.timeout_s:g} s"
                 ) from None
             if served.render is not None:
-                # Up to MAX_BYTES of JSON to check and render: off the loop that serves the
-                # sockets, and within the slot, so at most MAX_AT_ONCE renders run.
+                # Bounded data to check and render: off the loop that serves the sockets, and
+                # within the slot, so at most MAX_AT_ONCE renders run.
                 try:
                     body = await anyio.to_thread.run_sync(served.render, body, self.thread_url)
                 except NotAStatus as exc:
                     raise RelayError(f"loopd's {served.source} is not a status: {exc}") from None
         return Relayed(body, served.content_type, served.refresh_s)
 
-    async def _get(self, path: str) -> bytes:
+    async def _get(self, path: str, max_bytes: int) -> bytes:
         with socket_by_descriptor(self.socket_path) as target:
             try:
                 stream = await anyio.connect_unix(target)
@@ -151,15 +159,16 @@ class LoopdRelay:
                 raise RelayError(f"loopd's metrics socket: {exc.strerror or exc}") from None
             async with stream:
                 try:
-                    return await _exchange(stream, path)
+                    return await _exchange(stream, path, max_bytes)
                 except (OSError, anyio.BrokenResourceError, h11.ProtocolError) as exc:
                     raise RelayError(
                         f"loopd's metrics socket: {exc or type(exc).__name__}"
                     ) from None
 
 
-async def _exchange(stream: anyio.abc.ByteStream, path: str) -> bytes:
-    """One ``GET path`` over ``stream`` (h11, strict about what comes back); the body."""
+async def _exchange(stream: anyio.abc.ByteStream, path: str, max_bytes: int) -> bytes:
+    """One ``GET path`` over ``stream`` (h11, strict about what comes back); the body, at most
+    ``max_bytes``."""
     connection = h11.Connection(h11.CLIENT, max_incomplete_event_size=MAX_HEAD_BYTES)
     headers = [("Host", "loopd"), ("Accept-Encoding", "identity"), ("Connection", "close")]
     await stream.send(connection.send(h11.Request(method="GET", target=path, headers=headers)))
@@ -180,8 +189,8 @@ async def _exchange(stream: anyio.abc.ByteStream, path: str) -> bytes:
                 raise RelayError("loopd's answer is encoded; brokerd relays plain bodies only")
         elif isinstance(event, h11.Data):
             body += event.data
-            if len(body) > MAX_BYTES:
-                raise RelayError(f"loopd's answer for {path} is over {MAX_BYTES} bytes")
+            if len(body) > max_bytes:
+                raise RelayError(f"loopd's answer for {path} is over {max_bytes} bytes")
         elif isinstance(event, h11.EndOfMessage):
             return bytes(body)
         elif isinstance(event, h11.ConnectionClosed):

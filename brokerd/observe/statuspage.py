@@ -8,13 +8,17 @@ page with the shared renderer (``loopcommon.statuspage``), which escapes every s
 bytes reach the browser as text only. (The relay's policy adds ``sandbox`` besides, which stops
 meta refreshes and scripts in the page whatever it holds; the page's own refresh is the
 ``Refresh`` header.)
+
+The types bound the data (``loopcommon.statuspage``: slots, live turns, sessions, points, string
+lengths), so data past a bound is refused at validation, with the first place it is passed named,
+and the page rendered from valid data is at most ``PAGE_MAX_BYTES``.
 """
 
 from typing import Final
 
 from pydantic import TypeAdapter, ValidationError
 
-from loopcommon.statuspage import StatusSnapshot, render
+from loopcommon.statuspage import PAGE_MAX_BYTES, StatusSnapshot, render
 
 STATUS: Final = TypeAdapter(StatusSnapshot)
 
@@ -34,4 +38,7 @@ def render_status(data: bytes, thread_url: str | None = None) -> bytes:
         raise NotAStatus(
             f"{exc.error_count()} problem(s), the first at {where}: {first['msg']}"
         ) from None
-    return render(snapshot, thread_url).encode("utf-8")
+    page = render(snapshot, thread_url).encode("utf-8")
+    if len(page) > PAGE_MAX_BYTES:  # the bounds make it impossible; a cap is a cap
+        raise NotAStatus(f"its page would be {len(page):,} bytes, over {PAGE_MAX_BYTES:,}")
+    return page

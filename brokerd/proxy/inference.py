@@ -190,7 +190,8 @@ def inference_rules(
     slot_folder: SlotFolder | None = None,
 ) -> ForwardRules:
     """The inference proxy's rules; ``api_key`` (host config) is sent as a bearer token.
-    ``slot_folder``: the server's save folder, kept under its cap after each save."""
+    ``slot_folder``: the server's save folder, where this client's saves are recorded and kept
+    under its cap after each save."""
     inject = {b"authorization": b"Bearer " + api_key.encode()} if api_key else {}
     bounds = policy or InferencePolicy()
 
@@ -206,17 +207,15 @@ def inference_rules(
         if action_of(query) == "restore":
             await slot_folder.used(str(json.loads(body)["filename"]))
         else:
-            await slot_folder.evict(room_for_one=True)
+            await slot_folder.forwarding_save(str(json.loads(body)["filename"]))
 
     async def after_forward(
         method: str, path: str, query: bytes, body: bytes, status: int | None
     ) -> None:
         if slot_folder is None or not is_slot_action(method, path) or action_of(query) != "save":
             return
-        if status == 200:  # the session's earlier saves will not be restored again
-            await slot_folder.supersede(str(json.loads(body)["filename"]))
-        # Whatever the status: a save the server answered with an error may still have written.
-        await slot_folder.evict()
+        name = str(json.loads(body)["filename"])
+        await slot_folder.save_answered(name, succeeded=status == 200)
 
     return ForwardRules(
         refusal=refusal_with_policy,

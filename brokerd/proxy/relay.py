@@ -41,7 +41,7 @@ class UpstreamBroke(BrokerdError):
     """
 
 
-class Outcome(StrEnum):
+class RelayOutcome(StrEnum):
     COMPLETE = "complete"
     CLIENT_GONE = "client_gone"
     UNREACHABLE = "upstream_unreachable"
@@ -52,7 +52,7 @@ class Outcome(StrEnum):
 class RelayResult:
     """What happened to one proxied request, for the log line."""
 
-    outcome: Outcome = Outcome.CLIENT_GONE
+    outcome: RelayOutcome = RelayOutcome.CLIENT_GONE
     status: int | None = None
     body_bytes: int = 0
 
@@ -117,7 +117,7 @@ async def _pass_through(
     try:
         response = await client.send(request, stream=True)
     except httpx.HTTPError as exc:
-        result.outcome, result.status = Outcome.UNREACHABLE, 502
+        result.outcome, result.status = RelayOutcome.UNREACHABLE, 502
         logger.warning("upstream unreachable: %s", error_message(exc))
         await send_json(send, 502, error_body(502, f"upstream unreachable: {error_message(exc)}"))
         return None
@@ -131,13 +131,13 @@ async def _pass_through(
             result.body_bytes += len(chunk)
             await send({"type": "http.response.body", "body": chunk, "more_body": True})
         await send({"type": "http.response.body", "body": b"", "more_body": False})
-        result.outcome = Outcome.COMPLETE
+        result.outcome = RelayOutcome.COMPLETE
     except httpx.HTTPError as exc:
-        result.outcome = Outcome.BROKE
+        result.outcome = RelayOutcome.BROKE
         return exc
     except OSError:
         # Some ASGI servers report a vanished client by failing the send.
-        result.outcome = Outcome.CLIENT_GONE
+        result.outcome = RelayOutcome.CLIENT_GONE
     finally:
         with anyio.move_on_after(UPSTREAM_CLOSE_GRACE_S, shield=True):
             await response.aclose()

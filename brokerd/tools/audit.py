@@ -38,6 +38,7 @@ from loopcommon.migrations import (
     append_only_triggers,
     execute_script,
 )
+from loopcommon.sqlitefile import UnusableFileError, open_sqlite
 
 APPEND_ONLY_TABLES = ("call_started", "call_ended", "find_tool_calls")
 
@@ -230,17 +231,8 @@ class AuditLog:
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             # Autocommit: every write below is one statement, durable when it returns.
-            connection = sqlite3.connect(
-                path, isolation_level=None, check_same_thread=False, timeout=5.0
-            )
-        except (OSError, sqlite3.Error) as exc:
-            raise AuditLogError(f"{path}: cannot open the audit database: {exc}") from exc
-        try:
-            connection.execute("PRAGMA journal_mode = WAL")
-            connection.execute("PRAGMA foreign_keys = ON")
-            MIGRATIONS.apply(connection)
-        except (sqlite3.Error, MigrationError) as exc:
-            connection.close()
+            connection = open_sqlite(path, migrations=MIGRATIONS)
+        except (OSError, sqlite3.Error, MigrationError, UnusableFileError) as exc:
             raise AuditLogError(f"{path}: cannot open the audit database: {exc}") from exc
         return cls(connection, clock, bounds)
 

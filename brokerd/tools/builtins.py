@@ -16,9 +16,9 @@ import anyio
 import httpx
 
 from brokerd.tools import diskusage
-from brokerd.tools.capture import CappedOutput
 from brokerd.tools.errors import ToolFailure
 from brokerd.tools.inflate import EncodingRefused, inflater_for
+from loopcommon.capture import CappedOutput
 
 # What replaces web_fetch's network in tests; the rest of the broker names it by this alias, so
 # that httpx stays inside the builtins that speak HTTP.
@@ -134,7 +134,7 @@ async def _fetch_once(
             # the cap. One more byte than the cap takes, so that the output knows it was cut.
             inflater = inflater_for(
                 response.headers.get("content-encoding", ""),
-                output.cap - output.size - len(head_bytes) + 1,
+                output.cap - output.held - len(head_bytes) + 1,
             )
             output.add(head_bytes)
             async for chunk in response.aiter_raw():

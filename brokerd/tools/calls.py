@@ -148,10 +148,10 @@ class Conflict:
     message: str
 
 
-Decision = Run | Wait | Replay | Interrupted | Conflict
+CallDecision = Run | Wait | Replay | Interrupted | Conflict
 
 
-def decide(recorded: RecordedCall | None, request: CallRequest, running_here: bool) -> Decision:
+def decide(recorded: RecordedCall | None, request: CallRequest, running_here: bool) -> CallDecision:
     if recorded is None:
         return Run()
     same = (

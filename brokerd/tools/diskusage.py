@@ -12,7 +12,7 @@ from typing import Any
 
 import anyio
 
-from brokerd.tools.capture import CappedOutput
+from loopcommon.capture import CappedOutput
 
 MOUNTS_FILE = "/proc/self/mounts"
 # Kernel and virtual file systems: no disk behind them.
@@ -34,7 +34,7 @@ class Mounted:
 
 
 @dataclass(frozen=True)
-class Usage:
+class DiskUsage:
     device: str
     mount_point: str
     size: int
@@ -70,7 +70,7 @@ def human(size: int) -> str:
     raise AssertionError("unreachable")
 
 
-def format_table(usages: Sequence[Usage]) -> str:
+def format_table(usages: Sequence[DiskUsage]) -> str:
     rows = [HEADER]
     for usage in usages:
         share = usage.used / (usage.used + usage.available) if usage.used else 0.0
@@ -94,7 +94,7 @@ def format_table(usages: Sequence[Usage]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def measure(mounted: Iterable[Mounted]) -> list[Usage]:
+def measure(mounted: Iterable[Mounted]) -> list[DiskUsage]:
     usages = []
     for mount in mounted:
         try:
@@ -106,7 +106,7 @@ def measure(mounted: Iterable[Mounted]) -> list[Usage]:
         size = stats.f_blocks * stats.f_frsize
         free = stats.f_bfree * stats.f_frsize
         available = stats.f_bavail * stats.f_frsize
-        usages.append(Usage(mount.device, mount.mount_point, size, size - free, available))
+        usages.append(DiskUsage(mount.device, mount.mount_point, size, size - free, available))
     return usages
 
 

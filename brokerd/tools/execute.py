@@ -1,6 +1,7 @@
-"""Running a checked call with its limits: a timeout, an output cap, and for host commands
-confinement (``brokerd.confine``): no shell, a clean environment, a sandbox that shows only what
-the tool declared, resource limits, and the whole process tree killed when a limit is hit."""
+"""Running a checked call with its limits: a timeout, an output cap (the head, read no further),
+and for host commands confinement (``brokerd.confine``): no shell, a clean environment, a sandbox
+that shows only what the tool declared, resource limits, and the whole process tree killed when
+a limit is hit."""
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -9,24 +10,22 @@ from pathlib import Path
 import anyio
 from anyio.abc import Process
 
-from brokerd.confine import (
-    Bind,
-    Confinement,
-    ConfinementError,
-    HiddenPath,
-    HostView,
-    ResourceLimits,
-    bind,
-    kill_tree,
-    open_confined,
-)
+from brokerd.confine import ConfinementError, bind, open_confined
 from brokerd.tools.builtins import BuiltinContext, BuiltinHandler
 from brokerd.tools.calls import Ready
-from brokerd.tools.capture import CappedOutput
 from brokerd.tools.catalogue import BuiltinRun, CommandRun, ConfineSpec, ToolSpec
 from brokerd.tools.errors import ToolFailure
 from brokerd.tools.settings import BrokerSettings
 from brokerd.tools.wording import ToolOutcome
+from loopcommon.capture import CappedOutput
+from loopcommon.sandbox import (
+    Bind,
+    Confinement,
+    HiddenPath,
+    HostView,
+    ResourceLimits,
+    kill_group,
+)
 
 # A host command sees only this and its catalogue env, never brokerd's own environment: brokerd
 # holds the chat token and other secrets that must not reach a tool (docs/design, invariant 6).
@@ -58,14 +57,14 @@ class Confiner:
 
 
 @dataclass(frozen=True)
-class Limits:
+class CallLimits:
     timeout_s: float
     output_cap_bytes: int
 
 
-def limits_for(spec: ToolSpec, settings: BrokerSettings) -> Limits:
+def limits_for(spec: ToolSpec, settings: BrokerSettings) -> CallLimits:
     """The tool's own limits, else the broker's defaults."""
-    return Limits(
+    return CallLimits(
         timeout_s=spec.timeout_s or settings.default_timeout_s,
         output_cap_bytes=spec.output_cap_bytes or settings.default_output_cap_bytes,
     )
@@ -73,7 +72,7 @@ def limits_for(spec: ToolSpec, settings: BrokerSettings) -> Limits:
 
 async def execute(
     call: Ready,
-    limits: Limits,
+    limits: CallLimits,
     builtins: Mapping[str, BuiltinHandler],
     context: BuiltinContext,
     confiner: Confiner | None = None,
@@ -139,7 +138,7 @@ async def run_command(
     try:
         await _read_capped(process, output)
         if output.cut:
-            kill_tree(process)
+            kill_group(process.pid)
         exit_status = await process.wait()
         finished = True
         return exit_status
@@ -147,7 +146,7 @@ async def run_command(
         if not finished:
             # The output pipe is still open, so some member of the group is alive and Linux
             # cannot have given the group's id to another process.
-            kill_tree(process)
+            kill_group(process.pid)
         with anyio.move_on_after(REAP_GRACE_S, shield=True):
             await process.aclose()
 

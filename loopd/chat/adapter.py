@@ -25,7 +25,7 @@ from loopcommon.statuspage import ThreadView
 from loopd.chat.attachments import ReadFile, kind_of, read_file, unread_notice
 from loopd.chat.config import ChatSettings
 from loopd.chat.cursor import ChatState, ChatStateError
-from loopd.chat.intake import Action, Allowlist, Decision, decide
+from loopd.chat.intake import Action, Allowlist, PostDecision, decide
 from loopd.chat.labels import thread_label
 from loopd.chat.model import Channel, Post, User, WireFormatError
 from loopd.chat.outbox import Outbox
@@ -81,7 +81,7 @@ def group_refusal(outsiders: Sequence[str]) -> str:
     )
 
 
-def refusal_text(decision: Decision, channel: Channel) -> str:
+def refusal_text(decision: PostDecision, channel: Channel) -> str:
     """What loopd posts for a refused post: in a group message, who may not use it."""
     return group_refusal(decision.outsiders) if channel.is_group else REFUSAL
 
@@ -274,7 +274,9 @@ class ChatAdapter:
                 await self._act(decision, post, author, channel)
         self.state.advance(post.channel_id, post.update_at, post.id)
 
-    async def _act(self, decision: Decision, post: Post, author: User, channel: Channel) -> None:
+    async def _act(
+        self, decision: PostDecision, post: Post, author: User, channel: Channel
+    ) -> None:
         root = decision.root_id
         match decision.action:
             case Action.IGNORE:
@@ -310,7 +312,9 @@ class ChatAdapter:
             case StopResult.STOPPED:
                 pass
 
-    async def _store(self, post: Post, author: User, channel: Channel, decision: Decision) -> None:
+    async def _store(
+        self, post: Post, author: User, channel: Channel, decision: PostDecision
+    ) -> None:
         root = post.thread_root
         name = session_name(root)
         refusal = self.threads.admission(name, author.username)
@@ -357,7 +361,7 @@ class ChatAdapter:
             await self.runtime.append_user(name, text, external_key=key)
 
     async def _context(
-        self, post: Post, channel: Channel, decision: Decision
+        self, post: Post, channel: Channel, decision: PostDecision
     ) -> list[tuple[str, str]]:
         """The thread's earlier posts loopd has not read, with their authors, as the opening of
         the conversation: when a mention brings loopd into a thread partway through, and, under

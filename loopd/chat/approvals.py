@@ -10,12 +10,14 @@ again finds the same post, and the reactions put on it while loopd was away coun
 from __future__ import annotations
 
 import logging
-from collections.abc import Collection, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import anyio
 
-from loopd.approval import AskedCall, Decision, minutes, shown_arguments
+from loopd.approvals.call import AskedCall, Decision
+from loopd.approvals.deciders import Deciders, may_decide
+from loopd.approvals.words import minutes, shown_arguments
 from loopd.chat.config import ChatSettings
 from loopd.chat.outbox import Outbox
 from loopd.chat.rest import MattermostError
@@ -24,11 +26,11 @@ log = logging.getLogger(__name__)
 
 
 def question_line(
-    call: AskedCall, settings: ChatSettings, people: Collection[str], wait_s: float
+    call: AskedCall, settings: ChatSettings, deciders: Deciders, wait_s: float
 ) -> str:
     """The one line that asks (pure)."""
     arguments = shown_arguments(call.arguments).replace("`", "'")
-    who = " or ".join(f"@{name}" for name in sorted(people)) or "someone of this thread"
+    who = " or ".join(f"@{name}" for name in sorted(deciders.people)) or "someone of this thread"
     return (
         f"🔐 `{call.tool}` wants to run with `{arguments}`. {who} or an admin: react "
         f":{settings.allow_reaction}: to allow or :{settings.deny_reaction}: to deny "
@@ -38,7 +40,7 @@ def question_line(
 
 @dataclass
 class _Question:
-    people: frozenset[str]
+    deciders: Deciders
     decided: anyio.Event = field(default_factory=anyio.Event)
     decision: Decision | None = None
 
@@ -62,28 +64,27 @@ class Questions:
         verdict = verdicts.get(emoji)
         if verdict is None:
             return False
-        admins = set(self.settings.admins)
-        if username.lower() not in question.people and not ({username, user_id} & admins):
+        if not may_decide(question.deciders, username, user_id):
             return False
         question.decision = Decision("allow" if verdict == "allow" else "deny", f"@{username}")
         question.decided.set()
         return True
 
     def asker(
-        self, outbox: Outbox, session: str, channel: str, root: str, people: frozenset[str]
+        self, outbox: Outbox, session: str, channel: str, root: str, deciders: Deciders
     ) -> ThreadAsker:
-        return ThreadAsker(self, outbox, session, channel, root, people)
+        return ThreadAsker(self, outbox, session, channel, root, deciders)
 
     async def wait(
         self,
         post_id: str,
-        people: frozenset[str],
+        deciders: Deciders,
         wait_s: float,
         earlier: Sequence[tuple[str, str, str]] = (),
     ) -> Decision | None:
         """The decision on the question of ``post_id``; ``earlier`` are reactions already on it
         (emoji, username, user id), in order, counted first."""
-        question = _Question(frozenset(name.lower() for name in people))
+        question = _Question(deciders)
         self._open[post_id] = question
         try:
             for emoji, username, user_id in earlier:
@@ -97,22 +98,22 @@ class Questions:
 
 @dataclass
 class ThreadAsker:
-    """Asks in one thread (``loopd.approval.Asker``)."""
+    """Asks in one thread (``loopd.approvals.call.Asker``)."""
 
     questions: Questions
     outbox: Outbox
     session: str
     channel: str
     root: str
-    people: frozenset[str]
+    deciders: Deciders
 
     async def decide(self, call: AskedCall, wait_s: float) -> Decision | None:
-        line = question_line(call, self.questions.settings, self.people, wait_s)
+        line = question_line(call, self.questions.settings, self.deciders, wait_s)
         key = f"{self.session}#approval:{call.approval_id}"
         asked_before = self.outbox.state.planned_parts(key) is not None
         [post_id, *_] = await self.outbox.post_once(key, self.channel, self.root, line)
         earlier = await self._reactions_on(post_id) if asked_before else []
-        return await self.questions.wait(post_id, self.people, wait_s, earlier)
+        return await self.questions.wait(post_id, self.deciders, wait_s, earlier)
 
     async def _reactions_on(self, post_id: str) -> list[tuple[str, str, str]]:
         """The reactions on the question (a restart: given while loopd was away)."""

@@ -13,7 +13,8 @@ Rows are only ever added (the latest row wins), as in the session log, but for `
 - ``stops``: a person's stop of a running turn, written before the turn is cancelled, so a
   restart that finds the turn pending with no stop in the session log does not run it again.
 
-The schema is versioned by ``loopcommon.migrations``.
+The file is opened as every SQLite file of loopd's is (``loopcommon.sqlitefile``: WAL,
+``synchronous=FULL``), and its schema versioned by ``loopcommon.migrations``.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from loopcommon.migrations import (
     append_only_triggers,
     execute_script,
 )
+from loopcommon.sqlitefile import UnusableFileError, open_sqlite
 from loopcommon.statuspage import ThreadView
 from loopd.errors import LoopdError
 
@@ -157,15 +159,8 @@ class ChatState:
     @classmethod
     def open(cls, path: Path) -> ChatState:
         try:
-            conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
-        except sqlite3.Error as exc:
-            raise ChatStateError(f"chat state {path}: {exc}") from exc
-        try:
-            conn.execute("PRAGMA journal_mode = WAL")
-            conn.execute("PRAGMA synchronous = FULL")
-            MIGRATIONS.apply(conn)
-        except (sqlite3.Error, MigrationError) as exc:
-            conn.close()
+            conn = open_sqlite(path, migrations=MIGRATIONS)
+        except (sqlite3.Error, MigrationError, UnusableFileError) as exc:
             raise ChatStateError(f"chat state {path}: {exc}") from exc
         return cls(path, conn)
 

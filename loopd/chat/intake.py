@@ -30,7 +30,7 @@ class Action(StrEnum):
 
 
 @dataclass(frozen=True)
-class Decision:
+class PostDecision:
     """``outsiders``: for a refusal, the usernames that are not allowed (the author, or the
     members of a group message), so the refusal names them without parsing ``reason``."""
 
@@ -104,45 +104,47 @@ def decide(
     stop_word: str = "stop",
     replies_need_mention: bool = False,
     group_outsiders: Collection[str] = (),
-) -> Decision:
+) -> PostDecision:
     """What to do with ``post``. ``thread_known``: loopd has a session for the post's thread;
     ``post_known``: this post id is already stored; ``replies_need_mention``: the thread policy
     ``mentions`` (channel threads answer only replies that mention the bot); ``group_outsiders``:
     for a group message, the members who are not allowed."""
     skip = _not_a_user_post(post, author, bot)
     if skip is not None:
-        return Decision(Action.IGNORE, skip)
+        return PostDecision(Action.IGNORE, skip)
     root = post.thread_root
     if post_known:
         if post.edit_at > 0:
-            return Decision(Action.EDIT_NOTICE, "edit of a post already read", root)
-        return Decision(Action.IGNORE, "already stored")
+            return PostDecision(Action.EDIT_NOTICE, "edit of a post already read", root)
+        return PostDecision(Action.IGNORE, "already stored")
     in_thread = bool(post.root_id) and thread_known
     mentioned = mentions(post.message, bot.username)
     addressed = channel.is_direct or mentioned
     stop = in_thread and is_stop(post.message, stop_word, bot.username)
     if in_thread and replies_need_mention and not (addressed or stop):
-        return Decision(Action.IGNORE, "a reply without a mention (thread policy: mentions)")
+        return PostDecision(Action.IGNORE, "a reply without a mention (thread policy: mentions)")
     if not (in_thread or addressed):
-        return Decision(Action.IGNORE, "not addressed to the bot")
+        return PostDecision(Action.IGNORE, "not addressed to the bot")
     if not allow.allows_user(author):
         if addressed:
-            return Decision(
+            return PostDecision(
                 Action.REFUSE, f"@{author.username} is not allowed", root, (author.username,)
             )
-        return Decision(Action.IGNORE, f"@{author.username} is not allowed")
+        return PostDecision(Action.IGNORE, f"@{author.username} is not allowed")
     if not allow.allows_channel(channel, team_name, group_outsiders):
         if channel.is_group:
             outsiders = tuple(sorted(group_outsiders))
             names = ", ".join(f"@{name}" for name in outsiders)
             reason = f"group message with members not allowed: {names}"
-            return Decision(Action.REFUSE, reason, root, outsiders)
-        return Decision(Action.REFUSE, f"channel {channel.name} is not allowed", root)
+            return PostDecision(Action.REFUSE, reason, root, outsiders)
+        return PostDecision(Action.REFUSE, f"channel {channel.name} is not allowed", root)
     if stop:
-        return Decision(Action.STOP, f"stop requested by @{author.username}", root)
+        return PostDecision(Action.STOP, f"stop requested by @{author.username}", root)
     if in_thread or (thread_known and not post.root_id):
-        return Decision(Action.REPLY, "a message in a thread of the bot", root)
-    return Decision(Action.START, "a direct message" if channel.is_direct else "a mention", root)
+        return PostDecision(Action.REPLY, "a message in a thread of the bot", root)
+    return PostDecision(
+        Action.START, "a direct message" if channel.is_direct else "a mention", root
+    )
 
 
 def _not_a_user_post(post: Post, author: User, bot: User) -> str | None:

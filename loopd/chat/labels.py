@@ -16,6 +16,8 @@ from loopd.chat.model import Channel, User
 
 FIRST_WORDS_CHARS: Final = 80
 NAME_CHARS: Final = 64
+DIRECT_MESSAGE: Final = "direct message"  # the channel of a thread in a direct message
+GROUP_MESSAGE: Final = "group message"
 # How the log writes a post as a user message (``loopd.chat.adapter.user_text``): its author
 # first, ``@username: message``, so the model knows who speaks.
 AUTHOR: Final = re.compile(r"^@([^\s:]+): ")
@@ -30,9 +32,9 @@ def author_of(content: str) -> str | None:
 def thread_label(root_id: str, channel: Channel, author: User, message: str) -> ThreadView:
     """The label of the thread ``root_id``, from the post that brought it (by ``author``)."""
     if channel.is_direct:
-        where = "direct message"
+        where = DIRECT_MESSAGE
     elif channel.is_group:
-        where = "group message"
+        where = GROUP_MESSAGE
     else:
         where = "~" + channel.name[:NAME_CHARS]
     return ThreadView(

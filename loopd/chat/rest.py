@@ -10,17 +10,24 @@ mentions (``loopd.chat.mentions``): an answer, a status post, a tool line, a ref
 that names ``@channel`` notifies nobody, and one that names a person notifies them only where the
 thread's people asked for it (``mentionable``, which the threads keep up to date; a thread not
 in it mentions nobody).
+
+Every answer's body is read within a bound (``loopcommon.bodies``): an error's first
+``ERROR_PREFIX_BYTES`` (then the connection is closed), any other answer up to
+``max_answer_bytes`` (``ANSWER_MAX_BYTES``: a page of a thousand posts of Mattermost's largest
+size fits), past which the call fails with one line.
 """
 
 from __future__ import annotations
 
+import json
 import logging
-from typing import Any
+from typing import Any, Final
 
 import httpx
 from tenacity import AsyncRetrying, retry_if_exception
 
 from loopcommon.backoff import Backoff
+from loopcommon.bodies import ERROR_PREFIX_BYTES, error_text, read_at_most
 from loopcommon.retry import retrying
 from loopd.chat.mentions import defuse
 from loopd.chat.model import (
@@ -39,6 +46,7 @@ log = logging.getLogger("loopd.chat.rest")
 
 SINCE_CAP = 1000  # GetPostsSince returns at most this many rows
 PAGE = 200
+ANSWER_MAX_BYTES: Final = 64 * 1024 * 1024
 
 
 class MattermostError(LoopdError):
@@ -92,8 +100,10 @@ class MattermostClient:
         retry_for_s: float = 180.0,
         backoff_s: float = 0.5,
         backoff_cap_s: float = 30.0,
+        max_answer_bytes: int = ANSWER_MAX_BYTES,
     ) -> None:
         self.http = http
+        self.max_answer_bytes = max_answer_bytes
         # Per thread (root post id): the names its posts may mention (``loopd.chat.mentions``).
         self.mentionable: dict[str, frozenset[str]] = {}
         self.retry_for_s = retry_for_s
@@ -108,15 +118,15 @@ class MattermostClient:
     ) -> Any:
         """One API call, retried through transient failures (for ``retry_for_s``, the client's
         window by default; 0 for a single attempt); the decoded JSON answer."""
-        response = await self._retried(method, path, what, retry_for_s, **kwargs)
+        status, body = await self._retried(method, path, what, retry_for_s, **kwargs)
         try:
-            return response.json()
-        except ValueError as exc:
-            raise MattermostError(what, response.status_code, "the answer is not JSON") from exc
+            return json.loads(body)
+        except (ValueError, RecursionError) as exc:
+            raise MattermostError(what, status, "the answer is not JSON") from exc
 
     async def _retried(
         self, method: str, path: str, what: str, retry_for_s: float | None, **kwargs: Any
-    ) -> httpx.Response:
+    ) -> tuple[int, bytes]:
         try:
             async for attempt in self._retrying(retry_for_s):
                 with attempt:
@@ -136,20 +146,30 @@ class MattermostClient:
             before_sleep=lambda state: METRICS.retried("mattermost"),
         )
 
-    async def _once(self, method: str, path: str, what: str, **kwargs: Any) -> httpx.Response:
+    async def _once(self, method: str, path: str, what: str, **kwargs: Any) -> tuple[int, bytes]:
+        """One attempt: a 2xx answer's status and body, read within its bound."""
         try:
-            response = await self.http.request(method, path, **kwargs)
+            async with self.http.stream(method, path, **kwargs) as response:
+                status = response.status_code
+                if status == 429 or status >= 500:
+                    prefix, cut = await read_at_most(response, ERROR_PREFIX_BYTES)
+                    log.warning("Mattermost %s answered %d; retrying", what, status)
+                    detail = f"{status} {error_text(prefix, cut=cut, chars=200)}"
+                    raise _Transient(detail, _retry_after(response))
+                if status >= 400:
+                    prefix, cut = await read_at_most(response, ERROR_PREFIX_BYTES)
+                    raise MattermostError(what, status, _error_message(prefix, cut=cut))
+                body, cut = await read_at_most(response, self.max_answer_bytes)
         except httpx.TransportError as exc:
             log.warning("Mattermost %s: %s", what, exc or type(exc).__name__)
             raise _Transient(f"{type(exc).__name__}: {exc}") from exc
-        status = response.status_code
-        if status == 429 or status >= 500:
-            retry_after = _retry_after(response)
-            log.warning("Mattermost %s answered %d; retrying", what, status)
-            raise _Transient(f"{status} {response.text[:200]}", retry_after)
-        if status >= 400:
-            raise MattermostError(what, status, _error_message(response))
-        return response
+        if cut:
+            raise MattermostError(
+                what,
+                status,
+                f"the answer passed {self.max_answer_bytes:,} bytes; it was not read on",
+            )
+        return status, body
 
     # -- typed calls -----------------------------------------------------------------------------
 
@@ -263,8 +283,8 @@ class MattermostClient:
                 if status == 429 or status >= 500:
                     raise _Transient(f"{status}", _retry_after(response))
                 if status >= 400:
-                    await response.aread()
-                    raise MattermostError(what, status, _error_message(response))
+                    prefix, cut = await read_at_most(response, ERROR_PREFIX_BYTES)
+                    raise MattermostError(what, status, _error_message(prefix, cut=cut))
                 head = bytearray()
                 async for chunk in response.aiter_bytes():
                     head += chunk
@@ -316,11 +336,12 @@ def _retry_after(response: httpx.Response) -> float | None:
         return None
 
 
-def _error_message(response: httpx.Response) -> str:
+def _error_message(prefix: bytes, *, cut: bool) -> str:
+    """Mattermost's ``message`` from an error answer's first bytes, else their text."""
     try:
-        body = response.json()
-    except ValueError:
-        return response.text[:200]
+        body = json.loads(prefix)
+    except (ValueError, RecursionError):
+        return error_text(prefix, cut=cut, chars=200)
     if isinstance(body, dict) and body.get("message"):
-        return str(body["message"])
-    return response.text[:200]
+        return str(body["message"])[:1000]
+    return error_text(prefix, cut=cut, chars=200)

@@ -29,7 +29,8 @@ from tenacity import RetryCallState, retry_if_exception
 from loopcommon.backoff import Backoff
 from loopcommon.errors import DaemonError
 from loopcommon.retry import retrying
-from loopd.approval import Asker
+from loopd.approvals.call import Asker
+from loopd.approvals.deciders import Deciders, may_decide
 from loopd.chat.approvals import Questions
 from loopd.chat.config import ChatSettings
 from loopd.chat.cursor import ChatState, ChatStateError
@@ -196,7 +197,7 @@ def answering_seq(entries: list[Entry]) -> int:
 @dataclass
 class _Running:
     posts: TurnPosts
-    requesters: frozenset[str]
+    deciders: Deciders  # who may stop it and decide on its calls
     answering_seq: int
     scope: anyio.CancelScope = field(default_factory=anyio.CancelScope)
     stopped_by: str | None = None
@@ -368,10 +369,11 @@ class Threads:
             stop_hint=self._stop_hint(),
         )
         await posts.open()
-        running = _Running(posts, requesters(entries), answering_seq(entries))
+        deciders = Deciders.of(requesters(entries), self.settings.admins)
+        running = _Running(posts, deciders, answering_seq(entries))
         self._running[name] = running
-        # A call that waits for a person's approval asks in this thread (loopd.approval).
-        asker = self.questions.asker(self.outbox, name, channel, root_of(name), running.requesters)
+        # A call that waits for a person's approval asks in this thread (loopd.approvals).
+        asker = self.questions.asker(self.outbox, name, channel, root_of(name), deciders)
         outcome: TurnOutcome | None = None
         try:
             async with anyio.create_task_group() as tg:
@@ -501,8 +503,7 @@ class Threads:
         running = self._running.get(session)
         if running is None or running.ended:
             return StopResult.NOTHING_RUNNING
-        admins = set(self.settings.admins)
-        if who not in running.requesters and not ({who, who_id} & admins):
+        if not may_decide(running.deciders, who, who_id):
             return StopResult.NOT_ALLOWED
         # Durable before the cancel: killed before the turn records the stop, loopd still knows
         # on its next start that this turn must not run again (``resume_all``).
@@ -513,7 +514,7 @@ class Threads:
 
     def owners(self, session: str) -> frozenset[str]:
         running = self._running.get(session)
-        return running.requesters if running is not None else frozenset()
+        return running.deciders.people if running is not None else frozenset()
 
     def stop_by_post(self, post_id: str, who: str, who_id: str = "") -> StopResult:
         """A stop reaction on a turn's status post or answer post."""

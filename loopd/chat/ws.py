@@ -4,7 +4,10 @@ The upgrade carries the ``Authorization`` header (the chat proxy adds it; a deve
 otherwise), never the authentication challenge, which would put the token in a frame. Every
 event's ``seq`` must be one more than the last; a skipped seq closes the socket (4001) so that
 the caller reconnects and catches up, a repeated one is dropped. A ping with no reply by the next
-ping closes it too (4000): a dead proxy hop looks exactly like that.
+ping closes it too (4000): a dead proxy hop looks exactly like that. A message larger than
+``MAX_MESSAGE_BYTES`` (far above any event: a post is at most tens of kilobytes) is refused before
+it is read, and the socket closed (1009), so the caller reconnects and catches up by REST, whose
+answers are bounded too (``loopd.chat.rest``).
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ log = logging.getLogger("loopd.chat.ws")
 
 SEQ_MISMATCH = 4001
 PING_TIMEOUT = 4000
+MAX_MESSAGE_BYTES = 16 * 1024 * 1024
 
 
 class SocketLost(LoopdError):
@@ -227,7 +231,7 @@ async def open_socket(
         "additional_headers": headers,
         "open_timeout": hello_timeout_s,
         "ping_interval": None,  # the server pings; websockets answers them by itself
-        "max_size": None,
+        "max_size": MAX_MESSAGE_BYTES,
         "origin": None,
     }
     opener = (

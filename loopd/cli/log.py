@@ -25,7 +25,7 @@ from loopd.sessionlog.backup import backup_state, restore_state
 from loopd.sessionlog.errors import LogError, UnknownSessionError
 from loopd.sessionlog.reading import existing_log
 from loopd.sessionlog.records import Entry
-from loopd.sessionlog.search import DEFAULT_LIMIT, search_log
+from loopd.sessionlog.search import DEFAULT_LIMIT, SearchIndexError, search_log
 from loopd.sessionlog.searchtext import EmptyQueryError
 from loopd.sessionlog.verify import verify
 from loopd.statedir import check_state_dir
@@ -157,7 +157,7 @@ def search_entries(
     The index beside the log is brought up to date first; the log itself is only read."""
     try:
         hits = search_log(db_path, words, limit=limit, session=session)
-    except (EmptyQueryError, LogError) as exc:
+    except (EmptyQueryError, LogError, SearchIndexError) as exc:
         err.write(f"loopd: log search: {exc}\n")
         return EXIT_CANNOT
     if not hits:

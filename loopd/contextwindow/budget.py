@@ -73,7 +73,7 @@ class BudgetRules:
         return max(min(self.summary_max_tokens, n_ctx // 16), 32)
 
 
-class Verdict(StrEnum):
+class BudgetVerdict(StrEnum):
     FITS = "fits"
     COUNT_EXACTLY = "count exactly"  # the upper bound is over: ask the server for the real size
     COMPACT = "compact"
@@ -81,7 +81,7 @@ class Verdict(StrEnum):
 
 def judge(
     prompt_tokens: int, n_ctx: int, rules: BudgetRules, *, turn_start: bool, exact: bool
-) -> Verdict:
+) -> BudgetVerdict:
     """What to do before a request whose prompt is ``prompt_tokens`` (exact, or an upper bound).
 
     At a turn's start the threshold applies; within a turn only the hard limit (the prompt and
@@ -92,8 +92,8 @@ def judge(
     else:
         over = prompt_tokens + rules.answer_room(n_ctx) + rules.margin > n_ctx
     if not over:
-        return Verdict.FITS
-    return Verdict.COMPACT if exact else Verdict.COUNT_EXACTLY
+        return BudgetVerdict.FITS
+    return BudgetVerdict.COMPACT if exact else BudgetVerdict.COUNT_EXACTLY
 
 
 def upper_bound_tokens(text: str) -> int:

@@ -29,8 +29,8 @@ from loopd.contextwindow import pool
 from loopd.contextwindow.budget import (
     MESSAGE_OVERHEAD,
     BudgetRules,
+    BudgetVerdict,
     ServerBudget,
-    Verdict,
     estimate_prompt,
     fit_input,
     input_cap,
@@ -300,10 +300,10 @@ class Compactor:
         turn_start = kind is RequestKind.TURN
         size = await self.size(turn, epoch)
         verdict = judge(size.tokens, n_ctx, self.rules, turn_start=turn_start, exact=size.exact)
-        if verdict is Verdict.COUNT_EXACTLY:
+        if verdict is BudgetVerdict.COUNT_EXACTLY:
             size = Size(await self._count_exactly(turn, epoch), exact=True)
             verdict = judge(size.tokens, n_ctx, self.rules, turn_start=turn_start, exact=True)
-        if verdict is not Verdict.COMPACT:
+        if verdict is not BudgetVerdict.COMPACT:
             return None
         has_turns = turn.log.latest_request(turn.session, epoch=epoch.number, kinds=_TURN_KINDS)
         if (

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-from loopd.approval import Asker
+from loopd.approvals.call import Asker
 from loopd.config import EndpointSettings, Settings
 from loopd.contextwindow.budget import BudgetRules, ServerBudget
 from loopd.contextwindow.compaction import Compactor

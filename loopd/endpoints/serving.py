@@ -5,8 +5,8 @@ The servers are the ``[[endpoint]]`` tables, or the shorthand's one server (a fl
 session waits for its slot there (FIFO behind the other sessions of the slot, ``loopd.scheduler``),
 every prewarm on that server gives way, and the turn is built from the server as it is known now
 (``build_turn``). A wait for a person's approval hands the slot to the next session meanwhile
-(``loopd.approval.Stepped``). After a compaction, where sessions are pinned, the session is wanted
-for a prewarm once another has used its slot (``loopd.endpoints.warm``).
+(``loopd.approvals.call.Stepped``). After a compaction, where sessions are pinned, the session is
+wanted for a prewarm once another has used its slot (``loopd.endpoints.warm``).
 
 When a turn ends without an answer in a way that shows its server dead, not busy
 (``health.endpoint_dead``: nothing answers, or the stream was cut and ``/health`` no longer
@@ -32,7 +32,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from loopcommon.errors import DaemonError
-from loopd.approval import Asker, Stepped
+from loopd.approvals.call import Asker, Stepped
 from loopd.config import SHORTHAND_ENDPOINT, Settings
 from loopd.endpoints.fleet import Fleet
 from loopd.endpoints.health import endpoint_dead, needs_health_check

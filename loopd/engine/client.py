@@ -9,6 +9,12 @@ client sees httpx.
 
 A streamed answer is a ``ChatStream``: its body as chunks of bytes, or, wrapped in an
 ``EventStream``, as batches of typed events.
+
+Every read of a body is bounded in bytes (``loopcommon.bodies``): an error answer is read up to
+``ERROR_PREFIX_BYTES`` (enough for the server's envelope) and the connection closed; a small
+call's answer, and a streamed answer read whole, up to ``ANSWER_MAX_BYTES`` (far above a
+``/slots`` or ``/props``); a stream's unfinished event up to the SSE decoder's bound
+(``loopd.wire.sse``). A server that sends more gets one line saying so, not loopd's memory.
 """
 
 from __future__ import annotations
@@ -18,11 +24,12 @@ from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
 from enum import Enum
-from typing import Any, Protocol
+from typing import Any, Final, Protocol
 
 import anyio
 import httpx
 
+from loopcommon.bodies import ERROR_PREFIX_BYTES, error_text, read_at_most
 from loopcommon.transport import AsyncioTransport
 from loopd.engine.liveness import slot_busy
 from loopd.engine.thinkcap import control_answer
@@ -41,6 +48,7 @@ CHAT_PATH = "/v1/chat/completions"
 CONTROL_PATH = "/v1/chat/completions/control"
 # A save or restore writes or reads the whole state: far more than a small call's wait.
 SLOT_FILE_WAIT_S = 120.0
+ANSWER_MAX_BYTES: Final = 16 * 1024 * 1024  # a whole answer read at once (/slots, /props, ...)
 
 
 @dataclass(frozen=True)
@@ -72,19 +80,21 @@ def make_async_client(url: str, connect_s: float) -> httpx.AsyncClient:
         transport=AsyncioTransport(limits=limits, uds=uds),
         base_url="http://llama-server" if uds is not None else url,
         timeout=timeout,
+        # Bodies are read as sent (``aiter_raw``), so that what is bounded is what arrives.
+        headers={"Accept-Encoding": "identity"},
         event_hooks=inference_hooks(),
     )
 
 
-def error_message(body: bytes) -> tuple[str, str]:
-    """(message, type) from the server's ``{"error": {...}}`` envelope, or the raw text."""
+def error_message(body: bytes, *, cut: bool = False) -> tuple[str, str]:
+    """(message, type) from the server's ``{"error": {...}}`` envelope, or the raw text;
+    ``cut``: ``body`` is the first bytes of a longer answer (``error_text`` says so)."""
     try:
         obj = json.loads(body)
         err = obj["error"]
         return str(err.get("message", "")), str(err.get("type", ""))
-    except (ValueError, KeyError, TypeError, AttributeError):
-        text = body.decode("utf-8", "replace").strip()
-        return (text[:300] or "(empty body)"), ""
+    except (ValueError, KeyError, TypeError, AttributeError, RecursionError):
+        return error_text(body, cut=cut), ""
 
 
 class _Stage(Enum):
@@ -156,8 +166,19 @@ class ChatStream:
                 return
 
     async def aread(self) -> bytes:
+        """The whole body, up to ``ANSWER_MAX_BYTES`` (``StreamBroken`` past it)."""
         with _mapped(self._url, _Stage.READ):
-            return await self._response.aread()
+            body, cut = await read_at_most(self._response, ANSWER_MAX_BYTES)
+        if cut:
+            raise StreamBroken(
+                f"the answer from {self._url} passed {ANSWER_MAX_BYTES:,} bytes; it was closed"
+            )
+        return body
+
+    async def error_prefix(self) -> tuple[bytes, bool]:
+        """The first ``ERROR_PREFIX_BYTES`` of an error answer, and whether there was more."""
+        with _mapped(self._url, _Stage.READ):
+            return await read_at_most(self._response, ERROR_PREFIX_BYTES)
 
 
 class EventStream:
@@ -200,24 +221,55 @@ class InferenceClient:
     async def __aexit__(self, *exc: object) -> None:
         await self.aclose()
 
-    async def _get_json(self, path: str, params: dict[str, str], wait_s: float) -> Any:
+    async def _call(
+        self,
+        method: str,
+        path: str,
+        wait_s: float,
+        *,
+        params: dict[str, str] | None = None,
+        body: dict[str, Any] | None = None,
+    ) -> tuple[int, bytes]:
+        """A small call: its status and its body, bounded (``read_at_most``): an error's first
+        ``ERROR_PREFIX_BYTES``, an answer up to ``ANSWER_MAX_BYTES`` (``ServerRejected`` past
+        it)."""
         with _mapped(self.url, _Stage.CALL):
-            response = await self._http.get(path, params=params, timeout=wait_s)
-        return self._json(response, path)
+            request = self._http.build_request(
+                method, path, params=params, json=body, timeout=wait_s
+            )
+            response = await self._http.send(request, stream=True)
+            try:
+                status = response.status_code
+                limit = ANSWER_MAX_BYTES if status == 200 else ERROR_PREFIX_BYTES
+                content, cut = await read_at_most(response, limit)
+            finally:
+                await response.aclose()
+        if status != 200:
+            message, kind = error_message(content, cut=cut)
+            raise ServerRejected(self.url, status, message, kind)
+        if cut:
+            raise ServerRejected(
+                self.url, 200, f"{path} answered more than {limit:,} bytes; the answer was dropped"
+            )
+        return status, content
 
-    def _json(self, response: httpx.Response, path: str) -> Any:
-        if response.status_code != 200:
-            message, kind = error_message(response.content)
-            raise ServerRejected(self.url, response.status_code, message, kind)
+    async def _get_json(self, path: str, params: dict[str, str], wait_s: float) -> Any:
+        _, content = await self._call("GET", path, wait_s, params=params)
+        return self._json(content, path)
+
+    def _json(self, content: bytes, path: str) -> Any:
         try:
-            return response.json()
-        except ValueError as exc:
+            return json.loads(content)
+        except (ValueError, RecursionError) as exc:
             raise ServerRejected(self.url, 200, f"{path} answered non-JSON") from exc
 
     async def health(self, wait_s: float | None = None) -> bool:
-        """True when ``/health`` answers 200 (the router's own health in router mode)."""
+        """True when ``/health`` answers 200 (the router's own health in router mode); its body
+        is not read."""
         with _mapped(self.url, _Stage.CALL):
-            response = await self._http.get("/health", timeout=wait_s or self.connect_s)
+            request = self._http.build_request("GET", "/health", timeout=wait_s or self.connect_s)
+            response = await self._http.send(request, stream=True)
+            await response.aclose()
         return response.status_code == 200
 
     async def slots(self, wait_s: float | None = None) -> list[dict[str, Any]]:
@@ -244,9 +296,8 @@ class InferenceClient:
         return data if isinstance(data, dict) else {}
 
     async def post_json(self, path: str, body: dict[str, Any], wait_s: float) -> Any:
-        with _mapped(self.url, _Stage.CALL):
-            response = await self._http.post(path, json=body, timeout=wait_s)
-        return self._json(response, path)
+        _, content = await self._call("POST", path, wait_s, body=body)
+        return self._json(content, path)
 
     async def control_reasoning_end(self, completion_id: str) -> dict[str, Any]:
         """Ask the server to end the running completion's thinking (``loopd.engine.thinkcap``)."""
@@ -282,11 +333,10 @@ class InferenceClient:
     ) -> SlotFile:
         path = f"/slots/{slot}"
         body = {"filename": filename, "model": self.model}
-        with _mapped(self.url, _Stage.CALL):
-            response = await self._http.post(
-                path, params={"action": action}, json=body, timeout=SLOT_FILE_WAIT_S
-            )
-        data = self._json(response, path)
+        _, content = await self._call(
+            "POST", path, SLOT_FILE_WAIT_S, params={"action": action}, body=body
+        )
+        data = self._json(content, path)
         try:
             timings = data.get("timings") or {}
             return SlotFile(
@@ -316,7 +366,8 @@ class InferenceClient:
         answer = ChatStream(response, self.url)
         try:
             if response.status_code != 200:
-                message, kind = error_message(await answer.aread())
+                prefix, cut = await answer.error_prefix()
+                message, kind = error_message(prefix, cut=cut)
                 raise ServerRejected(self.url, response.status_code, message, kind)
             yield answer
         finally:

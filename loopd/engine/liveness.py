@@ -14,7 +14,8 @@ nothing) and asks these rules what each poll means:
 - any answer from ``/health`` counts as alive: a router loading a model answers 503. A 503 to the
   request itself is waited out the same way (``worth_waiting_out``).
 
-After the first byte every event is life; the silence limit alone rules then.
+After the first byte every event but a keep-alive ping is life; the silence limit alone rules
+then (``loopd.engine.stream``).
 """
 
 from __future__ import annotations
@@ -116,7 +117,7 @@ class TimedOut:
     why: str
 
 
-Verdict = Waiting | Queued | Stuck | Gone
+LivenessVerdict = Waiting | Queued | Stuck | Gone
 
 
 def slot_busy(slots: Sequence[Mapping[str, Any]], slot: int) -> bool:
@@ -163,7 +164,7 @@ class FirstByteWait:
     slots_refused: bool = False  # /slots refused for good: it is not asked again
     gone: str | None = None
 
-    def polled(self, slots: SlotsAnswer, verdict: Verdict, now: float) -> FirstByteWait:
+    def polled(self, slots: SlotsAnswer, verdict: LivenessVerdict, now: float) -> FirstByteWait:
         wait = replace(
             self,
             stuck=self.stuck or isinstance(verdict, Stuck),

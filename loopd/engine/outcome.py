@@ -15,7 +15,7 @@ from typing import Any
 
 from loopd.engine.cacheloss import Loss
 from loopd.sessionlog.records import Perf, RequestRecord
-from loopd.wire.assemble import Outcome, StreamAssembler
+from loopd.wire.assemble import StreamAssembler, StreamOutcome
 
 
 class Failure(StrEnum):
@@ -70,7 +70,7 @@ class RequestResult:
 
     @property
     def complete(self) -> bool:
-        return self.failure is None and self.assembler.outcome is Outcome.COMPLETE
+        return self.failure is None and self.assembler.outcome is StreamOutcome.COMPLETE
 
     def fail(self, failure: Failure, detail: str) -> None:
         self.failure, self.detail = failure, detail

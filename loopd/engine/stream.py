@@ -2,8 +2,9 @@
 
 Before the first byte the request waits while a watch polls ``/slots`` (and ``/health``), each
 poll under its own short timeout; ``loopd.engine.liveness`` judges each poll (queued, stuck, gone)
-and the end of the wait. After the first byte every event is life (progress events included);
-``silence_s`` without any closes the connection, which cancels the generation on the server.
+and the end of the wait. After the first byte every event is life (progress events included),
+but not a keep-alive ping, nor bytes that complete no event; ``silence_s`` without any event
+closes the connection, which cancels the generation on the server.
 Both are measured in tests/contract/test_contract_stream.py:
 ``test_i_progress_events_break_the_prefill_silence`` and
 ``test_l_closing_the_stream_frees_the_slot_within_a_second``. After each chunk's events
@@ -33,6 +34,7 @@ from loopd.engine.limits import Limits
 from loopd.engine.liveness import (
     FirstByteWait,
     Gone,
+    LivenessVerdict,
     Queued,
     SlotsAnswer,
     SlotsFailed,
@@ -42,7 +44,6 @@ from loopd.engine.liveness import (
     SlotsRefused,
     Stuck,
     TimedOut,
-    Verdict,
     Waiting,
     health_verdict,
     no_first_byte,
@@ -65,6 +66,7 @@ from loopd.wire.events import (
     ContentDelta,
     Done,
     Foreign,
+    KeepAlive,
     Malformed,
     Progress,
     ReasoningDelta,
@@ -161,7 +163,7 @@ class _SlotWatch:
         """The first byte came, or the wait ended otherwise: close the queued stretch."""
         self.wait = self.wait.ended(time.monotonic())
 
-    async def _verdict(self, answer: SlotsAnswer) -> Verdict:
+    async def _verdict(self, answer: SlotsAnswer) -> LivenessVerdict:
         if isinstance(answer, SlotsListed):
             # A request the server places waits only while every slot is busy.
             return slots_verdict(answer.slots, None if self.slot == ANY_SLOT else self.slot)
@@ -192,7 +194,7 @@ class _SlotWatch:
         return False
 
 
-_WAIT_PHASES: dict[type[Verdict], Phase] = {
+_WAIT_PHASES: dict[type[LivenessVerdict], Phase] = {
     Waiting: Phase.WAITING,
     Queued: Phase.QUEUED,
     Stuck: Phase.STUCK,
@@ -338,10 +340,12 @@ class _Reader:
         self.cap = ThinkCap(limits.think_cap, limits.think_grace)
 
     async def read(self) -> None:
-        # One deadline for the whole stream, moved on by the chunks (a scope per read costs
-        # more than the read itself on a fast model), and moved at most once per ``slack``
-        # (each move reschedules the event loop's timer): the limit fires between silence_s and
-        # silence_s + slack after the last chunk, never before.
+        # One deadline for the whole stream, moved on by the chunks that complete an event (a
+        # scope per read costs more than the read itself on a fast model), and moved at most
+        # once per ``slack`` (each move reschedules the event loop's timer): the limit fires
+        # between silence_s and silence_s + slack after the last event, never before. Bytes
+        # that complete no event, and keep-alive pings (the server's own "nothing to say"), are
+        # not life: a drip of them must not hold the slot.
         silence_s = self.limits.silence_s
         slack = min(SILENCE_SLACK_S, silence_s / 10)
         with anyio.CancelScope(deadline=anyio.current_time() + silence_s + slack) as silence:
@@ -351,6 +355,8 @@ class _Reader:
                     return
                 if not await self._follow_cap(silence):
                     return
+                if not _alive(events):
+                    continue
                 now = anyio.current_time()
                 if silence.deadline < now + silence_s:
                     silence.deadline = now + silence_s + slack
@@ -410,6 +416,14 @@ class _Reader:
                 )
                 return False
         return True
+
+
+def _alive(events: list[StreamEvent]) -> bool:
+    """Whether a chunk's events say the request is alive: any event but a keep-alive ping."""
+    # The first event decides on the hot path (a token's chunk); a ping comes alone.
+    return bool(events) and (
+        type(events[0]) is not KeepAlive or any(type(e) is not KeepAlive for e in events)
+    )
 
 
 def _report_event(event: StreamEvent, asm: StreamAssembler, report: StatusThrottle) -> None:

@@ -35,7 +35,7 @@ class Close:
     why: str
 
 
-Decision = Continue | SendControl | Close
+CapDecision = Continue | SendControl | Close
 
 
 @dataclass(frozen=True)
@@ -45,7 +45,7 @@ class ThinkCap:
 
     def decide(
         self, thinking_tokens: int, *, answering: bool, control_answer: str | None
-    ) -> Decision:
+    ) -> CapDecision:
         """What to do after the events read so far. ``answering``: content or a tool call has
         begun, so thinking is over; ``control_answer``: what the control call got, None when it
         was not sent."""

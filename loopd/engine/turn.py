@@ -28,7 +28,7 @@ from tenacity import RetryCallState, retry_if_result
 from loopcommon.backoff import Backoff
 from loopcommon.jsonbytes import dumps
 from loopcommon.retry import retrying
-from loopd.approval import Asker
+from loopd.approvals.call import Asker
 from loopd.contextwindow import pool
 from loopd.contextwindow.budget import ServerBudget
 from loopd.engine import recorder, repeats

@@ -4,13 +4,17 @@ The hooks in the engine, the chat adapter and the runtime are one call each (``M
 what a record means for which metric is decided here. Label values are bounded: request kinds,
 outcomes and loss causes come from loopd's own enums, tool names from the tools file (anything
 else the model calls is ``unknown``), Mattermost events from the list below (the rest ``other``),
-slots from ``LOOPD_SLOTS``. The state that is read rather than counted (busy slots, live turns)
-is collected at scrape time from the runtime (``loopd.observe.server``).
+slots from ``LOOPD_SLOTS``; the usage's people and channels (``loopd.observe.usage``) through a
+``LabelFold`` each: the configured channels, then the largest of the rest up to a number, the
+others summed as ``(other)`` and counted in ``loopd_usage_folded_labels``. The state that is read
+rather than counted (busy slots, live turns) is collected at scrape time from the runtime
+(``loopd.observe.server``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Collection
+import logging
+from collections.abc import Collection, Mapping
 from typing import Final
 
 from prometheus_client import (
@@ -50,6 +54,9 @@ MM_EVENTS: Final = frozenset(
 REQUEST_OUTCOMES: Final = frozenset({"complete", "broken", "cancelled"})
 TURN_OUTCOMES: Final = ("answered", "failed", "cancelled")
 _LOSS_NAMES: Final = {cause.value: cause.name.lower() for cause in LossCause}
+FOLDED: Final = "(other)"  # a label's values past its bound, summed (no username has brackets)
+
+log = logging.getLogger(__name__)
 # A counter's ``_created`` series doubles what a scrape carries and no dashboard or rule reads it.
 disable_created_metrics()  # type: ignore[no-untyped-call]
 
@@ -249,6 +256,44 @@ class LoopdMetrics:
         """``target``: ``inference`` (a model request sent again) or ``mattermost`` (a REST
         call)."""
         self.retries.labels(target).inc()
+
+
+class LabelFold:
+    """A label's values, bounded: the ``fixed`` ones, and up to ``top`` others, the largest
+    first, taken as they are first seen; every value after those is ``FOLDED``. A value once
+    named keeps its name and one folded stays folded, so a counter's series never moves from one
+    label value to another (a counter that went down would read as a reset)."""
+
+    def __init__(self, name: str, top: int, fixed: Collection[str] = ()) -> None:
+        self.name = name
+        self.top = top
+        self.fixed = frozenset(fixed)
+        self._named: set[str] = set()
+        self._folded: set[str] = set()
+
+    def labels(self, sizes: Mapping[str, float]) -> dict[str, str]:
+        """Each value of ``sizes`` (a value: how much it weighs, to rank new ones) to its
+        label value."""
+        new = [v for v in sizes if v not in self.fixed | self._named | self._folded]
+        for value in sorted(new, key=lambda v: (-sizes[v], v)):
+            if len(self._named) < self.top:
+                self._named.add(value)
+            else:
+                if not self._folded:
+                    log.warning(
+                        "usage metrics: more than %d values of %s; the rest are summed as %s "
+                        "(loopd_usage_folded_labels counts them)",
+                        self.top,
+                        self.name,
+                        FOLDED,
+                    )
+                self._folded.add(value)
+        return {v: FOLDED if v in self._folded else v for v in sizes}
+
+    @property
+    def folded(self) -> int:
+        """How many values are summed as ``FOLDED``."""
+        return len(self._folded)
 
 
 def tool_label(name: str, known: Collection[str]) -> str:

@@ -128,9 +128,14 @@ def create_app(
     """``threads``: the Mattermost threads' labels by session name, read at each page."""
     state = CollectorRegistry(auto_describe=True)
     state.register(RuntimeCollector(runtime, clock))
-    state.register(UsageCollector(runtime.log, threads, local_user()))
+    channels = runtime.settings.mm.allowed_channels
+    usage = UsageCollector(runtime.log, threads, local_user(), channels)
+    state.register(usage)
 
     async def metrics_page(request: Request) -> Response:
+        # The usage is read from the session log: in a worker thread, off the loop that reads
+        # model streams and Mattermost's WebSocket.
+        await anyio.to_thread.run_sync(usage.refresh)
         body = generate_latest(metrics.registry) + generate_latest(state)
         return Response(body, media_type=CONTENT_TYPE_LATEST)
 

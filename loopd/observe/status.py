@@ -11,21 +11,28 @@ from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Final
 
-from loopcommon.statuspage import LiveView, SessionView, SlotView, StatusSnapshot, ThreadView
+from loopcommon.statuspage import (
+    MAX_SESSIONS,
+    PLOT_POINTS,
+    LiveView,
+    SessionView,
+    SlotView,
+    StatusSnapshot,
+    ThreadView,
+    bounded,
+)
 from loopd.observe.perfsummary import summarize
 from loopd.sessionlog.records import Request, RequestKind
 from loopd.sessions import Runtime
 
-PLOT_POINTS: Final = 60  # the latest requests a session's plot shows
-MAX_SESSIONS: Final = 50  # the most recently active sessions listed
 PREWARM_PREFIX: Final = "prewarm:"  # the scheduler holds a slot for a prewarm under this name
 
 
 def snapshot(
     runtime: Runtime, now: float | None = None, threads: Mapping[str, ThreadView] = {}
 ) -> StatusSnapshot:
-    """What the page shows, read from the runtime now; ``threads``: the Mattermost threads'
-    labels, by session name."""
+    """What the page shows, read from the runtime now, within the page's bounds
+    (``statuspage.bounded``); ``threads``: the Mattermost threads' labels, by session name."""
     wall = time.time() if now is None else now
     live = runtime.live.all()
     phases = {turn.session: turn.phase for turn in live}
@@ -49,13 +56,14 @@ def snapshot(
         for s in runtime.log.sessions()
     ]
     sessions.sort(key=lambda v: (v.phase is not None, v.last_turn_at or ""), reverse=True)
-    return StatusSnapshot(
+    snap = StatusSnapshot(
         generated_at=_stamp(wall),
         model=", ".join(server.endpoint.model for server in runtime.endpoints.servers.values()),
         slots=tuple(slots),
         live=live_views,
         sessions=tuple(sessions[:MAX_SESSIONS]),
     )
+    return bounded(snap)
 
 
 def session_view(

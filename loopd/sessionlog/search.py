@@ -8,6 +8,11 @@ layout (``INDEX_VERSION``), or whose last entry the log does not hold as it was 
 replaced log) is built again from the log. A state folder loopd may not write in gets an index in
 memory, for that search only. Deleting ``search.db`` costs one rebuild.
 
+The index is a cache: any error from it (a damaged page found mid-search, a full disk while it is
+brought up to date) removes it, builds it again from the log and searches once more, with one log
+line saying so; an error from the log is the log's (``StorageError`` naming ``loopd.db``), and an
+error from the index is never told as one.
+
 The log is opened read-only (SQLite's ``mode=ro``): a search never writes to it, migrates it, or
 creates it.
 
@@ -19,6 +24,7 @@ join of the FTS table with its content (``loopd.sessionlog.searchtext`` makes th
 from __future__ import annotations
 
 import contextlib
+import logging
 import sqlite3
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -28,10 +34,14 @@ from urllib.parse import quote
 from sqlite_utils import Database
 from sqlite_utils.db import Table
 
+from loopcommon.sqlitefile import UnusableFileError, open_sqlite
+from loopd.errors import LoopdError
 from loopd.sessionlog.errors import NotALogError, StorageError
 from loopd.sessionlog.migrations import APPLICATION_ID
 from loopd.sessionlog.reading import SQLITE_HEADER
 from loopd.sessionlog.searchtext import Hit, context_line, fts_query, search_words, searchable_text
+
+logger = logging.getLogger(__name__)
 
 INDEX_FILE: Final = "search.db"
 INDEX_VERSION: Final = 1  # the index's layout: another one is built again
@@ -52,6 +62,14 @@ ORDER BY e.id
 """
 
 
+class SearchIndexError(LoopdError):
+    """The search index failed, and failed again once built anew (the log itself is fine)."""
+
+    def __init__(self, path: Path, detail: str) -> None:
+        self.path = path
+        super().__init__(f"search index {path}: {detail}")
+
+
 def index_path(db_path: Path) -> Path:
     return db_path.with_name(INDEX_FILE)
 
@@ -64,11 +82,33 @@ def search_log(
     session: str | None = None,
 ) -> list[Hit]:
     """The entries of the log at ``db_path`` that mention every word, newest first; none when
-    there is no log yet. ``EmptyQueryError`` when the words hold nothing to search for."""
+    there is no log yet. ``EmptyQueryError`` when the words hold nothing to search for;
+    ``SearchIndexError`` when the index fails again once built anew."""
     query = fts_query(words)
     if not _is_log_file(db_path):
         return []
-    with _log_reader(db_path) as log, _index(index_path(db_path)) as index:
+    path = index_path(db_path)
+    with _log_reader(db_path) as log:
+        try:
+            return _search(path, log, query, words, limit, session)
+        except (sqlite3.Error, OSError) as exc:  # the log's own errors are StorageError by now
+            _rebuilding(path, exc)
+        _remove_index(path)
+        try:
+            return _search(path, log, query, words, limit, session)
+        except (sqlite3.Error, OSError) as exc:
+            raise SearchIndexError(path, f"failed again once built anew: {exc}") from None
+
+
+def _search(
+    path: Path,
+    log: _Log,
+    query: str,
+    words: Sequence[str],
+    limit: int,
+    session: str | None,
+) -> list[Hit]:
+    with _index(path) as index:
         _bring_up_to_date(index, log)
         where, args = ("session = :session", {"session": session}) if session else (None, None)
         rows = _entries(index).search(
@@ -85,6 +125,22 @@ def search_log(
             )
             for row in rows
         ]
+
+
+def _rebuilding(path: Path, exc: BaseException) -> None:
+    logger.warning(
+        "the search index %s failed (%s); it is built again from the session log",
+        path,
+        exc,
+        extra={"fields": {"index": str(path), "error": str(exc)}},
+    )
+
+
+def _remove_index(path: Path) -> None:
+    """The index file and SQLite's files beside it (its write-ahead log would be replayed)."""
+    for suffix in ("", "-wal", "-shm", "-journal"):
+        with contextlib.suppress(OSError):
+            path.with_name(path.name + suffix).unlink(missing_ok=True)
 
 
 # -- the log, read-only ---------------------------------------------------------------------------
@@ -104,32 +160,56 @@ def _is_log_file(db_path: Path) -> bool:
     return True
 
 
+class _Log:
+    """The log, open read-only: every read of it maps SQLite's errors to the log's own
+    (``StorageError`` naming it), so an error is the log's only where the log raised it."""
+
+    def __init__(self, path: Path, conn: sqlite3.Connection) -> None:
+        self.path = path
+        self.db = Database(conn)
+
+    @contextlib.contextmanager
+    def _errors(self) -> Iterator[None]:
+        try:
+            yield
+        except sqlite3.Error as exc:
+            raise StorageError(self.path, f"cannot read: {exc}") from None
+
+    def head(self) -> tuple[int, str]:
+        with self._errors():
+            row = self.db.execute(
+                "SELECT id, hash FROM entries ORDER BY id DESC LIMIT 1"
+            ).fetchone()
+        return (0, "") if row is None else (int(row[0]), str(row[1]))
+
+    def hash_of(self, log_id: int) -> str | None:
+        with self._errors():
+            row = self.db.execute("SELECT hash FROM entries WHERE id = ?", (log_id,)).fetchone()
+        return None if row is None else str(row[0])
+
+    def rows(self, after: int, upto: int) -> Iterator[dict[str, Any]]:
+        """The entries to index, read as the index takes them in: an error in reading them is
+        the log's, one in taking them in the index's."""
+        with self._errors():
+            yield from self.db.query(_NEW_ENTRIES, {"after": after, "upto": upto})
+
+
 @contextlib.contextmanager
-def _log_reader(db_path: Path) -> Iterator[Database]:
+def _log_reader(db_path: Path) -> Iterator[_Log]:
     uri = f"file:{quote(str(db_path.resolve()))}?mode=ro"
     try:
         conn = sqlite3.connect(uri, uri=True, timeout=5)
     except sqlite3.Error as exc:
         raise StorageError(db_path, f"cannot open to read: {exc}") from None
     try:
-        (application_id,) = conn.execute("PRAGMA application_id").fetchone()
+        log = _Log(db_path, conn)
+        with log._errors():
+            (application_id,) = conn.execute("PRAGMA application_id").fetchone()
         if application_id != APPLICATION_ID:
             raise NotALogError(db_path, "an SQLite database that is not a loopd session log")
-        yield Database(conn)
-    except sqlite3.Error as exc:
-        raise StorageError(db_path, f"cannot read: {exc}") from None
+        yield log
     finally:
         conn.close()
-
-
-def _log_head(log: Database) -> tuple[int, str]:
-    row = log.execute("SELECT id, hash FROM entries ORDER BY id DESC LIMIT 1").fetchone()
-    return (0, "") if row is None else (int(row[0]), str(row[1]))
-
-
-def _log_hash_of(log: Database, log_id: int) -> str | None:
-    row = log.execute("SELECT hash FROM entries WHERE id = ?", (log_id,)).fetchone()
-    return None if row is None else str(row[0])
 
 
 # -- the index ------------------------------------------------------------------------------------
@@ -140,13 +220,13 @@ def _index(path: Path) -> Iterator[Database]:
     """The index file, made anew when it is damaged; in memory where it cannot be written."""
     try:
         index = _open_index(path)
-    except (sqlite3.DatabaseError, OSError):
+    except (sqlite3.DatabaseError, OSError, UnusableFileError) as exc:
         # Derived data: a damaged or foreign file is rebuilt, an unwritable place is worked around.
-        with contextlib.suppress(OSError):
-            path.unlink(missing_ok=True)
+        _rebuilding(path, exc)
+        _remove_index(path)
         try:
             index = _open_index(path)
-        except (sqlite3.DatabaseError, OSError):
+        except (sqlite3.DatabaseError, OSError, UnusableFileError):
             index = Database(memory=True)
     try:
         yield index
@@ -155,9 +235,9 @@ def _index(path: Path) -> Iterator[Database]:
 
 
 def _open_index(path: Path) -> Database:
-    conn = sqlite3.connect(path, timeout=5, isolation_level=None)
+    # WAL: a search reads while another brings it up. Derived data: rebuilt when lost.
+    conn = open_sqlite(path, durable=False)
     try:
-        conn.execute("PRAGMA journal_mode = WAL")  # a search reads while another brings it up
         conn.execute("BEGIN IMMEDIATE")  # fails here on a read-only or foreign file
         conn.execute("COMMIT")
     except BaseException:
@@ -170,22 +250,21 @@ def _entries(index: Database) -> Table:
     return index.table("entries")
 
 
-def _bring_up_to_date(index: Database, log: Database) -> None:
+def _bring_up_to_date(index: Database, log: _Log) -> None:
     """Add what the log holds beyond the index's last entry; build it anew when that entry is
     not in the log as it was, or the layout differs."""
-    head_id, head_hash = _log_head(log)
+    head_id, head_hash = log.head()
     with _transaction(index):
         read_id, read_hash = _index_head(index)
-        if read_id and _log_hash_of(log, read_id) != read_hash:
+        if read_id and log.hash_of(read_id) != read_hash:
             read_id = 0  # the log is not the one indexed: start again
         if read_id == 0 or not _current_layout(index):
             _create_layout(index)
             read_id = 0
         if read_id == head_id:
             return
-        rows = log.query(_NEW_ENTRIES, {"after": read_id, "upto": head_id})
         _entries(index).insert_all(
-            (_index_row(row) for row in rows), batch_size=_BATCH, alter=False
+            (_index_row(row) for row in log.rows(read_id, head_id)), batch_size=_BATCH, alter=False
         )
         index.execute("DELETE FROM head")
         index.execute("INSERT INTO head (log_id, hash) VALUES (?, ?)", (head_id, head_hash))

@@ -2,10 +2,12 @@
 
 Settings, and why:
 
-- WAL journal: readers (``loopd log ...``) never block the daemon's appends.
-- ``synchronous=FULL``: in WAL mode NORMAL survives a process crash but may lose the last commits
-  on power loss. The log is the only record of what was posted to a thread and sent to the server,
-  and a turn takes seconds, so one fsync per append is cheap insurance.
+- Opened as every SQLite file of loopd's and brokerd's is (``loopcommon.sqlitefile``): WAL
+  journal, so readers (``loopd log ...``) never block the daemon's appends; ``synchronous=FULL``,
+  since in WAL mode NORMAL survives a process crash but may lose the last commits on power loss,
+  and the log is the only record of what was posted to a thread and sent to the server (a turn
+  takes seconds, so one fsync per append is cheap insurance); foreign keys; the migrations. A
+  foreign, newer or damaged file is refused first, unchanged (``_check_file``).
 - Every write is one ``BEGIN IMMEDIATE`` transaction: an append reads the chain head then inserts,
   and taking the write lock up front makes a competing writer wait (busy timeout) instead of
   failing on a stale snapshot. A crash at any point leaves the rows of whole appends only.
@@ -26,6 +28,7 @@ from types import TracebackType
 from typing import Any, Self
 
 from loopcommon.migrations import NewerSchemaError
+from loopcommon.sqlitefile import UnusableFileError, open_sqlite
 from loopd.sessionlog import chain, replay, rows
 from loopd.sessionlog.assistant import MalformedAssistantError, tool_calls_of
 from loopd.sessionlog.errors import (
@@ -105,21 +108,17 @@ class SessionLog:
         if not path.exists() and not create:
             raise LogNotFoundError(path, "no such file")
         try:
-            conn = sqlite3.connect(
+            conn = open_sqlite(
                 path,
-                timeout=busy_timeout_ms / 1000,
-                isolation_level=None,  # transactions are explicit; nothing opens one implicitly
-                check_same_thread=False,  # guarded by the log's lock instead
+                migrations=MIGRATIONS,
+                busy_timeout_s=busy_timeout_ms / 1000,
+                check=lambda conn: _check_file(path, conn),
             )
         except sqlite3.Error as exc:
             raise translate_error(path, exc) from exc
-        log = cls(path, conn, clock)
-        try:
-            log._prepare(busy_timeout_ms)
-        except BaseException:
-            conn.close()
-            raise
-        return log
+        except UnusableFileError as exc:
+            raise StorageError(path, str(exc)) from exc
+        return cls(path, conn, clock)
 
     def close(self) -> None:
         with self._lock:
@@ -135,49 +134,6 @@ class SessionLog:
         tb: TracebackType | None,
     ) -> None:
         self.close()
-
-    def _prepare(self, busy_timeout_ms: int) -> None:
-        with self._reading():
-            self._pragma(f"busy_timeout = {int(busy_timeout_ms)}")
-            self._check_identity()
-            if str(self._pragma("journal_mode = WAL")).lower() != "wal":
-                raise StorageError(self.path, "cannot use write-ahead logging on this file system")
-            self._pragma("synchronous = FULL")
-            self._pragma("foreign_keys = ON")
-            problems = [row[0] for row in self._conn.execute("PRAGMA quick_check").fetchall()]
-            if problems != ["ok"]:
-                raise CorruptLogError(self.path, "damaged database: " + "; ".join(problems[:3]))
-            MIGRATIONS.apply(self._conn)
-
-    def _check_identity(self) -> None:
-        # The first read of the file: it fails here on a file that is not SQLite.
-        application_id = int(self._pragma("application_id"))
-        if application_id != APPLICATION_ID:
-            tables = [
-                name
-                for (name,) in self._conn.execute(
-                    "SELECT name FROM sqlite_master WHERE type = 'table'"
-                    " AND name NOT LIKE 'sqlite%'"
-                )
-            ]
-            if tables:
-                raise NotALogError(
-                    self.path, f"an SQLite database but not a session log (tables: {tables})"
-                )
-            if application_id:
-                raise NotALogError(self.path, "an SQLite database of another application")
-        try:
-            MIGRATIONS.pending(self._conn)
-        except NewerSchemaError as exc:
-            raise SchemaTooNewError(
-                self.path,
-                f"{exc.schema} was written by a newer loopd "
-                f"(this one understands up to {exc.known}); upgrade loopd to read it",
-            ) from exc
-
-    def _pragma(self, statement: str) -> Any:
-        row = self._conn.execute(f"PRAGMA {statement}").fetchone()
-        return None if row is None else row[0]
 
     # -- transactions and error translation -----------------------------------------------------
 
@@ -546,6 +502,16 @@ class SessionLog:
             )
         return [rows.request_from_row(row) for row in found]
 
+    def requests_after(self, row: int, limit: int) -> list[tuple[str, Request]]:
+        """The first ``limit`` requests recorded after row ``row``, every session's, in order,
+        each with its session's name: what was recorded since a reader last looked, by index."""
+        with self._reading():
+            found = self._select(
+                f"{rows.REQUEST_SELECT} WHERE r.id > ? ORDER BY r.id LIMIT ?", (row, limit)
+            )
+            names = {s.id: s.name for s in self.sessions()} if found else {}
+        return [(names[row["session_id"]], rows.request_from_row(row)) for row in found]
+
     def latest_request(
         self,
         session: str,
@@ -643,11 +609,14 @@ class SessionLog:
                     del self._holds[session]
                     self._replayed.pop(session, None)
 
-    def entries(self, session: str) -> list[Entry]:
+    def entries(self, session: str, *, after_seq: int = 0, limit: int | None = None) -> list[Entry]:
+        """The session's entries after ``after_seq`` (all of them by default), in log order;
+        the first ``limit`` of them when given."""
         with self._reading():
             target = self.get_session(session)
             found = self._select(
-                f"{rows.ENTRY_SELECT} WHERE e.session_id = ? ORDER BY e.seq", (target.id,)
+                f"{rows.ENTRY_SELECT} WHERE e.session_id = ? AND e.seq > ? ORDER BY e.seq LIMIT ?",
+                (target.id, after_seq, -1 if limit is None else limit),
             )
         return [rows.entry_from_row(row) for row in found]
 
@@ -756,6 +725,34 @@ class SessionLog:
         with self._reading():
             found = self._conn.execute("SELECT name FROM sqlite_master WHERE type = 'trigger'")
             return {row[0] for row in found}
+
+
+def _check_file(path: Path, conn: sqlite3.Connection) -> None:
+    """Refuse a file that is not a session log, one a newer loopd wrote, or a damaged one."""
+    # The first read of the file: it fails here on a file that is not SQLite.
+    application_id = int(conn.execute("PRAGMA application_id").fetchone()[0])
+    if application_id != APPLICATION_ID:
+        tables = [
+            name
+            for (name,) in conn.execute(
+                "SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite%'"
+            )
+        ]
+        if tables:
+            raise NotALogError(path, f"an SQLite database but not a session log (tables: {tables})")
+        if application_id:
+            raise NotALogError(path, "an SQLite database of another application")
+    try:
+        MIGRATIONS.pending(conn)
+    except NewerSchemaError as exc:
+        raise SchemaTooNewError(
+            path,
+            f"{exc.schema} was written by a newer loopd "
+            f"(this one understands up to {exc.known}); upgrade loopd to read it",
+        ) from exc
+    problems = [row[0] for row in conn.execute("PRAGMA quick_check").fetchall()]
+    if problems != ["ok"]:
+        raise CorruptLogError(path, "damaged database: " + "; ".join(problems[:3]))
 
 
 def translate_error(path: Path, exc: sqlite3.Error) -> LogError:

@@ -19,7 +19,8 @@ from dataclasses import dataclass, field
 import anyio
 
 from loopcommon.sanitize import for_terminal
-from loopd.approval import AskedCall, Decision, minutes, shown_arguments
+from loopd.approvals.call import AskedCall, Decision
+from loopd.approvals.words import minutes, shown_arguments
 
 POLL_S = 0.1
 
@@ -48,7 +49,7 @@ def _write(text: str) -> None:
 
 @dataclass
 class TerminalAsker:
-    """``loopd.approval.Asker`` on the terminal; ``who`` is the local user."""
+    """``loopd.approvals.call.Asker`` on the terminal; ``who`` is the local user."""
 
     who: str
     write: Callable[[str], None] = field(default=_write)

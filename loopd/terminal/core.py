@@ -20,7 +20,7 @@ from typing import Any, Protocol
 
 import anyio
 
-from loopd.approval import Asker
+from loopd.approvals.call import Asker
 from loopd.chat.status import InLine
 from loopd.config import Settings
 from loopd.endpoints.server import TurnRules
@@ -82,7 +82,7 @@ class ChatCore:
         self.runtime = runtime
         self.session = session
         self.who = who  # who a stop is recorded for: the local user
-        # Asks y/n when a tool call waits for approval (loopd.approval); piped input has
+        # Asks y/n when a tool call waits for approval (loopd.approvals); piped input has
         # nobody to ask, and such a call is denied.
         self.asker: Asker | None = TerminalAsker(who) if sys.stdin.isatty() else None
         self._scope: anyio.CancelScope | None = None

@@ -47,7 +47,7 @@ class Style(Enum):
 
 
 @dataclass(frozen=True)
-class Shown:
+class TurnEndText:
     """What to write when a turn ends: ``out`` to stdout, ``err`` (a failure's line) to stderr."""
 
     out: str
@@ -164,15 +164,15 @@ class TurnView:
 
     # -- the end ---------------------------------------------------------------------------------
 
-    def finished(self, outcome: TurnOutcome) -> Shown:
+    def finished(self, outcome: TurnOutcome) -> TurnEndText:
         err = f"loopd: {for_terminal(outcome.failure)}\n" if outcome.failure is not None else ""
         cut = f"[loopd] {cut_note(outcome.cut_at)}\n" if outcome.cut_at is not None else ""
         if self.style is Style.PLAIN:
             notices = "".join(f"[loopd] {notice}\n" for notice in outcome.notices)
             if outcome.failure is not None:
-                return Shown(notices, err)
+                return TurnEndText(notices, err)
             # stdout is the answer alone (data); the cut is said beside it, on stderr
-            return Shown(notices + (outcome.answer or "(no answer)") + "\n", cut)
+            return TurnEndText(notices + (outcome.answer or "(no answer)") + "\n", cut)
         out = self._settle_thinking() + self._clear()
         if outcome.failure is None:
             out += self._rest_of_answer(outcome.answer or "")
@@ -184,7 +184,7 @@ class TurnView:
         notices = "".join(f"[loopd] {for_terminal(notice)}\n" for notice in outcome.notices)
         if notices:
             out += f"{DIM}{notices}{RESET}"
-        return Shown(out, err)
+        return TurnEndText(out, err)
 
     def stopped(self) -> str:
         """The turn was cancelled (Ctrl-C)."""

@@ -3,8 +3,8 @@
 Both return the text to append as the tool result. When brokerd cannot be reached, or answers
 with an error, the text says so and the turn goes on: nothing here raises for a broker problem
 (cancellation still propagates, as it must). The exchange itself runs under ``_mapped``, which
-turns every httpx error into loopd's own (``BrokerUnreachable``, ``BrokerError``); the wording for
-the model is decided from those, in one place (``_post``).
+turns every httpx error into loopd's own (``BrokerUnreachable``, ``BrokerCallError``); the wording
+for the model is decided from those, in one place (``_post``).
 """
 
 import json
@@ -15,7 +15,7 @@ from types import TracebackType
 
 import httpx
 
-from loopd.errors import BrokerError, BrokerUnreachable
+from loopd.errors import BrokerCallError, BrokerUnreachable
 from loopd.observe.context import broker_hooks
 
 UNIX_PREFIX = "unix:"
@@ -32,13 +32,13 @@ def _mapped(url: str) -> Iterator[None]:
     except httpx.ConnectError as exc:
         raise BrokerUnreachable(f"cannot connect to {url}: {exc}") from exc
     except httpx.HTTPError as exc:
-        raise BrokerError(f"{type(exc).__name__}: {exc}") from exc
+        raise BrokerCallError(f"{type(exc).__name__}: {exc}") from exc
 
 
 @dataclass(frozen=True)
 class BrokerAnswer:
     """A call_tool answer: the result text, and brokerd's approval id when the call waits for a
-    person (``loopd.approval``; the id never goes into the text the model reads)."""
+    person (``loopd.approvals``; the id never goes into the text the model reads)."""
 
     text: str
     approval_id: str | None = None
@@ -105,7 +105,7 @@ class BrokerClient:
         approval: Mapping[str, str] | None = None,
     ) -> BrokerAnswer:
         """``call_tool``'s answer with brokerd's approval id; ``approval`` is a person's
-        decision on this call, sent again (``loopd.approval``)."""
+        decision on this call, sent again (``loopd.approvals``)."""
         body: dict[str, object] = {
             "session": session,
             "call_id": call_id,
@@ -117,7 +117,7 @@ class BrokerClient:
         what = f"call_tool {name!r}"
         try:
             status, content = await self._exchange("/v1/call_tool", body)
-        except (BrokerUnreachable, BrokerError) as exc:
+        except (BrokerUnreachable, BrokerCallError) as exc:
             return BrokerAnswer(unreachable_text(what, exc))
         text = result_text(status, content, what)
         approval_id = approval_id_of(content) if 200 <= status < 300 else None
@@ -126,7 +126,7 @@ class BrokerClient:
     async def _post(self, path: str, body: dict[str, str], *, what: str) -> str:
         try:
             status, content = await self._exchange(path, body)
-        except (BrokerUnreachable, BrokerError) as exc:
+        except (BrokerUnreachable, BrokerCallError) as exc:
             return unreachable_text(what, exc)
         return result_text(status, content, what)
 
@@ -137,7 +137,7 @@ class BrokerClient:
         return response.status_code, response.content
 
 
-def unreachable_text(what: str, exc: BrokerUnreachable | BrokerError) -> str:
+def unreachable_text(what: str, exc: BrokerUnreachable | BrokerCallError) -> str:
     if isinstance(exc, BrokerUnreachable):
         return (
             f"{what} is unavailable: brokerd is not running ({exc}). Nothing was run. "

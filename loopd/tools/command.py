@@ -6,12 +6,15 @@ size, processes, CPU time), a timeout that kills every process it started (``lau
 subreaper, so a ``setsid`` daemon goes too), and an output cap that keeps the head and the tail
 and never holds more.
 
-Inside bubblewrap it also sees only the system directories (read-only), a few files of ``/etc``,
-a private ``/tmp`` and the workspace; no network, no other process, and never loopd's state
-directory or config. Where bubblewrap is missing or cannot make namespaces, ``detect_sandbox``
-says so, and run_command is refused (a tool error the model reads) unless the operator allowed
-unsandboxed commands (``LOOPD_UNSANDBOXED_COMMANDS``): a plain subprocess sees all loopd sees,
-brokerd's sockets included. loopd logs ``Sandbox.warning`` once, when it first probes.
+Inside bubblewrap (the sandbox both daemons share, ``loopcommon.sandbox``) it also sees only the
+system directories (read-only), a few files of ``/etc``, a private ``/tmp`` and the workspace; no
+network, no other process, no capability (root's neither), no user namespace of its own, and
+never loopd's state directory or config. Where bubblewrap is missing or cannot make namespaces,
+``detect_sandbox`` says so, and run_command is refused (a tool error the model reads) unless the
+operator allowed unsandboxed commands (``LOOPD_UNSANDBOXED_COMMANDS``): a plain subprocess sees
+all loopd sees, brokerd's sockets included. Where this host's bubblewrap cannot take away the
+capabilities and user namespaces (older than 0.8), commands keep them and ``Sandbox.warning``
+says so. loopd logs ``Sandbox.warning`` once, when it first probes.
 """
 
 import os
@@ -29,6 +32,20 @@ from pathlib import Path
 import anyio
 from anyio.abc import ByteReceiveStream, Process
 
+from loopcommon.capture import CappedOutput
+from loopcommon.sandbox import (
+    BWRAP_MISSING,
+    ETC_FILES,
+    SYSTEM_DIRS,
+    Bind,
+    Confinement,
+    HostView,
+    kill_group,
+    open_group,
+    probe_failure,
+    sandbox_argv,
+    system_mounts,
+)
 from loopd.tools import pidscgroup
 from loopd.tools.errors import ToolFailure, ToolSetupError
 from loopd.tools.launcher import CommandLimits
@@ -37,19 +54,9 @@ from loopd.tools.quota import POLL_S, free_bytes, usage
 
 COMMAND_PATH = "/usr/local/bin:/usr/bin:/bin"
 COMMAND_LANG = "C.UTF-8"
-_SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
-# Enough of /etc for users, the dynamic linker, Debian's command alternatives and the time zone.
-_ETC_ENTRIES = (
-    "/etc/passwd",
-    "/etc/group",
-    "/etc/nsswitch.conf",
-    "/etc/hosts",
-    "/etc/ld.so.cache",
-    "/etc/ld.so.conf",
-    "/etc/ld.so.conf.d",
-    "/etc/alternatives",
-    "/etc/localtime",
-)
+# The sandbox's /etc, and /etc/hosts: a command's own loopback (a test server it starts, a
+# build tool) is reached by the name localhost.
+COMMAND_ETC_FILES = (*ETC_FILES, "/etc/hosts")
 # After the command exits, how long its output may keep arriving from what it left behind.
 _DRAIN_GRACE_S = 1.0
 # After SIGTERM, how long the launcher may take to kill the command's tree before its group is
@@ -67,29 +74,20 @@ def command_env(workspace: Path) -> dict[str, str]:
     return {"PATH": COMMAND_PATH, "HOME": str(workspace), "LANG": COMMAND_LANG}
 
 
-@dataclass(frozen=True)
-class Mount:
-    """One bubblewrap mount: ``--ro-bind-try SOURCE DEST`` or ``--symlink SOURCE DEST``."""
+def command_confinement(workspace: Path, *, drop_privileges: bool = True) -> Confinement:
+    """The sandbox of a command: the workspace, writable, as its working directory.
 
-    option: str
-    source: str
-    dest: str
-
-
-def bwrap_argv(
-    bwrap: str, workspace: Path, command: Sequence[str], mounts: Iterable[Mount]
-) -> list[str]:
-    """The bubblewrap command line that runs ``command`` confined to ``workspace``."""
-    argv = [bwrap, "--unshare-all", "--die-with-parent", "--new-session"]
-    for mount in mounts:
-        argv += [mount.option, mount.source, mount.dest]
-    argv += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"]
-    # Bound at its own path, so paths in output mean the same inside and outside the sandbox.
-    argv += ["--bind", str(workspace), str(workspace), "--chdir", str(workspace)]
-    argv += ["--clearenv"]
-    for name, value in command_env(workspace).items():
-        argv += ["--setenv", name, value]
-    return [*argv, "--", *command]
+    Bound at its own path, so paths in output mean the same inside and outside the sandbox. Its
+    limits are the launcher's, set outside (``launcher_argv``), and its ``/tmp`` the kernel's
+    default size: a build's temporary files are not capped below the machine.
+    """
+    return Confinement(
+        binds=(Bind(workspace, workspace, writable=True),),
+        limits=None,
+        tmp_bytes=None,
+        workdir=workspace,
+        drop_privileges=drop_privileges,
+    )
 
 
 def launcher_argv(limits: CommandLimits, command: Sequence[str]) -> list[str]:
@@ -137,19 +135,21 @@ class Sandbox:
 
     ``pids_cgroup_parent`` is where a per-command pids cgroup is made (root only, see
     ``pidscgroup``); ``runs_as_root`` tells whether the process cap needs it.
+    ``privileges_kept`` says why commands keep their capabilities and may make user namespaces
+    (this host's bubblewrap cannot take them away); None: they cannot.
     """
 
-    bwrap: str | None
-    mounts: tuple[Mount, ...]
+    view: HostView | None
     shell: str
     reason: str
     refused: bool = False
     pids_cgroup_parent: Path | None = None
     runs_as_root: bool = False
+    privileges_kept: str | None = None
 
     @property
     def isolated(self) -> bool:
-        return self.bwrap is not None
+        return self.view is not None
 
     @property
     def warning(self) -> str | None:
@@ -167,6 +167,11 @@ class Sandbox:
                 f"{UNSANDBOXED_SETTING}): commands can read any file loopd can, including its "
                 "state directory and config, and can reach the network and brokerd's sockets"
             )
+        if self.isolated and self.privileges_kept is not None:
+            lines.append(
+                "run_command's sandbox keeps the capabilities it starts with (all of them for "
+                f"root) and lets commands make user namespaces ({self.privileges_kept})"
+            )
         if self.runs_as_root and self.pids_cgroup_parent is None:
             lines.append(
                 "run_command's process cap does not hold: loopd runs as root, for whom the "
@@ -183,13 +188,15 @@ class Sandbox:
         )
 
     def visible_paths(self) -> list[Path]:
-        return [Path(m.source) for m in self.mounts if m.option == "--ro-bind-try"]
+        mounts = () if self.view is None else self.view.system
+        return [Path(m.source) for m in mounts if m.option == "--ro-bind-try"]
 
     def argv(self, workspace: Path, command: str) -> list[str]:
         shell = [self.shell, "-c", command]
-        if self.bwrap is None:
+        if self.view is None:
             return shell
-        return bwrap_argv(self.bwrap, workspace, shell, self.mounts)
+        confinement = command_confinement(workspace, drop_privileges=self.privileges_kept is None)
+        return sandbox_argv(self.view, confinement, shell, command_env(workspace))
 
 
 def default_shell() -> str:
@@ -199,8 +206,7 @@ def default_shell() -> str:
 def plain_sandbox(reason: str) -> Sandbox:
     """No confinement: commands run as plain subprocesses (the operator allowed it)."""
     return Sandbox(
-        bwrap=None,
-        mounts=(),
+        view=None,
         shell=default_shell(),
         reason=reason,
         pids_cgroup_parent=pidscgroup.pids_cgroup_parent(),
@@ -210,23 +216,11 @@ def plain_sandbox(reason: str) -> Sandbox:
 
 def refused_sandbox(reason: str) -> Sandbox:
     """No confinement is possible and none was allowed: run_command answers with an error."""
-    return Sandbox(bwrap=None, mounts=(), shell=default_shell(), reason=reason, refused=True)
+    return Sandbox(view=None, shell=default_shell(), reason=reason, refused=True)
 
 
 def no_sandbox(reason: str, *, allow_unsandboxed: bool) -> Sandbox:
     return plain_sandbox(reason) if allow_unsandboxed else refused_sandbox(reason)
-
-
-def system_mounts() -> tuple[Mount, ...]:
-    """The system directories and /etc entries of this machine, as bubblewrap mounts."""
-    mounts = []
-    for path in (*_SYSTEM_DIRS, *_ETC_ENTRIES):
-        if os.path.islink(path) and path in _SYSTEM_DIRS:
-            # Merged /usr: /bin -> usr/bin stays a symlink, as on the host.
-            mounts.append(Mount("--symlink", os.readlink(path), path))
-        elif os.path.exists(path):
-            mounts.append(Mount("--ro-bind-try", path, path))
-    return tuple(mounts)
 
 
 async def detect_sandbox(
@@ -234,87 +228,43 @@ async def detect_sandbox(
 ) -> Sandbox:
     """Use bubblewrap if it is installed and can start a sandbox here; else say why not, and
     refuse commands unless ``allow_unsandboxed`` (the operator's ``LOOPD_UNSANDBOXED_COMMANDS``).
+
+    A bubblewrap that cannot take away the capabilities and user namespaces (older than 0.8
+    knows no ``--disable-userns``) still confines, keeping them, and the warning says why.
     """
     bwrap = shutil.which("bwrap")
     if bwrap is None:
-        return no_sandbox(
-            "bwrap is not installed (Debian package bubblewrap)",
-            allow_unsandboxed=allow_unsandboxed,
-        )
+        return no_sandbox(BWRAP_MISSING, allow_unsandboxed=allow_unsandboxed)
     sandbox = Sandbox(
-        bwrap=bwrap,
-        mounts=system_mounts(),
+        view=HostView(bwrap, None, system_mounts((*SYSTEM_DIRS, *COMMAND_ETC_FILES))),
         shell=default_shell(),
         reason=f"bubblewrap ({bwrap})",
         pids_cgroup_parent=await anyio.to_thread.run_sync(pidscgroup.pids_cgroup_parent),
         runs_as_root=os.geteuid() == 0,
     )
+    refused = await _probe(sandbox, probe_timeout_s)
+    if refused is None:
+        return sandbox
+    kept = replace(sandbox, privileges_kept=f"this bubblewrap cannot drop them: {refused}")
+    failure = await _probe(kept, probe_timeout_s)
+    if failure is None:
+        return kept
+    return no_sandbox(failure, allow_unsandboxed=allow_unsandboxed)
+
+
+async def _probe(sandbox: Sandbox, timeout_s: float) -> str | None:
+    """Why ``sandbox`` cannot run a command here, in one line; None when it can."""
     with tempfile.TemporaryDirectory(prefix="loopd-sandbox-probe-") as probe_dir:
         argv = sandbox.argv(Path(await anyio.Path(probe_dir).resolve()), "exit 0")
         try:
-            with anyio.fail_after(probe_timeout_s):
+            with anyio.fail_after(timeout_s):
                 probe = await anyio.run_process(argv, check=False, stdin=subprocess.DEVNULL)
         except (OSError, TimeoutError) as exc:
-            return no_sandbox(
-                f"bwrap failed to start: {exc!r}", allow_unsandboxed=allow_unsandboxed
-            )
-    if probe.returncode != 0:
-        lines = probe.stderr.decode("utf-8", errors="replace").strip().splitlines()
-        detail = lines[0] if lines else f"exit code {probe.returncode}"
-        return no_sandbox(
-            f"bwrap cannot create a sandbox here: {detail}", allow_unsandboxed=allow_unsandboxed
-        )
-    return sandbox
+            return f"bwrap failed to start: {exc!r}"
+    return probe_failure(probe.returncode, probe.stderr)
 
 
 # --- running -----------------------------------------------------------------------------------
-
-
-class CappedOutput:
-    """Keeps the first and last bytes of a stream, at most ``cap`` in all, and counts the rest."""
-
-    def __init__(self, cap: int) -> None:
-        self._head_cap = cap - cap // 2
-        self._tail_cap = cap // 2
-        self._head = bytearray()
-        self._tail = bytearray()
-        self.total = 0
-
-    @property
-    def held(self) -> int:
-        return len(self._head) + len(self._tail)
-
-    @property
-    def cut(self) -> bool:
-        return self.total > self.held
-
-    def feed(self, chunk: bytes) -> None:
-        self.total += len(chunk)
-        room = self._head_cap - len(self._head)
-        if room > 0:
-            self._head += chunk[:room]
-            chunk = chunk[room:]
-        if not chunk or not self._tail_cap:
-            return
-        if len(chunk) >= self._tail_cap:
-            self._tail = bytearray(chunk[-self._tail_cap :])
-        else:
-            self._tail += chunk
-            excess = len(self._tail) - self._tail_cap
-            if excess > 0:
-                del self._tail[:excess]
-
-    def render(self) -> str:
-        if not self.cut:
-            # Decoded together: a character may straddle the head and the tail.
-            return (self._head + self._tail).decode("utf-8", errors="replace")
-        head = self._head.decode("utf-8", errors="replace")
-        tail = self._tail.decode("utf-8", errors="replace")
-        left_out = self.total - self.held
-        return (
-            f"{head}\n[output cut: {self.total:,} bytes in all; {left_out:,} bytes in the "
-            f"middle are not shown]\n{tail}"
-        )
 
 
 @dataclass(frozen=True)
@@ -392,18 +342,11 @@ async def _run_launched(
 ) -> CommandOutcome:
     """``watch`` (blocking, run in a thread every ``POLL_S``) stops the command when it returns
     a line: the workspace's quota or the disk's reserve, passed."""
-    output = CappedOutput(output_max_bytes)
+    output = CappedOutput(output_max_bytes, tail_bytes=output_max_bytes // 2)
     stopped: str | None = None
     try:
-        process = await anyio.open_process(
-            argv,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            cwd=workspace,
-            env=command_env(workspace),
-            start_new_session=True,  # its own process group: the last resort reaches it all
-        )
+        # Its own process group: the last resort (``kill_group``) reaches it all.
+        process = await open_group(argv, cwd=workspace, env=command_env(workspace))
     except OSError as exc:
         raise ToolFailure(f"run_command: the command could not be started: {exc}") from exc
     try:
@@ -436,7 +379,7 @@ async def _run_launched(
     return CommandOutcome(
         exit_code=None if timed_out else process.returncode,
         timed_out=timed_out,
-        output=output.render(),
+        output=output.text(),
         cut=output.cut,
         quota=stopped,
         stopped=stopped is not None,
@@ -450,7 +393,7 @@ async def _end(process: Process) -> None:
             process.send_signal(signal.SIGTERM)
         with anyio.move_on_after(_END_GRACE_S):
             await process.wait()
-    _kill_group(process.pid)
+    kill_group(process.pid)
 
 
 async def _collect(process: Process, stdout: ByteReceiveStream, output: CappedOutput) -> None:
@@ -460,7 +403,7 @@ async def _collect(process: Process, stdout: ByteReceiveStream, output: CappedOu
     async def drain() -> None:
         try:
             async for chunk in stdout:
-                output.feed(chunk)
+                output.add(chunk)
         except anyio.BrokenResourceError:
             pass  # the pipe broke: what arrived before is kept
         drained.set()
@@ -469,19 +412,10 @@ async def _collect(process: Process, stdout: ByteReceiveStream, output: CappedOu
         tg.start_soon(drain)
         # The launcher exits only once the command and everything it left behind are dead.
         await process.wait()
-        _kill_group(process.pid)
+        kill_group(process.pid)
         with anyio.move_on_after(_DRAIN_GRACE_S):
             await drained.wait()
         tg.cancel_scope.cancel()
-
-
-def _kill_group(pid: int) -> None:
-    try:
-        os.killpg(pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass  # the whole group has exited already
-    except PermissionError:
-        pass  # the group id was reused by a process that is not ours; nothing of ours is left
 
 
 _LIMIT_SIGNALS = {

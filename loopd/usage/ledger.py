@@ -21,7 +21,7 @@ from __future__ import annotations
 import bisect
 import json
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Final, TypeVar
 
@@ -43,14 +43,14 @@ class UsageKey:
 
 
 @dataclass
-class Usage:
+class UsageTotals:
     requests: int = 0
     prompt_tokens: int = 0
     cached_tokens: int = 0
     generated_tokens: int = 0
     gpu_seconds: float = 0.0
 
-    def add(self, other: Usage) -> None:
+    def add(self, other: UsageTotals) -> None:
         self.requests += other.requests
         self.prompt_tokens += other.prompt_tokens
         self.cached_tokens += other.cached_tokens
@@ -58,17 +58,17 @@ class Usage:
         self.gpu_seconds += other.gpu_seconds
 
 
-Ledger = dict[UsageKey, Usage]
+Ledger = dict[UsageKey, UsageTotals]
 
 
-def request_usage(request: Request) -> Usage:
+def request_usage(request: Request) -> UsageTotals:
     perf = request.record.perf
     server_ms = sum(
         value
         for value in (perf.extra.get("prompt_ms"), perf.extra.get("predicted_ms"))
         if isinstance(value, int | float)
     )
-    return Usage(
+    return UsageTotals(
         requests=1,
         prompt_tokens=perf.prompt_n or 0,
         cached_tokens=perf.cache_n or 0,
@@ -89,27 +89,52 @@ def _speaker(entry: Entry, local_person: str | None) -> str:
     return found or UNKNOWN_PERSON
 
 
-def people_by_request(
-    entries: Sequence[Entry], requests: Sequence[Request], local_person: str | None
-) -> dict[int, str]:
-    """Each request's row, to the person it is counted for (see the module's docstring).
-    ``local_person``: a terminal session's person; None for a Mattermost thread."""
-    people: dict[int, str] = {}
-    said_at: list[str] = []  # when each user message was recorded, in order
-    speakers: list[str] = []
-    person = LOOPD_ITSELF
-    for entry in entries:
-        if entry.kind is EntryKind.USER:
-            person = _speaker(entry, local_person)
-            said_at.append(entry.fields.created_at)
-            speakers.append(person)
-        if entry.fields.request_id is not None:
-            people[entry.fields.request_id] = person
-    for request in requests:
-        if request.id not in people:
-            before = bisect.bisect_right(said_at, request.created_at)
-            people[request.id] = speakers[before - 1] if before else LOOPD_ITSELF
-    return people
+@dataclass
+class Tally:
+    """One session's usage counted so far, and what counting what it records next takes: its
+    entries and its requests are read once each, in order (``read``, then ``count``), so a
+    session is counted by what is new, never again from its start.
+
+    ``local_person``: a terminal session's person; None for a Mattermost thread, whose people are
+    read from its messages."""
+
+    channel: str
+    local_person: str | None = None
+    ledger: Ledger = field(default_factory=dict)
+    last_entry: int = 0  # the seq of the last entry read
+    last_request: int = 0  # the row of the last request counted
+    _person: str = LOOPD_ITSELF  # who spoke last in the entries read
+    _said_at: list[str] = field(default_factory=list)  # when each user message was recorded
+    _speakers: list[str] = field(default_factory=list)
+    # Requests held by an entry read but not counted yet: the person each counts for.
+    _held: dict[int, str] = field(default_factory=dict)
+
+    def read(self, entries: Iterable[Entry]) -> None:
+        """The session's entries after ``last_entry``, in order."""
+        for entry in entries:
+            if entry.kind is EntryKind.USER:
+                self._person = _speaker(entry, self.local_person)
+                self._said_at.append(entry.fields.created_at)
+                self._speakers.append(self._person)
+            if entry.fields.request_id is not None:
+                self._held[entry.fields.request_id] = self._person
+            self.last_entry = entry.fields.seq
+
+    def count(self, requests: Iterable[Request]) -> None:
+        """The session's requests after ``last_request``, in order, read after the entries that
+        hold them (a request and its entry are written together)."""
+        for request in requests:
+            person = self._held.pop(request.id, None)
+            if person is None:
+                person = self._speaker_before(request.created_at)
+            key = UsageKey(day_of(request.created_at), person, self.channel)
+            self.ledger.setdefault(key, UsageTotals()).add(request_usage(request))
+            self.last_request = request.id
+
+    def _speaker_before(self, created_at: str) -> str:
+        """Who spoke last before ``created_at``: a request no entry holds counts for them."""
+        before = bisect.bisect_right(self._said_at, created_at)
+        return self._speakers[before - 1] if before else LOOPD_ITSELF
 
 
 def session_ledger(
@@ -121,31 +146,31 @@ def session_ledger(
 ) -> Ledger:
     """One session's usage: ``requests`` (all of the session's, or those of a span) counted by
     day and person, in ``channel``."""
-    people = people_by_request(entries, requests, local_person)
-    ledger: Ledger = {}
-    for request in requests:
-        key = UsageKey(day_of(request.created_at), people[request.id], channel)
-        ledger.setdefault(key, Usage()).add(request_usage(request))
-    return ledger
+    tally = Tally(channel, local_person)
+    tally.read(entries)
+    tally.count(requests)
+    return tally.ledger
 
 
 def merged(ledgers: Iterable[Ledger]) -> Ledger:
     out: Ledger = {}
     for ledger in ledgers:
         for key, usage in ledger.items():
-            out.setdefault(key, Usage()).add(usage)
+            out.setdefault(key, UsageTotals()).add(usage)
     return out
 
 
-def totals(ledger: Mapping[UsageKey, Usage], by: Callable[[UsageKey], Key]) -> dict[Key, Usage]:
+def totals(
+    ledger: Mapping[UsageKey, UsageTotals], by: Callable[[UsageKey], Key]
+) -> dict[Key, UsageTotals]:
     """The ledger summed over what ``by`` leaves out (``lambda k: k.person``: per person)."""
-    out: dict[Key, Usage] = {}
+    out: dict[Key, UsageTotals] = {}
     for key, usage in ledger.items():
-        out.setdefault(by(key), Usage()).add(usage)
+        out.setdefault(by(key), UsageTotals()).add(usage)
     return out
 
 
-def ledger_records(ledger: Mapping[UsageKey, Usage]) -> list[dict[str, Any]]:
+def ledger_records(ledger: Mapping[UsageKey, UsageTotals]) -> list[dict[str, Any]]:
     """One JSON object per day, person and channel, in that order."""
     records = []
     for key in sorted(ledger):
@@ -158,7 +183,7 @@ def ledger_records(ledger: Mapping[UsageKey, Usage]) -> list[dict[str, Any]]:
 _HEAD = ("day", "person", "channel", "requests", "prompt", "cached", "generated", "GPU s")
 
 
-def format_ledger(ledger: Mapping[UsageKey, Usage]) -> str:
+def format_ledger(ledger: Mapping[UsageKey, UsageTotals]) -> str:
     """A table, a row per day, person and channel, then each person's total over them."""
     if not ledger:
         return "no requests recorded"
@@ -176,7 +201,7 @@ def format_ledger(ledger: Mapping[UsageKey, Usage]) -> str:
     return "\n".join(lines)
 
 
-def _row(names: tuple[str, str, str], usage: Usage) -> tuple[str, ...]:
+def _row(names: tuple[str, str, str], usage: UsageTotals) -> tuple[str, ...]:
     return (
         *names,
         f"{usage.requests:,}",

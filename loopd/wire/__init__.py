@@ -2,10 +2,10 @@
 
 `SSEDecoder` turns response bytes into SSE items, `parse_payload` (or `EventDecoder` for bytes)
 turns them into typed `StreamEvent`s, and `StreamAssembler` folds the events into the
-`AssistantMessage` to replay, the server's counters and the stream's `Outcome`.
+`AssistantMessage` to replay, the server's counters and the stream's `StreamOutcome`.
 """
 
-from loopd.wire.assemble import AssistantMessage, Outcome, StreamAssembler, ToolCall
+from loopd.wire.assemble import AssistantMessage, StreamAssembler, StreamOutcome, ToolCall
 from loopd.wire.events import (
     ChunkMeta,
     ContentDelta,
@@ -38,7 +38,6 @@ __all__ = [
     "Foreign",
     "KeepAlive",
     "Malformed",
-    "Outcome",
     "Progress",
     "ReasoningDelta",
     "RoleStart",
@@ -50,6 +49,7 @@ __all__ = [
     "ServerError",
     "StreamAssembler",
     "StreamEvent",
+    "StreamOutcome",
     "Timings",
     "ToolCall",
     "ToolCallDelta",

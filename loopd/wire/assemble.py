@@ -37,10 +37,10 @@ from loopd.wire.events import (
     Usage,
 )
 
-__all__ = ["AssistantMessage", "Outcome", "StreamAssembler", "ToolCall"]
+__all__ = ["AssistantMessage", "StreamAssembler", "StreamOutcome", "ToolCall"]
 
 
-class Outcome(StrEnum):
+class StreamOutcome(StrEnum):
     """How a stream ended, as far as the events seen so far tell."""
 
     COMPLETE = "complete"  # a finish_reason and then [DONE]
@@ -188,12 +188,12 @@ class StreamAssembler:
         return found
 
     @property
-    def outcome(self) -> Outcome:
+    def outcome(self) -> StreamOutcome:
         if self.server_error is not None or self.problems:
-            return Outcome.ERROR
+            return StreamOutcome.ERROR
         if self.done:
-            return Outcome.COMPLETE
-        return Outcome.TRUNCATED
+            return StreamOutcome.COMPLETE
+        return StreamOutcome.TRUNCATED
 
     def message(self) -> AssistantMessage:
         """The message as streamed so far; replay it only when `outcome` is COMPLETE."""

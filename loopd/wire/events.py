@@ -15,7 +15,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from loopd.wire.sse import SSEComment, SSEData, SSEDecoder, SSEForeign, SSEItem
+from loopd.wire.sse import SSEComment, SSEData, SSEDecoder, SSEForeign, SSEItem, SSEOverflow
 
 __all__ = [
     "ChunkMeta",
@@ -188,7 +188,8 @@ def parse_payload(payload: str) -> list[StreamEvent]:
 
 
 def events_from_item(item: SSEItem) -> list[StreamEvent]:
-    """The events for one SSE item: a payload's events, a keep-alive or a foreign line."""
+    """The events for one SSE item: a payload's events, a keep-alive, a foreign line, or an
+    event past the decoder's bound (``Malformed``: the stream cannot be trusted past it)."""
     match item:
         case SSEData(payload):
             return parse_payload(payload)
@@ -196,6 +197,9 @@ def events_from_item(item: SSEItem) -> list[StreamEvent]:
             return [KeepAlive(text)]
         case SSEForeign(line):
             return [Foreign(line)]
+        case SSEOverflow(limit, head):
+            reason = f"an event grew past {limit:,} bytes without ending; the rest was not read"
+            return [Malformed(head, reason)]
 
 
 class EventDecoder:

@@ -10,7 +10,7 @@ from pathlib import Path
 import anyio
 import pytest
 
-from loopd.approval import AskedCall, Decision
+from loopd.approvals.call import AskedCall, Decision
 from loopd.config import load_settings
 from loopd.sessionlog.records import fresh_external_key
 from loopd.sessions import Runtime

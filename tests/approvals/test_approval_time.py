@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from loopd.approval import AskedCall, Decision
-from loopd.approvalwait import decide
+from loopd.approvals.call import AskedCall, Decision
+from loopd.approvals.wait import decide
 
 pytestmark = pytest.mark.anyio
 CALL = AskedCall("s", "c1", "t", "{}", "id", asked_at=1000.0)

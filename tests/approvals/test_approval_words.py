@@ -6,7 +6,9 @@ import anyio
 import anyio.lowlevel
 import pytest
 
-from loopd.approval import AskedCall, Decision, shown_arguments
+from loopd.approvals.call import AskedCall, Decision
+from loopd.approvals.deciders import Deciders
+from loopd.approvals.words import shown_arguments
 from loopd.chat.approvals import Questions, question_line
 from loopd.chat.config import ChatSettings
 
@@ -19,7 +21,7 @@ def settings(**fields: object) -> ChatSettings:
 
 
 def test_the_line_is_short_and_its_arguments_cannot_break_out_of_code() -> None:
-    line = question_line(CALL, settings(), {"alice"}, 600)
+    line = question_line(CALL, settings(), Deciders.of({"alice"}), 600)
     assert line.startswith('🔐 `fs.write` wants to run with `{"path": "/a\'b"')
     assert line.count("`") == 4  # the tool's and the arguments' code spans, nothing else
     assert "…" in line
@@ -29,11 +31,11 @@ def test_the_line_is_short_and_its_arguments_cannot_break_out_of_code() -> None:
 
 
 async def test_only_the_starter_or_an_admin_answers() -> None:
-    questions = Questions(settings(admins=("carol",)))
+    questions = Questions(settings())
     decided: list[Decision | None] = []
 
     async def wait() -> None:
-        decided.append(await questions.wait("p1", frozenset({"alice"}), 5.0))
+        decided.append(await questions.wait("p1", Deciders.of({"alice"}, {"carol"}), 5.0))
 
     async with anyio.create_task_group() as tg:
         tg.start_soon(wait)

@@ -14,7 +14,7 @@ from typing import Any
 import anyio
 
 from loopcommon.jsonbytes import dumps
-from loopd.approval import Asker
+from loopd.approvals.call import Asker
 from loopd.config import SHORTHAND_ENDPOINT
 from loopd.endpoints.server import Server
 from loopd.engine.client import InferenceClient

@@ -105,19 +105,26 @@ IO_ROOTS = frozenset(
 )
 CLAIM = re.compile(r"\bpure\b|\bno I/O\b", re.IGNORECASE)
 PURE_PARTS: dict[str, set[str]] = {
-    "brokerd.confine": {
-        "is_within",
-        "check_declared",
-        "masks",
-        "sandbox_argv",
-        "mask_argv",
-    },
+    "brokerd.confine": {"check_declared", "confined_argv"},
     "brokerd.proxy.chatpolicy": {"valid_entry", "direct_members", "channel_refusal"},
     "brokerd.proxy.slotfolder": {"SavedFile", "evictions"},
     "brokerd.tools.builtins": {"host_allowed", "url_problem", "is_text"},
+    "loopcommon.sandbox": {
+        "ResourceLimits",
+        "HiddenPath",
+        "Bind",
+        "Confinement",
+        "Mount",
+        "HostView",
+        "is_within",
+        "masks",
+        "mask_argv",
+        "sandbox_argv",
+        "probe_failure",
+    },
     "loopd.contextwindow.budget": {
         "BudgetRules",
-        "Verdict",
+        "BudgetVerdict",
         "judge",
         "upper_bound_tokens",
         "estimate_prompt",

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from loopd.engine.thinkcap import (
     SUCCESS,
+    CapDecision,
     Close,
     Continue,
-    Decision,
     SendControl,
     ThinkCap,
     control_answer,
@@ -47,7 +47,7 @@ def test_past_the_grace_a_stream_still_thinking_is_closed_saying_why() -> None:
 
 def test_a_stream_thinking_on_gets_one_control_call_then_is_closed() -> None:
     answer: str | None = None
-    decisions: list[Decision] = []
+    decisions: list[CapDecision] = []
     for tokens in range(90, 130, 5):
         decision = CAP.decide(tokens, answering=False, control_answer=answer)
         decisions.append(decision)

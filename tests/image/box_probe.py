@@ -27,6 +27,7 @@ test -e /run/loopd-metrics/metrics.sock && echo metrics=visible || echo metrics=
 test -e /etc/loopd/loopd.toml && echo config=visible || echo config=hidden
 echo shell_pid=$$
 touch written-by-a-command && echo workspace=writable
+unshare -U true 2>/dev/null && echo user_namespace=made || echo user_namespace=refused
 """
 
 
@@ -54,6 +55,7 @@ async def sandbox_report(workspace: Path) -> dict[str, Any]:
     return {
         "isolated": sandbox.isolated,
         "reason": sandbox.reason,
+        "privileges_kept": sandbox.privileges_kept,
         "exit_code": outcome.exit_code,
         "seen": dict(line.split("=", 1) for line in lines if "=" in line),
         "output": outcome.output,

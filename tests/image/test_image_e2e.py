@@ -547,6 +547,7 @@ def test_the_boxs_volumes_are_the_filesystems_of_the_sizes_given(walkthrough: Wa
 def test_run_command_is_sandboxed_by_bubblewrap_in_the_box(walkthrough: Walkthrough) -> None:
     sandbox = walkthrough.box["sandbox"]
     assert sandbox["isolated"], f"bubblewrap does not work in the box: {sandbox['reason']}"
+    assert sandbox["privileges_kept"] is None, sandbox["privileges_kept"]
     assert sandbox["exit_code"] == 0, sandbox["output"]
     seen = dict(sandbox["seen"])
     shell_pid = int(seen.pop("shell_pid"))
@@ -557,6 +558,7 @@ def test_run_command_is_sandboxed_by_bubblewrap_in_the_box(walkthrough: Walkthro
         "metrics": "hidden",
         "config": "hidden",
         "workspace": "writable",
+        "user_namespace": "refused",
     }
     assert shell_pid < 10  # its own PID namespace
     assert "NOT sandboxed" not in walkthrough.loopd_logs[0]

@@ -8,7 +8,7 @@ from loopd.contextwindow.budget import (
     MESSAGE_OVERHEAD,
     MIN_INPUT_CAP,
     BudgetRules,
-    Verdict,
+    BudgetVerdict,
     cut_note,
     cut_text,
     estimate_prompt,
@@ -22,20 +22,20 @@ RULES = BudgetRules(compact_at=0.75, max_tokens=30, summary_max_tokens=256, marg
 
 
 def test_under_the_threshold_a_turn_fits() -> None:
-    assert judge(3071, 4096, RULES, turn_start=True, exact=True) is Verdict.FITS
+    assert judge(3071, 4096, RULES, turn_start=True, exact=True) is BudgetVerdict.FITS
 
 
 def test_at_the_threshold_a_turn_compacts_once_the_count_is_exact() -> None:
-    assert judge(3072, 4096, RULES, turn_start=True, exact=False) is Verdict.COUNT_EXACTLY
-    assert judge(3072, 4096, RULES, turn_start=True, exact=True) is Verdict.COMPACT
+    assert judge(3072, 4096, RULES, turn_start=True, exact=False) is BudgetVerdict.COUNT_EXACTLY
+    assert judge(3072, 4096, RULES, turn_start=True, exact=True) is BudgetVerdict.COMPACT
 
 
 def test_within_a_turn_only_the_hard_limit_compacts() -> None:
     # Past the threshold but the prompt and a full answer still fit: the turn goes on.
-    assert judge(3500, 4096, RULES, turn_start=False, exact=True) is Verdict.FITS
+    assert judge(3500, 4096, RULES, turn_start=False, exact=True) is BudgetVerdict.FITS
     # 4096 - 30 (answer) - 64 (margin) = 4002 is the last size that fits.
-    assert judge(4002, 4096, RULES, turn_start=False, exact=True) is Verdict.FITS
-    assert judge(4003, 4096, RULES, turn_start=False, exact=True) is Verdict.COMPACT
+    assert judge(4002, 4096, RULES, turn_start=False, exact=True) is BudgetVerdict.FITS
+    assert judge(4003, 4096, RULES, turn_start=False, exact=True) is BudgetVerdict.COMPACT
 
 
 def test_an_answer_never_takes_more_than_the_context_above_the_threshold() -> None:
@@ -43,8 +43,8 @@ def test_an_answer_never_takes_more_than_the_context_above_the_threshold() -> No
     # tokens above the threshold, so a tool round at 3,000 tokens does not compact.
     small_slot = BudgetRules(compact_at=0.75, max_tokens=12288, margin=64)
     assert small_slot.answer_room(4096) == 1024
-    assert judge(3000, 4096, small_slot, turn_start=False, exact=True) is Verdict.FITS
-    assert judge(3009, 4096, small_slot, turn_start=False, exact=True) is Verdict.COMPACT
+    assert judge(3000, 4096, small_slot, turn_start=False, exact=True) is BudgetVerdict.FITS
+    assert judge(3009, 4096, small_slot, turn_start=False, exact=True) is BudgetVerdict.COMPACT
     # On production's 262,144-token slot max_tokens is the smaller bound.
     assert small_slot.answer_room(262144) == 12288
 

@@ -74,7 +74,7 @@ async def test_a_run_command_call_the_model_makes_runs_inside_bubblewrap(
     assert call.name == "run_command"
     assert json.loads(call.arguments)["command"] == "ls -a"
     assert sandbox is not None
-    assert sandbox.bwrap is not None, sandbox.reason
+    assert sandbox.isolated, sandbox.reason
     assert result.startswith("exit code 0"), result
     assert "notes.txt" in result.splitlines()
     assert json.dumps(result)[1:-1].encode() in body

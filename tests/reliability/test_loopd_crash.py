@@ -9,7 +9,7 @@ from dataclasses import replace
 import anyio
 import pytest
 
-from loopd.approval import Asker
+from loopd.approvals.call import Asker
 from loopd.sessionlog.records import EntryKind
 from loopd.sessionlog.store import SessionLog
 from loopd.sessions import INTERRUPTED

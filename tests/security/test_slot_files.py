@@ -23,6 +23,7 @@ from loopcommon.slotfiles import slot_file_name
 from tests.security.brokerd_run import RunningBrokerd, brokerd
 from tests.security.fake_mattermost import served
 from tests.tools.toolcall import wait_until
+from tests.watch import run_watched
 
 STATE_BYTES = 1000
 CAP_BYTES = 3500  # three states fit, a fourth does not
@@ -228,3 +229,44 @@ def test_a_sessions_new_save_removes_its_earlier_ones(
         f"{neighbour in left}, {len(left)} in all"
     )
     assert left == sorted([names[-1], neighbour])
+
+
+SCENARIOS = "tests.security.bound_scenarios"
+
+
+@pytest.mark.attack(
+    attack="Another client's saves, in a save folder it shares with the box's server, are "
+    "removed or counted by brokerd",
+    input="another client's four files of loopd's shape, one under the session the box saves "
+    f"(s1), as large as three of the box's states together; the box saves s1 and four more "
+    f"sessions; slot_save_max_bytes {CAP_BYTES} (three states)",
+    expected="every file of the other client's stays and none counts towards the cap; the box's "
+    "files stay under the cap (its three newest saves)",
+)
+def test_another_clients_saves_are_neither_removed_nor_counted(
+    short_dir: Path, observed: Callable[[str], None]
+) -> None:
+    saves = short_dir / "saves"
+    saves.mkdir()
+    theirs = [slot_file_name("s1", b"their turn")]
+    theirs += [slot_file_name(f"theirs{i}", b"their turn") for i in range(3)]
+    for name in theirs:
+        (saves / name).write_bytes(b"\0" * STATE_BYTES)
+        os.utime(saves / name, ns=(0, 0))  # older than anything the box saves
+    ours = [slot_file_name(f"s{i}", b"our turn") for i in range(1, 6)]
+    with served(SavingLlama(saves).app(), short_dir / "llama.sock") as llama:
+        watched = run_watched(
+            f"{SCENARIOS}:box_saves", str(llama), str(saves), str(CAP_BYTES), *ours
+        )
+    left = {path.name for path in saves.glob("loopd-*")}
+    kept_ours = sorted(ours.index(name) + 1 for name in left & set(ours))
+    line = (
+        f"statuses {watched.result['statuses']}; the other client's files left "
+        f"{len(left & set(theirs))} of {len(theirs)}; the box's saves kept: s{kept_ours}; "
+        f"{watched.line}"
+    )
+    print(line)
+    observed(line)
+    assert watched.result["statuses"] == [200] * len(ours)
+    assert left >= set(theirs)
+    assert kept_ours == [3, 4, 5]

@@ -5,11 +5,14 @@ replaced log, and the log never written to."""
 from __future__ import annotations
 
 import hashlib
+import os
+import sqlite3
 from pathlib import Path
 
 import pytest
 
-from loopd.sessionlog import SessionLog
+from loopd.cli.main import main
+from loopd.sessionlog import SessionLog, search
 from loopd.sessionlog.errors import NotALogError
 from loopd.sessionlog.records import fresh_external_key
 from loopd.sessionlog.search import index_path, search_log
@@ -21,6 +24,7 @@ from tests.sessionlog.sessionlog_support import (
     open_started,
     request_for,
 )
+from tests.watch import run_watched
 
 
 def _exchange(log: SessionLog, session: str, question: str, answer: str) -> None:
@@ -128,3 +132,60 @@ def test_an_index_of_another_log_is_rebuilt(tmp_path: Path) -> None:
         path.rename(tmp_path / path.name)  # a restored backup: another log, the old index
     assert search_log(db_path, ["parser"]) == []
     assert [h.session for h in search_log(db_path, ["tin"])] == ["gamma"] * 6
+
+
+def damage_pages(path: Path) -> int:
+    """Overwrite every page of the SQLite file at ``path`` but the first (its header and
+    schema): it opens, and the first read of a table finds it malformed. The pages damaged."""
+    data = bytearray(path.read_bytes())
+    page = int.from_bytes(data[16:18], "big") or 65536
+    for start in range(page, len(data), page):
+        data[start : start + page] = b"\xa5" * page
+    path.write_bytes(bytes(data))
+    return len(data) // page - 1
+
+
+async def log_search(state_dir: str, *words: str) -> int:
+    """``loopd log search WORDS`` on the log in ``state_dir``, as the command line runs it."""
+    os.environ["LOOPD_STATE_DIR"] = state_dir
+    return main(["log", "search", *words])
+
+
+def test_loopd_log_search_rebuilds_a_damaged_index_and_never_blames_the_log(
+    tmp_path: Path,
+) -> None:
+    db_path = tmp_path / "loopd.db"
+    with open_started(db_path, "alpha") as log:
+        for n in range(200):
+            _exchange(log, "alpha", f"Question {n} about the parser?", f"Answer {n}: stream.")
+    assert len(search_log(db_path, ["parser"], limit=500)) == 200
+    for extra in tmp_path.glob("search.db-*"):  # the index as a closed file holds it
+        extra.unlink()
+    damaged = damage_pages(index_path(db_path))
+    log_bytes = _digest(db_path)
+    watched = run_watched(f"{__name__}:log_search", str(tmp_path), "parser", "199")
+    print(f"{damaged} pages of search.db damaged; `loopd log search parser 199` wrote:")
+    print(watched.output.rstrip())
+    print(f"{watched.line.split(', longest')[0]} (the command runs no event loop)")
+    assert watched.result == 0
+    hits = [line for line in watched.output.splitlines() if "alpha" in line]
+    assert len(hits) == 1  # the question of exchange 199
+    assert "the search index" in watched.output
+    assert "it is built again from the session log" in watched.output
+    assert "session log" not in watched.output.replace("from the session log", "")
+    assert _digest(db_path) == log_bytes  # the log itself untouched
+    assert len(search_log(db_path, ["parser"], limit=500)) == 200
+
+
+def test_an_index_that_fails_again_is_named_not_the_log(
+    db_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _two_sessions(db_path)
+
+    def broken(*args: object) -> None:
+        raise sqlite3.OperationalError("disk I/O error")
+
+    monkeypatch.setattr(search, "_bring_up_to_date", broken)
+    with pytest.raises(search.SearchIndexError) as failed:
+        search_log(db_path, ["parser"])
+    assert str(failed.value).startswith(f"search index {index_path(db_path)}: failed again")

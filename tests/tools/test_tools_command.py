@@ -9,9 +9,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from hypothesis import given
-from hypothesis import strategies as st
 
+from loopcommon.sandbox import HostView, Mount
 from loopd.tools import (
     Sandbox,
     ToolContext,
@@ -24,10 +23,7 @@ from loopd.tools import (
     run_core_tool,
 )
 from loopd.tools.command import (
-    CappedOutput,
     CommandOutcome,
-    Mount,
-    bwrap_argv,
     command_env,
     render_outcome,
     run_command,
@@ -70,38 +66,6 @@ async def run(
 # --- pure parts --------------------------------------------------------------------------------
 
 
-def test_capped_output_keeps_head_and_tail() -> None:
-    output = CappedOutput(10)
-    for chunk in (b"abc", b"defgh", b"ijklmnop", b"qrstuvwxyz"):
-        output.feed(chunk)
-    assert output.held == 10
-    assert output.cut
-    assert output.render() == (
-        "abcde\n[output cut: 26 bytes in all; 16 bytes in the middle are not shown]\nvwxyz"
-    )
-
-
-def test_capped_output_below_the_cap_is_whole() -> None:
-    output = CappedOutput(10)
-    output.feed(b"hello")
-    output.feed(b"!")
-    assert (output.render(), output.cut) == ("hello!", False)
-
-
-@given(chunks=st.lists(st.binary(max_size=40), max_size=30), cap=st.integers(1, 64))
-def test_capped_output_never_holds_more_than_the_cap(chunks: list[bytes], cap: int) -> None:
-    output = CappedOutput(cap)
-    everything = b""
-    for chunk in chunks:
-        output.feed(chunk)
-        everything += chunk
-        assert output.held <= cap
-    assert output.total == len(everything)
-    assert output.cut == (len(everything) > cap)
-    if not output.cut:
-        assert output.render() == everything.decode("utf-8", errors="replace")
-
-
 def test_the_environment_is_three_variables(tmp_path: Path) -> None:
     assert command_env(tmp_path) == {
         "PATH": "/usr/local/bin:/usr/bin:/bin",
@@ -110,22 +74,38 @@ def test_the_environment_is_three_variables(tmp_path: Path) -> None:
     }
 
 
-def test_bwrap_argv_binds_only_the_system_and_the_workspace() -> None:
-    argv = bwrap_argv(
-        "/usr/bin/bwrap",
-        Path("/srv/ws"),
-        ["/bin/sh", "-c", "true"],
-        [Mount("--ro-bind-try", "/usr", "/usr"), Mount("--symlink", "usr/bin", "/bin")],
-    )
-    assert argv[:4] == ["/usr/bin/bwrap", "--unshare-all", "--die-with-parent", "--new-session"]
+VIEW = HostView(
+    "/usr/bin/bwrap",
+    None,
+    (Mount("--ro-bind-try", "/usr", "/usr"), Mount("--symlink", "usr/bin", "/bin")),
+)
+
+
+def test_the_sandbox_binds_only_the_system_and_the_workspace() -> None:
+    sandbox = Sandbox(view=VIEW, shell="/bin/sh", reason="tests")
+    argv = sandbox.argv(Path("/srv/ws"), "true")
+    assert argv[:4] == ["/usr/bin/bwrap", "--unshare-all", "--unshare-user", "--disable-userns"]
     assert argv[-4:] == ["--", "/bin/sh", "-c", "true"]
     joined = " ".join(argv)
+    assert "--die-with-parent --new-session --cap-drop ALL" in joined
     assert "--ro-bind-try /usr /usr --symlink usr/bin /bin" in joined
-    assert "--tmpfs /tmp" in joined
+    # The kernel's default size, and no prlimit: the launcher sets the limits outside.
+    assert "--dev /dev --tmpfs /tmp" in joined
+    assert "prlimit" not in joined
     assert "--bind /srv/ws /srv/ws --chdir /srv/ws --clearenv" in joined
     assert "--share-net" not in joined
     read_write = [argv[i + 1] for i, arg in enumerate(argv) if arg in ("--bind", "--dev-bind")]
     assert read_write == ["/srv/ws"]
+
+
+def test_privileges_are_kept_only_where_the_sandbox_says_why() -> None:
+    kept = Sandbox(view=VIEW, shell="/bin/sh", reason="tests", privileges_kept="bwrap 0.6")
+    argv = kept.argv(Path("/srv/ws"), "true")
+    assert not {"--unshare-user", "--disable-userns", "--cap-drop"} & set(argv)
+    assert kept.warning == (
+        "run_command's sandbox keeps the capabilities it starts with (all of them for root) and "
+        "lets commands make user namespaces (bwrap 0.6)"
+    )
 
 
 def test_render_outcome() -> None:
@@ -223,7 +203,7 @@ async def test_a_flood_of_output_is_capped_without_holding_it(
 
 @pytest.mark.anyio
 async def test_a_command_that_cannot_start_is_a_failure_not_a_crash(workspace: Path) -> None:
-    broken = Sandbox(bwrap=None, mounts=(), shell="/nonexistent/sh", reason="tests")
+    broken = Sandbox(view=None, shell="/nonexistent/sh", reason="tests")
     outcome = await run("true", workspace, broken)
     assert outcome == CommandOutcome(
         127,
@@ -348,6 +328,34 @@ async def test_detect_sandbox_when_bwrap_cannot_start(
         "bwrap cannot create a sandbox here: bwrap: No permissions to create new namespace"
     )
     assert sandbox.warning is not None
+
+
+@pytest.mark.anyio
+async def test_a_bwrap_that_cannot_drop_privileges_confines_keeping_them(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, workspace: Path, bwrap_sandbox: Sandbox
+) -> None:
+    assert bwrap_sandbox.view is not None
+    # bubblewrap before 0.8, which knows no --disable-userns, in front of the real one.
+    old = tmp_path / "bin" / "bwrap"
+    old.parent.mkdir()
+    old.write_text(
+        "#!/bin/sh\n"
+        'for arg in "$@"; do [ "$arg" = --disable-userns ] && '
+        "{ echo 'bwrap: Unknown option --disable-userns' >&2; exit 1; }; done\n"
+        f'exec {bwrap_sandbox.view.bwrap} "$@"\n'
+    )
+    old.chmod(0o755)
+    monkeypatch.setenv("PATH", str(old.parent))
+    sandbox = await detect_sandbox()
+    assert sandbox.isolated
+    assert sandbox.privileges_kept == (
+        "this bubblewrap cannot drop them: bwrap cannot create a sandbox here: "
+        "bwrap: Unknown option --disable-userns"
+    )
+    assert sandbox.warning is not None
+    assert "keeps the capabilities it starts with" in sandbox.warning
+    outcome = await run("echo confined > out.txt; cat out.txt", workspace, sandbox)
+    assert (outcome.exit_code, outcome.output) == (0, "confined\n")
 
 
 def test_a_working_bwrap_gives_no_warning(bwrap_sandbox: Sandbox) -> None:

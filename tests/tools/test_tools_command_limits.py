@@ -3,11 +3,9 @@ ordinary user. The attacks each limit stops are in tests/security/test_tools_cal
 
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -33,7 +31,7 @@ from loopd.tools.launcher import (
 )
 from loopd.tools.pidscgroup import candidate_parents
 from loopd.tools.spec import ToolsSpec
-from tests.tools.toolcall import FORK_BOMB
+from tests.tools.toolcall import FORK_BOMB, as_nobody, open_folder, standalone_launcher
 
 TIGHT = ToolLimits(
     command_max_memory_bytes=256 * 1024**2,
@@ -170,25 +168,13 @@ def test_pids_cgroup_candidates() -> None:
 
 
 # --- the process cap for a user that is not root -----------------------------------------------
-
-
-def _as_unprivileged(argv: list[str]) -> list[str]:
-    """``argv`` run as nobody when the tests run as root (the kernel exempts root from
-    RLIMIT_NPROC, and loopd's deployment runs as an ordinary user)."""
-    if os.geteuid() != 0:
-        return argv
-    return ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", *argv]
+# (the kernel exempts root from RLIMIT_NPROC, and loopd's deployment runs as an ordinary user)
 
 
 @pytest.fixture
 def open_place() -> Iterator[Path]:
-    """A directory an unprivileged user can reach and write (pytest's base is private to root)."""
-    place = Path(tempfile.mkdtemp(prefix="loopd-nproc-"))
-    place.chmod(0o777)
-    try:
-        yield place.resolve()
-    finally:
-        shutil.rmtree(place, ignore_errors=True)
+    with open_folder("loopd-nproc-") as place:
+        yield place
 
 
 @pytest.mark.parametrize("confined", [False, True], ids=["plain", "bwrap"])
@@ -198,17 +184,12 @@ def test_rlimit_nproc_caps_a_fork_bomb_of_an_ordinary_user(
     if confined and not detected_sandbox.isolated:
         pytest.skip(f"bubblewrap does not work here: {detected_sandbox.reason}")
     (open_place / "bomb.py").write_text(FORK_BOMB)
-    # The launcher stands alone: copied where nobody can read it, run by the system's Python
-    # (the checkout and the test's interpreter may live where nobody cannot read).
-    launcher = open_place / "launcher.py"
-    shutil.copyfile(LAUNCHER, launcher)
     command = ["/usr/bin/python3", str(open_place / "bomb.py")]
     if confined:
         command = detected_sandbox.argv(open_place, "python3 bomb.py")
     limits = CommandLimits(memory_bytes=1024**3, file_bytes=1024**2, processes=40, cpu_s=30)
-    argv = ["/usr/bin/python3", "-I", "-S", str(launcher), limits.to_json(), str(os.getpid())]
     done = subprocess.run(
-        _as_unprivileged([*argv, "--", *command]),
+        as_nobody(standalone_launcher(open_place, limits, command)),
         cwd=open_place,
         capture_output=True,
         text=True,

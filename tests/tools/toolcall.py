@@ -5,18 +5,22 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
-from collections.abc import Callable
-from contextlib import suppress
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from loopd.sessionlog.store import SessionLog
+from loopd.tools.command import LAUNCHER
+from loopd.tools.launcher import CommandLimits
 
 LOOPD = [sys.executable, "-m", "loopd"]
 
@@ -34,6 +38,35 @@ except OSError as exc:
 print("made", made)
 """
 """Forks children that wait, until a fork fails or 300 run; prints how many it made."""
+
+
+def as_nobody(argv: list[str]) -> list[str]:
+    """``argv`` run as nobody when the tests run as root (the kernel exempts root from much, and
+    loopd's deployment runs as an ordinary user)."""
+    if os.geteuid() != 0:
+        return argv
+    return ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", *argv]
+
+
+@contextmanager
+def open_folder(prefix: str) -> Iterator[Path]:
+    """A folder an unprivileged user can reach and write (pytest's base is private to root)."""
+    place = Path(tempfile.mkdtemp(prefix=prefix))
+    place.chmod(0o777)
+    try:
+        yield place.resolve()
+    finally:
+        shutil.rmtree(place, ignore_errors=True)
+
+
+def standalone_launcher(place: Path, limits: CommandLimits, command: Sequence[str]) -> list[str]:
+    """``command`` behind loopd's launcher as run_command starts it, for another user: the
+    launcher stands alone, copied to ``place`` and run by the system's Python (the checkout and
+    the test's interpreter may live where nobody cannot read). This process stands for loopd."""
+    launcher = place / "launcher.py"
+    shutil.copyfile(LAUNCHER, launcher)
+    argv = ["/usr/bin/python3", "-I", "-S", str(launcher), limits.to_json(), str(os.getpid())]
+    return [*argv, "--", *command]
 
 
 def processes_with(marker: str) -> list[int]:

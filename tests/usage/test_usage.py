@@ -21,8 +21,8 @@ from loopd.terminal.link import local_user
 from loopd.usage.ledger import (
     LOOPD_ITSELF,
     TERMINAL_CHANNEL,
-    Usage,
     UsageKey,
+    UsageTotals,
     day_of,
     session_ledger,
 )
@@ -102,10 +102,13 @@ def test_the_metrics_carry_the_totals_per_person_and_channel(tmp_path: Path) -> 
     _write_thread(tmp_path)
     registry = CollectorRegistry()
     with SessionLog.open(tmp_path / "loopd.db") as log:
-        registry.register(UsageCollector(log, lambda: thread_labels(tmp_path), local_user()))
+        collector = UsageCollector(log, lambda: thread_labels(tmp_path), local_user())
+        registry.register(collector)
+        collector.refresh()
         first = generate_latest(registry).decode()
         log.append_user(THREAD, "@alice: Thanks!", external_key="p3")
         log.append_assistant(THREAD, _answer("Welcome."), request=_record(5, 2))
+        collector.refresh()
         second = generate_latest(registry).decode()
     line = 'loopd_usage_prompt_tokens_total{channel="~town-square",person="%s"} %s'
     assert line % ("alice", "40.0") in first
@@ -139,8 +142,8 @@ def test_loopds_own_requests_and_a_terminal_session(tmp_path: Path) -> None:
     day = day_of(requests[0].created_at)
     assert day == requests[0].created_at[:10]  # the log's clock is UTC
     assert ledger == {
-        UsageKey(day, LOOPD_ITSELF, TERMINAL_CHANNEL): Usage(1, 50, 100, 1, 1.0),
-        UsageKey(day, "ann", TERMINAL_CHANNEL): Usage(2, 36, 200, 6, 2.0),
+        UsageKey(day, LOOPD_ITSELF, TERMINAL_CHANNEL): UsageTotals(1, 50, 100, 1, 1.0),
+        UsageKey(day, "ann", TERMINAL_CHANNEL): UsageTotals(2, 36, 200, 6, 2.0),
     }
     assert day_of("2026-05-01T23:30:00-02:00") == "2026-05-02"
 

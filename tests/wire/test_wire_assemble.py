@@ -1,7 +1,7 @@
 """StreamAssembler and AssistantMessage: exact assembly, outcomes, thinking count, wire form."""
 
 from loopcommon.jsonbytes import dumps
-from loopd.wire.assemble import AssistantMessage, Outcome, StreamAssembler, ToolCall
+from loopd.wire.assemble import AssistantMessage, StreamAssembler, StreamOutcome, ToolCall
 from loopd.wire.events import (
     ChunkMeta,
     ContentDelta,
@@ -56,7 +56,7 @@ def test_plain_answer_is_complete() -> None:
     assert assembler.done
     assert assembler.progress == Progress(20, 0, 20, 3.0)
     assert assembler.timings == timings(2)
-    assert assembler.outcome is Outcome.COMPLETE
+    assert assembler.outcome is StreamOutcome.COMPLETE
     assert assembler.problems == []
     assert assembler.message() == AssistantMessage("Hello")
 
@@ -105,7 +105,7 @@ def test_tool_call_fragments_concatenate_exactly() -> None:
     expected = ToolCall("Jx9", "read_file", '{"path": "a b.txt",  "n":1.50}')
     assert assembler.tool_calls == {0: expected}
     assert assembler.message() == AssistantMessage("", "", (expected,))
-    assert assembler.outcome is Outcome.COMPLETE
+    assert assembler.outcome is StreamOutcome.COMPLETE
 
 
 def test_several_tool_calls_come_out_in_index_order() -> None:
@@ -130,23 +130,23 @@ def test_a_repeated_name_or_id_replaces_the_old_one() -> None:
 def test_tool_call_without_name_is_a_problem() -> None:
     assembler = assemble(ToolCallDelta(0, "a", None, "{}"), Finish("tool_calls"), Done())
     assert assembler.problems == ["tool call 0 has no name"]
-    assert assembler.outcome is Outcome.ERROR
+    assert assembler.outcome is StreamOutcome.ERROR
 
 
 def test_stream_without_done_is_truncated() -> None:
     assembler = assemble(META, ContentDelta("partial"), Finish("stop"))
-    assert assembler.outcome is Outcome.TRUNCATED
+    assert assembler.outcome is StreamOutcome.TRUNCATED
     assert assembler.message().content == "partial"
 
 
 def test_empty_stream_is_truncated() -> None:
-    assert StreamAssembler().outcome is Outcome.TRUNCATED
+    assert StreamAssembler().outcome is StreamOutcome.TRUNCATED
 
 
 def test_done_without_finish_is_an_error() -> None:
     assembler = assemble(ContentDelta("x"), Done())
     assert assembler.problems == ["[DONE] without a finish_reason"]
-    assert assembler.outcome is Outcome.ERROR
+    assert assembler.outcome is StreamOutcome.ERROR
 
 
 def test_server_error_mid_stream_keeps_the_first_error() -> None:
@@ -155,14 +155,14 @@ def test_server_error_mid_stream_keeps_the_first_error() -> None:
         META, ReasoningDelta("hm"), first, ServerError(500, "later", "server_error")
     )
     assert assembler.server_error == first
-    assert assembler.outcome is Outcome.ERROR
+    assert assembler.outcome is StreamOutcome.ERROR
     assert assembler.reasoning == "hm"
 
 
 def test_malformed_chunk_is_an_error_even_with_done() -> None:
     assembler = assemble(ContentDelta("a"), Malformed("{", "not JSON"), Finish("stop"), Done())
     assert assembler.problems == ["malformed chunk (not JSON): '{'"]
-    assert assembler.outcome is Outcome.ERROR
+    assert assembler.outcome is StreamOutcome.ERROR
 
 
 def test_foreign_lines_and_pings_are_kept_but_harmless() -> None:
@@ -170,13 +170,13 @@ def test_foreign_lines_and_pings_are_kept_but_harmless() -> None:
         KeepAlive(""), ContentDelta("a"), Finish("stop"), Done(), Foreign("proxy error: x")
     )
     assert assembler.foreign_lines == ["proxy error: x"]
-    assert assembler.outcome is Outcome.COMPLETE
+    assert assembler.outcome is StreamOutcome.COMPLETE
 
 
 def test_content_after_done_is_a_problem() -> None:
     assembler = assemble(Finish("stop"), Done(), ContentDelta("late"))
     assert assembler.problems == ["event after [DONE]: ContentDelta(text='late')"]
-    assert assembler.outcome is Outcome.ERROR
+    assert assembler.outcome is StreamOutcome.ERROR
 
 
 def test_second_finish_is_a_problem() -> None:

@@ -17,12 +17,12 @@ from loopd.wire import (
     EventDecoder,
     Foreign,
     KeepAlive,
-    Outcome,
     ServerError,
     SSEDecoder,
     SSEItem,
     StreamAssembler,
     StreamEvent,
+    StreamOutcome,
     ToolCall,
     ToolCallDelta,
     Usage,
@@ -61,7 +61,7 @@ def test_the_recordings_are_there() -> None:
 @pytest.mark.parametrize("name", sorted(RECORDED))
 def test_recorded_stream_is_complete_and_well_formed(name: str) -> None:
     assembler = assembled(events_of([RECORDED[name]]))
-    assert assembler.outcome is Outcome.COMPLETE, assembler.problems
+    assert assembler.outcome is StreamOutcome.COMPLETE, assembler.problems
     assert assembler.completion_id is not None
     assert assembler.completion_id.startswith("chatcmpl-")
     assert assembler.model == "smollm2-135m"
@@ -187,7 +187,7 @@ def test_stream_cut_before_done_is_truncated() -> None:
     body = RECORDED["plain"]
     cut = body[: body.rindex(b"data: [DONE]")]
     assembler = assembled(events_of([cut]))
-    assert assembler.outcome is Outcome.TRUNCATED
+    assert assembler.outcome is StreamOutcome.TRUNCATED
     assert assembler.finish_reason == "stop"
     assert assembler.message() == assembled(events_of([body])).message()
 
@@ -196,7 +196,7 @@ def test_stream_cut_mid_event_is_truncated_and_the_torn_chunk_is_malformed() -> 
     body = RECORDED["plain"]
     cut = body[: len(body) // 2]
     assembler = assembled(events_of([cut]))
-    assert assembler.outcome is Outcome.ERROR
+    assert assembler.outcome is StreamOutcome.ERROR
     assert any(problem.startswith("malformed chunk (not JSON") for problem in assembler.problems)
 
 
@@ -212,7 +212,7 @@ def test_error_mid_stream() -> None:
     assert assembler.server_error == ServerError(
         500, "Context size has been exceeded.", "server_error"
     )
-    assert assembler.outcome is Outcome.ERROR
+    assert assembler.outcome is StreamOutcome.ERROR
     assert assembler.reasoning  # what came before the error is kept, for the log
 
 
@@ -222,5 +222,5 @@ def test_router_proxy_error_after_a_dead_child() -> None:
     events = events_of([cut + b"proxy error: child process exited"])
     assert events[-1] == Foreign("proxy error: child process exited")
     assembler = assembled(events)
-    assert assembler.outcome is Outcome.TRUNCATED
+    assert assembler.outcome is StreamOutcome.TRUNCATED
     assert assembler.foreign_lines == ["proxy error: child process exited"]

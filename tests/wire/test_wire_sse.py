@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from loopd.wire.sse import SSEComment, SSEData, SSEDecoder, SSEForeign, SSEItem
+from loopd.wire.sse import SSEComment, SSEData, SSEDecoder, SSEForeign, SSEItem, SSEOverflow
 
 
 def decode_whole(body: bytes) -> list[SSEItem]:
@@ -189,3 +189,37 @@ def test_blocks_that_look_like_data_events_but_are_not_only_that(
 ) -> None:
     # Each body starts with "data: " and ends with a blank line, the shape the fast path takes.
     assert decode_whole(body) == items
+
+
+BOUND = 64
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        b"data: " + b"x" * 100,  # a line that never ends
+        b"data: abcdefgh\n" * 20,  # data lines without the blank line that ends their event
+        b"\n".join([b"data: ok", b"", b"data: " + b"y" * 100]),  # past the bound after an event
+    ],
+)
+@given(offsets=st.lists(st.integers(0, 220), max_size=6))
+def test_an_event_past_the_bound_overflows_once_at_any_split(
+    body: bytes, offsets: list[int]
+) -> None:
+    decoder = SSEDecoder(max_event_bytes=BOUND)
+    items = [item for piece in split_at(body, offsets) for item in decoder.feed(piece)]
+    items += decoder.feed(b"\n\ndata: after\n\n") + decoder.flush()
+    overflows = [item for item in items if isinstance(item, SSEOverflow)]
+    assert len(overflows) == 1
+    assert items[-1] == overflows[0]  # nothing after it: the stream is not read on
+    assert overflows[0].limit == BOUND
+    assert len(overflows[0].head) <= 80
+    assert all(isinstance(item, SSEData) and item.payload == "ok" for item in items[:-1])
+
+
+def test_an_event_within_the_bound_is_whole() -> None:
+    decoder = SSEDecoder(max_event_bytes=BOUND)
+    payload = "z" * (BOUND - len("data: "))
+    assert decoder.feed(f"data: {payload}".encode()) == []
+    assert decoder.feed(b"\n\n") == [SSEData(payload)]
+    assert not decoder.overflowed

@@ -1,4 +1,5 @@
-"""The save folder's cap: loopd's files, least recently used first, until under the cap."""
+"""The save folder's cap: this client's files (those it forwarded a save of), least recently used
+first, until under the cap; another client's files, of loopd's shape or not, are never touched."""
 
 import os
 from pathlib import Path
@@ -25,11 +26,18 @@ def test_a_file_alone_over_the_cap_goes_too() -> None:
     assert [f.path.name for f in evictions([saved("big", 200, 1)], 100)] == ["big"]
 
 
-def write(folder: Path, session: str, size: int, used_s: int) -> Path:
-    path = folder / slot_file_name(session, session.encode())
+def write(folder: Path, session: str, size: int, used_s: int, prefix: bytes = b"") -> Path:
+    path = folder / slot_file_name(session, prefix or session.encode())
     path.write_bytes(b"\0" * size)
     os.utime(path, ns=(used_s * 10**9, used_s * 10**9))
     return path
+
+
+def forwarded(folder: SlotFolder, *paths: Path) -> SlotFolder:
+    """``folder`` once it has forwarded a save of each of ``paths``."""
+    for path in paths:
+        folder.forwarded_now(path.name)
+    return folder
 
 
 def test_the_folder_keeps_other_clients_files_and_counts_several_folders(tmp_path: Path) -> None:
@@ -41,7 +49,7 @@ def test_the_folder_keeps_other_clients_files_and_counts_several_folders(tmp_pat
     newest = write(one, "c", 1000, 300)
     theirs = one / "someone-elses.bin"
     theirs.write_bytes(b"\0" * 5000)
-    folder = SlotFolder((one, two), max_bytes=2000)
+    folder = forwarded(SlotFolder((one, two), max_bytes=2000), oldest, middle, newest)
     removed = folder.evict_now()
     assert [file.path for file in removed] == [oldest]
     assert not oldest.exists()
@@ -53,13 +61,9 @@ def test_the_folder_keeps_other_clients_files_and_counts_several_folders(tmp_pat
 def test_a_restore_makes_its_file_the_last_to_go(tmp_path: Path) -> None:
     older = write(tmp_path, "a", 1000, 100)
     newer = write(tmp_path, "b", 1000, 200)
-    folder = SlotFolder((tmp_path,), max_bytes=1500)
-
-    async def restore_then_evict() -> None:
-        await folder.used(older.name)
-        await folder.evict()
-
-    anyio.run(restore_then_evict)
+    folder = forwarded(SlotFolder((tmp_path,), max_bytes=1500), older, newer)
+    anyio.run(folder.used, older.name)
+    folder.evict_now()
     assert older.exists()
     assert not newer.exists()
 
@@ -73,7 +77,7 @@ def test_a_missing_folder_is_logged_not_fatal(tmp_path: Path) -> None:
 def test_before_a_save_room_is_made_for_one_more_state(tmp_path: Path) -> None:
     older = write(tmp_path, "a", 1000, 100)
     newer = write(tmp_path, "b", 1000, 200)
-    folder = SlotFolder((tmp_path,), max_bytes=2500)
+    folder = forwarded(SlotFolder((tmp_path,), max_bytes=2500), older, newer)
     assert folder.evict_now() == []
     assert [file.path for file in folder.evict_now(room_for_one=True)] == [older]
     assert newer.exists()
@@ -101,8 +105,48 @@ def test_after_a_save_the_sessions_earlier_files_are_removed(tmp_path: Path) -> 
     latest = tmp_path / slot_file_name("a", b"a: two turns")
     latest.write_bytes(b"\0" * 100)
     other = write(tmp_path, "b", 100, 100)
-    folder = SlotFolder((tmp_path,), max_bytes=10_000)
-    anyio.run(folder.supersede, latest.name)
+    folder = forwarded(SlotFolder((tmp_path,), max_bytes=10_000), earlier, latest, other)
+
+    async def saved() -> None:
+        await folder.save_answered(latest.name, succeeded=True)
+
+    anyio.run(saved)
     assert not earlier.exists()
     assert latest.exists()
     assert other.exists()
+
+
+def test_another_clients_files_of_loopds_shape_are_neither_counted_nor_removed(
+    tmp_path: Path,
+) -> None:
+    theirs = write(tmp_path, "a", 5000, 1, b"their turn")  # the same session as ours
+    ours = write(tmp_path, "a", 1000, 2, b"our turn")
+    folder = forwarded(SlotFolder((tmp_path,), max_bytes=1500), ours)
+    assert folder.evict_now(room_for_one=False) == []  # theirs does not count
+    assert folder.supersede_now(ours.name) == []
+    assert theirs.exists()
+    before = theirs.stat().st_mtime_ns
+    folder.mark_used(theirs.name)
+    assert theirs.stat().st_mtime_ns == before  # not even stamped
+
+
+def test_the_ledger_outlives_brokerd_and_forgets_what_is_gone(tmp_path: Path) -> None:
+    ours = write(tmp_path, "a", 1000, 1)
+    gone = write(tmp_path, "b", 1000, 2)
+    forwarded(SlotFolder((tmp_path,), max_bytes=5000, client="box"), ours, gone)
+    gone.unlink()
+    again = SlotFolder((tmp_path,), max_bytes=5000, client="box")  # brokerd started again
+    assert [file.path for file in again.saved_files()] == [ours]
+    assert again.names == {ours.name}
+    other_client = SlotFolder((tmp_path,), max_bytes=5000, client="another box")
+    assert other_client.names == frozenset()
+
+
+def test_a_ledger_brokerd_did_not_write_is_left_with_its_files(tmp_path: Path) -> None:
+    ours = write(tmp_path, "a", 1000, 1)
+    folder = forwarded(SlotFolder((tmp_path,), max_bytes=1), ours)
+    folder.ledger.write_bytes(b"\x00 a slot state another client saved under this name")
+    again = SlotFolder((tmp_path,), max_bytes=1)
+    assert again.names == frozenset()
+    assert again.evict_now() == []
+    assert ours.exists()

@@ -20,7 +20,6 @@ from brokerd.tools.calls import (
     decide,
     plan_call,
 )
-from brokerd.tools.capture import CappedOutput
 from brokerd.tools.catalogue import BuiltinRun, Catalogue, CommandRun, ToolSpec
 from brokerd.tools.errors import ArgvError
 from brokerd.tools.ranking import NAME_WEIGHT, rank, words
@@ -228,26 +227,7 @@ def test_reused_key_with_other_arguments_is_a_conflict() -> None:
     assert isinstance(decide(STARTED, other, running_here=False), Conflict)
 
 
-# --- output cap and wording ------------------------------------------------------------------
-
-
-def test_capped_output_keeps_up_to_the_cap() -> None:
-    output = CappedOutput(cap=5)
-    assert output.add(b"abc")
-    assert not output.add(b"defg")
-    assert output.text() == "abcde"
-    assert output.cut
-    assert output.size == 5
-
-
-def test_capped_output_never_fails_on_a_split_character() -> None:
-    output = CappedOutput(cap=2)
-    output.add("é!".encode())
-    output.add("é".encode())
-    assert output.text() == "é"
-    half = CappedOutput(cap=1)
-    half.add("é".encode())
-    assert half.text() == "\ufffd"
+# --- wording of a capped output ---------------------------------------------------------------
 
 
 def test_cut_output_says_so() -> None:

@@ -1,6 +1,6 @@
 """host_disk_usage: the host's mount table and statvfs, formatted like df -h -P."""
 
-from brokerd.tools.diskusage import Mounted, Usage, format_table, human, parse_mounts
+from brokerd.tools.diskusage import DiskUsage, Mounted, format_table, human, parse_mounts
 
 MOUNTS = """\
 /dev/vda1 / ext4 rw,relatime 0 0
@@ -29,7 +29,7 @@ def test_sizes_read_like_df_h() -> None:
 
 def test_the_table_has_dfs_columns() -> None:
     gib = 1024**3
-    table = format_table([Usage("/dev/vda1", "/", 100 * gib, 25 * gib, 75 * gib)])
+    table = format_table([DiskUsage("/dev/vda1", "/", 100 * gib, 25 * gib, 75 * gib)])
     assert table.splitlines() == [
         "Filesystem Size Used Avail Use% Mounted on",
         "/dev/vda1  100G  25G   75G  25% /",

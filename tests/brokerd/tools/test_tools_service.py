@@ -9,10 +9,10 @@ import pytest
 
 from brokerd.tools.audit import AuditLog
 from brokerd.tools.builtins import BuiltinContext
-from brokerd.tools.capture import CappedOutput
 from brokerd.tools.catalogue import build_catalogue, parse_tool
 from brokerd.tools.service import CallAnswer, ToolBroker
 from brokerd.tools.settings import BrokerSettings
+from loopcommon.capture import CappedOutput
 
 pytestmark = pytest.mark.anyio
 

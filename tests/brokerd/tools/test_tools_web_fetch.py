@@ -11,8 +11,8 @@ from starlette.responses import PlainTextResponse, RedirectResponse, Response
 from starlette.routing import Route
 
 from brokerd.tools.builtins import BuiltinContext, host_allowed, is_text, url_problem, web_fetch
-from brokerd.tools.capture import CappedOutput
 from brokerd.tools.errors import ToolFailure
+from loopcommon.capture import CappedOutput
 from tests.brokerd.tools.brokertools_support import loopback_socket, serving
 
 pytestmark = pytest.mark.anyio
@@ -114,7 +114,7 @@ async def test_refuses_binary_content(site: str) -> None:
 async def test_caps_a_long_page(site: str) -> None:
     output = await fetch(f"{site}/big", cap=1000)
     assert output.cut
-    assert output.size == 1000
+    assert output.held == 1000
 
 
 async def test_a_server_that_is_down_is_a_tool_failure() -> None:

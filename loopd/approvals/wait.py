@@ -1,6 +1,6 @@
 """Waiting for a person's decision on a call brokerd holds, then sending the call again with it.
 
-The question and the decision go in the session log (``loopd.approval``'s notes) before the call
+The question and the decision go in the session log (``loopd.approvals.notes``) before the call
 goes back to brokerd, which records the decision in its audit log and answers with the tool
 result the model reads. A stop or a restart while the question is open leaves the call without
 a result: the session's next start sends it again, brokerd names the same approval, and the
@@ -13,16 +13,9 @@ import logging
 import time
 from collections.abc import Callable
 
-from loopd.approval import (
-    AskedCall,
-    Asker,
-    Decision,
-    asked_before,
-    asked_note,
-    decided_note,
-    refused_here,
-    timed_out,
-)
+from loopd.approvals.call import AskedCall, Asker, Decision
+from loopd.approvals.notes import asked_before, asked_note, decided_note
+from loopd.approvals.words import refused_here, timed_out
 from loopd.sessionlog.store import SessionLog
 from loopd.tools.broker_client import BrokerClient
 
