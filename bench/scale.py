@@ -55,9 +55,9 @@ from loopd.engine.limits import Limits
 from loopd.engine.outcome import RequestResult
 from loopd.engine.progress import Status
 from loopd.engine.request import RequestSettings, build_body
-from loopd.engine.turn import Turn
 from loopd.sessionlog.records import Perf, RequestKind, RequestRecord
 from loopd.sessionlog.store import SessionLog
+from loopd.turn.loop import Turn
 from loopd.wire.assemble import ToolCall
 from loopd.wire.events import EventDecoder
 
@@ -179,7 +179,7 @@ async def _per_request(path: Path, name: str, turns: int) -> tuple[float, float]
     per_turn: list[float] = []
     with (
         SessionLog.open(path) as log,
-        mock.patch("loopd.engine.turn.stream_into", _canned_stream(cycle())),
+        mock.patch("loopd.turn.loop.stream_into", _canned_stream(cycle())),
     ):
         for index in range(turns + 1):
             started = time.process_time()

@@ -1,7 +1,7 @@
 """loopd's status page: its data (slots, live turns, sessions) and the page made from it, as plain
 HTML with inline SVG plots. Pure: no I/O.
 
-loopd reads its runtime into a ``StatusSnapshot`` (``loopd.observe.status``) and serves it as
+loopd reads its runtime into a ``StatusSnapshot`` (``loopd.status.page``) and serves it as
 ``/status.json``; brokerd checks that data against these types and renders the page with
 ``render``, which escapes every string, so the box's bytes reach a browser as text only. The page
 refreshes itself, so a browser left on it follows the box without any script.

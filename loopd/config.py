@@ -11,9 +11,10 @@ The servers loopd places sessions on are ``endpoints()``: the file's ``[[endpoin
 (``name``, ``url``, ``model``, ``slots``), or else the one server that ``infer_url``, ``model``
 and ``slots`` describe (the shorthand); the two forms do not mix (rule ``one_endpoint_form``).
 
-The engine's own records of these numbers (``Limits``, ``BudgetRules``) take their defaults from
-``DEFAULTS``, so each default is written once, here; the sampling settings the other way round
-(their defaults are the request's own ``Sampling``).
+The engine's own records of these numbers (``Limits``, ``BudgetRules``, ``Sampling``) hold their
+defaults, and the settings take theirs from them, so each default is written once, there; the
+settings sit above the engine and the context window, which never read them (the layers:
+docs/design.md).
 """
 
 from __future__ import annotations
@@ -43,14 +44,19 @@ from loopcommon import configload
 from loopcommon.address import check_address
 from loopcommon.configload import Rule
 from loopcommon.errors import ConfigError
-from loopd.chat.config import ChatSettings
+from loopd.chatsettings import ChatSettings
+from loopd.contextwindow.budget import BudgetRules
 from loopd.engine.durable import DurableMode
+from loopd.engine.limits import Limits
 from loopd.engine.pinning import PinSlots
 from loopd.engine.repeats import DEFAULT_LIMIT as DEFAULT_REPEAT_LIMIT
 from loopd.engine.request import Sampling
 
-# The sampling settings' defaults are the request's own (``Sampling``), written once there.
+# The defaults of the settings that the engine and the context window read are theirs, written
+# once there: a request's limits and sampling, and the context budget's sizes.
+_LIMITS: Final = Limits()
 _SAMPLING: Final = Sampling()
+_BUDGET: Final = BudgetRules()
 
 # The core tools array ships inside the package, so an installed wheel finds it wherever it lives.
 CORE_TOOLS_FILE = Path(__file__).resolve().parent / "data" / "tools.schema.json"
@@ -237,13 +243,13 @@ class Settings(configload.FileSettings):
         "one-server shorthand). A session stays on its server while that server is up.",
     )
     first_byte_s: float = Field(
-        default=900.0,
+        default=_LIMITS.first_byte_s,
         gt=0,
         description="Longest wait for a request's first byte (it may be queued behind another "
         "client; `/slots` is polled meanwhile).",
     )
     silence_s: float = Field(
-        default=60.0,
+        default=_LIMITS.silence_s,
         gt=0,
         description="Longest silence once a stream has begun; then it is closed.",
     )
@@ -253,7 +259,7 @@ class Settings(configload.FileSettings):
         description="Timeout for connecting and for small calls (`/health`, `/slots`).",
     )
     think_cap: int = Field(
-        default=6144,
+        default=_LIMITS.think_cap,
         ge=0,
         description="Thinking tokens allowed per request before loopd ends the reasoning with "
         "the control call; `0` sets no cap (a model that does not think, or a `max_tokens` too "
@@ -263,7 +269,7 @@ class Settings(configload.FileSettings):
         "`max_tokens`.",
     )
     max_tokens: int = Field(
-        default=12288,
+        default=_BUDGET.max_tokens,
         ge=1,
         description="Ceiling on generated tokens per request (`max_tokens`). 12288 leaves 6144 "
         "tokens after a capped reasoning for the answer or a long tool call (a whole file for "
@@ -299,7 +305,7 @@ class Settings(configload.FileSettings):
         "`0`: off (then only the turn's 16 tool rounds bound it).",
     )
     compact_at: float = Field(
-        default=0.75,
+        default=_BUDGET.compact_at,
         gt=0,
         lt=1,
         description="Share of a slot's context (on a shared pool: of a session's share of it, "
@@ -307,7 +313,9 @@ class Settings(configload.FileSettings):
         "new epoch.",
     )
     summary_max_tokens: int = Field(
-        default=512, ge=32, description="`max_tokens` of the compaction request (summary)."
+        default=_BUDGET.summary_max_tokens,
+        ge=32,
+        description="`max_tokens` of the compaction request (summary).",
     )
     prewarm: bool = Field(
         default=False,

@@ -49,13 +49,13 @@ from loopd.chat.threads import Threads
 from loopd.config import SHORTHAND_ENDPOINT, Settings
 from loopd.endpoints.start import EXIT_NONE_UP, StartChecks, check_at_start
 from loopd.errors import LoopdError
-from loopd.observe.server import serve_runtime
 from loopd.selftest.endpoints import down_line, endpoint_checker
 from loopd.selftest.expected import DEFAULT_DIR, ServerAnswers
 from loopd.selftest.run import SelftestReport, format_report, run_selftest
 from loopd.serverchange import ServerChange, server_change, status_record
 from loopd.sessionlog.backup import hold_state
 from loopd.sessions import Runtime
+from loopd.status.server import serve_runtime
 from loopd.tools.spec import load_tools_spec
 
 log = logging.getLogger(__name__)

@@ -27,7 +27,6 @@ from loopd.engine.client import InferenceClient
 from loopd.engine.outcome import TurnOutcome
 from loopd.engine.pinning import choose_slot
 from loopd.engine.progress import StatusCallback
-from loopd.engine.turn import ToolRunner, Turn
 from loopd.observe.live import LiveTurns
 from loopd.observe.toolcalls import tool_call
 from loopd.prewarm.prewarmer import PrewarmResult
@@ -51,6 +50,7 @@ from loopd.tools.limits import ToolLimits
 from loopd.tools.quota import RESERVE_FILE, ReserveFile
 from loopd.tools.spec import ToolsSpec, load_tools_spec
 from loopd.tools.workspace import migrate_legacy_workspaces, session_workspace
+from loopd.turn.loop import ToolRunner, Turn
 from loopd.wire.assemble import ToolCall
 
 log = logging.getLogger(__name__)

@@ -18,9 +18,9 @@ import anyio
 from loopd.approvals.call import AskedCall, Decision
 from loopd.approvals.deciders import Deciders, may_decide
 from loopd.approvals.words import minutes, shown_arguments
-from loopd.chat.config import ChatSettings
 from loopd.chat.outbox import Outbox
 from loopd.chat.rest import MattermostError
+from loopd.chatsettings import ChatSettings
 
 log = logging.getLogger(__name__)
 

@@ -32,7 +32,6 @@ from loopcommon.retry import retrying
 from loopd.approvals.call import Asker
 from loopd.approvals.deciders import Deciders, may_decide
 from loopd.chat.approvals import Questions
-from loopd.chat.config import ChatSettings
 from loopd.chat.cursor import ChatState, ChatStateError
 from loopd.chat.labels import AUTHOR
 from loopd.chat.mentions import named
@@ -41,6 +40,7 @@ from loopd.chat.rest import MattermostError
 from loopd.chat.split import split_message
 from loopd.chat.status import DRAFT_MARK, Finished, InLine
 from loopd.chat.turnposts import DRAFT, STATUS, TurnPosts, close, draft_post
+from loopd.chatsettings import ChatSettings
 from loopd.contextwindow.compaction import is_compaction_instruction
 from loopd.engine.notes import cut_note
 from loopd.engine.outcome import TurnOutcome

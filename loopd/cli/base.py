@@ -7,7 +7,7 @@ import argparse
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Final, TextIO, TypeAlias
+from typing import TextIO, TypeAlias
 
 from loopd.config import Settings
 from loopd.selftest.expected import DEFAULT_DIR
@@ -17,8 +17,6 @@ Handler = Callable[[argparse.Namespace, Settings], int]
 Subparsers: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
 # A command that reads the log: the parsed arguments, the log's path, stdout and stderr.
 LogCommand = Callable[[argparse.Namespace, Path, TextIO, TextIO], int]
-
-EXIT_CANNOT: Final = 2  # the log cannot be read, or has no such session
 
 
 def log_handler(command: LogCommand) -> Handler:

@@ -4,8 +4,8 @@
 ``register(subparsers)`` adds the parsers, each with a ``handler(args, settings)`` as every loopd
 subcommand has (see ``loopd.cli``). The functions below do the work; they can be called directly
 with a database path and text streams, and return the exit status: 0 done, 2 the log cannot be
-read or has no such session; ``verify_log`` 1 when the log is not sound; ``search_entries`` 1
-when no entry mentions the words (as grep).
+read or has no such session; ``verify_log`` 1 when the log is not sound. ``sessions`` and ``log
+search`` print what ``loopd.logviews`` writes (the terminal's ``/sessions`` and ``/search`` too).
 
 Reading never creates or changes a log (``loopd.sessionlog.reading``).
 """
@@ -20,23 +20,22 @@ from typing import TYPE_CHECKING, Final, TextIO
 
 from loopcommon import jsonbytes
 from loopcommon.sanitize import for_terminal
-from loopd.cli.base import EXIT_CANNOT, log_handler
+from loopd.cli.base import log_handler
+from loopd.errors import EXIT_CANNOT
+from loopd.logviews import list_sessions, search_entries
 from loopd.sessionlog.backup import backup_state, restore_state
 from loopd.sessionlog.errors import LogError, UnknownSessionError
 from loopd.sessionlog.reading import existing_log
 from loopd.sessionlog.records import Entry
-from loopd.sessionlog.search import DEFAULT_LIMIT, SearchIndexError, search_log
-from loopd.sessionlog.searchtext import EmptyQueryError
+from loopd.sessionlog.search import DEFAULT_LIMIT
 from loopd.sessionlog.verify import verify
 from loopd.statedir import check_state_dir
 from loopd.transcript import latest_session, markdown, openai_messages
-from loopd.turnstop import was_stopped
 
 if TYPE_CHECKING:
     from loopd.config import Settings
 
 EXIT_BAD_LOG: Final = 1  # log verify: the log is not sound
-EXIT_NOT_FOUND: Final = 1  # log search: no entry mentions the words
 
 EXPORT_FIELDS = (
     "seq",
@@ -142,77 +141,8 @@ def _run_restore(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
-def search_entries(
-    db_path: Path,
-    words: list[str],
-    out: TextIO,
-    err: TextIO = sys.stderr,
-    *,
-    limit: int = DEFAULT_LIMIT,
-    session: str | None = None,
-) -> int:
-    """One line a hit, newest first: when, the session, the entry's seq and kind, and a line of
-    context around the words (``loopd.sessionlog.searchtext``). On a terminal each line passes
-    ``for_terminal`` (it quotes what the model or a person wrote); to a file or a pipe it is data.
-    The index beside the log is brought up to date first; the log itself is only read."""
-    try:
-        hits = search_log(db_path, words, limit=limit, session=session)
-    except (EmptyQueryError, LogError, SearchIndexError) as exc:
-        err.write(f"loopd: log search: {exc}\n")
-        return EXIT_CANNOT
-    if not hits:
-        where = f" of session {session!r}" if session else ""
-        asked = for_terminal(" ".join(words))
-        err.write(f"loopd: log search: no entry{where} mentions {asked!r}\n")
-        return EXIT_NOT_FOUND
-    shown = for_terminal if out.isatty() else str
-    for hit in hits:
-        out.write(shown(hit.line()) + "\n")
-    return 0
-
-
 def _no_session(db_path: Path, session: str) -> UnknownSessionError:
     return UnknownSessionError(db_path, f"no session {session!r}")
-
-
-def list_sessions(db_path: Path, out: TextIO, err: TextIO = sys.stderr) -> int:
-    try:
-        with existing_log(db_path) as log:
-            # Where loopd runs several servers, each session's endpoint (that of its latest
-            # request) and its slot there; the one-server log keeps its columns.
-            placed = log.last_endpoints() if log is not None else {}
-            slots = log.endpoint_slots() if log is not None else {}
-            where = f"{'ENDPOINT':<12} " if placed else ""
-            out.write(f"{'SESSION':<32} {where}{'SLOT':>4} {'EPOCH':>5} {'ENTRIES':>7}  STATE\n")
-            if log is None:
-                return 0
-            states = {state.session: state for state in log.pending_states()}
-            for session in log.sessions():
-                epochs = log.epochs(session.name)
-                entries = log.entries(session.name)
-                epoch = epochs[-1].number if epochs else 0
-                state = states[session.name]
-                if state.interrupted_calls:
-                    ids = ", ".join(call.call_id for call in state.interrupted_calls)
-                    label = f"interrupted tool calls: {ids}"
-                else:
-                    label = (
-                        ("stopped" if was_stopped(state) else "pending turn")
-                        if state.pending_turn
-                        else "idle"
-                    )
-                slot = session.slot
-                if placed:
-                    endpoint = placed[session.name][0] if session.name in placed else "-"
-                    slot = slots.get((session.name, endpoint), slot)
-                    where = f"{endpoint:<12} "
-                out.write(
-                    f"{session.name:<32} {where}{slot:>4} {epoch:>5} {len(entries):>7}  {label}\n"
-                )
-    except LogError as exc:
-        err.write(f"loopd: {exc}\n")
-        return EXIT_CANNOT
-    return 0
 
 
 def show_log(db_path: Path, session: str, out: TextIO, err: TextIO = sys.stderr) -> int:

@@ -6,7 +6,7 @@ one server of the shorthand (``LOOPD_INFER_URL``, ``LOOPD_MODEL``, ``LOOPD_SLOTS
 named ``default`` whose requests name no endpoint in the log, as before loopd had several. Each
 server has its own client, slot queue (``loopd.scheduler``), prewarms (``loopd.prewarm``) and, from
 what is known of it, its context budget, whether its requests are pinned to a slot, and its
-durable sessions (``loopd.engine.saves``; each server answers for its own save folder).
+durable sessions (``loopd.turn.saves``; each server answers for its own save folder).
 
 What is known of a server (``Known``, decided by ``known``, pure) comes from the self-test where
 it ran in this process (``loopd serve``), else from what ``loopd selftest --record`` stored for it
@@ -33,14 +33,14 @@ from loopd.engine.limits import Limits
 from loopd.engine.pinning import Pinning, decide_pinning
 from loopd.engine.progress import StatusCallback
 from loopd.engine.request import RequestSettings, Sampling
-from loopd.engine.saves import DurableSlots, SaveBook
-from loopd.engine.turn import DEFAULT_MAX_ROUNDS, ToolRunner, Turn
 from loopd.prewarm.plan import PrewarmPlan
 from loopd.prewarm.prewarmer import Prewarmer
 from loopd.scheduler import Scheduler
 from loopd.selftest.expected import ServerAnswers
 from loopd.selftest.template import TemplateAnswer
 from loopd.sessionlog.store import SessionLog
+from loopd.turn.loop import DEFAULT_MAX_ROUNDS, ToolRunner, Turn
+from loopd.turn.saves import DurableSlots, SaveBook
 
 
 @dataclass(frozen=True)

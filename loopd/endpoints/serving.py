@@ -44,16 +44,16 @@ from loopd.engine.client import InferenceClient
 from loopd.engine.outcome import TurnOutcome
 from loopd.engine.pinning import choose_slot
 from loopd.engine.progress import StatusCallback
-from loopd.engine.turn import ToolRunner, Turn
-from loopd.observe.context import request_scope
 from loopd.observe.live import LiveTurn, LiveTurns
 from loopd.observe.metrics import METRICS
 from loopd.prewarm.prewarmer import PrewarmResult
+from loopd.requestscope import request_scope
 from loopd.scheduler import PositionCallback
 from loopd.selftest.endpoints import Checker, EndpointCheck, endpoint_checker
 from loopd.selftest.expected import DEFAULT_DIR, ServerAnswers, recorded_answers
 from loopd.sessionlog.records import Session
 from loopd.sessionlog.store import SessionLog
+from loopd.turn.loop import ToolRunner, Turn
 
 log = logging.getLogger(__name__)
 

@@ -1,5 +1,5 @@
 """Durable sessions: when loopd saves a session's slot state to the server's disk, when it
-restores it, and when it trusts a restore. Pure; the I/O is ``loopd.engine.saves`` (the
+restores it, and when it trusts a restore. Pure; the I/O is ``loopd.turn.saves`` (the
 saves loopd recorded) and ``InferenceClient.save_slot``/``restore_slot`` (the server's
 ``POST /slots/{id}?action=save|restore``).
 

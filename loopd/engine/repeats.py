@@ -12,7 +12,7 @@ text). With ``limit`` repeats allowed (``LOOPD_REPEAT_LIMIT``, 0: off):
 - the repeat that reaches the limit ends the turn: it and the calls after it in the same message
   are not run, and the turn's outcome says, in one line, that the model repeated a call.
 
-Pure: the turn (``loopd.engine.turn``) reads the turn's messages from the log and does what the
+Pure: the turn (``loopd.turn.loop``) reads the turn's messages from the log and does what the
 plan says.
 """
 

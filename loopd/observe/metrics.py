@@ -4,11 +4,11 @@ The hooks in the engine, the chat adapter and the runtime are one call each (``M
 what a record means for which metric is decided here. Label values are bounded: request kinds,
 outcomes and loss causes come from loopd's own enums, tool names from the tools file (anything
 else the model calls is ``unknown``), Mattermost events from the list below (the rest ``other``),
-slots from ``LOOPD_SLOTS``; the usage's people and channels (``loopd.observe.usage``) through a
+slots from ``LOOPD_SLOTS``; the usage's people and channels (``loopd.status.usage``) through a
 ``LabelFold`` each: the configured channels, then the largest of the rest up to a number, the
 others summed as ``(other)`` and counted in ``loopd_usage_folded_labels``. The state that is read
 rather than counted (busy slots, live turns) is collected at scrape time from the runtime
-(``loopd.observe.server``).
+(``loopd.status.server``).
 """
 
 from __future__ import annotations
@@ -231,7 +231,7 @@ class LoopdMetrics:
     def prewarm_ended(self, outcome: str) -> None:
         """A prewarm ended (``PrewarmOutcome``'s value): done, failed, cancelled or skipped (no
         request sent). Its request, if it sent one, was counted when it was recorded
-        (``loopd.engine.recorder``)."""
+        (``loopd.observe.recorder``)."""
         self.prewarms.labels(outcome).inc()
 
     def tool_called(self, tool: str, outcome: str, seconds: float) -> None:

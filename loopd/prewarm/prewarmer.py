@@ -61,12 +61,12 @@ from typing import Any, Protocol
 
 import anyio
 
-from loopd.engine import recorder
 from loopd.engine.cacheloss import Circumstances, PrevRequest, cache_loss
 from loopd.engine.client import InferenceClient
-from loopd.engine.recorder import Sent
 from loopd.engine.request import RequestSettings, build_body
 from loopd.errors import InferenceError, StreamBroken
+from loopd.observe import recorder
+from loopd.observe.recorder import Sent
 from loopd.scheduler import Scheduler
 from loopd.sessionlog.records import Perf, RequestKind, RequestRecord, Session
 from loopd.sessionlog.store import SessionLog
@@ -98,7 +98,7 @@ class StateBack:
 
 
 class StateRestorer(Protocol):
-    """Durable sessions as a prewarm uses them (``loopd.engine.saves.DurableSlots``)."""
+    """Durable sessions as a prewarm uses them (``loopd.turn.saves.DurableSlots``)."""
 
     async def restore_for_prewarm(
         self, session: str, tools_text: str, messages: Sequence[str], slot: int

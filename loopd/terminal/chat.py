@@ -28,9 +28,9 @@ from typing import Final, TextIO
 
 from loopcommon.errors import DaemonError
 from loopcommon.sanitize import for_terminal
-from loopd.cli.log import list_sessions, search_entries
 from loopd.config import Settings
 from loopd.engine.outcome import TurnOutcome
+from loopd.logviews import list_sessions, search_entries
 from loopd.selftest.expected import DEFAULT_DIR
 from loopd.terminal import slash
 from loopd.terminal.core import ChatCore, SessionExists, Stopped, TurnEnd, Watcher

@@ -26,13 +26,13 @@ from loopd.config import Settings
 from loopd.endpoints.server import TurnRules
 from loopd.engine.outcome import TurnOutcome
 from loopd.engine.progress import Status
-from loopd.engine.turn import ToolRunner
 from loopd.errors import LoopdError
 from loopd.observe.perfsummary import format_summary, perf_records, summarize
 from loopd.selftest.expected import DEFAULT_DIR
 from loopd.sessionlog.records import Session, fresh_external_key
 from loopd.sessions import Runtime
 from loopd.terminal.approve import TerminalAsker
+from loopd.turn.loop import ToolRunner
 from loopd.turnstop import record_stop, was_stopped
 from loopd.wire.assemble import ToolCall
 

@@ -10,7 +10,7 @@ from loopd.approvals.call import AskedCall, Decision
 from loopd.approvals.deciders import Deciders
 from loopd.approvals.words import shown_arguments
 from loopd.chat.approvals import Questions, question_line
-from loopd.chat.config import ChatSettings
+from loopd.chatsettings import ChatSettings
 
 pytestmark = pytest.mark.anyio
 CALL = AskedCall("mm:x", "c1", "fs.write", '{"path": "/a`b", "text": "' + "y" * 400 + '"}', "id", 0)

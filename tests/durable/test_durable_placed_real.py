@@ -19,9 +19,9 @@ from loopd.engine.durable import DurableMode
 from loopd.engine.outcome import Failure
 from loopd.engine.pinning import PinSlots
 from loopd.engine.request import ANY_SLOT
-from loopd.engine.saves import SaveBook
 from loopd.selftest.expected import ServerAnswers
 from loopd.sessions import Runtime
+from loopd.turn.saves import SaveBook
 from loopd_dev import devserver
 from tests.durable.test_durable_real import Restartable, restartable, say, turn_request
 

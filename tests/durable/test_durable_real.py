@@ -20,11 +20,11 @@ from loopd.engine.limits import Limits
 from loopd.engine.outcome import Failure
 from loopd.engine.pinning import PinSlots
 from loopd.engine.request import build_body
-from loopd.engine.saves import DurableSlots, SaveBook
 from loopd.engine.stream import run_request
 from loopd.selftest.expected import ServerAnswers
 from loopd.sessionlog.records import Request, RequestKind, fresh_external_key
 from loopd.sessions import Runtime
+from loopd.turn.saves import DurableSlots, SaveBook
 from loopd_dev import devserver
 from tests.engine.engine_support import one_server
 

@@ -22,7 +22,7 @@ from loopd.engine.durable import (
     usable,
     worth_restoring,
 )
-from loopd.engine.saves import SaveBook
+from loopd.turn.saves import SaveBook
 
 TOOLS = '[{"type":"function","function":{"name":"read_file"}}]'
 TURN = ['{"role":"system","content":"s"}', '{"role":"user","content":"hi"}']

@@ -21,10 +21,10 @@ from loopd.engine.client import InferenceClient
 from loopd.engine.limits import Limits
 from loopd.engine.progress import Status
 from loopd.engine.request import RequestSettings, Sampling, build_body
-from loopd.engine.turn import Turn
 from loopd.sessionlog.records import EntryKind, Request, fresh_external_key
 from loopd.sessionlog.store import SessionLog
 from loopd.sessions import Runtime
+from loopd.turn.loop import Turn
 from loopd.wire.assemble import ToolCall
 from loopd_dev.fakes.llama import FakeLlama, RunningFake, serve_fake_llama
 

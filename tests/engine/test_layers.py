@@ -17,7 +17,7 @@ PACKAGE = Path(loopd.__file__).parent
 PURE_POLICIES = ["engine/liveness.py", "engine/thinkcap.py"]
 # What a policy may import: the standard library's data types and loopd's own error tree.
 PURE_IMPORTS = {"__future__", "collections.abc", "dataclasses", "typing", "loopd.errors"}
-ABOVE_THE_TRANSPORT = ["engine/stream.py", "engine/turn.py", "sessions.py"]
+ABOVE_THE_TRANSPORT = ["engine/stream.py", "turn/loop.py", "sessions.py"]
 
 
 def imported(module: str) -> set[str]:
@@ -136,7 +136,6 @@ PURE_PARTS: dict[str, set[str]] = {
     },
     "loopd.endpoints.server": {"Known", "known"},
     "loopd.contextwindow.pool": {
-        "is_pool_full",
         "_count",
         "held_by_busy_slots",
         "fits_beside",
@@ -181,7 +180,7 @@ MENTIONS_ONLY: dict[str, str] = {
     "brokerd.tools.service": "the shell around the pure ranking, calls and wording",
     "loopd.endpoints.serving": "the I/O shell around Fleet (placement and health)",
     "loopd.endpoints.warm": "the shell around the pure prewarm plan",
-    "loopd.observe.status": "reads the runtime; loopcommon.statuspage renders",
+    "loopd.status.page": "reads the runtime; loopcommon.statuspage renders",
     "loopd.selftest": "the package: pure checks beside the probe",
 }
 
@@ -358,7 +357,7 @@ def test_a_module_that_says_it_is_pure_is(module: str) -> None:
 
 # -- One request recorder --------------------------------------------------------------------
 
-RECORDER = "loopd/engine/recorder.py"
+RECORDER = "loopd/observe/recorder.py"
 
 
 def _calls(path: Path) -> set[str]:

@@ -16,13 +16,12 @@ from brokerd.observe.metrics import BROKERD_METRICS
 from brokerd.observe.middleware import instrument
 from brokerd.tools.app import create_broker_app
 from brokerd.tools.settings import BrokerSettings
-from loopd.chat.status import phase_words
 from loopd.config import load_settings
-from loopd.engine.progress import Phase, Status
+from loopd.engine.progress import Phase, Status, phase_words
 from loopd.observe.metrics import METRICS
-from loopd.observe.server import create_app, serve_runtime
 from loopd.sessionlog.records import fresh_external_key
 from loopd.sessions import Runtime
+from loopd.status.server import create_app, serve_runtime
 from loopd_dev.fakes.llama import (
     FakeLlama,
     ModelSpec,

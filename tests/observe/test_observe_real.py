@@ -23,8 +23,7 @@ from typing import Any
 import anyio
 import pytest
 
-from loopd.chat.status import phase_words
-from loopd.engine.progress import Phase, Status
+from loopd.engine.progress import Phase, Status, phase_words
 from loopd_dev import devserver
 from tests.observe.observe_support import Page, scraped, value
 from tests.observe.real_stack import (

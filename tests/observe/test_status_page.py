@@ -13,8 +13,8 @@ from loopcommon.statuspage import (
     sparkline,
     when,
 )
-from loopd.chat.status import phase_words, status_text
-from loopd.engine.progress import Phase, Status
+from loopd.chat.status import status_text
+from loopd.engine.progress import Phase, Status, phase_words
 from loopd.observe.live import LiveTurn
 
 

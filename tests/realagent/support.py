@@ -20,9 +20,9 @@ from loopd.config import SHORTHAND_ENDPOINT, load_settings
 from loopd.endpoints.server import TurnRules
 from loopd.engine.client import ChatStream, InferenceClient
 from loopd.engine.outcome import TurnOutcome
-from loopd.engine.turn import DEFAULT_MAX_ROUNDS
 from loopd.sessionlog.records import fresh_external_key
 from loopd.sessions import Runtime
+from loopd.turn.loop import DEFAULT_MAX_ROUNDS
 from loopd.wire.assemble import ToolCall
 from loopd.wire.events import EventDecoder, ToolCallDelta
 from loopd_dev import devserver

@@ -9,15 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from loopd.cli.log import (
-    EXPORT_FIELDS,
-    export_log,
-    list_sessions,
-    register,
-    show_log,
-    verify_log,
-)
+from loopd.cli.log import EXPORT_FIELDS, export_log, register, show_log, verify_log
 from loopd.config import Settings
+from loopd.logviews import list_sessions
 from loopd.sessionlog import RequestKind, RequestRecord, SessionLog, messages_digest
 from loopd.sessionlog.records import Perf
 from loopd.sessionlog.verify import verify

@@ -31,7 +31,7 @@ from loopcommon.retry import retrying
 from loopd.approvals.call import Asker
 from loopd.contextwindow import pool
 from loopd.contextwindow.budget import ServerBudget
-from loopd.engine import recorder, repeats
+from loopd.engine import repeats
 from loopd.engine.cacheloss import (
     Circumstances,
     Loss,
@@ -46,15 +46,16 @@ from loopd.engine.client import InferenceClient
 from loopd.engine.limits import Limits
 from loopd.engine.outcome import Failure, RequestResult, TurnOutcome, request_perf, retry_safe
 from loopd.engine.progress import Phase, Status, StatusCallback
-from loopd.engine.recorder import Reply, Sent
 from loopd.engine.request import RequestSettings, build_body
-from loopd.engine.saves import DurableSlots, Probe, Restore
 from loopd.engine.stream import start_result, stream_into
 from loopd.errors import InferenceError
-from loopd.observe.context import request_scope
+from loopd.observe import recorder
 from loopd.observe.metrics import METRICS
+from loopd.observe.recorder import Reply, Sent
+from loopd.requestscope import request_scope
 from loopd.sessionlog.records import Epoch, RequestKind, RequestRecord
 from loopd.sessionlog.store import SessionLog
+from loopd.turn.saves import DurableSlots, Probe, Restore
 from loopd.wire.assemble import ToolCall
 
 log = logging.getLogger(__name__)
@@ -189,6 +190,18 @@ class Turn:
                 if isinstance(way_out, Answered):
                     await self.save_slot(outcome)
         return outcome
+
+    def summariser(self, report: StatusCallback, *, max_tokens: int, think_cap: int) -> Turn:
+        """This turn as the request that asks for a compaction's summary (``Compactor``): its
+        own report, answer length and thinking cap, no tools and no context gate."""
+        return replace(
+            self,
+            report=report,
+            settings=replace(self.settings, max_tokens=max_tokens),
+            limits=replace(self.limits, think_cap=think_cap),
+            tools=None,
+            gate=None,
+        )
 
     async def save_slot(self, outcome: TurnOutcome) -> None:
         """At the end of an answered turn, while the session still holds its slot: save what

@@ -31,9 +31,9 @@ from loopcommon.address import parse_address
 from loopcommon.httpserve import serve_http
 from loopcommon.statuspage import ThreadView, render
 from loopd.observe.metrics import METRICS, LoopdMetrics
-from loopd.observe.status import snapshot
-from loopd.observe.usage import UsageCollector
 from loopd.sessions import Runtime
+from loopd.status.page import snapshot
+from loopd.status.usage import UsageCollector
 from loopd.terminal.link import local_user
 
 log = logging.getLogger(__name__)
