@@ -12,8 +12,10 @@ re-read after the server forgot it, with and without a saved slot state (the ser
 restore, ``bench/durable.py``, then loopd's rule, ``bench/durable_loopd.py``, twenty threads taking
 turns beyond the host cache, ``bench/durable_turns.py``, and the save folder under brokerd's cap,
 ``bench/durable_cap.py``; alone: ``--durable``, written to
-``<date>-durable.md``). The report goes to ``bench/results/<date>.md`` with a plot per template
-beside it; ``--append`` adds it below the day's earlier report instead of replacing it.
+``<date>-durable.md``), and the edges, which need no real server: a command's start-up, brokerd's
+relay of a streamed answer and the wait a person saw (``bench/edges.py``; alone: ``--edges``,
+written to ``<date>-edges.md``). The report goes to ``bench/results/<date>.md`` with a plot per
+template beside it; ``--append`` adds it below the day's earlier report instead of replacing it.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from bench import (
     durable_cap,
     durable_loopd,
     durable_turns,
+    edges,
     hybrid,
     overhead,
     parsers,
@@ -107,6 +110,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "written to <date>-cache-reuse.md",
     )
     parser.add_argument(
+        "--edges",
+        action="store_true",
+        help="only the edges: a command's start-up, brokerd's relay and the wait people see "
+        "(no server), beside the recorded run before them, written to <date>-edges.md",
+    )
+    parser.add_argument(
         "--append",
         action="store_true",
         help="add the report below the day's earlier one instead of replacing it",
@@ -141,6 +150,8 @@ def run(args: argparse.Namespace) -> Path:
         return _section_only(args, started, "durable sessions", "durable", _durable)
     if args.cache_reuse:
         return _section_only(args, started, "cache reuse", "cache-reuse", _cache_reuse)
+    if args.edges:
+        return _section_only(args, started, "the edges", "edges", _edges)
     load_before = load_average()
     if args.scale_only:
         return _scale_only(args, started)
@@ -177,15 +188,19 @@ def run(args: argparse.Namespace) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     if not args.offline:
         results = _with_server(results, args)
-    section = (
-        ""
-        if args.offline or args.production_shape
-        else "\n" + _real_tools(args) + "\n" + _durable(args)
-    )
+    section = "\n" + _edges(args)
+    if not (args.offline or args.production_shape):
+        section += "\n" + _real_tools(args) + "\n" + _durable(args)
     results = _finished(results, clock)
     path = out / f"{results.date}.md"
     write_report(path, render(results) + section, append=args.append)
     return path
+
+
+def _edges(args: argparse.Namespace) -> str:
+    log.info("the edges: start-up, relay, the wait people see")
+    found = edges.measure(args.cache_dir, args.repeats, command=args.command)
+    return "\n".join(edges.render(found, edges.before())) + "\n"
 
 
 def _real_tools(args: argparse.Namespace) -> str:

@@ -79,7 +79,7 @@ _CALL = (
     '"function":{"name":"read_file","arguments":"{\\"path\\": \\"src/main.py\\"}"}}]}'
 )
 _ANSWER = '{"role":"assistant","content":"Done: the file has %d lines, all of them fine."}'
-_MODEL = "fake-model"
+MODEL = "fake-model"
 
 
 # -- filling a log -------------------------------------------------------------------------------
@@ -151,8 +151,8 @@ def _canned_stream(streams: Iterator[bytes]) -> Callable[..., Awaitable[None]]:
     return stream_into
 
 
-def _turn(log: SessionLog, name: str, client: InferenceClient, report: Any = None) -> Turn:
-    settings = RequestSettings(model=_MODEL, slot=0, max_tokens=8192 + 512)
+def thread_turn(log: SessionLog, name: str, client: InferenceClient, report: Any = None) -> Turn:
+    settings = RequestSettings(model=MODEL, slot=0, max_tokens=8192 + 512)
     return Turn(
         session=name,
         slot=0,
@@ -175,7 +175,7 @@ async def _per_request(path: Path, name: str, turns: int) -> tuple[float, float]
             yield tool
             yield plain
 
-    client = InferenceClient("http://127.0.0.1:9", _MODEL)  # never reached: the stream is canned
+    client = InferenceClient("http://127.0.0.1:9", MODEL)  # never reached: the stream is canned
     per_turn: list[float] = []
     with (
         SessionLog.open(path) as log,
@@ -184,7 +184,7 @@ async def _per_request(path: Path, name: str, turns: int) -> tuple[float, float]
         for index in range(turns + 1):
             started = time.process_time()
             log.append_user(name, f"@ana: one more, {index}", external_key=f"more-{index}")
-            outcome = await _turn(log, name, client).run()
+            outcome = await thread_turn(log, name, client).run()
             per_turn.append((time.process_time() - started) * 1000 / len(outcome.requests))
             if outcome.answer is None:
                 raise RuntimeError(f"the canned turn did not answer: {outcome.failure}")
@@ -221,7 +221,7 @@ def _reads(path: Path, name: str) -> dict[str, float]:
     with SessionLog.open(path) as log:
         found["replay build, cold"] = _timed(
             lambda: build_body(
-                RequestSettings(model=_MODEL, slot=0, max_tokens=512),
+                RequestSettings(model=MODEL, slot=0, max_tokens=512),
                 _TOOLS,
                 log.replay_messages(name),
             ),
@@ -340,7 +340,7 @@ def fake_server(work: Path) -> Iterator[Path]:
             str(sock),
             "--single",
             "--model",
-            _MODEL,
+            MODEL,
             "--ctx-size",
             "65536",
             "--slots",
@@ -369,15 +369,15 @@ def _word(i: int) -> str:
     return "w" + chr(ord("a") + i % 26) + chr(ord("a") + i // 26 % 26)
 
 
-def _script(http: httpx.Client, tokens: int) -> None:
+def script_answer(http: httpx.Client, tokens: int) -> None:
     words = " ".join(_word(i) for i in range(tokens - 1))  # and the end-of-turn token
     http.post("/_fake/script", json={"replies": [{"content": words}]}).raise_for_status()
 
 
 async def _loopd_tokens(sock: Path, log: SessionLog, name: str, tokens: int) -> float:
-    client = InferenceClient(f"unix:{sock}", _MODEL)
+    client = InferenceClient(f"unix:{sock}", MODEL)
     shown: list[Status] = []
-    turn = _turn(log, name, client, report=shown.append)  # a thread shows each status it gets
+    turn = thread_turn(log, name, client, report=shown.append)  # a thread shows each status it gets
     log.append_user(name, "@ana: write it all out", external_key=f"tokens-{tokens}-{time.time()}")
     started = time.process_time()
     outcome = await turn.run()
@@ -430,15 +430,15 @@ def measure_tokens(
                 bare_ms: list[float] = []
                 bare_asyncio_ms: list[float] = []
                 for _ in range(repeats):
-                    _script(control, tokens)
+                    script_answer(control, tokens)
                     loopd_ms.append(asyncio.run(_loopd_tokens(sock, log, "thread", tokens)))
                     body = build_body(
-                        RequestSettings(model=_MODEL, slot=0, max_tokens=tokens + 512),
+                        RequestSettings(model=MODEL, slot=0, max_tokens=tokens + 512),
                         _TOOLS,
                         log.replay_messages("thread"),
                     )
                     for ms, asyncio_streams in ((bare_ms, False), (bare_asyncio_ms, True)):
-                        _script(control, tokens)
+                        script_answer(control, tokens)
                         ms.append(
                             asyncio.run(
                                 _bare_tokens(sock, body, tokens, asyncio_streams=asyncio_streams)

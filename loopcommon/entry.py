@@ -27,19 +27,37 @@ else:
 EXIT_INTERRUPTED: Final = 130
 
 
+class SigintDeferred:
+    """``with SigintDeferred():`` SIGINT waits while the block runs, and comes right after it.
+
+    For imports: an interrupt inside an extension module's import (a Rust one panics when its
+    own imports fail) would otherwise be that module's error with its traceback, not a
+    ``KeyboardInterrupt``. The command line imports what a command needs only once it knows
+    the command (``loopd.cli``), so each of those imports is made in such a block too.
+    """
+
+    def __enter__(self) -> None:
+        _signal.pthread_sigmask(_signal.SIG_BLOCK, {_signal.SIGINT})
+
+    def __exit__(self, *exc_info: object) -> None:
+        _signal.pthread_sigmask(_signal.SIG_UNBLOCK, {_signal.SIGINT})
+
+
+# httpx imports its own command line (click, rich's console, pygments: a tenth of ``loopd run``'s
+# start) whenever those are installed, and loopd's dependencies install them; neither program
+# runs it. An entry of None makes that import fail, which httpx expects where they are missing.
+_UNUSED_MODULES = ("httpx._main",)
+
+
 def run_program(program: str, module: str) -> int:
     """Import ``module`` and call its ``main``; an interrupt anywhere in it is one line."""
+    for unused in _UNUSED_MODULES:
+        sys.modules.setdefault(unused, None)  # type: ignore[arg-type]
     try:
         import importlib
 
-        # SIGINT waits while the command line is imported, and comes right after: an interrupt
-        # inside an extension module's import (a Rust one panics when its own imports fail)
-        # would otherwise be that module's error with its traceback, not a KeyboardInterrupt.
-        _signal.pthread_sigmask(_signal.SIG_BLOCK, {_signal.SIGINT})
-        try:
+        with SigintDeferred():
             main: Callable[[], int] = importlib.import_module(module).main
-        finally:
-            _signal.pthread_sigmask(_signal.SIG_UNBLOCK, {_signal.SIGINT})
         return main()
     except KeyboardInterrupt:
         _signal.signal(_signal.SIGINT, _signal.SIG_IGN)  # a second Ctrl-C while this is written

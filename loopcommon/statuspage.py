@@ -1,10 +1,13 @@
-"""loopd's status page: its data (slots, live turns, sessions) and the page made from it, as plain
-HTML with inline SVG plots. Pure: no I/O.
+"""loopd's status page: its data (the wait people saw for a turn's first token, slots, live turns,
+sessions) and the page made from it, as plain HTML with inline SVG plots. Pure: no I/O.
 
 loopd reads its runtime into a ``StatusSnapshot`` (``loopd.status.page``) and serves it as
 ``/status.json``; brokerd checks that data against these types and renders the page with
-``render``, which escapes every string, so the box's bytes reach a browser as text only. The page
-refreshes itself, so a browser left on it follows the box without any script.
+``render``, which escapes every string, so the box's bytes reach a browser as text only. A label
+that came from people or the box (a session, a thread's channel, person and first words, a
+phase) shows its hidden characters (``loopcommon.sanitize.visible``: a right-to-left override as
+``<U+202E>``) and is isolated (``<bdi>``), so that nothing in it reorders the rest of its row. The
+page refreshes itself, so a browser left on it follows the box without any script.
 
 The data is bounded by its types, so that what the page costs does not grow with what the box
 sends: at most ``MAX_SLOTS`` slots, ``MAX_LIVE`` live turns, ``MAX_SESSIONS`` sessions of
@@ -26,12 +29,15 @@ from typing import Annotated, Any, Final
 
 from pydantic import Field
 
+from loopcommon.sanitize import visible
+
 REFRESH_S: Final = 5
 MAX_SLOTS: Final = 64
 MAX_LIVE: Final = 100  # live turns listed (running or in line), the oldest first
 MAX_SESSIONS: Final = 50  # the most recently active sessions listed
 PLOT_POINTS: Final = 60  # the latest requests a session's plot shows
 MAX_TEXT: Final = 256  # characters of any string (the page shows fewer)
+MAX_PARTS: Final = 8  # the parts of the wait for a turn's first token (loopd records four)
 MAX_COUNT: Final = 1 << 40  # tokens, requests, places in line
 STATUS_MAX_BYTES: Final = 1024 * 1024  # status data as loopd writes it: the largest valid is 0.6 MB
 PAGE_MAX_BYTES: Final = 2 * 1024 * 1024  # the page rendered from the largest status data
@@ -39,6 +45,7 @@ PAGE_MAX_BYTES: Final = 2 * 1024 * 1024  # the page rendered from the largest st
 Text = Annotated[str, Field(max_length=MAX_TEXT)]
 Count = Annotated[int, Field(ge=0, le=MAX_COUNT)]
 Slot = Annotated[int, Field(ge=-1, le=MAX_COUNT)]  # -1: a session the server places
+# A span of time, in seconds or (the wait's figures) in milliseconds.
 Seconds = Annotated[float, Field(ge=0, le=MAX_COUNT, allow_inf_nan=False)]
 LABEL_CHARS: Final = 64  # the most of a name (a channel, a person, a session) the page shows
 FIRST_WORDS_CHARS: Final = 120
@@ -93,12 +100,24 @@ class SessionView:
 
 
 @dataclass(frozen=True)
+class WaitView:
+    """The wait people saw for a turn's first token over the latest turns: its p50 and p95, and
+    each part's p50 (in milliseconds, named in a person's words, in order)."""
+
+    turns: Count
+    p50_ms: Seconds
+    p95_ms: Seconds
+    parts_p50_ms: Annotated[tuple[tuple[Text, Seconds], ...], Field(max_length=MAX_PARTS)]
+
+
+@dataclass(frozen=True)
 class StatusSnapshot:
     generated_at: Text
     model: Text
     slots: Annotated[tuple[SlotView, ...], Field(max_length=MAX_SLOTS)]
     live: Annotated[tuple[LiveView, ...], Field(max_length=MAX_LIVE)]
     sessions: Annotated[tuple[SessionView, ...], Field(max_length=MAX_SESSIONS)]
+    waits: WaitView | None = None  # None: no turn has recorded its wait yet
 
     def as_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -119,6 +138,7 @@ def bounded(snap: StatusSnapshot) -> StatusSnapshot:
             replace(t, session=_cut(t.session), phase=_cut(t.phase)) for t in snap.live[:MAX_LIVE]
         ),
         sessions=tuple(_bounded_session(s) for s in snap.sessions[:MAX_SESSIONS]),
+        waits=snap.waits,  # loopd's own figures and words, within the bounds as made
     )
 
 
@@ -173,8 +193,10 @@ def render(snap: StatusSnapshot, thread_url: str | None = None) -> str:
         f"<title>loopd: {len(snap.live)} live</title>",
         f"<style>{STYLE}</style></head><body>",
         "<h1>loopd</h1>",
-        f'<p class="muted">model <code>{e(snap.model)}</code> · {e(snap.generated_at)} · '
+        f'<p class="muted">model <code>{label(snap.model)}</code> · {e(snap.generated_at)} · '
         f"refreshes every {REFRESH_S} s</p>",
+        "<h2>The wait for the first token</h2>",
+        _waits(snap.waits),
         "<h2>Slots</h2>",
         _slots_table(snap.slots, named),
         "<h2>Live turns</h2>",
@@ -186,15 +208,36 @@ def render(snap: StatusSnapshot, thread_url: str | None = None) -> str:
     return "\n".join(parts)
 
 
-def _slots_table(slots: Sequence[SlotView], named: Callable[[str], str]) -> str:
+def _waits(waits: WaitView | None) -> str:
+    if waits is None:
+        return '<p class="muted">no turn has recorded its wait yet</p>'
     e = html.escape
+    noun = "turn" if waits.turns == 1 else "turns"
+    parts = "; ".join(f"{e(what)} {duration(ms)}" for what, ms in waits.parts_p50_ms)
+    return (
+        f"<p><b>p50 {duration(waits.p50_ms)}</b> · <b>p95 {duration(waits.p95_ms)}</b> over "
+        f'the latest {waits.turns} {noun}</p><p class="muted">p50 of each part: {parts}</p>'
+    )
+
+
+def duration(ms: float) -> str:
+    """``850 ms``, ``3.4 s``, ``2 min 5 s``: a wait as a person reads it."""
+    if ms < 1000:
+        return f"{ms:,.0f} ms"
+    if ms < 60_000:
+        return f"{ms / 1000:,.1f} s"
+    minutes, seconds = divmod(round(ms / 1000), 60)
+    return f"{minutes} min {seconds} s"
+
+
+def _slots_table(slots: Sequence[SlotView], named: Callable[[str], str]) -> str:
     rows = ["<table><tr><th>slot</th><th>state</th><th>session</th><th>phase</th>"]
     rows.append("<th>in line</th></tr>")
     for s in slots:
         state = '<span class="busy">busy</span>' if s.busy else '<span class="idle">idle</span>'
         rows.append(
             f"<tr><td>{s.slot}</td><td>{state}</td><td>{named(s.holder) if s.holder else ''}</td>"
-            f"<td>{e(s.phase or '')}</td><td>{s.in_line}</td></tr>"
+            f"<td>{label(s.phase or '')}</td><td>{s.in_line}</td></tr>"
         )
     rows.append("</table>")
     return "".join(rows)
@@ -203,12 +246,11 @@ def _slots_table(slots: Sequence[SlotView], named: Callable[[str], str]) -> str:
 def _live_table(live: Sequence[LiveView], named: Callable[[str], str]) -> str:
     if not live:
         return '<p class="muted">no turn is under way</p>'
-    e = html.escape
     rows = ["<table><tr><th>session</th><th>slot</th><th>phase</th><th>for</th></tr>"]
     for t in live:
         phase = t.phase if t.holding else f"in line ({t.ahead} ahead)"
         rows.append(
-            f"<tr><td>{named(t.session)}</td><td>{t.slot}</td><td>{e(phase)}</td>"
+            f"<tr><td>{named(t.session)}</td><td>{t.slot}</td><td>{label(phase)}</td>"
             f"<td>{t.running_s:.0f} s</td></tr>"
         )
     rows.append("</table>")
@@ -228,7 +270,7 @@ def _sessions_table(sessions: Sequence[SessionView], named: Callable[[str], str]
         rows.append(
             f"<tr><td>{named(s.name)}</td><td>{s.slot}</td>"
             f"<td>{e(when(s.last_turn_at))}</td><td>{s.requests}</td><td>{hit}</td>"
-            f'<td class="plot">{sparkline(s.prompt_n)}</td><td>{e(s.phase or "")}</td></tr>'
+            f'<td class="plot">{sparkline(s.prompt_n)}</td><td>{label(s.phase or "")}</td></tr>'
         )
     rows.append("</table>")
     return "".join(rows)
@@ -237,19 +279,27 @@ def _sessions_table(sessions: Sequence[SessionView], named: Callable[[str], str]
 def _session_cell(name: str, *, threads: Mapping[str, ThreadView], thread_url: str | None) -> str:
     """A session as people know it: a Mattermost thread by its channel, its person and its
     first words (linked to the thread), then loopd's name for it. Everything the thread's
-    label holds came from people or the box: cut to a bound and escaped."""
-    e = html.escape
-    code = f"<code>{e(name[:LABEL_CHARS])}</code>"
+    label holds came from people or the box: each piece a ``label``."""
+    code = f"<code>{label(name, LABEL_CHARS)}</code>"
     thread = threads.get(name)
     if thread is None:
         return code
-    where = e(thread.channel[:LABEL_CHARS])
+    where = label(thread.channel, LABEL_CHARS)
     if thread_url is not None and POST_ID.fullmatch(thread.root) and WEB_URL.match(thread_url):
         link = f"{thread_url.rstrip('/')}/_redirect/pl/{thread.root}"
-        where = f'<a href="{e(link)}" rel="noreferrer">{where}</a>'
-    words = e(thread.first_words[:FIRST_WORDS_CHARS])
-    person = e(thread.person[:LABEL_CHARS])
+        where = f'<a href="{html.escape(link)}" rel="noreferrer">{where}</a>'
+    words = label(thread.first_words, FIRST_WORDS_CHARS)
+    person = label(thread.person, LABEL_CHARS)
     return f'{where} · @{person} · “{words}” <span class="muted">{code}</span>'
+
+
+def label(text: str, limit: int | None = None) -> str:
+    """A piece of text from people or the box, as the page shows it: cut to ``limit``
+    characters (when given), its hidden characters shown, escaped, and isolated from its
+    neighbours."""
+    if not text:
+        return ""
+    return f"<bdi>{html.escape(visible(text[:limit]))}</bdi>"
 
 
 def when(stamp: str | None) -> str:

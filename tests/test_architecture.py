@@ -4,13 +4,16 @@ brokerd runs on the host and loopd in the box: what they share is the ``loopcomm
 brokerd imports nothing of loopd, and ``loopcommon`` imports neither daemon. Within the three
 packages, the modules' imports form no cycle: a cycle means two modules are one concept split in
 two files, or a shared type kept inside an I/O module. Imports inside ``if TYPE_CHECKING:`` count
-too (they are still a dependency of the reader's).
+too (they are still a dependency of the reader's). And the command line answers ``--version`` and
+``--help`` without importing what the daemons need (``loopd.cli.parser``).
 """
 
 from __future__ import annotations
 
 import ast
 import re
+import subprocess
+import sys
 from collections.abc import Collection, Iterator
 from pathlib import Path
 
@@ -135,7 +138,15 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("contextwindow", "prewarm"),
     ("observe", "approvals", "logviews"),
     ("engine", "tools"),
-    ("transcript", "turnstop", "scheduler", "requestscope", "statedir", "chatsettings"),
+    (
+        "transcript",
+        "turnstop",
+        "scheduler",
+        "requestscope",
+        "statedir",
+        "chatsettings",
+        "datafiles",
+    ),
     ("sessionlog",),
     ("wire",),
     ("errors",),
@@ -231,3 +242,59 @@ def test_what_a_package_re_exports_is_imported_from_it() -> None:
             name = module_name(init)
             unused += [f"{name}.{x}" for x in listed if x not in imported.get(name, set())]
     assert not unused, "\n".join(sorted(unused))
+
+
+# What the daemons need and a command line answering ``--version`` or ``--help`` does not: each
+# costs tens to hundreds of milliseconds to import (``make bench``'s start-up section).
+HEAVY_DEPENDENCIES = frozenset(
+    {
+        "httpx",
+        "httpcore",
+        "anyio",
+        "pydantic",
+        "pydantic_core",
+        "pydantic_settings",
+        "uvicorn",
+        "starlette",
+        "websockets",
+        "prometheus_client",
+        "sqlite_utils",
+        "jsonschema",
+        "rich",
+        "mcp",
+        "shtab",
+    }
+)
+
+
+def imported_modules(*argv: str) -> set[str]:
+    """Every module the interpreter imports running ``python -X importtime ARGV``."""
+    result = subprocess.run(
+        [sys.executable, "-X", "importtime", *argv],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    lines = result.stderr.splitlines()
+    return {line.rsplit("|", 1)[1].strip() for line in lines if line.startswith("import time:")}
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ("-c", "import loopd, loopd.cli.main"),
+        ("-m", "loopd", "--version"),
+        ("-m", "loopd", "--help"),
+    ],
+)
+def test_the_command_line_answers_without_the_heavy_dependencies(argv: tuple[str, ...]) -> None:
+    loaded = {name.split(".")[0] for name in imported_modules(*argv)}
+    assert "argparse" in loaded  # the check itself: the import list was read
+    assert not loaded & HEAVY_DEPENDENCIES, sorted(loaded & HEAVY_DEPENDENCIES)
+
+
+def test_a_command_imports_what_it_runs() -> None:
+    # The check's other side: ``loopd config`` loads the settings (pydantic), ``sessions`` the log.
+    loaded = {name.split(".")[0] for name in imported_modules("-m", "loopd", "config")}
+    assert "pydantic" in loaded

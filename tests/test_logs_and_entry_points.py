@@ -1,5 +1,5 @@
 """What loopd's and brokerd's entry points share: one log line format, the anyio fix applied by
-the entry points (never on import)."""
+the entry points (never on import), by loopd's only for a command that runs an event loop."""
 
 from __future__ import annotations
 
@@ -63,10 +63,21 @@ def test_importing_the_packages_leaves_anyio_alone() -> None:
     assert _python(f"{imports}; {INSTALLED}") == "False"
 
 
-@pytest.mark.parametrize("command_line", ["loopd.cli.main", "brokerd.cli"])
-def test_the_entry_points_apply_the_anyio_fix(command_line: str) -> None:
+def test_brokerd_s_entry_point_applies_the_anyio_fix() -> None:
     run_main = (
-        f"from {command_line} import main\n"
+        "from brokerd.cli import main\n"
         "try:\n    main(['--version'])\nexcept SystemExit:\n    pass\n"
     )
     assert _python(f"{run_main}{INSTALLED}").splitlines()[-1] == "True"
+
+
+@pytest.mark.parametrize(("command", "applied"), [("selftest", "True"), ("sessions", "False")])
+def test_loopd_applies_the_anyio_fix_for_a_command_that_runs_an_event_loop(
+    command: str, applied: str
+) -> None:
+    # The command's handler, as ``main`` resolves it once the arguments are parsed.
+    resolve = (
+        "from loopd.cli.parser import build_parser\n"
+        f"build_parser().parse_args([{command!r}]).handler.handler()\n"
+    )
+    assert _python(f"{resolve}{INSTALLED}").splitlines()[-1] == applied

@@ -1,22 +1,58 @@
-"""What every subcommand module shares: the handler's type, and the handler of a command that
-reads the session log."""
+"""What every subcommand module shares: the handler's type, the ``Command`` that names a
+handler without importing it, and the handler of a command that reads the session log.
+
+Imported by the parser (``loopd.cli.parser``) for every command, ``--help`` and ``--version``
+included, so it imports nothing but the standard library at run time.
+"""
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TextIO, TypeAlias
+from typing import TYPE_CHECKING, TextIO, TypeAlias
 
-from loopd.config import Settings
-from loopd.selftest.expected import DEFAULT_DIR
+from loopcommon.entry import SigintDeferred
 from loopd.statedir import check_state_dir
 
-Handler = Callable[[argparse.Namespace, Settings], int]
+if TYPE_CHECKING:
+    from loopd.config import Settings
+
+Handler = Callable[[argparse.Namespace, "Settings"], int]
 Subparsers: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
 # A command that reads the log: the parsed arguments, the log's path, stdout and stderr.
 LogCommand = Callable[[argparse.Namespace, Path, TextIO, TextIO], int]
+
+
+@dataclass(frozen=True)
+class Command:
+    """A subcommand's handler, named by its module and function: the module (and all it
+    imports) is imported only when the command runs, so that the parser of every command is
+    built without the dependencies of any (``loopd --version`` loads none of them).
+
+    ``event_loop``: the command runs an anyio event loop, so the fix of anyio's Unix-socket race
+    (``loopcommon.anyio_unix_connect``) goes in first.
+    """
+
+    module: str
+    function: str
+    event_loop: bool = False
+
+    def __call__(self, args: argparse.Namespace, settings: Settings) -> int:
+        return self.handler()(args, settings)
+
+    def handler(self) -> Handler:
+        """The handler, its module imported (SIGINT waits meanwhile: see ``SigintDeferred``)."""
+        with SigintDeferred():
+            if self.event_loop:
+                from loopcommon import anyio_unix_connect
+
+                anyio_unix_connect.apply()
+            found: Handler = getattr(importlib.import_module(self.module), self.function)
+        return found
 
 
 def log_handler(command: LogCommand) -> Handler:
@@ -29,15 +65,3 @@ def log_handler(command: LogCommand) -> Handler:
         return command(args, settings.db_path, sys.stdout, sys.stderr)
 
     return handler
-
-
-def add_expected_dir(parser: argparse.ArgumentParser) -> None:
-    """``--expected-dir``, for ``selftest``, ``serve``, ``chat`` and ``run``: expectations
-    recorded on the host for the operator's own server, so the image needs no rebuild (``chat``
-    and ``run`` go by what they record of durable sessions and the slot pool)."""
-    parser.add_argument(
-        "--expected-dir",
-        type=Path,
-        default=DEFAULT_DIR,
-        help="folder of the self-test's expectations files (default: the one in the package)",
-    )

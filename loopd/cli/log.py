@@ -1,8 +1,8 @@
 """CLI commands over the session log: ``sessions``,
 ``log show|export|verify|search|backup|restore``.
 
-``register(subparsers)`` adds the parsers, each with a ``handler(args, settings)`` as every loopd
-subcommand has (see ``loopd.cli``). The functions below do the work; they can be called directly
+The ``run_*`` handlers are the ones ``loopd.cli.parser`` names, ``handler(args, settings)`` as
+every loopd subcommand has. The functions below do the work; they can be called directly
 with a database path and text streams, and return the exit status: 0 done, 2 the log cannot be
 read or has no such session; ``verify_log`` 1 when the log is not sound. ``sessions`` and ``log
 search`` print what ``loopd.logviews`` writes (the terminal's ``/sessions`` and ``/search`` too).
@@ -56,89 +56,46 @@ EXPORT_FIELDS = (
 _PREVIEW_CHARS = 100
 
 
-def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    sessions = subparsers.add_parser("sessions", help="list sessions and what each waits for")
-    sessions.set_defaults(handler=log_handler(_run_sessions))
-    log = subparsers.add_parser("log", help="read and check the session log")
-    log_commands = log.add_subparsers(dest="log_command", required=True)
-    show = log_commands.add_parser("show", help="print a session's entries")
-    show.add_argument("session")
-    show.set_defaults(handler=log_handler(_run_show))
-    export = log_commands.add_parser(
-        "export", help="a session as JSON lines, a markdown transcript or OpenAI messages"
-    )
-    export.add_argument("session", nargs="?", help="default: the session written to last")
-    export.add_argument("--format", choices=("jsonl", "markdown", "openai"), default="jsonl")
-    export.set_defaults(handler=log_handler(_run_export))
-    check = log_commands.add_parser("verify", help="check the hash chain and replay identity")
-    check.add_argument("session", nargs="?")
-    check.set_defaults(handler=log_handler(_run_verify))
-    search = log_commands.add_parser(
-        "search",
-        help="the entries of every session that mention all the words, newest first",
-        epilog="Each word is searched as text (no query syntax); case and accents do not "
-        "matter. Exit status: 0 found, 1 nothing found, 2 the log cannot be read.",
-    )
-    search.add_argument("words", nargs="+", metavar="WORD")
-    search.add_argument("--session", help="only this session's entries")
-    search.add_argument(
-        "--limit", type=_positive, default=DEFAULT_LIMIT, help=f"default {DEFAULT_LIMIT}"
-    )
-    search.set_defaults(handler=log_handler(_run_search))
-    backup = log_commands.add_parser(
-        "backup", help="copy the session log and chat state into a new folder, and verify it"
-    )
-    backup.add_argument("dest", type=Path, help="a folder that does not exist yet, or is empty")
-    backup.set_defaults(handler=_run_backup)
-    restore = log_commands.add_parser(
-        "restore", help="replace the state with a backup (loopd serve must be stopped)"
-    )
-    restore.add_argument("source", type=Path, help="a folder `loopd log backup` wrote")
-    restore.set_defaults(handler=_run_restore)
-
-
-def _run_sessions(args: argparse.Namespace, db_path: Path, out: TextIO, err: TextIO) -> int:
+def _sessions(args: argparse.Namespace, db_path: Path, out: TextIO, err: TextIO) -> int:
     return list_sessions(db_path, out, err)
 
 
-def _run_show(args: argparse.Namespace, db_path: Path, out: TextIO, err: TextIO) -> int:
+def _show(args: argparse.Namespace, db_path: Path, out: TextIO, err: TextIO) -> int:
     return show_log(db_path, args.session, out, err)
 
 
-def _run_export(args: argparse.Namespace, db_path: Path, out: TextIO, err: TextIO) -> int:
+def _export(args: argparse.Namespace, db_path: Path, out: TextIO, err: TextIO) -> int:
     return export(db_path, args.session, args.format, out, err)
 
 
-def _run_verify(args: argparse.Namespace, db_path: Path, out: TextIO, err: TextIO) -> int:
+def _verify(args: argparse.Namespace, db_path: Path, out: TextIO, err: TextIO) -> int:
     return verify_log(db_path, args.session, out, err)
 
 
-def _run_search(args: argparse.Namespace, db_path: Path, out: TextIO, err: TextIO) -> int:
-    return search_entries(db_path, args.words, out, err, limit=args.limit, session=args.session)
+def _search(args: argparse.Namespace, db_path: Path, out: TextIO, err: TextIO) -> int:
+    limit = args.limit or DEFAULT_LIMIT
+    return search_entries(db_path, args.words, out, err, limit=limit, session=args.session)
 
 
-def _positive(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of 1 or more")
-    return value
-
-
-def _run_backup(args: argparse.Namespace, settings: Settings) -> int:
+def run_backup(args: argparse.Namespace, settings: Settings) -> int:
     check_state_dir(settings.state_dir, create=False)
     report = backup_state(settings.state_dir, args.dest)
     print(report.summary("backed up", args.dest))
     return 0
 
 
-def _run_restore(args: argparse.Namespace, settings: Settings) -> int:
+def run_restore(args: argparse.Namespace, settings: Settings) -> int:
     check_state_dir(settings.state_dir, create=True)
     report = restore_state(args.source, settings.state_dir)
     print(report.summary("restored", args.source))
     return 0
+
+
+run_sessions = log_handler(_sessions)
+run_show = log_handler(_show)
+run_export = log_handler(_export)
+run_verify = log_handler(_verify)
+run_search = log_handler(_search)
 
 
 def _no_session(db_path: Path, session: str) -> UnknownSessionError:

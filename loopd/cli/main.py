@@ -1,8 +1,9 @@
 """The ``loopd`` command line. Each subcommand is a thin shell over a module that does the work.
 
-Every subcommand is registered one way: its module's ``register(subparsers)`` adds a parser and
-sets ``handler``, a ``Handler`` that ``main`` calls with the parsed arguments and the settings
-once they are loaded and logging is set up. It returns the exit status.
+Every subcommand is declared in ``loopd.cli.parser`` with a ``Command`` as its ``handler``: the
+module and function that run it, imported once the arguments are parsed, the settings loaded
+and logging set up; it returns the exit status. Until then nothing but the standard library and
+the parser is imported, so ``--version`` and ``--help`` answer at once.
 
 Exit status:
 
@@ -25,24 +26,26 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from collections.abc import Callable, Sequence
-from typing import Final
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Final
 
-from loopcommon import anyio_unix_connect
+from loopcommon.entry import SigintDeferred
 from loopcommon.errors import DaemonError
-from loopcommon.logsetup import configure_logging
 from loopcommon.sanitize import for_terminal
-from loopcommon.version import package_version
-from loopd.cli.base import Handler, Subparsers
-from loopd.config import Settings, load_settings, settings_table
-from loopd.terminal.completion import SHELLS, completion_script
+from loopd.cli.base import Handler
+from loopd.cli.parser import build_parser
+
+if TYPE_CHECKING:
+    from loopd.config import Settings
 
 EXIT_FAILED: Final = 2
 EXIT_INTERRUPTED: Final = 130
 EXIT_STDOUT_CLOSED: Final = 128 + 13  # SIGPIPE
 
 
-def _cmd_config(args: argparse.Namespace, settings: Settings) -> int:
+def config(args: argparse.Namespace, settings: Settings) -> int:
+    from loopd.config import settings_table
+
     if args.table:
         print(settings_table())
     else:
@@ -50,60 +53,18 @@ def _cmd_config(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
-def _cmd_completion(args: argparse.Namespace, settings: Settings) -> int:
+def completion(args: argparse.Namespace, settings: Settings) -> int:
+    from loopd.terminal.completion import completion_script
+
     print(completion_script(build_parser(), args.shell), end="")
     return 0
 
 
-def _register_builtin(sub: Subparsers) -> None:
-    config = sub.add_parser("config", help="print the effective configuration")
-    config.add_argument("--table", action="store_true", help="print the README's tables of knobs")
-    config.set_defaults(handler=_cmd_config)
-    completion = sub.add_parser("completion", help="print a shell completion script (bash or zsh)")
-    completion.add_argument("shell", choices=SHELLS)
-    completion.set_defaults(handler=_cmd_completion)
-
-
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="loopd",
-        description="Agent sessions on llama-server.",
-        epilog="Exit status: 0 done; 1 a check found a problem (log verify, selftest); 2 loopd "
-        "could not do what was asked (one line on stderr says why); 130 interrupted; 141 stdout "
-        "closed early.",
-    )
-    parser.add_argument("--version", action="version", version=package_version("loopd"))
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for register in _registrations():
-        register(sub)
-    return parser
-
-
-def _registrations() -> list[Callable[[Subparsers], None]]:
-    """Every module's ``register``; imported here so ``loopd --help`` needs no more than this."""
-    from loopd.cli.log import register as register_log
-    from loopd.cli.perf import register as register_perf
-    from loopd.cli.selftest import register as register_selftest
-    from loopd.cli.serve import register as register_serve
-    from loopd.cli.terminal import register as register_terminal
-    from loopd.cli.tools import register as register_tools
-    from loopd.cli.usage import register as register_usage
-
-    return [
-        _register_builtin,
-        register_terminal,
-        register_serve,
-        register_log,
-        register_perf,
-        register_usage,
-        register_selftest,
-        register_tools,
-    ]
-
-
 def main(argv: Sequence[str] | None = None) -> int:
-    anyio_unix_connect.apply()
     args = build_parser().parse_args(argv)
+    with SigintDeferred():  # pydantic's core is a Rust extension (see ``SigintDeferred``)
+        from loopcommon.logsetup import configure_logging
+        from loopd.config import load_settings
     try:
         settings = load_settings()
     except DaemonError as exc:

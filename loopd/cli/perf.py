@@ -1,5 +1,6 @@
 """``loopd perf``: the session log's perf records (``loopd.observe.perfsummary``), as JSON or as a
-summary.
+summary: of every session together first (the wait people saw, then the rest), then one line per
+session; or of the one ``--session`` names.
 
 ``--since`` keeps the requests made since a moment (``2h``, ``30m``, ``7d``, or an ISO date or
 time, UTC unless it says otherwise); ``--plot FILE.png`` draws them (``loopd.cli.perfplot``).
@@ -17,7 +18,7 @@ from typing import TextIO
 
 from loopd.cli.base import log_handler
 from loopd.errors import EXIT_CANNOT
-from loopd.observe.perfsummary import format_summary, perf_records, summarize
+from loopd.observe.perfsummary import format_summary, perf_records, session_table, summarize
 from loopd.sessionlog.errors import LogError, UnknownSessionError
 from loopd.sessionlog.reading import existing_log
 from loopd.sessionlog.records import Request
@@ -47,22 +48,6 @@ def made_since(requests: Iterable[Request], since: datetime | None) -> list[Requ
     if since is None:
         return list(requests)
     return [r for r in requests if datetime.fromisoformat(r.created_at) >= since]
-
-
-def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    perf = subparsers.add_parser("perf", help="per-request perf records: cache reuse, times")
-    perf.add_argument("--session", help="one session (default: every session)")
-    perf.add_argument("--json", action="store_true", help="the records as a JSON list")
-    perf.add_argument(
-        "--since", metavar="WHEN", help="only requests since WHEN: 30m, 2h, 7d or an ISO date"
-    )
-    perf.add_argument(
-        "--plot",
-        metavar="FILE.png",
-        type=Path,
-        help="draw prompt_n, cache_n, time to first byte and tokens/s per request (matplotlib)",
-    )
-    perf.set_defaults(handler=log_handler(run))
 
 
 def run(args: argparse.Namespace, db_path: Path, out: TextIO, err: TextIO) -> int:
@@ -95,12 +80,18 @@ def run(args: argparse.Namespace, db_path: Path, out: TextIO, err: TextIO) -> in
         return 0
     if not by_session:
         out.write(f"no sessions in {db_path}\n")
-    for name, rows in by_session.items():
+    elif len(by_session) == 1:
+        ((name, rows),) = by_session.items()
         out.write(format_summary(f"session {name}", summarize(rows)) + "\n")
-    if len(by_session) > 1:
+    else:
         every = [r for rows in by_session.values() for r in rows]
-        out.write(format_summary("all sessions", summarize(every)) + "\n")
+        out.write(format_summary("all sessions", summarize(every)) + "\n\n")
+        summaries = {name: summarize(rows) for name, rows in by_session.items()}
+        out.write(session_table(summaries) + "\n")
     return 0
+
+
+handler = log_handler(run)
 
 
 def _requests(

@@ -16,39 +16,11 @@ from typing import TextIO
 
 import anyio
 
-from loopd.cli.base import add_expected_dir
 from loopd.config import CORE_TOOLS_FILE, EndpointSettings, Settings
 from loopd.selftest.expected import DEFAULT_DIR
 from loopd.selftest.run import EXIT_UNREACHABLE, SelftestReport, format_report, run_selftest
 from loopd.tools.errors import ToolsSpecError
 from loopd.tools.spec import load_tools_spec
-
-
-def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    parser = subparsers.add_parser(
-        "selftest",
-        help="check llama-server against the recorded expectations (make verify-device)",
-        description="Probe llama-server: health, build, model, template hash, context and slots "
-        "against the recorded values, then live cache, stream and render probes.",
-    )
-    parser.add_argument(
-        "--record",
-        action="store_true",
-        help="rewrite the model's expectations from the server as it is now, and show the diff",
-    )
-    parser.add_argument("--json", action="store_true", help="print the report as JSON")
-    parser.add_argument("--model", help="model id to test (default: LOOPD_MODEL)")
-    parser.add_argument(
-        "--endpoint",
-        help="test only this [[endpoint]] (default: every endpoint, one report each)",
-    )
-    parser.add_argument(
-        "--tools",
-        type=Path,
-        help="tools file the render probe sends (default: LOOPD_TOOLS_FILE)",
-    )
-    add_expected_dir(parser)
-    parser.set_defaults(handler=cmd_selftest)
 
 
 def cmd_selftest(args: argparse.Namespace, settings: Settings) -> int:

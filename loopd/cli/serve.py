@@ -10,7 +10,6 @@ import logging
 import anyio
 
 from loopcommon.stopsignals import StopSignals
-from loopd.cli.base import add_expected_dir
 from loopd.config import Settings
 from loopd.serve import serve, startup_endpoints, startup_selftest
 from loopd.statedir import check_state_dir
@@ -37,16 +36,3 @@ def handler(args: argparse.Namespace, settings: Settings) -> int:
                 serve, settings, signals, report, expected_dir=args.expected_dir, checks=checks
             )
         )
-
-
-def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    parser = subparsers.add_parser(
-        "serve", help="run the daemon: Mattermost threads drive sessions (LOOPD_MM_* settings)"
-    )
-    parser.add_argument(
-        "--skip-selftest",
-        action="store_true",
-        help="start without checking the server (development only)",
-    )
-    add_expected_dir(parser)
-    parser.set_defaults(handler=handler)

@@ -29,29 +29,11 @@ class UsageError(Exception):
     """The command line names no runnable call; ``str(exc)`` is the one line to print."""
 
 
-def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    tools = subparsers.add_parser("tools", help="run a core tool by hand")
-    actions = tools.add_subparsers(dest="tools_command", required=True, metavar="ACTION")
-    call = actions.add_parser(
-        "call",
-        help="run a core tool in a session's workspace, as a model's call would",
-        description="Run a core tool in a session's workspace exactly as a model's call would, "
-        "and print what the model would read. Exit 0: the tool ran; 1: the tool reported an "
-        "error; 2: bad usage.",
-    )
-    call.add_argument("name", metavar="NAME", help=f"a core tool: {', '.join(_core_names())}")
-    call.add_argument("--session", required=True, help="the session whose workspace to use")
-    call.add_argument(
-        "arguments", metavar="JSON-ARGUMENTS", help="the tool's arguments, one JSON object"
-    )
-    call.set_defaults(handler=_cmd_call)
-
-
 def _core_names() -> list[str]:
     return sorted(CORE_TOOL_NAMES)
 
 
-def _cmd_call(args: argparse.Namespace, settings: Settings) -> int:
+def cmd_call(args: argparse.Namespace, settings: Settings) -> int:
     return anyio.run(
         call_tool, settings, args.name, args.session, args.arguments, sys.stdout, sys.stderr
     )

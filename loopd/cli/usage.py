@@ -15,7 +15,7 @@ from typing import TextIO
 
 from loopcommon.sanitize import for_terminal
 from loopd.chat.cursor import ChatStateError
-from loopd.cli.base import Subparsers, log_handler
+from loopd.cli.base import log_handler
 from loopd.cli.perf import made_since, parse_since
 from loopd.errors import EXIT_CANNOT
 from loopd.sessionlog.errors import LogError
@@ -24,18 +24,6 @@ from loopd.sessionlog.records import Request
 from loopd.terminal.link import local_user
 from loopd.usage.ledger import Ledger, format_ledger, ledger_records
 from loopd.usage.source import log_ledger, thread_labels
-
-
-def register(subparsers: Subparsers) -> None:
-    usage = subparsers.add_parser(
-        "usage", help="tokens and GPU seconds per person, channel and day"
-    )
-    usage.add_argument("--json", action="store_true", help="the rows as a JSON list")
-    usage.add_argument(
-        "--since", metavar="WHEN", help="only requests since WHEN: 30m, 2h, 7d or an ISO date"
-    )
-    usage.add_argument("--person", help="only this person's rows (a username, without @)")
-    usage.set_defaults(handler=log_handler(run))
 
 
 def run(args: argparse.Namespace, db_path: Path, out: TextIO, err: TextIO) -> int:
@@ -66,3 +54,6 @@ def run(args: argparse.Namespace, db_path: Path, out: TextIO, err: TextIO) -> in
         # Names come from Mattermost and the thread labels: shown, never obeyed by a terminal.
         out.write((for_terminal(table) if out.isatty() else table) + "\n")
     return 0
+
+
+handler = log_handler(run)

@@ -236,8 +236,10 @@ def build_turn(
     report: StatusCallback,
     tools: ToolRunner | None,
     asker: Asker | None = None,
+    asked_at: float | None = None,
 ) -> Turn:
-    """The turn of ``session`` on ``slot`` of ``server`` (its slot, or lane, there)."""
+    """The turn of ``session`` on ``slot`` of ``server`` (its slot, or lane, there);
+    ``asked_at``: when it asked for the slot (monotonic: the start of the wait a person sees)."""
     known = server.known
     return Turn(
         session=session,
@@ -257,4 +259,5 @@ def build_turn(
         endpoint=server.recorded_as,
         durable=server.durable,
         asker=asker,
+        asked_at=asked_at,
     )

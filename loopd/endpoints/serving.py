@@ -284,10 +284,11 @@ class Endpoints:
         *,
         report: StatusCallback | None = None,
         asker: Asker | None = None,
+        asked_at: float | None = None,
     ) -> Turn:
         """The turn of ``session`` on ``slot`` of ``server``, as ``front`` asks for it
         (``report`` and ``asker``: in place of its own, the live turn's and the one that steps
-        aside)."""
+        aside; ``asked_at``: when it asked for its slot)."""
         return build_turn(
             server,
             session.name,
@@ -297,6 +298,7 @@ class Endpoints:
             report=report or front.report,
             tools=front.tools,
             asker=asker or front.asker,
+            asked_at=asked_at,
         )
 
     async def run_turn(self, session: Session, front: FrontEnd) -> TurnOutcome:
@@ -341,6 +343,7 @@ class Endpoints:
         server.prewarmer.preempt_all()
         server.plan.drop(session.name)
         with self.live.turn(session.name, slot, front.report, front.on_position) as live:
+            asked_at = time.monotonic()  # the wait a person sees starts (engine.waits)
             async with AsyncExitStack() as held:
                 with self.fleet.waiting(server.name):
                     await held.enter_async_context(
@@ -350,7 +353,15 @@ class Endpoints:
                 stepped = None
                 if front.asker is not None:  # a wait for a person frees the slot meanwhile
                     stepped = Stepped(front.asker, self._stepping_aside(server, session, live))
-                turn = self.turn_on(server, session, slot, front, report=live.report, asker=stepped)
+                turn = self.turn_on(
+                    server,
+                    session,
+                    slot,
+                    front,
+                    report=live.report,
+                    asker=stepped,
+                    asked_at=asked_at,
+                )
                 with self.fleet.running(session.name):
                     try:
                         outcome = await turn.run()

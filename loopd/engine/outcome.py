@@ -14,6 +14,7 @@ from enum import StrEnum
 from typing import Any, Final
 
 from loopd.engine.cacheloss import Loss
+from loopd.engine.waits import WaitClock
 from loopd.sessionlog.records import Perf, RequestRecord
 from loopd.wire.assemble import StreamAssembler, StreamOutcome
 
@@ -70,15 +71,18 @@ class RequestResult:
     detail: str = ""
     status_code: int | None = None
     error_type: str = ""
-    sent_at: float = 0.0
     first_byte_s: float | None = None
-    queue_wait_s: float = 0.0
     ended_s: float = 0.0
     capped: bool = False
     control_answer: str | None = None
     events: int = 0
     output_seen: bool = False  # a reasoning, content or tool-call delta arrived
     notes: list[str] = field(default_factory=list)
+    wait: WaitClock = field(default_factory=lambda: WaitClock(sent=0.0))
+
+    @property
+    def sent_at(self) -> float:
+        return self.wait.sent
 
     @property
     def complete(self) -> bool:
@@ -142,29 +146,31 @@ def unreplayable_call(asm: StreamAssembler) -> str | None:
 def request_perf(
     result: RequestResult, loss: Loss, endpoint: str | None = None, request_id: str | None = None
 ) -> Perf:
-    """The request's perf record: the server's counters, the engine's times, the cache loss,
-    and ``request_id``, the id its lines in loopd's and brokerd's logs carry."""
+    """The request's perf record: the server's counters, the engine's times (the parts of the
+    wait a person saw, ``loopd.engine.waits``, the server's queue also as ``queue_wait_ms``), the
+    cache loss, and ``request_id``, the id its lines in loopd's and brokerd's logs carry."""
     asm, t = result.assembler, result.assembler.timings
+    wait = result.wait.parts()
     return Perf(
         outcome="complete" if result.complete else "broken",
         cache_n=t.cache_n if t else None,
         prompt_n=t.prompt_n if t else None,
         predicted_n=t.predicted_n if t else None,
         ttfb_ms=None if result.first_byte_s is None else round(result.first_byte_s * 1000, 1),
-        queue_wait_ms=round(result.queue_wait_s * 1000, 1),
+        queue_wait_ms=wait.get("server_queue_ms"),
         prompt_per_second=t.prompt_per_second if t else None,
         predicted_per_second=t.predicted_per_second if t else None,
         thinking_tokens=asm.thinking_tokens,
         capped=result.capped,
         cache_loss=loss.lost,
         cache_loss_cause=loss.label or None,
-        extra=_perf_extra(result, loss)
+        extra=_perf_extra(result, loss, wait)
         | ({"endpoint": endpoint} if endpoint else {})
         | ({"request_id": request_id} if request_id else {}),
     )
 
 
-def _perf_extra(result: RequestResult, loss: Loss) -> dict[str, Any]:
+def _perf_extra(result: RequestResult, loss: Loss, wait: dict[str, float]) -> dict[str, Any]:
     asm, t = result.assembler, result.assembler.timings
     extra: dict[str, Any] = {
         "expected_reuse": loss.expected,
@@ -172,6 +178,7 @@ def _perf_extra(result: RequestResult, loss: Loss) -> dict[str, Any]:
         "finish_reason": asm.finish_reason,
         "completion_id": asm.completion_id,
         "had_reasoning": bool(asm.reasoning),
+        **wait,
     }
     if t is not None:
         extra.update(prompt_ms=t.prompt_ms, predicted_ms=t.predicted_ms)

@@ -53,6 +53,7 @@ from loopd.engine.outcome import Failure, RequestResult, is_pool_full, unreplaya
 from loopd.engine.progress import Phase, Status, StatusCallback
 from loopd.engine.request import ANY_SLOT
 from loopd.engine.thinkcap import Close, SendControl, ThinkCap
+from loopd.engine.waits import WaitClock
 from loopd.errors import (
     InferenceError,
     ServerRejected,
@@ -202,7 +203,7 @@ _WAIT_PHASES: dict[type[LivenessVerdict], Phase] = {
 
 def start_result() -> RequestResult:
     """The result of a request sent now."""
-    return RequestResult(assembler=StreamAssembler(), sent_at=time.monotonic())
+    return RequestResult(assembler=StreamAssembler(), wait=WaitClock(sent=time.monotonic()))
 
 
 async def run_request(
@@ -241,7 +242,9 @@ async def stream_into(
             watch = _SlotWatch(client, slot, limits, throttled)
             answer = await _open(client, body, limits, watch, result, stack)
             if answer is not None:
-                result.first_byte_s = time.monotonic() - result.sent_at
+                arrived = time.monotonic()
+                result.first_byte_s = arrived - result.sent_at
+                result.wait.byte(arrived)
                 reader = _Reader(client, EventStream(answer), limits, throttled, result, lost)
                 await reader.read()
     except ServerRejected as exc:
@@ -282,7 +285,6 @@ async def _open(
                 error = exc  # raised outside the task group, so it is not wrapped in a group
             watch.finish()
     watch.end_wait()
-    result.queue_wait_s = watch.wait.queued_s
     if error is not None:
         raise error
     if answer is None:
@@ -369,16 +371,20 @@ class _Reader:
     def _apply(self, events: list[StreamEvent]) -> bool:
         """Fold the events in; True when the stream is over or can no longer be trusted."""
         ended = False
-        asm = self.result.assembler
+        asm, wait = self.result.assembler, self.result.wait
         for event in events:
             asm.apply(event)
             self.result.events += 1
             if isinstance(event, ReasoningDelta | ContentDelta | ToolCallDelta):
+                if not self.result.output_seen:
+                    wait.token(time.monotonic())
                 self.result.output_seen = True
             ended = ended or isinstance(event, _LAST_EVENTS)
             _report_event(event, asm, self.report)
-            if isinstance(event, Progress) and self._lost_at(event.cache):
-                return True
+            if isinstance(event, Progress):
+                wait.progress(event.processed, event.total, time.monotonic())
+                if self._lost_at(event.cache):
+                    return True
         return ended
 
     def _lost_at(self, cache: int) -> bool:

@@ -19,10 +19,11 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from loopd.datafiles import EXPECTED_DIR
 from loopd.errors import LoopdError
 from loopd.selftest.template import TemplateAnswer
 
-DEFAULT_DIR = Path(__file__).resolve().parent.parent / "data" / "expected"
+DEFAULT_DIR = EXPECTED_DIR
 
 # Model ids may hold '/' or ':' (``org/name:Q4_K_M``); file names may not.
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]")

@@ -19,12 +19,15 @@ from loopcommon.statuspage import (
     SlotView,
     StatusSnapshot,
     ThreadView,
+    WaitView,
     bounded,
 )
-from loopd.observe.perfsummary import summarize
+from loopd.engine.waits import WAIT_PARTS, person_wait_ms
+from loopd.observe.perfsummary import PART_WORDS, percentile, summarize
 from loopd.sessionlog.records import Request, RequestKind
 from loopd.sessions import Runtime
 
+WAIT_TURNS: Final = 100  # the latest turns the wait for the first token is over
 PREWARM_PREFIX: Final = "prewarm:"  # the scheduler holds a slot for a prewarm under this name
 
 
@@ -49,11 +52,11 @@ def snapshot(
         LiveView(t.session, t.slot, t.phase, max(wall - t.started_at, 0.0), t.holding, t.ahead)
         for t in live
     )
+    listed = runtime.log.sessions()
+    requests = {s.name: runtime.log.requests(s.name) for s in listed}
     sessions = [
-        session_view(
-            s.name, s.slot, runtime.log.requests(s.name), phases.get(s.name), threads.get(s.name)
-        )
-        for s in runtime.log.sessions()
+        session_view(s.name, s.slot, requests[s.name], phases.get(s.name), threads.get(s.name))
+        for s in listed
     ]
     sessions.sort(key=lambda v: (v.phase is not None, v.last_turn_at or ""), reverse=True)
     snap = StatusSnapshot(
@@ -62,8 +65,29 @@ def snapshot(
         slots=tuple(slots),
         live=live_views,
         sessions=tuple(sessions[:MAX_SESSIONS]),
+        waits=wait_view([r for rows in requests.values() for r in rows]),
     )
     return bounded(snap)
+
+
+def wait_view(requests: Sequence[Request], latest: int = WAIT_TURNS) -> WaitView | None:
+    """The wait for the first token over the ``latest`` turns that recorded theirs."""
+    waited = sorted(
+        (r for r in requests if person_wait_ms(r.record.perf.extra) is not None),
+        key=lambda r: r.created_at,
+    )[-latest:]
+    if not waited:
+        return None
+    summary = summarize(waited)
+    parts = tuple(
+        (PART_WORDS[name], percentile(summary.wait_parts_ms[name], 50)) for name in WAIT_PARTS
+    )
+    return WaitView(
+        turns=len(summary.waits_ms),
+        p50_ms=percentile(summary.waits_ms, 50),
+        p95_ms=percentile(summary.waits_ms, 95),
+        parts_p50_ms=parts,
+    )
 
 
 def session_view(

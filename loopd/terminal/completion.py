@@ -9,11 +9,8 @@ bash: ``eval "$(loopd completion bash)"`` in ``~/.bashrc``, or the output saved 
 from __future__ import annotations
 
 import argparse
-from typing import Final
 
 import shtab
-
-SHELLS: Final = ("bash", "zsh")
 
 
 def completion_script(parser: argparse.ArgumentParser, shell: str) -> str:

@@ -30,7 +30,6 @@ from loopd.chat.status import InLine, in_line_words
 from loopd.engine.notes import cut_note
 from loopd.engine.outcome import TurnOutcome
 from loopd.engine.progress import Phase, Status, phase_words
-from loopd.terminal import markdown as md
 
 DIM = "\x1b[2m"
 BOLD = "\x1b[1m"
@@ -247,6 +246,8 @@ class TurnView:
         shown = for_terminal(new)
         out = self._lasting(shown)
         if self.markdown:
+            from loopd.terminal import markdown as md  # rich: only where answers are rendered
+
             self._block, self._block_shown = self._block + new, self._block_shown + shown
             done, rest = md.split_blocks(self._block)
             if done:
@@ -263,6 +264,8 @@ class TurnView:
         """The raw lines of the current block erased and written again: its complete part
         ``done`` rendered, then ``rest`` raw. A block taller than the screen stays raw: its top
         has scrolled away."""
+        from loopd.terminal import markdown as md
+
         rows = md.screen_rows(self._block_shown, self.width)
         shown_rest = for_terminal(rest)
         self._block, self._block_shown = rest, shown_rest

@@ -19,6 +19,7 @@ order of events, and so that a cancelled request is recorded before the cancella
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Protocol
@@ -140,6 +141,14 @@ class Attempt:
     result: RequestResult
 
 
+@dataclass
+class PersonWait:
+    """Since when the person has waited for the turn's first token (monotonic); None once a
+    request of the turn got one (``loopd.engine.waits``)."""
+
+    since: float | None = None
+
+
 @dataclass(frozen=True)
 class Turn:
     """Everything a turn needs, built once (``loopd.endpoints.server.build_turn``) and never
@@ -173,8 +182,15 @@ class Turn:
     # Who is asked about a tool call that waits for a person's approval (the front end's, its
     # wait stepping aside from the slot); None: nobody can be asked, and such a call is denied.
     asker: Asker | None = None
+    # When the turn asked for its slot (monotonic; default: when it runs): the start of the wait
+    # a person sees, which ends at the turn's first token (``loopd.engine.waits``).
+    asked_at: float | None = None
+    # The person's wait while it lasts: run state, set as the turn runs (the turn itself is
+    # never changed once built).
+    _wait: PersonWait = field(default_factory=PersonWait, init=False, repr=False)
 
     async def run(self) -> TurnOutcome:
+        self._wait.since = self.asked_at if self.asked_at is not None else time.monotonic()
         outcome = TurnOutcome(answer=None)
         kind = RequestKind.TURN
         # Each request of the turn extends the previous one's messages; the session's text is
@@ -306,6 +322,7 @@ class Turn:
             settings = replace(settings, slot=restore.slot)
         body = build_body(settings, epoch.tools_text, messages)
         result = start_result()
+        result.wait.asked = self._wait.since
         reply_short = 0
         with request_scope(self.session) as scope:  # its id in the headers and the log lines
             try:
@@ -320,6 +337,8 @@ class Turn:
                 )
                 reply_short = await self._reply_short(result)
             finally:
+                if result.wait.first_token is not None:
+                    self._wait.since = None  # the person's wait ended on this request
                 # Synchronous, so a cancellation going on cannot interrupt it.
                 record = self._record(
                     kind, epoch, messages, result, restore, scope.request_id, reply_short

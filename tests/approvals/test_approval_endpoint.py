@@ -33,6 +33,13 @@ class OtherTurnMeanwhile:
         self.holders: list[str | None] = []
         self.other_answer: str | None = None
 
+    @property
+    def people(self) -> frozenset[str]:
+        return frozenset({"me"})
+
+    async def tell(self, call: AskedCall, decision: Decision) -> None:
+        return None
+
     async def decide(self, call: AskedCall, wait_s: float) -> Decision | None:
         self.holders.append(self.runtime.endpoints.servers[ENDPOINT].scheduler.holder(0))
         session = self.runtime.ensure_session(self.other)

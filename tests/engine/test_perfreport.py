@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 import io
 import json
 from pathlib import Path
@@ -12,6 +11,7 @@ import pytest
 
 from loopcommon.jsonbytes import dumps
 from loopd.cli import perf as perf_command
+from loopd.cli.parser import build_parser
 from loopd.engine.cacheloss import LossCause
 from loopd.observe import perfsummary
 from loopd.sessionlog.chain import messages_digest
@@ -20,6 +20,13 @@ from loopd.sessionlog.store import SessionLog
 from tests.engine.engine_support import SESSION, SLOT, open_log, say
 
 ANSWER = dumps({"role": "assistant", "content": "ok"})
+# The wait a person saw before the first turn's first token, in its parts.
+WAITED = {
+    "loopd_queue_ms": 3100.0,
+    "server_queue_ms": 30.0,
+    "prompt_read_ms": 1200.0,
+    "first_token_ms": 70.0,
+}
 
 
 def _record(log: SessionLog, kind: RequestKind, **perf: Any) -> RequestRecord:
@@ -49,7 +56,16 @@ def db(tmp_path: Path) -> Path:
     with open_log(tmp_path) as log:
         say(log, "one")
         _break(log, extra={"failure": "rejected", "status_code": 500, "detail": "answered 500"})
-        _answer(log, cache_n=0, prompt_n=200, predicted_n=20, ttfb_ms=30.5, capped=True)
+        _answer(
+            log,
+            cache_n=0,
+            prompt_n=200,
+            predicted_n=20,
+            ttfb_ms=30.5,
+            capped=True,
+            queue_wait_ms=30.0,
+            extra=WAITED,
+        )
         say(log, "two")
         _answer(
             log,
@@ -65,9 +81,7 @@ def db(tmp_path: Path) -> Path:
 
 
 def _run(db: Path, *argv: str) -> tuple[int, str, str]:
-    parser = argparse.ArgumentParser()
-    perf_command.register(parser.add_subparsers())
-    args = parser.parse_args(["perf", *argv])
+    args = build_parser().parse_args(["perf", *argv])
     out, err = io.StringIO(), io.StringIO()
     code = perf_command.run(args, db, out, err)
     return code, out.getvalue(), err.getvalue()
@@ -112,33 +126,46 @@ def test_summary_shows_hit_rate_recompute_per_turn_and_losses_by_cause(db: Path)
     code, out, _ = _run(db)
     assert code == 0
     assert out.splitlines() == [
-        f"session {SESSION}: 4 requests (1 selftest, 3 turn)",
-        "  broken: 1, capped: 1",
-        "  prompt cache hit rate: 0.4% (2 of 502 prompt tokens reused)",
-        "  recompute per turn: 250 tokens (2 turns)",
-        "  time to first byte: p50 30 ms, p90 30 ms, p99 30 ms (1 request)",
-        "  prompt_n per request: p50 200, p90 300, p99 300 (2 requests)",
-        "  cache losses by cause:",
-        "    cold server or eviction         1 request        217 tokens",
+        f"session {SESSION}: 2 turns, 4 requests to the model",
+        "  wait for the first token: p50 4.4 s, p95 4.4 s (1 turn)",
+        "    of which in loopd's queue p50 3.1 s, p95 3.1 s; in the server's queue p50 30 ms, "
+        "p95 30 ms; reading the prompt p50 1.2 s, p95 1.2 s; the first token p50 70 ms, p95 70 ms",
+        "  prompt cache: 0.4% reused (2 of 502 prompt tokens); 250 tokens read per turn",
+        "  requests: 3 for a message, 1 self-test; 1 failed, 1 cut at the thinking cap",
+        "  prompt tokens read per request: p50 200, p95 300 (2 requests)",
+        "  prompt tokens read again, by cause:",
+        "    the server had forgotten it (restarted, or another model ran): 1 request, 217 tokens",
     ]
+    # Words a person reads, not loopd's own (a request's kind, a slot, an epoch, "broken").
+    for word in ("broken", "slot", "epoch", "selftest", "tool_followup", "prompt_n"):
+        assert word not in out
 
 
-def test_summary_of_every_session_adds_a_total(db: Path) -> None:
+def test_every_session_s_summary_leads_then_a_line_per_session(db: Path) -> None:
     with SessionLog.open(db) as log:
         log.ensure_session("other", SLOT)
     code, out, _ = _run(db)
     assert code == 0
-    assert "session other: 0 requests" in out
-    assert "all sessions: 4 requests (1 selftest, 3 turn)" in out
+    lines = out.splitlines()
+    # The whole first, the wait people saw first of all; then one line per session.
+    assert lines[:2] == [
+        "all sessions: 2 turns, 4 requests to the model",
+        "  wait for the first token: p50 4.4 s, p95 4.4 s (1 turn)",
+    ]
+    assert lines[-3:] == [
+        "SESSION   TURNS   WAIT p50   WAIT p95  REUSED  FAILED",
+        f"{SESSION}      2      4.4 s      4.4 s    0.4%       1",
+        "other         0          -          -       -       0",
+    ]
 
 
 def test_summary_figures_from_requests() -> None:
     summary = perfsummary.summarize([])
     assert (summary.requests, summary.hit_rate, summary.recompute_per_turn) == (0, None, None)
     assert perfsummary.format_summary("empty", summary).splitlines() == [
-        "empty: 0 requests",
-        "  broken: 0, capped: 0",
-        "  cache losses: none",
+        "empty: 0 turns, 0 requests to the model",
+        "  requests: none; none failed",
+        "  prompt tokens read again: none",
     ]
 
 
@@ -168,5 +195,8 @@ def test_summary_counts_the_returns_durable_sessions_made(tmp_path: Path) -> Non
         _answer(log, cache_n=0, prompt_n=340, cache_loss=337, cache_loss_cause="restore refused")
     code, out, _ = _run(tmp_path / "loopd.db", "--session", SESSION)
     assert code == 0, out
-    assert "returns after the server lost a session: 1 restored from disk, 1 restore refused" in out
-    assert "restore refused                 1 request        337 tokens" in out
+    assert (
+        "returns after the server lost a session: 1 put back from disk, "
+        "1 putting it back from disk was refused"
+    ) in out
+    assert "    putting it back from disk was refused: 1 request, 337 tokens" in out

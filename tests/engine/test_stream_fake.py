@@ -94,9 +94,8 @@ async def test_a_request_queued_behind_another_task_reports_queued_then_complete
         )
     assert blocker[0].complete
     assert queued.complete, queued.detail
-    assert queued.queue_wait_s > 0
+    assert queued.wait.parts()["server_queue_ms"] > 0
     assert queued.first_byte_s is not None
-    assert queued.first_byte_s >= queued.queue_wait_s
 
 
 async def test_stall_before_the_first_byte_gives_up_at_the_first_byte_limit() -> None:

@@ -63,9 +63,8 @@ async def test_request_behind_a_long_generation_is_queued_then_completes(
     assert results["blocker"].complete
     assert queued.complete, queued.detail
     assert Phase.QUEUED in {s.phase for s in seen}
-    assert queued.queue_wait_s > 0.2
+    assert queued.wait.parts()["server_queue_ms"] > 200
     assert queued.first_byte_s is not None
-    assert queued.first_byte_s >= queued.queue_wait_s - 0.2
 
 
 async def test_low_thinking_cap_ends_reasoning_with_the_control_call(

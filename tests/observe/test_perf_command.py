@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 import io
 import sys
 from dataclasses import dataclass
@@ -14,6 +13,7 @@ import pytest
 
 from loopcommon.jsonbytes import dumps
 from loopd.cli import perf as perf_command
+from loopd.cli.parser import build_parser
 from loopd.observe import perfsummary
 from loopd.sessionlog.chain import messages_digest
 from loopd.sessionlog.records import Perf, RequestKind, RequestRecord, fresh_external_key
@@ -24,9 +24,7 @@ NOW = datetime(2026, 5, 1, 12, 0, tzinfo=UTC)
 
 
 def _run(db: Path, *argv: str) -> tuple[int, str, str]:
-    parser = argparse.ArgumentParser()
-    perf_command.register(parser.add_subparsers())
-    args = parser.parse_args(["perf", *argv])
+    args = build_parser().parse_args(["perf", *argv])
     out, err = io.StringIO(), io.StringIO()
     code = perf_command.run(args, db, out, err)
     return code, out.getvalue(), err.getvalue()
@@ -54,7 +52,8 @@ class Log:
 
 @pytest.fixture
 def log(tmp_path: Path) -> Log:
-    """Ten turns: ttfb 100..1000 ms, prompt_n 10..100, 5..50 tokens/s."""
+    """Ten turns: a wait for the first token of 100..1000 ms, prompt_n 10..100, 5..50
+    tokens/s."""
     path = tmp_path / "loopd.db"
     with SessionLog.open(path) as session_log:
         session_log.ensure_session(SESSION, 0)
@@ -67,8 +66,14 @@ def log(tmp_path: Path) -> Log:
                 cache_n=i * 100,
                 prompt_n=i * 10,
                 predicted_n=5,
-                ttfb_ms=i * 100.0,
+                ttfb_ms=20.0,
                 predicted_per_second=i * 5.0,
+                extra={
+                    "loopd_queue_ms": i * 100.0 - 60,
+                    "server_queue_ms": 20.0,
+                    "prompt_read_ms": 30.0,
+                    "first_token_ms": 10.0,
+                },
             )
     return Log(path, cut)
 
@@ -88,20 +93,20 @@ def test_percentiles_are_nearest_rank() -> None:
 def test_the_summary_gives_the_percentiles(db: Path) -> None:
     code, out, err = _run(db)
     assert (code, err) == (0, "")
-    assert "  time to first byte: p50 500 ms, p90 900 ms, p99 1,000 ms (10 requests)" in out
-    assert "  prompt_n per request: p50 50, p90 90, p99 100 (10 requests)" in out
-    assert "  generated tokens/s: p50 25.0, p90 45.0, p99 50.0 (10 requests)" in out
+    assert "  wait for the first token: p50 500 ms, p95 1.0 s (10 turns)" in out
+    assert "  prompt tokens read per request: p50 50, p95 100 (10 requests)" in out
+    assert "  tokens generated per second: p50 25.0, p95 50.0 (10 requests)" in out
 
 
 def test_since_keeps_the_requests_made_since(log: Log) -> None:
     code, out, err = _run(log.path, "--since", log.cut.isoformat())
     assert (code, err) == (0, "")
-    assert out.startswith(f"session {SESSION}: 5 requests (5 turn)")
-    assert "time to first byte: p50 800 ms, p90 1,000 ms, p99 1,000 ms (5 requests)" in out
+    assert out.startswith(f"session {SESSION}: 5 turns, 5 requests to the model")
+    assert "wait for the first token: p50 800 ms, p95 1.0 s (5 turns)" in out
     code, out, _ = _run(log.path, "--since", "1h")
-    assert out.startswith(f"session {SESSION}: 10 requests (10 turn)")
+    assert out.startswith(f"session {SESSION}: 10 turns, 10 requests to the model")
     code, out, _ = _run(log.path, "--since", (datetime.now(UTC) + timedelta(hours=1)).isoformat())
-    assert out.startswith(f"session {SESSION}: 0 requests")
+    assert out.startswith(f"session {SESSION}: 0 turns, 0 requests to the model")
 
 
 def test_since_parses_spans_and_dates() -> None:
@@ -128,7 +133,7 @@ def test_plot_draws_a_png(db: Path, tmp_path: Path) -> None:
     code, out, err = _run(db, "--plot", str(png))
     assert code == 0
     assert err == f"wrote {png} (10 requests)\n"
-    assert out.startswith(f"session {SESSION}: 10 requests")
+    assert out.startswith(f"session {SESSION}: 10 turns, 10 requests to the model")
     pixels = image.imread(png)
     height, width = pixels.shape[:2]
     assert (width, height) == (1000, 800)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import html
 import re
 
 from loopcommon.statuspage import (
@@ -9,13 +10,18 @@ from loopcommon.statuspage import (
     SessionView,
     SlotView,
     StatusSnapshot,
+    WaitView,
+    bounded,
     render,
     sparkline,
     when,
 )
 from loopd.chat.status import status_text
 from loopd.engine.progress import Phase, Status, phase_words
+from loopd.engine.waits import WAIT_PARTS
 from loopd.observe.live import LiveTurn
+from loopd.sessionlog.records import Perf, Request, RequestKind, RequestRecord
+from loopd.status.page import wait_view
 
 
 def snapshot(**changes: object) -> StatusSnapshot:
@@ -108,3 +114,40 @@ def test_a_live_turn_words_its_phase_as_every_other_surface() -> None:
 def test_times_in_words() -> None:
     assert when("2026-05-01T13:00:00+01:00") == "2026-05-01 12:00:00Z"
     assert when(None) == ""
+
+
+def test_the_wait_people_saw_comes_first() -> None:
+    waits = WaitView(
+        turns=12,
+        p50_ms=1234.0,
+        p95_ms=61_500.0,
+        parts_p50_ms=(("in loopd's queue", 0.0), ("reading the prompt", 1180.4)),
+    )
+    page = render(snapshot(waits=waits))
+    text = html.unescape(text_of(page))
+    assert " p50 1.2 s · p95 1 min 2 s over the latest 12 turns " in text
+    assert " p50 of each part: in loopd's queue 0 ms; reading the prompt 1.2 s " in text
+    assert page.index("The wait for the first token") < page.index("Slots")
+    assert bounded(snapshot(waits=waits)).waits == waits  # what loopd serves keeps it
+    assert " no turn has recorded its wait yet " in text_of(render(snapshot()))
+
+
+def test_the_wait_is_over_the_latest_turns_that_recorded_it() -> None:
+    def turn(wait_ms: float | None, at: str) -> Request:
+        extra = {} if wait_ms is None else {name: wait_ms / 4 for name in WAIT_PARTS}
+        perf = Perf(outcome="complete", extra=extra)
+        record = RequestRecord(RequestKind.TURN, 0, 1, 1, f"{at}", perf)
+        return Request(id=1, session_id=1, record=record, created_at=at)
+
+    requests = [turn(100.0 * i, f"2026-05-01T12:00:{i:02d}Z") for i in range(1, 11)]
+    requests.append(turn(None, "2026-05-01T12:00:59Z"))  # a follow-up: no wait of its own
+    view = wait_view(requests, latest=4)
+    assert view is not None
+    assert (view.turns, view.p50_ms, view.p95_ms) == (4, 800.0, 1000.0)
+    assert [what for what, _ in view.parts_p50_ms] == [
+        "in loopd's queue",
+        "in the server's queue",
+        "reading the prompt",
+        "the first token",
+    ]
+    assert wait_view(requests[-1:]) is None

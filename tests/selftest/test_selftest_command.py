@@ -11,22 +11,21 @@ import httpx
 import pytest
 import respx
 
-from loopd.cli.selftest import register, selftest
+from loopd.cli.parser import build_parser
+from loopd.cli.selftest import cmd_selftest, selftest
 from loopd.config import EndpointSettings, load_settings
 from loopd.selftest.expected import DEFAULT_DIR
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="loopd")
-    register(parser.add_subparsers(dest="command", required=True))
-    return parser.parse_args(argv)
+    return build_parser().parse_args(argv)
 
 
-def test_register_adds_selftest_with_its_options() -> None:
+def test_the_parser_has_selftest_with_its_options() -> None:
     args = parse(["selftest", "--record", "--json", "--model", "smollm2-think"])
     assert (args.record, args.json, args.model) == (True, True, "smollm2-think")
     assert args.expected_dir == DEFAULT_DIR
-    assert callable(args.handler)
+    assert args.handler.handler() is cmd_selftest
     plain = parse(["selftest"])
     assert (plain.record, plain.json, plain.model, plain.tools) == (False, False, None, None)
 

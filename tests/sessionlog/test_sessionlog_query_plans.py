@@ -28,7 +28,7 @@ def _turn_queries(path: Path) -> list[str]:
 
     async def one_turn(log: SessionLog) -> None:
         client = InferenceClient("http://127.0.0.1:9", "fake-model")  # the stream is canned
-        outcome = await scale._turn(log, "thread", client).run()
+        outcome = await scale.thread_turn(log, "thread", client).run()
         await client.aclose()
         assert outcome.answer is not None
 

@@ -1,6 +1,5 @@
 """``log verify`` and the other commands: chain, replay identity, exit codes, output."""
 
-import argparse
 import io
 import json
 import sqlite3
@@ -9,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from loopd.cli.log import EXPORT_FIELDS, export_log, register, show_log, verify_log
+from loopd.cli.log import EXPORT_FIELDS, export_log, show_log, verify_log
+from loopd.cli.parser import build_parser
 from loopd.config import Settings
 from loopd.logviews import list_sessions
 from loopd.sessionlog import RequestKind, RequestRecord, SessionLog, messages_digest
@@ -141,11 +141,10 @@ def test_export_is_one_entry_a_line_with_the_stored_text(db_path: Path, log: Ses
     assert messages == log.replay_messages(S)
 
 
-def test_register_wires_the_commands(
+def test_the_parser_wires_the_commands(
     db_path: Path, log: SessionLog, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    parser = argparse.ArgumentParser(prog="loopd")
-    register(parser.add_subparsers(dest="command", required=True))
+    parser = build_parser()
     settings = Settings(state_dir=db_path.parent)
     for argv in (["sessions"], ["log", "show", S], ["log", "export", S], ["log", "verify"]):
         args = parser.parse_args(argv)
