@@ -49,15 +49,17 @@ from loopd.chatsettings import ChatSettings
 from loopd.contextwindow.budget import BudgetRules
 from loopd.datafiles import CORE_TOOLS_FILE as CORE_TOOLS_FILE  # LOOPD_TOOLS_FILE's default
 from loopd.engine.durable import DurableMode
+from loopd.engine.guards import GuardLimits
 from loopd.engine.limits import Limits
 from loopd.engine.pinning import PinSlots
-from loopd.engine.repeats import DEFAULT_LIMIT as DEFAULT_REPEAT_LIMIT
 from loopd.engine.request import Sampling
 
 # The defaults of the settings that the engine and the context window read are theirs, written
-# once there: a request's limits and sampling, and the context budget's sizes.
+# once there: a request's limits and sampling, the loop guards' limits, and the context budget's
+# sizes.
 _LIMITS: Final = Limits()
 _SAMPLING: Final = Sampling()
+_GUARDS: Final = GuardLimits()
 _BUDGET: Final = BudgetRules()
 
 
@@ -300,6 +302,15 @@ class Settings(configload.FileSettings):
         "its end of the reasoning is the one recorded; it must leave 1024 tokens below "
         "`max_tokens`.",
     )
+    loop_window: int = Field(
+        default=_LIMITS.loop_window,
+        ge=0,
+        description="Tokens (words and marks) of the model's thinking, and of its answer, that "
+        "loopd watches for repetition as they stream: once they hold mostly the same few "
+        "phrases again and again, a thought is ended with the control call (before "
+        "`think_cap`) and an answer is closed and kept as written, each with one line saying "
+        "so. `0`: off.",
+    )
     max_tokens: int = Field(
         default=_BUDGET.max_tokens,
         ge=1,
@@ -322,12 +333,46 @@ class Settings(configload.FileSettings):
         default=_SAMPLING.min_p, ge=0, le=1, description="Sampling min_p sent in every request."
     )
     repeat_limit: int = Field(
-        default=DEFAULT_REPEAT_LIMIT,
+        default=_GUARDS.repeat,
         ge=0,
-        description="Identical tool calls (same tool, same arguments) the model may repeat "
-        "within a turn: a repeat is not run but answered with a pointer to the earlier result, "
-        "and the repeat that reaches this limit ends the turn with one line in the thread. "
-        "`0`: off (then only the turn's 16 tool rounds bound it).",
+        description="Identical tool calls (same tool, same arguments once whitespace in strings "
+        "and key order are folded) the model may repeat within a turn, with no write, edit or "
+        "command between them: a repeat is not run but answered with a pointer to the earlier "
+        "result, and the repeat that reaches this limit ends the turn with one line in the "
+        "thread. `0`: off.",
+    )
+    cycle_limit: int = Field(
+        default=_GUARDS.cycle,
+        ge=0,
+        description="Times the model may go round the same cycle of 2 to 4 different tool "
+        "calls again (A, B, A, B is once) within a turn; the round that reaches it ends the "
+        "turn with one line. `0`: off.",
+    )
+    failure_limit: int = Field(
+        default=_GUARDS.failures,
+        ge=0,
+        description="Tool calls in a row that fail (a file that does not exist, a refused "
+        "call, a command that exits non-zero) with no success between them; the last of them "
+        "ends the turn with one line. `0`: off.",
+    )
+    calls_per_message: int = Field(
+        default=_GUARDS.calls_per_message,
+        ge=0,
+        description="Tool calls one model message may make; the first call past it ends the "
+        "turn with one line, and it and the rest of the message are not run. `0`: no limit.",
+    )
+    calls_per_turn: int = Field(
+        default=_GUARDS.calls_per_turn,
+        ge=0,
+        description="Tool calls one turn may make; the first call past it ends the turn with "
+        "one line, not run. `0`: no limit.",
+    )
+    tool_s_per_turn: float = Field(
+        default=_GUARDS.tool_s_per_turn,
+        ge=0,
+        description="Seconds a turn's tool calls may run in all (a call waiting for a "
+        "person's approval included); once reached, the turn ends with one line before its "
+        "next call or request. `0`: no limit.",
     )
     compact_at: float = Field(
         default=_BUDGET.compact_at,
@@ -444,6 +489,18 @@ class Settings(configload.FileSettings):
     def sampling(self) -> Sampling:
         """The sampling settings every request sends."""
         return Sampling(self.temperature, self.top_p, self.top_k, self.min_p)
+
+    @property
+    def guard_limits(self) -> GuardLimits:
+        """The loop guards' settings (``loopd.engine.guards``)."""
+        return GuardLimits(
+            repeat=self.repeat_limit,
+            cycle=self.cycle_limit,
+            failures=self.failure_limit,
+            calls_per_message=self.calls_per_message,
+            calls_per_turn=self.calls_per_turn,
+            tool_s_per_turn=self.tool_s_per_turn,
+        )
 
     @property
     def stream_think_cap(self) -> int:

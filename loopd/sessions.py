@@ -94,15 +94,17 @@ class SessionTools:
             self.contexts[session] = ctx
         return ctx
 
-    async def run(self, session: str, call: ToolCall, asker: Asker | None) -> str:
+    async def run(self, session: str, call: ToolCall, asker: Asker | None) -> ToolResult:
         """``asker``: who is asked about a call that waits for a person's approval (None:
         nobody, and such a call is denied)."""
         with tool_call(session, call, {*self.spec.names, *BROKER_TOOL_NAMES}) as seen:
             if is_broker_tool(call.name):
-                return seen.result(await self._broker(session, call, asker))
-            if self.approval.asks(call.name) and self.log is not None:
-                return seen.result(await self._core_asked(session, call, self.log, asker))
-            return seen.result(await self.run_core(session, call.name, call.arguments))
+                text = seen.result(await self._broker(session, call, asker))
+            elif self.approval.asks(call.name) and self.log is not None:
+                text = seen.result(await self._core_asked(session, call, self.log, asker))
+            else:
+                text = seen.result(await self.run_core(session, call.name, call.arguments))
+            return ToolResult(text, ok=seen.outcome == "ok")
 
     def reruns(self, session: str, call: ToolCall) -> bool:
         """Whether a call a restart cut short is sent again, not answered as interrupted: a
@@ -365,7 +367,7 @@ class Runtime:
         for interrupted in state.interrupted_calls:
             call = interrupted.call  # as stored: the argument text the model streamed
             if self.tools.reruns(session.name, call):
-                text = await runner.run(session.name, call, asker)
+                text = (await runner.run(session.name, call, asker)).text
             else:
                 text = INTERRUPTED
             self.log.append_tool_result(session.name, tool_call_id=call.id, content=text)

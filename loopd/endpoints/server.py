@@ -29,6 +29,7 @@ from loopd.contextwindow.budget import BudgetRules, ServerBudget
 from loopd.contextwindow.compaction import Compactor
 from loopd.engine.client import InferenceClient
 from loopd.engine.durable import Durability, decide_durable
+from loopd.engine.guards import GuardLimits
 from loopd.engine.limits import Limits
 from loopd.engine.pinning import Pinning, decide_pinning
 from loopd.engine.progress import StatusCallback
@@ -190,7 +191,7 @@ class TurnRules:
     max_tokens: int
     sampling: Sampling
     limits: Limits
-    repeat_limit: int
+    guard_limits: GuardLimits
     budget: BudgetRules
     max_rounds: int = DEFAULT_MAX_ROUNDS
 
@@ -208,6 +209,7 @@ class TurnRules:
             first_byte_s=settings.first_byte_s,
             silence_s=settings.silence_s,
             think_cap=settings.stream_think_cap,
+            loop_window=settings.loop_window,
         )
         if status_interval_s is not None:
             limits = replace(limits, status_interval_s=status_interval_s)
@@ -220,7 +222,7 @@ class TurnRules:
             settings.max_tokens,
             settings.sampling,
             limits,
-            settings.repeat_limit,
+            settings.guard_limits,
             budget,
             max_rounds,
         )
@@ -250,7 +252,7 @@ def build_turn(
         limits=rules.limits,
         tools=tools,
         max_rounds=rules.max_rounds,
-        repeat_limit=rules.repeat_limit,
+        guard_limits=rules.guard_limits,
         report=report,
         gate=Compactor(server.budget, rules.budget),
         template_drops_reasoning=known.template_drops_reasoning,

@@ -32,6 +32,7 @@ from loopd.selftest.expected import DEFAULT_DIR
 from loopd.sessionlog.records import Session, fresh_external_key
 from loopd.sessions import Runtime
 from loopd.terminal.approve import TerminalAsker
+from loopd.tools.core import ToolResult
 from loopd.turn.loop import ToolRunner
 from loopd.turnstop import record_stop, was_stopped
 from loopd.wire.assemble import ToolCall
@@ -68,10 +69,10 @@ class WatchedTools:
     inner: ToolRunner
     watcher: Watcher
 
-    async def run(self, session: str, call: ToolCall, asker: Asker | None) -> str:
+    async def run(self, session: str, call: ToolCall, asker: Asker | None) -> ToolResult:
         self.watcher.tool_started(call)
         result = await self.inner.run(session, call, asker)
-        self.watcher.tool_finished(call, result)
+        self.watcher.tool_finished(call, result.text)
         return result
 
 

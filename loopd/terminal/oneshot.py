@@ -133,6 +133,7 @@ def run_record(
         "ended": ended,
         "answer": outcome.answer if outcome is not None and outcome.failure is None else None,
         "failure": outcome.failure if outcome is not None else None,
+        "guard": outcome.guard if outcome is not None else None,
         "notices": list(outcome.notices) if outcome is not None else [],
         "cut_at_tokens": outcome.cut_at if outcome is not None else None,
         "tool_calls": tool_calls,

@@ -383,7 +383,10 @@ async def test_ambiguous_5xx_and_429_bursts_give_exactly_one_reply(
 async def test_a_long_answer_is_split_into_parts(
     tmp_path: Path, sockets: Path, fake_llama: FakeLlama, llama: RunningFake
 ) -> None:
-    paragraphs = "\n\n".join(f"Paragraph {i}. " + "text " * 40 for i in range(12))
+    # Words that differ: "text " 40 times over is a loop the repetition watch would close.
+    paragraphs = "\n\n".join(
+        f"Paragraph {i}. " + " ".join(f"w{i}x{j}" for j in range(40)) for i in range(12)
+    )
     fake_llama.push(ScriptedReply(content=paragraphs), model=FAKE_MODEL)
     config = replace(FAST_MM, max_post_size=1000)
     async with environment(tmp_path, sockets, llama, config) as env, daemon(env):

@@ -107,14 +107,15 @@ async def agent(
     *,
     repeat_limit: int = 1,
     max_rounds: int | None = MAX_ROUNDS,
+    model: str = devserver.TOOL_MODEL,
 ) -> AsyncIterator[Agent]:
     settings = load_settings(
         infer_url=server.url,
-        model=devserver.TOOL_MODEL,
+        model=model,
         broker_url=broker_url,
         state_dir=state,
         repeat_limit=repeat_limit,
-        **devserver.TOOL_MODEL_SETTINGS,
+        **devserver.MODEL_SETTINGS[model],
     )
     rules = TurnRules.of(settings, max_rounds=max_rounds or DEFAULT_MAX_ROUNDS)
     runtime = Runtime.open(settings, client_type=TappedClient, rules=rules)

@@ -13,6 +13,7 @@ from loopd.approvals.call import Asker
 from loopd.sessionlog.records import EntryKind
 from loopd.sessionlog.store import SessionLog
 from loopd.sessions import INTERRUPTED
+from loopd.tools.core import ToolResult
 from loopd.wire.assemble import ToolCall
 from loopd_dev.fakes.llama import Pace, ScriptedReply, ScriptedToolCall
 from tests.reliability.conftest import Observe
@@ -118,7 +119,7 @@ class _Killed(Exception):
 
 
 class _DieBeforeTool:
-    async def run(self, session: str, call: ToolCall, asker: Asker | None) -> str:
+    async def run(self, session: str, call: ToolCall, asker: Asker | None) -> ToolResult:
         raise _Killed(call.id)
 
 
@@ -139,7 +140,7 @@ async def test_dies_after_the_assistant_entry_before_the_tool(observe: Observe) 
             base = rt.turn(session, lambda status: None)
 
             class FindThenDie:
-                async def run(self, name: str, call: ToolCall, asker: Asker | None) -> str:
+                async def run(self, name: str, call: ToolCall, asker: Asker | None) -> ToolResult:
                     if call.name == "call_tool":
                         raise _Killed(call.id)
                     return await real_tools.run(name, call, asker)

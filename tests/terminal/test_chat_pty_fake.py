@@ -129,7 +129,7 @@ def test_slash_commands(tmp_path: Path) -> None:
         chat.expect_exact("/sessions")
         chat.expect_exact(PROMPT)
         chat.send("/perf\r")
-        chat.expect(r"session tty: 1 requests \(1 turn\)")
+        chat.expect_exact("session tty: 1 turn, 1 request to the model")
         chat.expect_exact(PROMPT)
         chat.send("/new second\r")
         chat.expect_exact("new session 'second' (slot 0)")
