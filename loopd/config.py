@@ -21,7 +21,10 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import sys
+import tomllib
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any, Final, Self
 
@@ -555,8 +558,40 @@ DEFAULTS: Final = Settings.model_construct()
 
 def load_settings(**overrides: Any) -> Settings:
     """The settings from the environment and the ``LOOPD_CONFIG`` file (``overrides`` win);
-    ``ConfigError`` with one line for an unknown variable, a bad value or a broken rule."""
-    return configload.load(Settings, **overrides)
+    ``ConfigError`` with one line for an unknown variable, a bad value, a broken rule or an
+    empty variable that would hide a list the file gives (``empty_over_file``)."""
+    settings = configload.load(Settings, **overrides)
+    if (problem := empty_over_file(os.environ)) is not None:
+        raise ConfigError(problem)
+    return settings
+
+
+# The lists that decide whom loopd answers: an environment file that leaves one of them empty
+# (``LOOPD_MM_ALLOWED_USERS=``) would silently replace the file's list with nobody.
+_GUARDED_LISTS: Final = ("allowed_users", "allowed_teams", "allowed_channels", "admins")
+
+
+def empty_over_file(environ: Mapping[str, str]) -> str | None:
+    """The one line for a ``LOOPD_MM_*`` list set empty in the environment while the
+    ``LOOPD_CONFIG`` file gives that list: the environment wins, so the file's list would be
+    ignored without a word. None when there is no such clash."""
+    config = environ.get("LOOPD_CONFIG")
+    if not config:
+        return None
+    try:
+        table = tomllib.loads(Path(config).read_text(encoding="utf-8")).get("mm")
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError):
+        return None  # the loader has said what is wrong with the file
+    if not isinstance(table, dict):
+        return None
+    for key in _GUARDED_LISTS:
+        variable = f"LOOPD_MM_{key.upper()}"
+        if variable in environ and not environ[variable].strip() and table.get(key):
+            return (
+                f"{variable} is set but empty, and would replace {key} under [mm] in {config} "
+                "with nobody: give the list in one place (remove the variable, or set it)"
+            )
+    return None
 
 
 def settings_table(model: type[BaseSettings] = Settings) -> str:

@@ -229,6 +229,7 @@ async def run_daemon(
             endpoint_checker(settings, runtime.spec.text, expected_dir),
             checks.down if checks is not None else {},
         )
+        runtime.endpoints.log_known()
         state = ChatState.open(settings.state_dir / "chat.db")
         stack.callback(state.close)
         client = MattermostClient(

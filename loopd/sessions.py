@@ -8,19 +8,22 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import time
 from collections.abc import Collection, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import anyio
 
+from loopcommon.errors import ConfigError
 from loopd.approvals.call import AskedCall, Asker, core_approval_id
 from loopd.approvals.wait import settle_core_call, settle_with_broker, was_allowed
 from loopd.approvals.words import canonical_arguments
 from loopd.config import ApprovalSettings, Settings
+from loopd.contextwindow.budget import cut_notice
 from loopd.contextwindow.compaction import Compactor
-from loopd.endpoints.server import TurnRules
+from loopd.endpoints.server import Server, TurnRules
 from loopd.endpoints.serving import Endpoints, FrontEnd
 from loopd.endpoints.start import reachability_checker
 from loopd.endpoints.warm import keep_warm
@@ -28,6 +31,7 @@ from loopd.engine.client import InferenceClient
 from loopd.engine.outcome import TurnOutcome
 from loopd.engine.pinning import choose_slot
 from loopd.engine.progress import StatusCallback
+from loopd.errors import InferenceError
 from loopd.observe.live import LiveTurns
 from loopd.observe.toolcalls import tool_call
 from loopd.prewarm.prewarmer import PrewarmResult
@@ -48,11 +52,13 @@ from loopd.tools.core import (
     run_core_tool,
 )
 from loopd.tools.errors import ToolFailure
+from loopd.tools.files import write_file
 from loopd.tools.limits import ToolLimits
 from loopd.tools.quota import RESERVE_FILE, ReserveFile
 from loopd.tools.spec import ToolsSpec, load_tools_spec
-from loopd.tools.workspace import migrate_legacy_workspaces, session_workspace
+from loopd.tools.workspace import Workspace, migrate_legacy_workspaces, session_workspace
 from loopd.turn.loop import ToolRunner, Turn
+from loopd.turnstop import record_end
 from loopd.wire.assemble import ToolCall
 
 log = logging.getLogger(__name__)
@@ -79,6 +85,38 @@ class SessionTools:
     # Where a call that waits for a person records the question and the decision.
     log: SessionLog | None = None
     approval: ApprovalSettings = field(default_factory=ApprovalSettings)  # [approval]
+
+    @classmethod
+    def open(cls, settings: Settings, spec: ToolsSpec, session_log: SessionLog) -> SessionTools:
+        """The tools of ``settings`` (no server needed: ``loopd tools call`` runs them alone)."""
+        reserve = ReserveFile(settings.state_dir / RESERVE_FILE)
+        reserve.after_tool()  # made at start, where the disk has room for it
+        return cls(
+            workspaces=settings.workspaces,
+            spec=spec,
+            broker=BrokerClient(settings.broker_url),
+            contexts={},
+            protected=(settings.state_dir, settings.tools_file.parent / "loopd.toml"),
+            unsandboxed_commands=settings.unsandboxed_commands,
+            limits=ToolLimits(
+                workspace_max_bytes=settings.workspace_max_bytes,
+                disk_reserve_bytes=settings.disk_reserve_bytes,
+            ),
+            reserve=reserve,
+            log=session_log,
+            approval=settings.approval,
+        )
+
+    async def keep_file(self, session: str, path: str, text: str) -> str | None:
+        """Write ``text`` whole to ``path`` in the session's workspace, within its quota, as
+        write_file would (of any size the quota allows); None once written, else why not."""
+        try:
+            ctx = await self.context(session)
+            limits = replace(ctx.limits, write_max_bytes=max(len(text.encode()), 1))
+            await anyio.to_thread.run_sync(write_file, Workspace(ctx.workspace), path, text, limits)
+        except ToolFailure as exc:
+            return str(exc)
+        return None
 
     async def context(self, session: str) -> ToolContext:
         ctx = self.contexts.get(session)
@@ -188,6 +226,30 @@ class SessionTools:
         )
 
 
+@dataclass(frozen=True)
+class Taken:
+    """A user message in the log, and what to tell its author of it (None: nothing)."""
+
+    appended: Appended
+    notice: str | None = None
+
+
+def kept_message_path(external_key: str) -> str:
+    """Where, in its session's workspace, a message too long for the context is kept whole: one
+    file per message, named by its intake key (a post id, or the terminal's fresh key)."""
+    name = re.sub(r"[^A-Za-z0-9._-]", "-", external_key).strip(".-") or "message"
+    return f"messages/{name}.txt"
+
+
+def slots_refusal(missing: list[int], total: int, url: str, setting: str = "LOOPD_SLOTS") -> str:
+    """The one line for ``setting`` (LOOPD_SLOTS, or an ``[[endpoint]]``'s ``slots``) naming
+    slots the server at ``url`` does not have."""
+    named = ", ".join(str(slot) for slot in missing)
+    has = {1: "1 slot (0)", 2: "2 slots (0 and 1)"}.get(total, f"{total} slots (0 to {total - 1})")
+    verb = "is" if len(missing) == 1 else "are"
+    return f"{setting}: the server at {url} has {has}; {named} {verb} not among them"
+
+
 @dataclass
 class Runtime:
     """The pieces every front end's turns share, built once from the settings (and from what the
@@ -224,23 +286,7 @@ class Runtime:
         spec = load_tools_spec(settings.tools_file)
         session_log = SessionLog.open(settings.db_path)
         migrate_legacy_workspaces(settings.workspaces, [s.name for s in session_log.sessions()])
-        reserve = ReserveFile(settings.state_dir / RESERVE_FILE)
-        reserve.after_tool()  # made at start, where the disk has room for it
-        tools = SessionTools(
-            workspaces=settings.workspaces,
-            spec=spec,
-            broker=BrokerClient(settings.broker_url),
-            contexts={},
-            protected=(settings.state_dir, settings.tools_file.parent / "loopd.toml"),
-            unsandboxed_commands=settings.unsandboxed_commands,
-            limits=ToolLimits(
-                workspace_max_bytes=settings.workspace_max_bytes,
-                disk_reserve_bytes=settings.disk_reserve_bytes,
-            ),
-            reserve=reserve,
-            log=session_log,
-            approval=settings.approval,
-        )
+        tools = SessionTools.open(settings, spec, session_log)
         live = LiveTurns()
         endpoints = Endpoints.open(
             settings,
@@ -258,10 +304,32 @@ class Runtime:
     async def start_terminal(self) -> None:
         """The check a terminal's chat or one-shot turn starts with: every server's ``/health``,
         at once, the ones down marked down and re-checked, as ``loopd serve`` starts
-        (``loopd.endpoints.start``; ``NoEndpointUp`` when none answers). The self-test's live
-        probes are not run: they take a slot, and would evict the caches of the very sessions
-        a script is about to serve."""
+        (``loopd.endpoints.start``; ``NoEndpointUp`` when none answers); then the slots each
+        one's turns name (``_check_slots``). The self-test's live probes are not run: they take
+        a slot, and would evict the caches of the very sessions a script is about to serve."""
         await self.endpoints.start_checked(reachability_checker(self.endpoints.clients()))
+        for server in self.endpoints.servers.values():
+            if self.endpoints.fleet.health.is_up(server.name):
+                await self._check_slots(server)
+        self.endpoints.log_known()
+
+    async def _check_slots(self, server: Server) -> None:
+        """``ConfigError`` when the server's slots (LOOPD_SLOTS, or its table's ``slots``) name
+        a slot it does not have (its id would wrap around to another slot). Asked of ``/props``
+        without loading a model: a model not loaded yet is not checked (``loopd serve``'s
+        self-test checks it)."""
+        client = server.client
+        try:
+            total = (await client.props(autoload=False)).get("total_slots")
+        except InferenceError as exc:
+            log.info("the server's slots are not checked (%s)", exc)
+            return
+        if not isinstance(total, int) or total <= 0:
+            return
+        if missing := [slot for slot in server.endpoint.slots if slot >= total]:
+            named = server.recorded_as
+            setting = "LOOPD_SLOTS" if named is None else f"endpoint {named}'s slots"
+            raise ConfigError(slots_refusal(missing, total, client.url, setting))
 
     async def aclose(self) -> None:
         await self.endpoints.aclose()
@@ -315,13 +383,24 @@ class Runtime:
         server, slot = self.endpoints.seat(session)
         return self.endpoints.turn_on(server, session, slot, self.front_end(report, asker=asker))
 
-    async def append_user(self, session: str, text: str, *, external_key: str) -> Appended:
-        """Append a user message, cut with a visible note if one message cannot hold it (by
-        the context of the session's server)."""
+    async def append_user(self, session: str, text: str, *, external_key: str) -> Taken:
+        """Append a user message. One longer than one message may be in the context (of the
+        session's server) is never cut silently: the whole text is kept in the session's
+        workspace (``kept_message_path``), the model reads its head with a note naming that
+        file, and ``Taken.notice`` is the line the person is told, where they wrote it."""
         server = self.endpoints.server_of(session)
-        gate = Compactor(server.budget, self.endpoints.rules.budget)
-        fitted = await gate.fit_input(text, "this message")
-        return self.log.append_user(session, fitted, external_key=external_key)
+        compactor = Compactor(server.budget, self.endpoints.rules.budget)
+        kept_in = kept_message_path(external_key)
+        cut = await compactor.fit(text, "this message", kept_in)
+        notice = None
+        if cut.was_cut:
+            refusal = await self.tools.keep_file(session, kept_in, text)
+            if refusal is not None:  # the note must not name a file that is not there
+                log.warning("message %s of %s not kept whole: %s", external_key, session, refusal)
+                cut = await compactor.fit(text, "this message")
+            notice = cut_notice(cut, kept_in, refusal)
+        appended = self.log.append_user(session, cut.text, external_key=external_key)
+        return Taken(appended, notice)
 
     async def prewarm(self, session: Session) -> PrewarmResult:
         """Read the session's prompt into its idle slot on its server (LOOPD_PREWARM); see
@@ -341,9 +420,14 @@ class Runtime:
         """A turn, once the session's slot is free (FIFO behind other sessions on it), on its
         server (``loopd.endpoints.serving``). ``asker``: who is asked about a tool call that
         waits for a person's approval (the front end's person; None: nobody, and such a call
-        is denied); ``tools``: the runner of its tool calls (default: the session tools)."""
+        is denied); ``tools``: the runner of its tool calls (default: the session tools). A turn
+        that ends without an answer is recorded as ended, with the line it ended on: a restart
+        does not run it again (``loopd.turnstop.record_end``)."""
         front = self.front_end(report, on_position, asker, tools)
-        return await self.endpoints.run_turn(session, front)
+        outcome = await self.endpoints.run_turn(session, front)
+        if outcome.failure is not None:
+            record_end(self.log, session.name, outcome.failure)
+        return outcome
 
     async def keep_warm(self, restarted: Collection[str] = ()) -> None:
         """Prewarm wanted sessions whenever their server is idle, and re-check down endpoints,

@@ -50,7 +50,7 @@ _ICONS = {
 
 def in_line_words(in_line: InLine) -> str:
     who = "1 other thread" if in_line.ahead == 1 else f"{in_line.ahead} other threads"
-    return f"waiting for slot {in_line.slot} (behind {who})"
+    return f"waiting for its turn (behind {who})"
 
 
 def approval_words(awaiting: AwaitingApproval) -> str:

@@ -190,6 +190,10 @@ class Endpoints:
         self.check = check
         for name, reason in down.items():
             self.fleet.health.mark_down(name, reason, time.monotonic())
+
+    def log_known(self) -> None:
+        """One line for each server: what is known of it, which its turns go by (logged once
+        the front end's checks passed)."""
         for server in self.servers.values():
             log.info("%s", server.describe())
 

@@ -105,7 +105,9 @@ def health_after(checks: Sequence[EndpointCheck], now: float) -> EndpointHealth:
     health = EndpointHealth(check.endpoint.name for check in checks)
     for check in checks:
         if check.ok:
-            log.info(
+            # A self-test's pass is news; a terminal's /health answered is not.
+            log.log(
+                logging.INFO if check.report else logging.DEBUG,
                 "%s for endpoint %s: %s at %s (%s)",
                 "self-test passed" if check.report else "/health answered",
                 check.endpoint.name,

@@ -44,7 +44,7 @@ def phase_words(status: Status) -> str:
         case Phase.WAITING:
             return "waiting for the server"
         case Phase.STUCK:
-            return "the server is not answering /slots; still waiting"
+            return "the server is not answering; still waiting"
         case Phase.READING:
             return f"reading the prompt {status.percent or 0}%"
         case Phase.THINKING:

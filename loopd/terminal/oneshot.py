@@ -29,6 +29,7 @@ from loopd.config import Settings
 from loopd.engine.outcome import TurnOutcome
 from loopd.selftest.expected import DEFAULT_DIR
 from loopd.terminal.core import Stopped, TurnEnd, Watcher
+from loopd.terminal.lineinput import checked_text, read_all
 from loopd.terminal.link import ScreenWatch, connected
 from loopd.terminal.logfile import logs_out_of_the_way
 from loopd.terminal.render import Style, TurnView
@@ -54,8 +55,9 @@ def fresh_session_name(now: datetime, suffix: str) -> str:
 
 
 def read_prompt(prompt: str, stdin: TextIO) -> str:
-    """The prompt, read from stdin for ``-``; an empty one is refused."""
-    text = stdin.read() if prompt == "-" else prompt
+    """The prompt, read from stdin for ``-``; an empty one is refused, and one that is not
+    text (``NotText``: bytes that are not UTF-8)."""
+    text = checked_text(read_all(stdin) if prompt == "-" else prompt, "run: the message")
     if not text.strip():
         raise ConfigError("run: the prompt is empty; give the message to send (or - for stdin)")
     return text.strip()

@@ -61,7 +61,7 @@ from loopd.observe import recorder
 from loopd.observe.metrics import METRICS
 from loopd.observe.recorder import Reply, Sent
 from loopd.requestscope import request_scope
-from loopd.sessionlog.records import Epoch, RequestKind, RequestRecord
+from loopd.sessionlog.records import Epoch, NoteReason, RequestKind, RequestRecord
 from loopd.sessionlog.store import SessionLog
 from loopd.tools.core import ToolResult
 from loopd.turn.saves import DurableSlots, Probe, Restore
@@ -408,7 +408,8 @@ class Turn:
             stop = after if isinstance(after, guards.Stop) else None
         if stop is not None:
             METRICS.guard_fired(stop.guard, "stopped")
-            self.log.append_note(self.session, stop.line)
+            # The turn ends here, for good (``loopd.turnstop``): a restart does not run it again.
+            self.log.append_note(self.session, stop.line, reason=NoteReason.TURN_ENDED)
             log.warning(
                 "%s: %s", self.session, stop.line, extra={"fields": {"guard": stop.guard.value}}
             )
@@ -501,6 +502,7 @@ class Turn:
             template_drops_reasoning=self.template_drops_reasoning,
             resend=digest == prev.messages_sha256,
             endpoint_changed=endpoint_changed(prev.endpoint, self.endpoint),
+            taken_back=self.log.taken_back_since(self.session, prev.recorded_at),
         )
 
 

@@ -3,11 +3,8 @@ stop, and the faults of the issue (drops, duplicates, restarts, 5xx, 429, odd po
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
 
 import anyio
 import pytest
@@ -17,36 +14,17 @@ from loopd.sessionlog import EntryKind, SessionLog
 from loopd.sessionlog.records import RequestKind
 from loopd.turnstop import was_stopped
 from loopd_dev.fakes.llama import FakeLlama, Pace, RunningFake, ScriptedReply
-from loopd_dev.fakes.mattermost import FakeConfig, LoggedPost
+from loopd_dev.fakes.mattermost import LoggedPost
 from tests.chat.chat_support import (
     FAST_MM,
     Env,
-    chat_settings_for,
     daemon,
-    fake_mattermost,
-    settings_for,
+    environment,
     until,
 )
 from tests.chat.conftest import FAKE_MODEL
 
 pytestmark = pytest.mark.anyio
-
-
-@asynccontextmanager
-async def environment(
-    tmp_path: Path,
-    sockets: Path | None,
-    llama: RunningFake,
-    mm_config: FakeConfig = FAST_MM,
-    max_tokens: int = 2048,
-    **chat: Any,
-) -> AsyncIterator[Env]:
-    async with fake_mattermost(sockets, mm_config) as mm:
-        yield Env(
-            mm,
-            settings_for(tmp_path / "state", llama.base_url, FAKE_MODEL, max_tokens=max_tokens),
-            chat_settings_for(mm, tmp_path, **chat),
-        )
 
 
 def stopped_line(env: Env, root_id: str) -> bool:
