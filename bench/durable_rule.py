@@ -32,8 +32,10 @@ from pathlib import Path
 import anyio
 
 from bench.durable_loopd import answered, first_message, say, settings_for, start
+from loopd.config import SHORTHAND_ENDPOINT
 from loopd.engine.pinning import PinSlots
 from loopd.engine.waits import person_wait_ms
+from loopd.selftest.expected import ServerAnswers
 from loopd.sessionlog.records import Request
 from loopd.sessions import Runtime
 from loopd_dev import devserver
@@ -96,14 +98,16 @@ def _router(work: Path, cache_dir: Path, model: str) -> Iterator[devserver.Runni
 
 def _runtime(url: str, model: str, state: Path, durable: bool, *, watched: bool) -> Runtime:
     settings = settings_for(url, model, state, durable, PINNING[model])
-    runtime = Runtime.open(settings.model_copy(update={"slots": (0,)}))
     # What ``loopd serve``'s self-test tells it (the slot pool probe, the save probe); and,
     # ``watched``, that a watch reads the model in the background, as ``loopd serve``'s does
     # (a turn then does not read it before it starts; unwatched, as in ``loopd chat``, it does).
-    runtime.know_server(
+    found = ServerAnswers(
         idle_slots_cleared=model == devserver.HYBRID_MODEL, durable_available=durable
     )
-    runtime.model_memory.watched = watched
+    runtime = Runtime.open(
+        settings.model_copy(update={"slots": (0,)}), selftest={SHORTHAND_ENDPOINT: found}
+    )
+    runtime.endpoints.servers[SHORTHAND_ENDPOINT].memory.watched = watched
     return runtime
 
 

@@ -1,7 +1,7 @@
 """loopd's status page: its data (the wait people saw for a turn's first token, slots, live turns,
 sessions) and the page made from it, as plain HTML with inline SVG plots. Pure: no I/O.
 
-loopd reads its runtime into a ``StatusSnapshot`` (``loopd.observe.status``) and serves it as
+loopd reads its runtime into a ``StatusSnapshot`` (``loopd.status.page``) and serves it as
 ``/status.json``; brokerd checks that data against these types and renders the page with
 ``render``, which escapes every string, so the box's bytes reach a browser as text only. A label
 that came from people or the box (a session, a thread's channel, person and first words, a
@@ -118,8 +118,9 @@ class StatusSnapshot:
     live: Annotated[tuple[LiveView, ...], Field(max_length=MAX_LIVE)]
     sessions: Annotated[tuple[SessionView, ...], Field(max_length=MAX_SESSIONS)]
     waits: WaitView | None = None  # None: no turn has recorded its wait yet
-    # The model as the server last told it without waking it: awake, asleep, unloaded,
-    # loading; "" where loopd has not read it.
+    # Each model as its server last told it without waking it: awake, asleep, unloaded,
+    # loading (one word where the servers agree, else one for each model in ``model``'s
+    # order); "" where loopd has not read any.
     model_state: Text = ""
 
     def as_json(self) -> dict[str, Any]:
@@ -240,7 +241,7 @@ def _model_state(state: str) -> str:
     if not state:
         return ""
     shown = html.escape(state)
-    if state in {"asleep", "unloaded", "loading"}:
+    if {"asleep", "unloaded", "loading"} & set(state.split(", ")):
         return f' <span class="busy">{shown}</span>'
     return f" ({shown})"
 

@@ -28,7 +28,7 @@ import hashlib
 import itertools
 import json
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from enum import StrEnum
 from typing import Any, Final
 
@@ -289,6 +289,9 @@ class ModelMemory:
     # The latest reading that told the weights and the template (a model not loaded tells
     # neither): the fingerprint a turn checks a save against until it reads the model again.
     known: ModelReading | None = None
+    # Per session, ``forgets`` when its slot last held its state (its save, or a turn's end):
+    # once the count grows, the model forgot it since (``loopd.turn.saves``).
+    held_at: dict[str, int] = field(default_factory=dict)
 
     def observe(self, reading: ModelReading) -> Forgot | None:
         """Take a reading; what the model lost since the last one, if anything."""

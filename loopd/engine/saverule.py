@@ -1,7 +1,7 @@
 """Save when it pays: whether a session's state is worth saving after a turn. Pure.
 
 A save costs every turn that makes it: a read of the session's messages (the prefix the next
-request extends, ``loopd.engine.saves``) and the state written to the server's disk. It pays
+request extends, ``loopd.turn.saves``) and the state written to the server's disk. It pays
 only on a return that finds the server lost the session (slept, unloaded, restarted, or gave
 the slot to another session), and then only what a restore spares against reading the prompt
 again. Measured on build 11434's tiny presets (``make bench``, the durable section): a turn

@@ -357,6 +357,7 @@ def expectation_from_facts(facts: ServerFacts) -> ModelExpectation:
         idle_slots_cleared=facts.pool.cleared if facts.pool is not None else None,
         weights=facts.reading.weights if facts.reading is not None else None,
         fingerprint=facts.reading.fingerprint(facts.model) if facts.reading is not None else None,
+        durable_available=facts.durable.available if facts.durable is not None else None,
     )
 
 

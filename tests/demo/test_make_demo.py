@@ -27,7 +27,7 @@ from typing import Any
 import httpx
 import pytest
 
-from loopd.chat.config import ChatSettings
+from loopd.chatsettings import ChatSettings
 from tests import npm_cache
 from tests.observe.real_stack import system_tool
 from tests.screenshots import assert_drawn

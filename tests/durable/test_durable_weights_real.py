@@ -16,9 +16,9 @@ import pytest
 
 from loopd.engine.cacheloss import LossCause
 from loopd.engine.durable import DurableMode
-from loopd.engine.saves import SaveBook
 from loopd.selftest.run import run_selftest
 from loopd.sessionlog.records import RequestKind
+from loopd.turn.saves import SaveBook
 from loopd_dev import devserver
 from tests.durable.test_durable_real import (
     FIRST,

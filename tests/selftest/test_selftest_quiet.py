@@ -17,10 +17,10 @@ import pytest
 from loopd.config import Settings, load_settings
 from loopd.engine.modelstate import Forgot, ModelStatus
 from loopd.engine.quiet import Purpose
-from loopd.observe.status import snapshot
 from loopd.selftest.run import run_selftest
 from loopd.serve import ServerWatch
 from loopd.sessions import Runtime
+from loopd.status.page import snapshot
 from loopd_dev.fakes.llama import FakeLlama, ModelSpec, RunningFake, serve_fake_llama
 
 pytestmark = pytest.mark.anyio
@@ -81,7 +81,7 @@ async def test_an_idle_check_of_a_matching_server_asks_only_what_is_answered_asl
     tmp_path: Path, fake: FakeLlama, llama: RunningFake
 ) -> None:
     async with watching(tmp_path, llama) as watch:
-        memory = watch.runtime.model_memory
+        memory = watch.server.memory
         assert memory.last is not None
         assert memory.last.status is ModelStatus.AWAKE
         fake.faults.set(sleeping=True)
@@ -89,8 +89,8 @@ async def test_an_idle_check_of_a_matching_server_asks_only_what_is_answered_asl
         with anyio.fail_after(CHECK_WITHIN_S):
             await watch.check()
         assert asked(fake, since) <= QUIET
-        assert watch.runtime.model_memory.status is ModelStatus.ASLEEP
-        assert watch.runtime.model_memory.last_forget is Forgot.SLEPT
+        assert watch.server.memory.status is ModelStatus.ASLEEP
+        assert watch.server.memory.last_forget is Forgot.SLEPT
         assert watch.change is None
         assert snapshot(watch.runtime).model_state == "asleep"  # the status page says so
 
@@ -106,7 +106,7 @@ async def test_an_unloaded_model_stays_unloaded_and_owes_its_probes(
             await watch.check()
         assert asked(fake, since) <= QUIET
         assert not fake.model(MODEL).loaded
-        assert watch.runtime.model_memory.last_forget is Forgot.UNLOADED
+        assert watch.server.memory.last_forget is Forgot.UNLOADED
         assert watch.change is None  # not loaded is no verdict on the server
 
 

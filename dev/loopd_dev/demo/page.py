@@ -18,7 +18,7 @@ from starlette.responses import HTMLResponse, Response
 from starlette.routing import BaseRoute, Mount, Route
 from starlette.staticfiles import StaticFiles
 
-from loopd.chat.config import ChatSettings
+from loopd.chatsettings import ChatSettings
 from loopd_dev.fakes.mattermost.core import FakeMattermost
 
 STATIC = Path(__file__).parent / "static"

@@ -172,17 +172,17 @@ class DurableSlots:
     slots: Sequence[int] = (0,)
     # What the server told of the model without waking it (``loopd.engine.modelstate``): its
     # fingerprint, which a save is bound to, read before each save and before a turn of a
-    # session that has one.
+    # session that has one; and when each session's slot last held its state. The server's,
+    # kept across what is known of it being replaced, as ``claimed`` is.
     memory: ModelMemory = field(default_factory=ModelMemory)
-    # What loopd measured of saving and reading, for the rule that decides each save.
+    # What loopd measured of saving and reading, for the rule that decides each save (the
+    # server's, kept likewise).
     figures: SaveFigures = field(default_factory=SaveFigures)
     # How long a reading may wait for the model to load (the turn's first-byte limit).
     load_wait_s: float = 900.0
-    # Slots a restore of loopd's is filling, until the request sent after it ended.
-    _claimed: set[int] = field(default_factory=set)
-    # Per session, ``memory.forgets`` when its slot last held its state (its save, or a turn's
-    # end): once the count grows, the model forgot it since.
-    _held_at: dict[str, int] = field(default_factory=dict)
+    # Slots a restore of loopd's is filling, until the request sent after it ended (the
+    # server's, kept across what is known of it being replaced: ``loopd.endpoints.server``).
+    claimed: set[int] = field(default_factory=set)
 
     async def look(self, purpose: Purpose = Purpose.PERSON) -> ModelReading:
         """Read the model (``InferenceClient.model_reading``: nothing that wakes it; where a
@@ -245,7 +245,7 @@ class DurableSlots:
         event still can)."""
         if saved is None:
             return None
-        mark = self._held_at.get(session)
+        mark = self.memory.held_at.get(session)
         if mark is not None:
             return self.memory.last_forget if self.memory.forgets > mark else None
         # Saved before loopd started: what the model is now, against what it was at the save.
@@ -260,7 +260,7 @@ class DurableSlots:
 
     def held(self, session: str) -> None:
         """The session's slot holds its state now (its turn ended there)."""
-        self._held_at[session] = self.memory.forgets
+        self.memory.held_at[session] = self.memory.forgets
 
     def decide(self, tokens: int) -> SaveDecision:
         """Whether a state of ``tokens`` tokens is worth saving now (``loopd.engine.saverule``)."""
@@ -276,7 +276,7 @@ class DurableSlots:
         if slot is None:
             refusal = "no idle slot to restore into"
             return Restore(saved, held, None, None, refusal=refusal, why=why)
-        self._claimed.add(slot)
+        self.claimed.add(slot)
         try:
             answer = await self.client.restore_slot(slot, saved.file)
         except InferenceError as exc:
@@ -287,7 +287,7 @@ class DurableSlots:
     def release(self, restore: Restore) -> None:
         """The request sent after ``restore`` ended: its slot may take another restore."""
         if restore.slot is not None:
-            self._claimed.discard(restore.slot)
+            self.claimed.discard(restore.slot)
 
     async def _target(self) -> int | None:
         try:
@@ -295,7 +295,7 @@ class DurableSlots:
         except InferenceError as exc:
             log.warning("no restore: /slots failed: %s", exc)
             return None
-        return restore_target(slots, self.slots, self._claimed)
+        return restore_target(slots, self.slots, self.claimed)
 
     async def restore_for_prewarm(
         self, session: str, tools_text: str, messages: Sequence[str], slot: int

@@ -1,6 +1,6 @@
 """The status page's data, read from the runtime: slots, live turns and sessions.
 
-``snapshot`` reads the runtime (its scheduler, its live turns, its session log) into the page's
+``snapshot`` reads the runtime (its servers' slots, its live turns, its session log) into the page's
 plain data (``loopcommon.statuspage``, which also renders it, with no I/O).
 """
 
@@ -41,13 +41,14 @@ def snapshot(
     live = runtime.live.all()
     phases = {turn.session: turn.phase for turn in live}
     slots = []
-    for slot in runtime.settings.slots:
-        holder = runtime.scheduler.holder(slot)
-        phase = phases.get(holder) if holder is not None else None
-        if holder is not None and holder.startswith(PREWARM_PREFIX):
-            holder, phase = holder[len(PREWARM_PREFIX) :], "prewarm"
-        in_line = sum(1 for turn in live if turn.slot == slot and not turn.holding)
-        slots.append(SlotView(slot, holder, phase, in_line))
+    for server in runtime.endpoints.servers.values():  # each server's slots, in turn
+        for slot in server.endpoint.slots:
+            holder = server.scheduler.holder(slot)
+            phase = phases.get(holder) if holder is not None else None
+            if holder is not None and holder.startswith(PREWARM_PREFIX):
+                holder, phase = holder[len(PREWARM_PREFIX) :], "prewarm"
+            in_line = sum(1 for turn in live if turn.slot == slot and not turn.holding)
+            slots.append(SlotView(slot, holder, phase, in_line))
     live_views = tuple(
         LiveView(t.session, t.slot, t.phase, max(wall - t.started_at, 0.0), t.holding, t.ahead)
         for t in live
@@ -61,11 +62,11 @@ def snapshot(
     sessions.sort(key=lambda v: (v.phase is not None, v.last_turn_at or ""), reverse=True)
     snap = StatusSnapshot(
         generated_at=_stamp(wall),
-        model=runtime.client.model,
+        model=", ".join(server.endpoint.model for server in runtime.endpoints.servers.values()),
         slots=tuple(slots),
         live=live_views,
         sessions=tuple(sessions[:MAX_SESSIONS]),
-        model_state=_model_state(runtime.model_memory.status),
+        model_state=_model_state([s.memory.status for s in runtime.endpoints.servers.values()]),
         waits=wait_view([r for rows in requests.values() for r in rows]),
     )
     return bounded(snap)
@@ -117,9 +118,13 @@ def session_view(
     )
 
 
-def _model_state(status: ModelStatus) -> str:
-    """The model's state as the page says it; "" where loopd has not read it."""
-    return "" if status is ModelStatus.UNKNOWN else status.value
+def _model_state(statuses: Sequence[ModelStatus]) -> str:
+    """Each server's model's state as the page says it, in the order of the models' names (one
+    word where they agree); "" where loopd has not read any."""
+    if all(status is ModelStatus.UNKNOWN for status in statuses):
+        return ""
+    words = [status.value for status in statuses]
+    return words[0] if len(set(words)) == 1 else ", ".join(words)
 
 
 def _stamp(wall: float) -> str:
