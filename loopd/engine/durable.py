@@ -115,6 +115,11 @@ class Saved:
     instance: str | None = None  # the model's process then (``ModelReading.instance``)
 
 
+def moved(saved: Saved, endpoint: str | None) -> bool:
+    """``saved`` was made on another server than ``endpoint`` (the session moved since)."""
+    return saved.endpoint != endpoint
+
+
 def usable(
     saved: Saved | None,
     *,
@@ -126,15 +131,17 @@ def usable(
     endpoint: str | None = None,
 ) -> Saved | None:
     """``saved`` when the request about to go out extends exactly the prefix it holds, on the
-    same slot (``slot`` None: requests placed by the server, any slot may take a restore),
-    server and model (``fingerprint``, as the server reports it now; None: not known, so
-    nothing is restored); else None (another epoch, a rewritten history, another session,
-    other weights)."""
-    if saved is None or saved.endpoint != endpoint:
+    same slot (``slot`` None: requests placed by the server, any slot may take a restore) and
+    model (``fingerprint``, as the server reports it now; None: not known, so nothing is
+    restored); else None (another epoch, a rewritten history, another session,
+    other weights). A save another server made (``moved``: the session moved off it) is usable
+    on this one where the model is the same, into whichever slot the session has here: brokerd
+    copies the file between their save folders (docs/deployment.md)."""
+    if saved is None:
         return None
     if fingerprint is None or saved.fingerprint != fingerprint:
         return None
-    if slot is not None and saved.slot != slot:
+    if slot is not None and saved.slot != slot and not moved(saved, endpoint):
         return None
     if saved.message_count > len(messages) or saved.n_saved <= 0:
         return None

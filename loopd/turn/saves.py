@@ -25,6 +25,7 @@ from loopd.engine.durable import (
     Saved,
     after_restore,
     last_run_slot,
+    moved,
     restore_target,
     save_name,
     usable,
@@ -41,6 +42,9 @@ from loopd.sessionlog.records import Session
 log = logging.getLogger(__name__)
 
 FOLDER = "durable"
+# Why a save made on another server is restored here: the session moved off that one (its server
+# died), and its save followed it (the perf record's ``restore.why``).
+MOVED = "moved with its save"
 
 
 def _text(value: object) -> str | None:
@@ -96,17 +100,20 @@ class SaveBook:
 @dataclass
 class Probe:
     """One request's look at what the server kept: before it, whether the model forgot since
-    the session's save (``forgot``: then the save is restored first, and the request sent
-    once); during it, its first progress event."""
+    the session's save (``forgot``), or the save was made on another server the session moved
+    off (``moved``): then the save is restored first, and the request sent once; during it,
+    its first progress event."""
 
     saved: Saved | None  # the save this request could restore
+    slot: int  # the session's slot on this server (a pinned restore goes there)
     held: int | None = None  # the first progress event's ``cache`` count
     forgot: Forgot | None = None  # the model forgot since the save was made
     displaced: bool = False  # pinned, another session's request ran on the slot since
+    moved: bool = False  # the save was made on another server (of the same model)
 
     @property
     def restore_first(self) -> bool:
-        return self.saved is not None and (self.forgot is not None or self.displaced)
+        return self.saved is not None and (self.forgot is not None or self.displaced or self.moved)
 
     def lost(self, cache: int) -> bool:
         """``stream_into``'s ``lost``: close the request to restore first?"""
@@ -116,6 +123,8 @@ class Probe:
     @property
     def why(self) -> str:
         """Why the save is restored, for the perf record."""
+        if self.moved:
+            return MOVED
         if self.forgot is not None:
             return self.forgot.value
         if self.displaced:
@@ -237,7 +246,13 @@ class DurableSlots:
             fingerprint=now,
             endpoint=self.endpoint,
         )
-        return Probe(saved, forgot=self._forgot(session, saved), displaced=displaced)
+        return Probe(
+            saved,
+            slot,
+            forgot=self._forgot(session, saved),
+            displaced=displaced,
+            moved=saved is not None and moved(saved, self.endpoint),
+        )
 
     def _forgot(self, session: str, saved: Saved | None) -> Forgot | None:
         """What the model lost since the session's slot last held its state, as far as loopd
@@ -268,11 +283,12 @@ class DurableSlots:
 
     async def restore(self, probe: Probe) -> Restore:
         """Put the probe's save back into a slot: the session's own where pinned, else an idle
-        one of loopd's, claimed until ``release``."""
+        one of loopd's, claimed until ``release``. A moved session's save is asked of this
+        server by its file's name: brokerd copies it here from the server that made it."""
         assert probe.saved is not None
         held = probe.held or 0  # not asked where the model is known to have forgotten
         saved, why = probe.saved, probe.why
-        slot = saved.slot if self.pinned else await self._target()
+        slot = probe.slot if self.pinned else await self._target()
         if slot is None:
             refusal = "no idle slot to restore into"
             return Restore(saved, held, None, None, refusal=refusal, why=why)

@@ -3,6 +3,7 @@ and the causes the cache-loss rule names for them."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -16,6 +17,7 @@ from loopd.engine.durable import (
     after_restore,
     decide_durable,
     last_run_slot,
+    moved,
     probe_name,
     restore_target,
     save_name,
@@ -124,6 +126,31 @@ def test_a_placed_request_may_take_a_restore_into_any_slot() -> None:
         usable(saved, session="t-2", tools_text=TOOLS, messages=after, slot=None, fingerprint=MODEL)
         is None
     )
+
+
+def test_a_moved_session_takes_its_save_to_a_server_of_the_same_model() -> None:
+    """A save made on endpoint ``a`` (slot 0 there) is usable on ``b``, where the session has
+    slot 1, for the same weights only; on ``a`` it is still bound to its own slot."""
+    held = [*TURN, REPLY]
+    saved = replace(saved_after(held), endpoint="a")
+    after = [*held, "{}"]
+
+    def on(endpoint: str, fingerprint: str) -> Saved | None:
+        return usable(
+            saved,
+            session="t-1",
+            tools_text=TOOLS,
+            messages=after,
+            slot=1,
+            fingerprint=fingerprint,
+            endpoint=endpoint,
+        )
+
+    assert moved(saved, "b")
+    assert on("b", MODEL) == saved
+    assert on("b", "ba9876543210") is None  # other weights there
+    assert not moved(saved, "a")
+    assert on("a", MODEL) is None  # its own server: its own slot only
 
 
 # A /slots answer: slot 0 ran task 7, slot 1 task 12, slot 2 none yet, slot 3 runs task 15.
