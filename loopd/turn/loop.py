@@ -374,7 +374,9 @@ class Turn:
         prev = previous_request(self.log.latest_request(self.session, counted=True))
         if prev is None:
             return False
-        return self.log.slot_used_since(self.slot, prev.request_row, besides=self.session)
+        return self.log.slot_used_since(
+            self.slot, prev.request_row, besides=self.session, endpoint=self.endpoint
+        )
 
     async def _send(
         self, kind: RequestKind, probe: Probe | None, restore: Restore | None = None
@@ -563,10 +565,13 @@ class Turn:
         """What the log knows about what ran since ``prev``, for the cache-loss rule."""
         if prev is None:
             return Circumstances(pinned=self.pinned)
-        # Pinned: what ran on this slot; placed by the server: what ran anywhere (another
-        # session's prompt may have been restored into the slot this one held).
+        # Pinned: what ran on this slot; placed by the server: what ran anywhere on this server
+        # (another session's prompt may have been restored into the slot this one held).
         others = self.log.slot_used_since(
-            self.slot if self.pinned else None, prev.request_row, besides=self.session
+            self.slot if self.pinned else None,
+            prev.request_row,
+            besides=self.session,
+            endpoint=self.endpoint,
         )
         return Circumstances(
             pinned=self.pinned,
