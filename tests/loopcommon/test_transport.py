@@ -95,13 +95,15 @@ async def test_the_inference_client_streams_through_asyncio_streams(
     assert sum(reads) >= len(chunked(*EVENTS)), "the whole answer came through AsyncioStream.read"
 
 
-async def test_brokerds_upstream_client_reads_through_asyncio_streams(
+async def test_brokerds_pooled_upstream_client_reads_through_asyncio_streams(
     tmp_path: Path, reads: list[int]
 ) -> None:
+    # The chat proxy's (the inference proxy's, one connection per request, reads with httptools:
+    # tests/brokerd/proxy/test_oneshot.py).
     sock = tmp_path / "s.sock"
     async with (
         unix_server(sock, answer_events),
-        parse_upstream(f"unix:{sock}").client(reuse_connections=False) as client,
+        parse_upstream(f"unix:{sock}").client(reuse_connections=True) as client,
     ):
         response = await client.post("http://localhost/v1/chat/completions", content=b"{}")
     assert response.content == b"".join(EVENTS)
