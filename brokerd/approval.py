@@ -18,14 +18,13 @@ another.
 
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass
-from typing import Final, Literal
+from typing import Final
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from brokerd.tools.catalogue import ApprovalMode, CommandRun, ToolSpec
+from brokerd.tools.catalogue import CommandRun, ToolSpec
+from loopcommon.approvals import ApprovalMode, Verdict
 
-__all__ = ["ApprovalMode"]
-Verdict = Literal["allow", "deny", "timeout"]
 APPROVAL_ID_BYTES: Final = 18  # 144 random bits, URL-safe base64: 24 characters
 MAX_DECIDER_CHARS: Final = 200
 
@@ -56,13 +55,13 @@ def declared_effects(spec: ToolSpec) -> tuple[str, ...]:
 
 
 def unknown_names(
-    overrides: Mapping[str, ApprovalMode], catalogue: Collection[str], servers: Collection[str]
+    names: Collection[str], catalogue: Collection[str], servers: Collection[str]
 ) -> list[str]:
-    """Names in ``[broker.approval]`` that no tool can have: a catalogue name the catalogue
-    lacks, or ``server.tool`` of a server not configured (a misspelt name would leave its
-    tool at its default without a word)."""
+    """The ``names`` of ``[broker.approval]`` that no tool can have: a catalogue name the
+    catalogue lacks, or ``server.tool`` of a server not configured (a misspelt name would leave
+    its tool at its default without a word)."""
     unknown = []
-    for name in sorted(overrides):
+    for name in sorted(names):
         server, dot, _ = name.partition(".")
         known = server in servers if dot else name in catalogue
         if not known:
@@ -151,18 +150,3 @@ def waiting_result(name: str) -> str:
 
 def not_this_call_result(name: str, reason: str) -> str:
     return f"{name} was not run: the approval sent with this call is not valid ({reason})."
-
-
-def decided_result(name: str, verdict: Verdict, by: str, result: str | None = None) -> str:
-    """The tool result the model reads after a decision: who allowed or refused it."""
-    if verdict == "allow":
-        return f"Allowed by {by}.\n{result or ''}".rstrip("\n")
-    if verdict == "deny":
-        return (
-            f"{name} was not run: {by} denied this call. Do not try it again in this turn; "
-            "answer without it, or ask what to do instead."
-        )
-    return (
-        f"{name} was not run: nobody allowed it in time ({by}), so it was denied. Do not try it "
-        "again in this turn; answer without it, or ask what to do instead."
-    )

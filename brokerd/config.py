@@ -14,7 +14,8 @@ refusal of an unknown ``BROKERD_*`` variable (with the likely name), the same on
 ``ConfigError``.
 """
 
-from collections.abc import Mapping
+import difflib
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Final, Literal, Self
@@ -22,6 +23,7 @@ from typing import Annotated, Final, Literal, Self
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic_settings import SettingsConfigDict
 
+from brokerd.approval import unknown_names
 from brokerd.mcp.config import McpServerConfigs
 from brokerd.proxy.chatpolicy import valid_entry
 from brokerd.proxy.upstream import parse_upstream
@@ -235,6 +237,31 @@ class BrokerdSettings(configload.FileSettings):
 def setting_name(*path: str) -> str:
     """The variable that sets a setting (``BROKERD_MATTERMOST_URL``), for messages about it."""
     return configload.Naming.of(BrokerdSettings).variable(path)
+
+
+def check_approval_names(
+    approval: Collection[str], catalogue: Collection[str], servers: Collection[str]
+) -> None:
+    """``ConfigError`` naming each tool of ``[broker.approval]`` that no tool can be, with the
+    name it most likely meant: misspelt, it would leave its tool at its default without a word
+    (``brokerd serve`` and ``brokerd tools list`` both refuse it)."""
+    unknown = unknown_names(approval, catalogue, servers)
+    if unknown:
+        problems = [_no_such_tool(name, catalogue, servers) for name in unknown]
+        raise ConfigError(f"{setting_name('broker', 'approval')}: {'; '.join(problems)}")
+
+
+def _no_such_tool(name: str, catalogue: Collection[str], servers: Collection[str]) -> str:
+    server, dot, tool = name.partition(".")
+    if dot and not servers:
+        where = "no [[mcp]] server is configured"
+    elif dot:
+        where = f"no [[mcp]] server is named `{server}`"
+    else:
+        where = "the catalogue has no such tool"
+    likely = [*catalogue, *(f"{other}.{tool}" for other in servers if dot)]
+    close = difflib.get_close_matches(name, sorted(likely), n=1)
+    return f"`{name}`: {where}" + (f" (did you mean `{close[0]}`?)" if close else "")
 
 
 def load_settings() -> BrokerdSettings:

@@ -3,8 +3,11 @@ sessions) and the page made from it, as plain HTML with inline SVG plots. Pure: 
 
 loopd reads its runtime into a ``StatusSnapshot`` (``loopd.observe.status``) and serves it as
 ``/status.json``; brokerd checks that data against these types and renders the page with
-``render``, which escapes every string, so the box's bytes reach a browser as text only. The page
-refreshes itself, so a browser left on it follows the box without any script.
+``render``, which escapes every string, so the box's bytes reach a browser as text only. A label
+that came from people or the box (a session, a thread's channel, person and first words, a
+phase) shows its hidden characters (``loopcommon.sanitize.visible``: a right-to-left override as
+``<U+202E>``) and is isolated (``<bdi>``), so that nothing in it reorders the rest of its row. The
+page refreshes itself, so a browser left on it follows the box without any script.
 
 The data is bounded by its types, so that what the page costs does not grow with what the box
 sends: at most ``MAX_SLOTS`` slots, ``MAX_LIVE`` live turns, ``MAX_SESSIONS`` sessions of
@@ -25,6 +28,8 @@ from datetime import UTC, datetime
 from typing import Annotated, Any, Final
 
 from pydantic import Field
+
+from loopcommon.sanitize import visible
 
 REFRESH_S: Final = 5
 MAX_SLOTS: Final = 64
@@ -188,7 +193,7 @@ def render(snap: StatusSnapshot, thread_url: str | None = None) -> str:
         f"<title>loopd: {len(snap.live)} live</title>",
         f"<style>{STYLE}</style></head><body>",
         "<h1>loopd</h1>",
-        f'<p class="muted">model <code>{e(snap.model)}</code> · {e(snap.generated_at)} · '
+        f'<p class="muted">model <code>{label(snap.model)}</code> · {e(snap.generated_at)} · '
         f"refreshes every {REFRESH_S} s</p>",
         "<h2>The wait for the first token</h2>",
         _waits(snap.waits),
@@ -226,14 +231,13 @@ def duration(ms: float) -> str:
 
 
 def _slots_table(slots: Sequence[SlotView], named: Callable[[str], str]) -> str:
-    e = html.escape
     rows = ["<table><tr><th>slot</th><th>state</th><th>session</th><th>phase</th>"]
     rows.append("<th>in line</th></tr>")
     for s in slots:
         state = '<span class="busy">busy</span>' if s.busy else '<span class="idle">idle</span>'
         rows.append(
             f"<tr><td>{s.slot}</td><td>{state}</td><td>{named(s.holder) if s.holder else ''}</td>"
-            f"<td>{e(s.phase or '')}</td><td>{s.in_line}</td></tr>"
+            f"<td>{label(s.phase or '')}</td><td>{s.in_line}</td></tr>"
         )
     rows.append("</table>")
     return "".join(rows)
@@ -242,12 +246,11 @@ def _slots_table(slots: Sequence[SlotView], named: Callable[[str], str]) -> str:
 def _live_table(live: Sequence[LiveView], named: Callable[[str], str]) -> str:
     if not live:
         return '<p class="muted">no turn is under way</p>'
-    e = html.escape
     rows = ["<table><tr><th>session</th><th>slot</th><th>phase</th><th>for</th></tr>"]
     for t in live:
         phase = t.phase if t.holding else f"in line ({t.ahead} ahead)"
         rows.append(
-            f"<tr><td>{named(t.session)}</td><td>{t.slot}</td><td>{e(phase)}</td>"
+            f"<tr><td>{named(t.session)}</td><td>{t.slot}</td><td>{label(phase)}</td>"
             f"<td>{t.running_s:.0f} s</td></tr>"
         )
     rows.append("</table>")
@@ -267,7 +270,7 @@ def _sessions_table(sessions: Sequence[SessionView], named: Callable[[str], str]
         rows.append(
             f"<tr><td>{named(s.name)}</td><td>{s.slot}</td>"
             f"<td>{e(when(s.last_turn_at))}</td><td>{s.requests}</td><td>{hit}</td>"
-            f'<td class="plot">{sparkline(s.prompt_n)}</td><td>{e(s.phase or "")}</td></tr>'
+            f'<td class="plot">{sparkline(s.prompt_n)}</td><td>{label(s.phase or "")}</td></tr>'
         )
     rows.append("</table>")
     return "".join(rows)
@@ -276,19 +279,27 @@ def _sessions_table(sessions: Sequence[SessionView], named: Callable[[str], str]
 def _session_cell(name: str, *, threads: Mapping[str, ThreadView], thread_url: str | None) -> str:
     """A session as people know it: a Mattermost thread by its channel, its person and its
     first words (linked to the thread), then loopd's name for it. Everything the thread's
-    label holds came from people or the box: cut to a bound and escaped."""
-    e = html.escape
-    code = f"<code>{e(name[:LABEL_CHARS])}</code>"
+    label holds came from people or the box: each piece a ``label``."""
+    code = f"<code>{label(name, LABEL_CHARS)}</code>"
     thread = threads.get(name)
     if thread is None:
         return code
-    where = e(thread.channel[:LABEL_CHARS])
+    where = label(thread.channel, LABEL_CHARS)
     if thread_url is not None and POST_ID.fullmatch(thread.root) and WEB_URL.match(thread_url):
         link = f"{thread_url.rstrip('/')}/_redirect/pl/{thread.root}"
-        where = f'<a href="{e(link)}" rel="noreferrer">{where}</a>'
-    words = e(thread.first_words[:FIRST_WORDS_CHARS])
-    person = e(thread.person[:LABEL_CHARS])
+        where = f'<a href="{html.escape(link)}" rel="noreferrer">{where}</a>'
+    words = label(thread.first_words, FIRST_WORDS_CHARS)
+    person = label(thread.person, LABEL_CHARS)
     return f'{where} · @{person} · “{words}” <span class="muted">{code}</span>'
+
+
+def label(text: str, limit: int | None = None) -> str:
+    """A piece of text from people or the box, as the page shows it: cut to ``limit``
+    characters (when given), its hidden characters shown, escaped, and isolated from its
+    neighbours."""
+    if not text:
+        return ""
+    return f"<bdi>{html.escape(visible(text[:limit]))}</bdi>"
 
 
 def when(stamp: str | None) -> str:

@@ -41,6 +41,7 @@ from pydantic_settings import (
 
 from loopcommon import configload
 from loopcommon.address import check_address
+from loopcommon.approvals import ApprovalMode
 from loopcommon.configload import Rule
 from loopcommon.errors import ConfigError
 from loopd.chat.config import ChatSettings
@@ -99,6 +100,39 @@ ServerURL = Annotated[str, AfterValidator(check_server_url)]
 ENDPOINT_NAME_PATTERN: Final = r"^[a-z0-9][a-z0-9_-]{0,31}$"
 # The name of the one server the shorthand settings (infer_url, model, slots) describe.
 SHORTHAND_ENDPOINT: Final = "default"
+
+
+def _core_tool_mode(tool: str) -> Any:
+    """The setting of one core tool in ``[approval]``."""
+    return Field(
+        default="auto", description=f"`ask`: each call of {tool} waits for a person; `auto`: not."
+    )
+
+
+class ApprovalSettings(BaseModel):
+    """``[approval]``: how long a person has to decide on a call that asks, and which of loopd's
+    core tools ask (brokerd's tools ask by brokerd's ``[broker.approval]``). A core tool works
+    inside the session's workspace only, so each runs at once unless set to ``ask``."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    timeout_s: float = Field(
+        default=600.0,
+        gt=0,
+        le=7 * 24 * 3600,
+        description="How long a tool call that waits for a person's approval waits for their "
+        "decision (a reaction in the thread, y/n in the terminal) before it is denied.",
+    )
+    read_file: ApprovalMode = _core_tool_mode("read_file")
+    list_dir: ApprovalMode = _core_tool_mode("list_dir")
+    search_files: ApprovalMode = _core_tool_mode("search_files")
+    write_file: ApprovalMode = _core_tool_mode("write_file")
+    edit_file: ApprovalMode = _core_tool_mode("edit_file")
+    run_command: ApprovalMode = _core_tool_mode("run_command")
+
+    def asks(self, tool: str) -> bool:
+        """Whether a call of the core tool ``tool`` waits for a person."""
+        return tool in type(self).model_fields and getattr(self, tool) == "ask"
 
 
 class EndpointSettings(BaseModel):
@@ -281,13 +315,6 @@ class Settings(configload.FileSettings):
     min_p: float = Field(
         default=_SAMPLING.min_p, ge=0, le=1, description="Sampling min_p sent in every request."
     )
-    approval_timeout_s: float = Field(
-        default=600.0,
-        gt=0,
-        le=7 * 24 * 3600,
-        description="How long a tool call that brokerd holds for a person's approval waits for "
-        "their decision (a reaction in the thread, y/n in the terminal) before it is denied.",
-    )
     repeat_limit: int = Field(
         default=DEFAULT_REPEAT_LIMIT,
         ge=0,
@@ -338,6 +365,11 @@ class Settings(configload.FileSettings):
         description="Where `loopd serve` serves `/metrics` and the status page: "
         "`unix:/path/to.sock` (in the box: in /run/loopd-metrics, relayed by brokerd) or "
         "`127.0.0.1:PORT`. Unset: off.",
+    )
+    approval: ApprovalSettings = Field(
+        default=ApprovalSettings(),
+        description="Tool calls that wait for a person's approval (`LOOPD_APPROVAL_*`, or the "
+        "file's `[approval]` table).",
     )
     mm: ChatSettings = Field(
         default=ChatSettings(),  # frozen, so one instance may be every default

@@ -17,9 +17,10 @@ from pathlib import Path
 import anyio
 
 from loopcommon.errors import DaemonError
-from loopd.approvals.call import ASKER, AskedCall, Stepped
-from loopd.approvals.wait import settle
-from loopd.config import Settings
+from loopd.approvals.call import ASKER, AskedCall, Stepped, core_approval_id
+from loopd.approvals.wait import settle_core_call, settle_with_broker, was_allowed
+from loopd.approvals.words import canonical_arguments
+from loopd.config import ApprovalSettings, Settings
 from loopd.contextwindow.budget import BudgetRules, ServerBudget
 from loopd.contextwindow.compaction import Compactor
 from loopd.endpoints.serving import Endpoints
@@ -56,6 +57,7 @@ from loopd.tools.core import (
     ToolResult,
     is_broker_tool,
     make_tool_context,
+    parse_arguments,
     run_core_tool,
 )
 from loopd.tools.errors import ToolFailure
@@ -88,7 +90,7 @@ class SessionTools:
     reserve: ReserveFile | None = None  # room for the session log when a tool fills the disk
     # Where a call that waits for a person records the question and the decision.
     log: SessionLog | None = None
-    approval_timeout_s: float = 600.0
+    approval: ApprovalSettings = field(default_factory=ApprovalSettings)  # [approval]
 
     async def context(self, session: str) -> ToolContext:
         ctx = self.contexts.get(session)
@@ -108,7 +110,45 @@ class SessionTools:
         with tool_call(session, call, {*self.spec.names, *BROKER_TOOL_NAMES}) as seen:
             if is_broker_tool(call.name):
                 return seen.result(await self._broker(session, call))
+            if self.approval.asks(call.name) and self.log is not None:
+                return seen.result(await self._core_asked(session, call, self.log))
             return seen.result(await self.run_core(session, call.name, call.arguments))
+
+    def reruns(self, session: str, call: ToolCall) -> bool:
+        """Whether a call a restart cut short is sent again, not answered as interrupted: a
+        brokerd call (brokerd answers a known call from its record), or a core call that waits
+        for a person and was not allowed (it never ran)."""
+        if is_broker_tool(call.name):
+            return True
+        if not self.approval.asks(call.name) or self.log is None:
+            return False
+        approval_id = core_approval_id(session, call.id, call.name, call.arguments)
+        return not was_allowed(self.log, session, approval_id)
+
+    async def _core_asked(
+        self, session: str, call: ToolCall, session_log: SessionLog
+    ) -> ToolResult:
+        """A core tool call that waits for a person's approval ([approval])."""
+        try:
+            parse_arguments(call.name, call.arguments, self.spec.schemas[call.name])
+        except (ToolFailure, KeyError):  # it fails before it acts: nothing to ask about
+            return await self.run_core(session, call.name, call.arguments)
+        asked = AskedCall(
+            session,
+            call.id,
+            call.name,
+            canonical_arguments(call.arguments),
+            core_approval_id(session, call.id, call.name, call.arguments),
+            time.time(),
+            description=self.spec.descriptions.get(call.name, ""),
+        )
+        return await settle_core_call(
+            session_log,
+            ASKER.get(),
+            asked,
+            self.approval.timeout_s,
+            lambda: self.run_core(session, call.name, call.arguments),
+        )
 
     async def run_core(self, session: str, name: str, arguments: str) -> ToolResult:
         """A core tool call in the session's workspace (``loopd tools call`` runs this too)."""
@@ -137,13 +177,23 @@ class SessionTools:
         if not isinstance(name, str) or not name:
             return 'error: call_tool needs {"name": "<tool>", "arguments": {...}}'
         # The inner arguments travel to brokerd as text; they are validated there, not replayed.
-        inner = args.get("arguments", {})
-        inner_text = inner if isinstance(inner, str) else json.dumps(inner, ensure_ascii=False)
+        # Canonical: a person asked to approve the call reads exactly this text.
+        inner_text = canonical_arguments(args.get("arguments", {}))
         answer = await self.broker.call_tool_answer(session, call.id, name, inner_text)
         if answer.approval_id is None or self.log is None:
             return answer.text
-        asked = AskedCall(session, call.id, name, inner_text, answer.approval_id, time.time())
-        return await settle(self.log, self.broker, asked, self.approval_timeout_s)
+        asked = AskedCall(
+            session,
+            call.id,
+            name,
+            inner_text,
+            answer.approval_id,
+            time.time(),
+            description=answer.description,
+        )
+        return await settle_with_broker(
+            self.log, self.broker, ASKER.get(), asked, self.approval.timeout_s
+        )
 
 
 @dataclass(frozen=True)
@@ -226,7 +276,7 @@ class Runtime:
             ),
             reserve=reserve,
             log=session_log,
-            approval_timeout_s=settings.approval_timeout_s,
+            approval=settings.approval,
         )
         endpoints = None
         if settings.has_endpoint_tables:
@@ -498,7 +548,7 @@ class Runtime:
         state = self.log.state(session.name)
         for interrupted in state.interrupted_calls:
             call = interrupted.call  # as stored: the argument text the model streamed
-            if is_broker_tool(call.name):
+            if self.tools.reruns(session.name, call):
                 text = await self.tools.run(session.name, call)
             else:
                 text = INTERRUPTED

@@ -5,10 +5,13 @@
 #   loopd chat in this terminal, talking to brokerd's inference proxy
 # Everything started here stops when the chat ends, and leaves no socket behind.
 #
-# `make demo` (DEMO=1): the same, with the fake Mattermost (on 127.0.0.1:$DEMO_MM_PORT, 8065 by
-# default) and brokerd's chat proxy in front of it, and `loopd serve` in place of the chat: it
-# prints how to post as alice and read the answers; Ctrl-C ends it.
-# Logs: $LOOPD_STATE_DIR/run/*.log (LOOPD_STATE_DIR defaults to state/ in the checkout).
+# `make demo` (DEMO=1): the same, with the fake Mattermost and the demo's chat page (on
+# 127.0.0.1:$DEMO_MM_PORT, 8065 by default), brokerd's chat proxy in front of the fake, and
+# `loopd serve` in place of the chat, with its status page (127.0.0.1:$DEMO_STATUS_PORT, 8066) and
+# a tool that asks before it runs (dev/loopd_dev/demo/brokerd.toml); Ctrl-C ends it. The fake's
+# world is new at each start, so the demo's state is too: $LOOPD_STATE_DIR/demo, emptied first.
+# Logs: $LOOPD_STATE_DIR/run/*.log (LOOPD_STATE_DIR defaults to state/ in the checkout; the
+# demo's are under $LOOPD_STATE_DIR/demo/run).
 #
 # The servers run in sessions of their own (setsid): a Ctrl-C in this terminal reaches loopd chat
 # alone, which stops the turn; the servers it talks to go on.
@@ -16,6 +19,22 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bin=.venv/bin
 LOOPD_STATE_DIR="$(realpath -m "${LOOPD_STATE_DIR:-$PWD/state}")"
+if [ -n "${DEMO:-}" ]; then
+    # The demo's sessions answer the fake's threads, and the fake forgets its threads when it
+    # stops: loopd's state is made anew with them, in a folder of the demo's own (the marker
+    # says it is, so nothing else is ever emptied). One demo at a time per state folder.
+    demo="$LOOPD_STATE_DIR/demo"
+    mkdir -p "$LOOPD_STATE_DIR"
+    exec 9>"$LOOPD_STATE_DIR/demo.lock"
+    flock -n 9 || { echo "run: a demo is already running on $demo" >&2; exit 2; }
+    if [ -e "$demo" ] && [ ! -e "$demo/.made-by-make-demo" ]; then
+        echo "run: $demo was not made by make demo; move it away first" >&2; exit 2
+    fi
+    rm -rf "$demo"
+    mkdir -p "$demo"
+    touch "$demo/.made-by-make-demo"
+    LOOPD_STATE_DIR="$demo"
+fi
 export LOOPD_STATE_DIR
 run="${MAKE_RUN_DIR:-$LOOPD_STATE_DIR/run}"  # the sockets and logs (a test gives one of its own)
 mkdir -p "$run"
@@ -68,8 +87,15 @@ done
 only=(--only infer --only broker)
 if [ -n "${DEMO:-}" ]; then
     mm_port="${DEMO_MM_PORT:-8065}"
-    echo "run: starting the fake Mattermost on 127.0.0.1:$mm_port ..." >&2
-    setsid $bin/python -m loopd_dev.fakes.mattermost --port "$mm_port" \
+    # loopd's status page, linked from the chat page.
+    export LOOPD_METRICS_ADDR="${LOOPD_METRICS_ADDR:-127.0.0.1:${DEMO_STATUS_PORT:-8066}}"
+    status_url=()
+    case "$LOOPD_METRICS_ADDR" in
+        unix:*) ;;
+        *) status_url=(--status-url "http://$LOOPD_METRICS_ADDR/") ;;
+    esac
+    echo "run: starting the fake Mattermost and the chat page on 127.0.0.1:$mm_port ..." >&2
+    setsid $bin/python -m loopd_dev.demo --port "$mm_port" "${status_url[@]}" \
         >"$run/mattermost.json" 2>"$run/mattermost.log" &
     pids+=($!)
     for _ in $(seq 1 300); do
@@ -83,6 +109,8 @@ if [ -n "${DEMO:-}" ]; then
     # The fake's world is made anew at each start: brokerd lets the box act in all of it, and
     # loopd's own allowlists (alice and bob, ~dev) decide whom it answers.
     export BROKERD_CHAT_ALLOWED_TEAMS='["*"]' BROKERD_CHAT_ALLOWED_USERS='["*"]'
+    # An approval to try: the catalogue's host_uptime runs only once a person allows it.
+    export BROKERD_CONFIG="${BROKERD_CONFIG:-$PWD/dev/loopd_dev/demo/brokerd.toml}"
     only+=(--only chat)
 fi
 
@@ -105,12 +133,25 @@ if [ -n "${DEMO:-}" ]; then
     export LOOPD_MM_URL="unix:$run/brokerd/chat.sock"
     export LOOPD_MM_ALLOWED_USERS="${LOOPD_MM_ALLOWED_USERS:-alice,bob}"
     export LOOPD_MM_ALLOWED_CHANNELS="${LOOPD_MM_ALLOWED_CHANNELS:-dev}"
-    echo "run: loopd serve against the fake Mattermost at $mm (state in $LOOPD_STATE_DIR);" \
-        "Ctrl-C ends it. Post as alice in ~dev, then read the thread:" >&2
-    echo "  curl -s $mm/_fake/act/post_as -d '{\"username\": \"alice\", \"channel\": \"dev\", \"message\": \"@loopd hello\"}'" >&2
-    echo "  curl -s $mm/_fake/log" >&2
+    # The answer post is edited as the model writes; on the fake, often enough to watch it grow.
+    export LOOPD_MM_STATUS_INTERVAL_S="${LOOPD_MM_STATUS_INTERVAL_S:-0.5}"
+    echo "run: loopd serve, state in $LOOPD_STATE_DIR, logs in $run/loopd.log" >&2
+    echo "demo: open $mm/ in a browser: you are alice in ~dev; mention @loopd to start a thread." >&2
+    if [ ${#status_url[@]} -gt 0 ]; then
+        echo "demo: loopd's status page is ${status_url[1]}" >&2
+    fi
+    echo "demo: an approval: host_uptime runs only once you react ✅ (❌ denies). SmolLM2 calls" \
+        "no tools: with LOOPD_MODEL=qwen-coder-tools make demo, write in a thread" \
+        "'@loopd Use find_tool with the query \"uptime\".'" \
+        "then 'Call host_uptime with call_tool, with the arguments {}.'" >&2
+    echo "demo: Ctrl-C ends it; the next make demo starts a new world." >&2
+    # Its log goes to a file: this terminal says where the page is, and what ended the demo.
     status=0
-    $bin/loopd serve --skip-selftest || status=$?
+    $bin/loopd serve --skip-selftest 2>"$run/loopd.log" || status=$?
+    if [ "$status" != 0 ] && [ "$status" != 130 ]; then
+        tail -n 5 "$run/loopd.log" >&2
+        echo "run: loopd serve ended with status $status; see $run/loopd.log" >&2
+    fi
     exit "$status"
 fi
 echo "run: loopd chat on $LOOPD_INFER_URL (state in $LOOPD_STATE_DIR); Ctrl-D ends it" >&2

@@ -282,7 +282,8 @@ def test_readme_tables_match_the_models() -> None:
     assert settings_table() == "\n\n".join(tables)
     for table in tables:
         assert table in readme, "regenerate with: loopd config --table"
-    assert "| `LOOPD_MM_URL` |" in tables[1]
+    assert "| `LOOPD_APPROVAL_WRITE_FILE` |" in tables[1]
+    assert "| `LOOPD_MM_URL` |" in tables[2]
 
 
 def test_a_log_level_is_taken_in_any_case(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -6,7 +6,7 @@ from typing import Annotated, Final
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
-from brokerd.tools.catalogue import ApprovalMode
+from loopcommon.approvals import ApprovalMode
 
 # A server's name is the first part of its tools' names (``time.get_current_time``): no dot.
 SERVER_NAME_PATTERN: Final = r"^[a-z][a-z0-9_]{0,31}$"

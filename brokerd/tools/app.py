@@ -3,8 +3,8 @@
 ``POST /v1/find_tool`` ``{"session", "query"}`` -> ``{"result", "names"}``
 ``POST /v1/call_tool`` ``{"session", "call_id", "name", "arguments"[, "approval"]}`` ->
 ``{"result", "status"}`` (plus ``recorded_status`` when ``status`` is ``replayed``, and
-``approval_id`` when it is ``needs_approval``: the call waits for a person, ``brokerd.approval``;
-loopd sends it again with ``"approval": {"id", "decision", "by"}``)
+``approval_id`` and the tool's ``description`` when it is ``needs_approval``: the call waits for
+a person, ``brokerd.approval``; loopd sends it again with ``"approval": {"id", "decision", "by"}``)
 ``GET /v1/health`` -> ``{"status": "ok", "tools": n}``
 
 A malformed request (not JSON, nested deeper than ``MAX_BODY_DEPTH``, a field missing) gets
@@ -130,6 +130,8 @@ def create_broker_app(
             payload["recorded_status"] = answer.recorded_status
         if answer.approval_id is not None:
             payload["approval_id"] = answer.approval_id
+        if answer.description is not None:
+            payload["description"] = answer.description
         return JSONResponse(payload)
 
     async def health(request: Request) -> Response:

@@ -26,11 +26,12 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
-from brokerd.approval import Asked, Verdict
+from brokerd.approval import Asked
 from brokerd.tools.auditbounds import Excerpt, WriteBudget, excerpt, reduced
 from brokerd.tools.calls import CallRequest, RecordedCall
 from brokerd.tools.errors import BrokerError
 from brokerd.tools.settings import BrokerSettings
+from loopcommon.approvals import Verdict
 from loopcommon.callstatus import CALL_STATUSES, CallStatus
 from loopcommon.migrations import (
     MigrationError,

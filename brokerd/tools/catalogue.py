@@ -21,6 +21,7 @@ import jsonschema
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from brokerd.tools.errors import CatalogueError
+from loopcommon.approvals import ApprovalMode
 from loopcommon.schemas import check_schema
 
 TOOL_NAME_PATTERN = r"^[a-z][a-z0-9_]{0,63}$"
@@ -28,8 +29,6 @@ TOOL_NAME_PATTERN = r"^[a-z][a-z0-9_]{0,63}$"
 MCP_TOOL_NAME_PATTERN = r"^[a-z][a-z0-9_]{0,31}\.[a-z0-9_-]{1,1600}$"
 PLACEHOLDER = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
 FILE_FORMATS = {".json": "json", ".toml": "toml"}
-# Whether a call waits for a person's approval (``brokerd.approval``).
-ApprovalMode = Literal["ask", "auto"]
 
 
 class BuiltinRun(BaseModel):
@@ -88,7 +87,7 @@ class ToolSpec(BaseModel):
     timeout_s: float | None = Field(default=None, gt=0, le=3600)
     output_cap_bytes: int | None = Field(default=None, gt=0, le=64 * 1024 * 1024)
     confine: ConfineSpec = Field(default_factory=ConfineSpec)
-    # None: decided by what the tool declares (``brokerd.approval``).
+    # ask or auto; None: decided by what the tool declares (``brokerd.approval``).
     approval: ApprovalMode | None = None
 
 

@@ -14,7 +14,8 @@ from typing import TYPE_CHECKING
 import anyio
 
 from brokerd import approval as approvals
-from brokerd.approval import ApprovalBody, Decided, NotThisCall, approval_mode, unknown_names
+from brokerd.approval import ApprovalBody, Decided, NotThisCall, approval_mode
+from brokerd.config import check_approval_names
 from brokerd.confine import (
     ConfinementError,
     check_declared,
@@ -37,10 +38,11 @@ from brokerd.tools.calls import (
     plan_call,
 )
 from brokerd.tools.catalogue import Catalogue, CommandRun, McpRun, load_catalogue
-from brokerd.tools.errors import CallConflictError, CatalogueError
+from brokerd.tools.errors import CallConflictError
 from brokerd.tools.execute import Confiner, execute, limits_for
 from brokerd.tools.ranking import rank
 from brokerd.tools.settings import BrokerSettings
+from loopcommon.approvals import decided_result
 from loopcommon.callstatus import CallStatus
 
 if TYPE_CHECKING:
@@ -65,6 +67,7 @@ class CallAnswer:
     status: CallStatus
     recorded_status: CallStatus | None = None
     approval_id: str | None = None  # for loopd only (status "needs_approval")
+    description: str | None = None  # with an approval id: the tool's, for the person asked
 
 
 class ToolBroker:
@@ -100,19 +103,15 @@ class ToolBroker:
         hidden: Sequence[Path] = (),
         mcp: "Sequence[McpServerConfig]" = (),
     ) -> "ToolBroker":
-        """Load the catalogue (raising ``CatalogueError`` naming a bad file) and the audit log.
+        """Load the catalogue (raising ``CatalogueError`` naming a bad file, ``ConfigError``
+        naming a tool of ``[broker.approval]`` that no tool can be) and the audit log.
 
         Command tools and stdio MCP servers run confined: ``ConfinementError`` when that is
         impossible here, or when one declares a path that holds one of brokerd's own
         (``hidden``, plus the audit log).
         """
         catalogue = load_catalogue(settings.catalogue_dir, BUILTINS.keys())
-        unknown = unknown_names(settings.approval, catalogue.tools, [m.name for m in mcp])
-        if unknown:
-            raise CatalogueError(
-                f"[broker.approval] names {', '.join(unknown)}: no catalogue tool and no "
-                "[[mcp]] server's tool has that name"
-            )
+        check_approval_names(settings.approval, catalogue.tools, [m.name for m in mcp])
         audit = open_audit_log(settings)
         if settings.audit_retention_days is not None:
             pruned = prune_audit_log(audit, settings.audit_retention_days)
@@ -226,7 +225,9 @@ class ToolBroker:
             approval_id = secrets.token_urlsafe(approvals.APPROVAL_ID_BYTES)
             self._audit.record_asked(approval_id, request)
         text = approvals.waiting_result(request.name)
-        return CallAnswer(text, "needs_approval", approval_id=approval_id)
+        return CallAnswer(
+            text, "needs_approval", approval_id=approval_id, description=plan.spec.description
+        )
 
     async def _run_new(
         self, request: CallRequest, arguments: str | object, approval: ApprovalBody | None
@@ -244,11 +245,11 @@ class ToolBroker:
             self._audit.record_start(request)
             if isinstance(gated, Decided) and gated.verdict != "allow":
                 status: CallStatus = "denied"
-                result = approvals.decided_result(request.name, gated.verdict, gated.by)
+                result = decided_result(request.name, gated.verdict, gated.by)
             else:
                 status, result = await self._answer(plan)
                 if isinstance(gated, Decided):
-                    result = approvals.decided_result(request.name, "allow", gated.by, result)
+                    result = decided_result(request.name, "allow", gated.by, result)
             self._audit.record_end(request.session, request.call_id, status, result)
             return CallAnswer(result, status)
         except anyio.get_cancelled_exc_class():

@@ -4,7 +4,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from brokerd.tools.catalogue import ApprovalMode
+from loopcommon.approvals import ApprovalMode
 
 DEFAULT_CATALOGUE_DIR = Path(__file__).parent / "catalogue"
 

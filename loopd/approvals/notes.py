@@ -1,15 +1,16 @@
 """The question and the decision as notes in the session log (pure; never replayed to the model).
 
-A restart finds the question asked (``asked_before``), so it asks on from it: the same post, and
-the time limit counted from the first asking.
+A restart finds the question asked (``asked_before``), so it asks on from it: the same people,
+the same post, and the time limit counted from the first asking; and a decision already taken
+(``decided_before``) stands without asking again.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import asdict
-from typing import Final
+from typing import Any, Final
 
 from loopd.approvals.call import AskedCall, Decision
 from loopd.sessionlog.records import Entry, EntryKind
@@ -31,15 +32,37 @@ def decided_note(call: AskedCall, decision: Decision) -> str:
 
 def asked_before(entries: Sequence[Entry], approval_id: str) -> AskedCall | None:
     """The question as first recorded for ``approval_id`` (a restart asks on from it)."""
-    for entry in entries:
-        text = entry.fields.text or ""
-        if entry.kind is not EntryKind.NOTE or not text.startswith(ASKED_NOTE):
-            continue
+    for raw in _notes(entries, ASKED_NOTE):
         try:
-            raw = json.loads(text[len(ASKED_NOTE) :])
+            raw["people"] = tuple(raw.get("people", ()))
             call = AskedCall(**raw)
-        except (ValueError, TypeError):
+        except TypeError:
             continue
         if call.approval_id == approval_id:
             return call
     return None
+
+
+def decided_before(entries: Sequence[Entry], approval_id: str) -> Decision | None:
+    """The decision recorded for ``approval_id``, if one was."""
+    for raw in _notes(entries, DECIDED_NOTE):
+        if raw.get("approval_id") != approval_id:
+            continue
+        verdict, by = raw.get("verdict"), raw.get("by")
+        if verdict in ("allow", "deny", "timeout") and isinstance(by, str):
+            return Decision(verdict, by)
+    return None
+
+
+def _notes(entries: Sequence[Entry], prefix: str) -> Iterator[dict[str, Any]]:
+    """The JSON objects of the notes that start with ``prefix``, oldest first."""
+    for entry in entries:
+        text = entry.fields.text or ""
+        if entry.kind is not EntryKind.NOTE or not text.startswith(prefix):
+            continue
+        try:
+            raw = json.loads(text[len(prefix) :])
+        except ValueError:
+            continue
+        if isinstance(raw, dict):
+            yield raw

@@ -355,7 +355,7 @@ class ChatAdapter:
 
     async def _take(self, name: str, key: str, text: str) -> None:
         """Into the log, or held while the thread's turn runs (see ``threads``)."""
-        if self.threads.running(name):
+        if self.threads.holds(name):
             self.state.hold(key, name, text)
         else:
             await self.runtime.append_user(name, text, external_key=key)

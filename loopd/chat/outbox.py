@@ -15,6 +15,7 @@ from collections.abc import Callable
 
 import anyio
 
+from loopcommon.sanitize import visible
 from loopd.chat.cursor import ChatState
 from loopd.chat.rest import MattermostClient, MattermostError
 from loopd.chat.split import split_message
@@ -40,6 +41,11 @@ class Outbox:
         self.bot_id = bot_id
         self.max_post_size = max_post_size
 
+    def parts(self, text: str) -> list[str]:
+        """The posts ``text`` is split into, as they will read: its hidden characters shown
+        first (``loopd.chat.rest`` shows them too), so that each part keeps within the limit."""
+        return split_message(visible(text), self.max_post_size)
+
     def delivered(self, key: str) -> bool:
         planned = self.state.planned_parts(key)
         return planned is not None and len(self.state.posted_parts(key)) >= planned
@@ -64,7 +70,7 @@ class Outbox:
 
     async def post_once(self, key: str, channel_id: str, root_id: str, text: str) -> list[str]:
         """Post ``text`` (split as needed) under ``key`` unless it is already there; the ids."""
-        parts = split_message(text, self.max_post_size)
+        parts = self.parts(text)
         posted = self.state.posted_parts(key)
         if len(posted) < len(parts):
             if self.state.planned_parts(key) is not None:

@@ -5,8 +5,10 @@ Retried: transport errors, 5xx and 429 (waiting ``Retry-After`` when given), for
 create is safe to retry because it carries a ``pending_post_id``: the server answers a retry
 within 30 s with the post it already made.
 
-Every post's text leaves loopd through ``create_post`` or ``patch_message``, and both defuse its
-mentions (``loopd.chat.mentions``): an answer, a status post, a tool line, a refusal or a notice
+Every post's text leaves loopd through ``create_post`` or ``patch_message``, and both show its
+hidden characters (``loopcommon.sanitize.visible``: a right-to-left override or a zero-width space
+reaches a reader as ``<U+202E>``, ``<U+200B>``) and defuse its mentions (``loopd.chat.mentions``):
+an answer, a status post, a tool line, a refusal or a notice
 that names ``@channel`` notifies nobody, and one that names a person notifies them only where the
 thread's people asked for it (``mentionable``, which the threads keep up to date; a thread not
 in it mentions nobody).
@@ -29,6 +31,7 @@ from tenacity import AsyncRetrying, retry_if_exception
 from loopcommon.backoff import Backoff
 from loopcommon.bodies import ERROR_PREFIX_BYTES, error_text, read_at_most
 from loopcommon.retry import retrying
+from loopcommon.sanitize import visible
 from loopd.chat.mentions import defuse
 from loopd.chat.model import (
     Channel,
@@ -306,7 +309,7 @@ class MattermostClient:
         body = {
             "channel_id": channel_id,
             "root_id": root_id,
-            "message": defuse(message, self.mentionable.get(root_id, frozenset())),
+            "message": outgoing(message, self.mentionable.get(root_id, frozenset())),
             "props": props or {},
             "pending_post_id": pending_post_id,
         }
@@ -318,7 +321,7 @@ class MattermostClient:
         """Edit a post's text in the thread of ``root_id``; ``props``, when given, replaces the
         whole props map."""
         keep = self.mentionable.get(root_id, frozenset())
-        body: dict[str, Any] = {"message": defuse(message, keep)}
+        body: dict[str, Any] = {"message": outgoing(message, keep)}
         if props is not None:
             body["props"] = props
         raw = await self.call("PUT", f"/posts/{post_id}/patch", "PUT /posts/{id}/patch", json=body)
@@ -326,6 +329,12 @@ class MattermostClient:
 
     async def delete_post(self, post_id: str) -> None:
         await self.call("DELETE", f"/posts/{post_id}", "DELETE /posts/{id}")
+
+
+def outgoing(message: str, keep: frozenset[str]) -> str:
+    """A post's text as it leaves loopd: hidden characters shown, mentions defused but those of
+    ``keep`` (text that already passed leaves unchanged)."""
+    return defuse(visible(message), keep)
 
 
 def _retry_after(response: httpx.Response) -> float | None:

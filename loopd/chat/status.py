@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from loopcommon.sanitize import visible
 from loopd.engine.progress import Phase, Status
 
 
@@ -27,7 +28,14 @@ class Finished:
     detail: str = ""
 
 
-Shown = Status | InLine | Finished
+@dataclass(frozen=True)
+class AwaitingApproval:
+    """A tool call waits for a person's decision (``loopd.chat.approvals``)."""
+
+    people: tuple[str, ...]  # who was asked (the admins may answer too)
+
+
+Shown = Status | InLine | Finished | AwaitingApproval
 
 _ICONS = {
     Phase.QUEUED: "⏳",
@@ -64,11 +72,18 @@ def in_line_words(in_line: InLine) -> str:
     return f"waiting for slot {in_line.slot} (behind {who})"
 
 
+def approval_words(awaiting: AwaitingApproval) -> str:
+    whose = " or ".join(f"@{name}'s" for name in awaiting.people) or "an admin's"
+    return f"waiting for {whose} approval"
+
+
 def status_text(shown: Shown, stop_hint: str = "") -> str:
     """One line for the status post; a running turn carries the hint on how to stop it."""
     match shown:
         case InLine():
             text = f"⏳ {in_line_words(shown)}"
+        case AwaitingApproval():
+            text = f"⏳ {approval_words(shown)}"
         case Finished(outcome, detail):
             icon = {"done": "✅", "stopped": "⏹️", "failed": "❌"}.get(outcome, "⚠️")
             return f"{icon} {outcome}" + (f" {detail}" if detail else "")
@@ -112,7 +127,9 @@ DRAFT_MARK = " …"  # ends an answer post while more is coming
 
 def draft_text(written: str, limit: int) -> str:
     """An answer post while the answer is being written: the text so far (at most the first
-    post's worth) and a mark that more is coming."""
+    post's worth, its hidden characters shown as the post will show them) and a mark that more
+    is coming."""
+    written = visible(written)
     mark = DRAFT_MARK
     head = written if len(written) + len(mark) <= limit else written[: limit - len(mark)]
     return head.rstrip() + mark

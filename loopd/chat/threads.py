@@ -29,6 +29,7 @@ from tenacity import RetryCallState, retry_if_exception
 from loopcommon.backoff import Backoff
 from loopcommon.errors import DaemonError
 from loopcommon.retry import retrying
+from loopcommon.sanitize import visible
 from loopd.approvals.call import ASKER
 from loopd.approvals.deciders import Deciders, may_decide
 from loopd.chat.approvals import Questions
@@ -38,13 +39,12 @@ from loopd.chat.labels import AUTHOR
 from loopd.chat.mentions import named
 from loopd.chat.outbox import PART_PROP, TURN_PROP, Outbox
 from loopd.chat.rest import MattermostError
-from loopd.chat.split import split_message
 from loopd.chat.status import DRAFT_MARK, Finished, InLine
 from loopd.chat.turnposts import DRAFT, STATUS, TurnPosts, close, draft_post
 from loopd.contextwindow.compaction import is_compaction_instruction
 from loopd.engine.notes import cut_note
 from loopd.engine.outcome import TurnOutcome
-from loopd.sessionlog.errors import DiskFullError, LockedError
+from loopd.sessionlog.errors import DiskFullError, LockedError, UnknownSessionError
 from loopd.sessionlog.records import REPLAYED_KINDS, Entry, EntryKind
 from loopd.sessionlog.store import SessionLog
 from loopd.sessions import Runtime
@@ -233,6 +233,16 @@ class Threads:
     def running(self, session: str) -> bool:
         return session in self._running
 
+    def holds(self, session: str) -> bool:
+        """A new message for ``session`` waits (``ChatState.hold``) instead of going into the
+        log: its turn runs, or its log ends in tool calls without their results."""
+        if self.running(session):
+            return True
+        try:
+            return bool(self.runtime.log.state(session).interrupted_calls)
+        except UnknownSessionError:  # its first message: nothing to hold it for
+            return False
+
     def session_names(self) -> list[str]:
         """The sessions of Mattermost threads in the log."""
         return [s.name for s in self.runtime.log.sessions() if s.name.startswith(PREFIX)]
@@ -242,7 +252,7 @@ class Threads:
     def admission(self, session: str, username: str) -> str | None:
         """Why a new message by ``username`` for ``session`` is not taken, or None."""
         limit = self.settings.max_waiting_per_thread
-        if self.running(session) and len(self.state.held(session)) >= limit:
+        if self.holds(session) and len(self.state.held(session)) >= limit:
             return (
                 f"⏳ {limit} messages are already waiting in this thread, so I did not take "
                 "this one. Post it again once I have answered."
@@ -320,8 +330,12 @@ class Threads:
 
     async def _step(self, session: str) -> None:
         """What the session needs now: its held messages into the log, then its pending turn,
-        or (nothing pending) the delivery and tidy-up an earlier try did not finish."""
-        await self._release_held(session)
+        or (nothing pending) the delivery and tidy-up an earlier try did not finish. A turn cut
+        between a tool call and its result (a restart) is finished first, its messages still
+        held: released now, they would stand between the call and its result, and their
+        authors would count among the turn's people."""
+        if not self.holds(session):
+            await self._release_held(session)
         state = self.runtime.log.state(session)
         if state.pending_turn or state.interrupted_calls:
             if (change := self.runtime.server_change) is not None:
@@ -373,7 +387,9 @@ class Threads:
         running = _Running(posts, deciders, answering_seq(entries))
         self._running[name] = running
         # A call that waits for a person's approval asks in this thread (loopd.approvals).
-        ASKER.set(self.questions.asker(self.outbox, name, channel, root_of(name), deciders))
+        ASKER.set(
+            self.questions.asker(self.outbox, name, channel, root_of(name), deciders, posts.show)
+        )
         outcome: TurnOutcome | None = None
         try:
             async with anyio.create_task_group() as tg:
@@ -467,7 +483,7 @@ class Threads:
         people[root_of(name)] = people.get(root_of(name), frozenset()) | {who.lower()}
         if draft is not None and not self.outbox.delivered(key):
             room = self.outbox.max_post_size - len(line) - 2
-            written = written[:room].rstrip()
+            written = visible(written)[:room].rstrip()  # as the post shows it, within the limit
             text = f"{written}\n\n{line}" if written else line
             try:
                 await self.outbox.client.patch_message(
@@ -540,7 +556,7 @@ class Threads:
         answer = json.loads(last.message).get("content") or "(the model gave an empty answer)"
         if notices:
             answer += "\n\n" + "\n".join(f"_{notice}_" for notice in notices)
-        parts = split_message(answer, self.outbox.max_post_size)
+        parts = self.outbox.parts(answer)
         if self.state.planned_parts(key) is None:
             self.state.record_intent(key, len(parts))
         if 0 not in self.state.posted_parts(key):

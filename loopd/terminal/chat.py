@@ -32,6 +32,7 @@ from loopd.cli.log import list_sessions, search_entries
 from loopd.config import Settings
 from loopd.engine.outcome import TurnOutcome
 from loopd.terminal import slash
+from loopd.terminal.approve import TerminalAsker
 from loopd.terminal.core import ChatCore, SessionExists, Stopped, TurnEnd, Watcher
 from loopd.terminal.lineinput import LineInput, PipedInput, TerminalInput
 from loopd.terminal.link import Link, ScreenWatch, connected, drop_pending_sigint, sigint_held
@@ -63,6 +64,9 @@ def run_chat(settings: Settings, options: ChatOptions) -> int:
                 lines.complete_with(
                     lambda before: slash.completions(before, link.call(link.core.session_names))
                 )
+            if isinstance(link.core.asker, TerminalAsker):
+                # What was typed ahead of an approval question waits at the next prompt.
+                link.core.asker.give_back = lines.offer
             chat = TerminalChat(link, lines, options, interactive=interactive)
             return chat.run(settings.db_path, log_path)
 

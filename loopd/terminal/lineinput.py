@@ -8,7 +8,8 @@ kept in this run's history but not written to the history file, which holds one 
 
 Tab completes the word before the cursor with what ``complete_with`` was given (words are split at
 whitespace only, so a session name such as ``mm:abc-1`` completes whole). ``offer`` puts a line
-on the next prompt, edited or sent with Enter as if typed.
+on the next prompt, edited or sent with Enter as if typed (several offers before a prompt: one
+after the other).
 """
 
 from __future__ import annotations
@@ -57,6 +58,7 @@ class TerminalInput:
         self.history_path = history_path
         self._complete: Completer = lambda before: []
         self._found: list[str] = []
+        self._offered = ""
         readline.parse_and_bind("set enable-bracketed-paste on")
         readline.parse_and_bind("tab: complete")
         readline.set_completer_delims(" \t\n")
@@ -71,8 +73,11 @@ class TerminalInput:
         self._complete = complete
 
     def offer(self, text: str) -> None:
+        self._offered += text
+
         def insert() -> None:
-            self.readline.insert_text(text)
+            self.readline.insert_text(self._offered)
+            self._offered = ""
             self.readline.redisplay()
             self.readline.set_pre_input_hook(None)  # for the next line only
 

@@ -42,6 +42,7 @@ class BrokerAnswer:
 
     text: str
     approval_id: str | None = None
+    description: str = ""  # of the tool, with an approval id: what the person is shown
 
 
 class BrokerClient:
@@ -120,8 +121,9 @@ class BrokerClient:
         except (BrokerUnreachable, BrokerCallError) as exc:
             return BrokerAnswer(unreachable_text(what, exc))
         text = result_text(status, content, what)
-        approval_id = approval_id_of(content) if 200 <= status < 300 else None
-        return BrokerAnswer(text, approval_id)
+        if not 200 <= status < 300 or (approval_id := approval_id_of(content)) is None:
+            return BrokerAnswer(text)
+        return BrokerAnswer(text, approval_id, description_of(content))
 
     async def _post(self, path: str, body: dict[str, str], *, what: str) -> str:
         try:
@@ -159,6 +161,13 @@ def approval_id_of(content: bytes) -> str | None:
         return None
     approval_id = payload.get("approval_id")
     return approval_id if isinstance(approval_id, str) and approval_id else None
+
+
+def description_of(content: bytes) -> str:
+    """The tool's description in an answer whose status is ``needs_approval`` ("" if none)."""
+    payload = json.loads(content)  # an approval id was read from it
+    description = payload.get("description")
+    return description if isinstance(description, str) else ""
 
 
 def result_text(status: int, content: bytes, what: str) -> str:

@@ -11,7 +11,7 @@ import hashlib
 import json
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -33,13 +33,15 @@ class ToolsSpec:
 
     ``text`` is the exact JSON sent as ``tools`` in every request; ``sha256`` is its fingerprint
     (hex, over the UTF-8 bytes of ``text``); ``names`` are in file order; ``schemas`` maps each
-    name to its ``parameters`` JSON Schema.
+    name to its ``parameters`` JSON Schema, and ``descriptions`` to its description (what a
+    person asked to approve a call reads of the tool).
     """
 
     text: str
     sha256: str
     names: tuple[str, ...]
     schemas: dict[str, dict[str, Any]]
+    descriptions: dict[str, str] = field(default_factory=dict)
 
 
 def load_tools_spec(path: Path) -> ToolsSpec:
@@ -64,6 +66,7 @@ def parse_tools_spec(raw: str, source: str) -> ToolsSpec:
         sha256=hashlib.sha256(text.encode("utf-8")).hexdigest(),
         names=tuple(schemas),
         schemas=schemas,
+        descriptions={tool["function"]["name"]: tool["function"]["description"] for tool in value},
     )
 
 

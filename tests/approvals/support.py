@@ -42,13 +42,13 @@ async def asking_broker(root: Path, sockets: Path) -> AsyncIterator[str]:
         yield f"unix:{sock}"
 
 
-def script_a_call(fake: FakeLlama, model: str, text: str = "hi") -> None:
+def script_a_call(fake: FakeLlama, model: str, text: str = "hi", answer: str = "Done.") -> None:
     """The model finds the tool, calls it, then answers."""
     call = json.dumps({"name": TOOL, "arguments": {"text": text}})
     fake.push(
         ScriptedReply(tool_calls=(ScriptedToolCall("find_tool", '{"query": "echo a text"}'),)),
         ScriptedReply(tool_calls=(ScriptedToolCall("call_tool", call),)),
-        ScriptedReply(content="Done."),
+        ScriptedReply(content=answer),
         model=model,
     )
 

@@ -1,6 +1,8 @@
-"""``loopd chat`` in a pseudo-terminal: a tool call that brokerd holds for approval asks y/n
-under the answer; ``y`` allows it, ``n`` denies it, and with no answer in time it is denied and
-the next line typed is the next message, as ever."""
+"""``loopd chat`` in a pseudo-terminal: a tool call that brokerd holds for approval shows its
+whole arguments and asks y/n under the answer; ``y`` allows it, ``n`` denies it, the decision is
+written under the answer, and with no answer in time it is denied and the next line typed is the
+next message, as ever. A line typed during the turn, before the question, does not answer it:
+it waits at the next prompt."""
 
 from __future__ import annotations
 
@@ -27,6 +29,7 @@ from tests.terminal.support import (
     of_kind,
     quit_chat,
     spawn_chat,
+    until,
 )
 
 QUESTION = "Allow it? [y/N]"
@@ -50,8 +53,8 @@ def broker_in_a_thread(root: Path) -> Iterator[str]:
         yield url
 
 
-def script_a_call(server: FakeServer, *after: ScriptedReply) -> None:
-    call = json.dumps({"name": TOOL, "arguments": {"text": "hi"}})
+def script_a_call(server: FakeServer, *after: ScriptedReply, text: str = "hi") -> None:
+    call = json.dumps({"name": TOOL, "arguments": {"text": text}})
     server.script(
         ScriptedReply(tool_calls=(ScriptedToolCall("find_tool", '{"query": "echo a text"}'),)),
         ScriptedReply(tool_calls=(ScriptedToolCall("call_tool", call),)),
@@ -78,9 +81,13 @@ def test_the_answer_typed_decides(tmp_path: Path, typed: str, verdict: str) -> N
         chat = spawn_chat(chat_env(server, tmp_path / "state", broker_url, "60"))
         chat.expect_exact(PROMPT)
         chat.send("echo hi\r")
-        chat.expect_exact('echo_text wants to run with {"text": "hi"}')
+        chat.expect_exact("echo_text wants to run with these arguments.")
+        chat.expect_exact('"text": "hi"')
         chat.expect_exact(QUESTION)
         chat.send(f"{typed}\r")
+        chat.expect_exact(f"{typed}\r\n")  # the answer shows as it is typed
+        decided = "✅ allowed by" if verdict == "allow" else "❌ denied by"
+        chat.expect_exact(f"{decided} @{local_user()}")
         chat.expect_exact("Done.")
         chat.expect_exact(PROMPT)
         assert quit_chat(chat) == 0
@@ -109,3 +116,31 @@ def test_no_answer_in_time_denies_it_and_the_next_line_is_a_message(tmp_path: Pa
     assert "nobody allowed it in time" in last_tool_result(tmp_path / "state")
     users = [e.message or "" for e in of_kind(entries(tmp_path / "state", "tty"), EntryKind.USER)]
     assert [json.loads(u)["content"] for u in users] == ["echo hi", "hello"]
+
+
+def test_a_line_typed_during_the_turn_waits_for_the_next_prompt(tmp_path: Path) -> None:
+    tricky = "report\u202efdp.sh a\u200bb \x1b[2J"
+    with fake_llama() as server, broker_in_a_thread(tmp_path) as broker_url:
+        script_a_call(server, ScriptedReply(content="Hello again."), text=tricky)
+        server.faults(stall_before_first_byte=True)  # the turn waits on the server
+        chat = spawn_chat(chat_env(server, tmp_path / "state", broker_url, "60"))
+        chat.expect_exact(PROMPT)
+        chat.send("echo it\r")
+        until(lambda: server.chat_requests() == 1, "the turn's first request")
+        chat.send("yes\r")  # typed during the turn, meant as the next message
+        server.faults(stall_before_first_byte=False)
+        # The arguments as they will be sent: every hidden character seen, as its escape.
+        chat.expect_exact('"text": "report\\u202efdp.sh a\\u200bb \\u001b[2J"')
+        chat.expect_exact(QUESTION)
+        chat.send("n\r")  # typed after the question was drawn: this answers it
+        chat.expect_exact(f"❌ denied by @{local_user()}")
+        chat.expect_exact("Done.")
+        chat.expect_exact(PROMPT)
+        chat.expect_exact("yes")  # given back to the next prompt, ready to send
+        chat.send("\r")
+        chat.expect_exact("Hello again.")
+        chat.expect_exact(PROMPT)
+        assert quit_chat(chat) == 0
+    assert audit_approvals(tmp_path) == [(TOOL, "deny", f"@{local_user()}")]
+    users = [e.message or "" for e in of_kind(entries(tmp_path / "state", "tty"), EntryKind.USER)]
+    assert [json.loads(u)["content"] for u in users] == ["echo it", "yes"]

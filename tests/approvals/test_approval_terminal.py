@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
+from contextlib import nullcontext
 from pathlib import Path
 
 import pytest
@@ -39,14 +40,17 @@ async def run_turn(
             state_dir=tmp_path / "state",
             max_tokens=256,
             think_cap=0,
-            approval_timeout_s=timeout_s,
+            approval={"timeout_s": timeout_s},
         )
         runtime = Runtime.open(settings)
         try:
             session = runtime.ensure_session("terminal")
             await runtime.append_user("terminal", "echo hi", external_key="k1")
             asker = TerminalAsker(
-                "me", write=shown.append, read_line=lambda stop: answer(runtime, stop)
+                "me",
+                write=shown.append,
+                read_line=lambda stop: answer(runtime, stop),
+                answering=lambda: nullcontext(""),
             )
             ASKER.set(asker)
             outcome = await runtime.run_turn(session, lambda status: None)
@@ -63,8 +67,12 @@ async def test_y_allows_the_call(
         tmp_path, sockets, fake_llama, llama, lambda runtime, stop: "y\n"
     )
     assert result == "Allowed by @me.\necho: hi"
-    assert 'echo_text wants to run with {"text": "hi"}' in shown[0]
+    assert (
+        "echo_text wants to run with these arguments. It says: Echo a text back (for tests).\n"
+        '{\n  "text": "hi"\n}\n' in shown[0]
+    )
     assert "Allow it? [y/N]" in shown[0]
+    assert shown[1] == "✅ allowed by @me\n"  # the answer, echoed as decided
     assert audit_approvals(tmp_path) == [("echo_text", "allow", "@me")]
 
 

@@ -1,7 +1,9 @@
-"""In a Mattermost thread (the fake), a tool call brokerd holds for approval posts one line
-naming the tool and its arguments; the reaction of the person who started the turn allows or
-denies it, anyone else's is ignored, and with no answer in time it is denied. The tool result
-the model reads says who decided; the session log and brokerd's audit log keep the decision."""
+"""In a Mattermost thread (the fake), a tool call brokerd holds for approval posts its whole
+arguments and a question naming the tool and what it does; the reaction of the person who
+started the turn allows or denies it, anyone else's is ignored, and with no answer in time it is
+denied. The status post says whose approval the turn waits for, and the question post is edited
+with the decision. The tool result the model reads says who decided; the session log and
+brokerd's audit log keep the decision."""
 
 from __future__ import annotations
 
@@ -14,7 +16,7 @@ import pytest
 from loopd.chat.threads import session_name
 from loopd.serve import Daemon
 from loopd_dev.fakes.llama import FakeLlama, RunningFake
-from loopd_dev.fakes.mattermost import LoggedPost
+from loopd_dev.fakes.mattermost import FakeConfig, LoggedPost
 from tests.approvals.support import (
     asking_broker,
     audit_approvals,
@@ -23,6 +25,7 @@ from tests.approvals.support import (
     tool_results,
 )
 from tests.chat.chat_support import (
+    FAST_MM,
     Env,
     chat_settings_for,
     daemon,
@@ -33,6 +36,9 @@ from tests.chat.chat_support import (
 from tests.chat.conftest import FAKE_MODEL
 
 pytestmark = pytest.mark.anyio
+HEAD = (
+    "🔐 `echo_text` wants to run with the arguments above. It says: `Echo a text back (for tests).`"
+)
 
 
 @asynccontextmanager
@@ -43,16 +49,22 @@ async def thread_env(
     timeout_s: float = 60.0,
     *,
     mattermost_on_tcp: bool = False,  # for a client that speaks TCP only (Node's)
+    mm_config: FakeConfig = FAST_MM,
+    max_tokens: int = 256,
+    asks: tuple[str, ...] = (),  # core tools set to ask ([approval])
 ) -> AsyncIterator[Env]:
     mm_sockets = None if mattermost_on_tcp else sockets
-    async with asking_broker(tmp_path, sockets) as broker_url, fake_mattermost(mm_sockets) as mm:
+    async with (
+        asking_broker(tmp_path, sockets) as broker_url,
+        fake_mattermost(mm_sockets, mm_config) as mm,
+    ):
         settings = settings_for(
             tmp_path / "state",
             llama.base_url,
             FAKE_MODEL,
-            max_tokens=256,
+            max_tokens=max_tokens,
             broker_url=broker_url,
-            approval_timeout_s=timeout_s,
+            approval={"timeout_s": timeout_s, **dict.fromkeys(asks, "ask")},
         )
         yield Env(mm, settings, chat_settings_for(mm, tmp_path))
 
@@ -78,12 +90,21 @@ async def test_the_starter_allows_the_call(
     async with thread_env(tmp_path, sockets, llama) as env, daemon(env) as running:
         root = env.fake.post_as("alice", env.dm(), "echo hi there, please")
         line = await asked(env, running, root.id)
-        assert line.message.startswith('🔐 `echo_text` wants to run with `{"text": "hi there"}`.')
-        assert "@alice or an admin" in line.message
-        assert ":white_check_mark: to allow or :x: to deny" in line.message
+        posts = [p.message for p in env.live_bot_posts(root.id)]
+        arguments = '```json\n{\n  "text": "hi there"\n}\n```'
+        assert posts[posts.index(line.message) - 1] == arguments  # whole, just above
+        assert line.message == (
+            f"{HEAD}\n@alice or an admin: react :white_check_mark: to allow or :x: to deny "
+            "(within 60 seconds, then it is denied)."
+        )
+        await until(
+            lambda: "⏳ waiting for @alice's approval" in env.status_history(root.id)[-1],
+            "the status post to say whose approval the turn waits for",
+        )
         env.fake.react_as("alice", line.post_id, "white_check_mark")
         await until(lambda: len(env.answers(root.id)) == 1, "the answer")
         assert env.answers(root.id)[0].message == "Done."
+        assert env.edits_of(line.post_id)[-1] == f"{HEAD}\n✅ allowed by @alice"
     name = session_name(root.id)
     assert tool_results(env.settings.db_path, name)[-1] == "Allowed by @alice.\necho: hi there"
     logged = notes(env.settings.db_path, name)
@@ -102,6 +123,7 @@ async def test_a_deny_runs_nothing_and_says_who_denied_it(
         env.fake.react_as("alice", line.post_id, "thumbsup")  # not an answer: ignored
         env.fake.react_as("alice", line.post_id, "x")
         await until(lambda: len(env.answers(root.id)) == 1, "the answer")
+        assert env.edits_of(line.post_id)[-1] == f"{HEAD}\n❌ denied by @alice"
     result = tool_results(env.settings.db_path, session_name(root.id))[-1]
     assert result.startswith("echo_text was not run: @alice denied this call.")
     assert audit_approvals(tmp_path) == [("echo_text", "deny", "@alice")]
@@ -116,6 +138,7 @@ async def test_no_answer_in_time_denies_the_call(
         line = await asked(env, running, root.id)
         assert "(within 1 second, then it is denied)" in line.message
         await until(lambda: len(env.answers(root.id)) == 1, "the answer")
+        assert env.edits_of(line.post_id)[-1] == f"{HEAD}\n⌛ nobody decided in time"
     result = tool_results(env.settings.db_path, session_name(root.id))[-1]
     assert "nobody allowed it in time (no answer within 1 second)" in result
     assert audit_approvals(tmp_path) == [("echo_text", "timeout", "no answer within 1 second")]
@@ -126,23 +149,29 @@ async def test_the_question_survives_a_restart_of_loopd(
 ) -> None:
     script_a_call(fake_llama, FAKE_MODEL)
     async with thread_env(tmp_path, sockets, llama) as env:
-        async with daemon(env) as running:
-            root = env.fake.post_as("alice", env.dm(), "echo hi")
-            line = await asked(env, running, root.id)
-        # loopd is gone (killed) with the question open; brokerd is still up.
-        async with daemon(env) as again:
-            questions = again.adapter.threads.questions
-            await until(lambda: questions.is_open(line.post_id), "the question asked again")
-            env.fake.react_as("alice", line.post_id, "white_check_mark")
-            await until(lambda: len(env.answers(root.id)) == 1, "the answer after the restart")
-        posted = [p for p in env.live_bot_posts(root.id) if p.message.startswith("🔐")]
-        assert [p.post_id for p in posted] == [line.post_id]  # asked once, in one post
-    result = tool_results(env.settings.db_path, session_name(root.id))[-1]
+        root = await allowed_after_a_restart(env, "echo hi")
+    result = tool_results(env.settings.db_path, session_name(root))[-1]
     assert result == "Allowed by @alice.\necho: hi"
-    asked_notes = [
-        n for n in notes(env.settings.db_path, session_name(root.id)) if "approval asked" in n
-    ]
+
+
+async def allowed_after_a_restart(env: Env, text: str) -> str:
+    """alice's ``text`` makes a call that asks; loopd is killed with the question open, asks on
+    once started again (in the same post, from the question as first noted), and she allows
+    it. The thread's root id."""
+    async with daemon(env) as running:
+        root = env.fake.post_as("alice", env.dm(), text)
+        line = await asked(env, running, root.id)
+    # loopd is gone (killed) with the question open; brokerd is still up.
+    async with daemon(env) as again:
+        questions = again.adapter.threads.questions
+        await until(lambda: questions.is_open(line.post_id), "the question asked again")
+        env.fake.react_as("alice", line.post_id, "white_check_mark")
+        await until(lambda: len(env.answers(root.id)) == 1, "the answer after the restart")
+    posted = [p for p in env.live_bot_posts(root.id) if p.message.startswith("🔐")]
+    assert [p.post_id for p in posted] == [line.post_id]  # asked once, in one post
+    asked_notes = [n for n in notes(env.settings.db_path, session_name(root.id)) if "asked" in n]
     assert len(asked_notes) == 1  # the restart asked on from the first question
+    return root.id
 
 
 async def test_a_reaction_given_while_loopd_was_away_counts(

@@ -21,9 +21,10 @@ from brokerd.approval import (
 from brokerd.mcp.config import McpServerConfig
 from brokerd.tools.app import create_broker_app
 from brokerd.tools.catalogue import ToolSpec
-from brokerd.tools.errors import CatalogueError
 from brokerd.tools.settings import BrokerSettings
+from loopcommon.errors import ConfigError
 from tests.brokerd.tools.brokertools_support import python_tool, write_tool
+from tests.mcp.test_mcp_cli import brokerd, toml_config
 
 pytestmark = pytest.mark.anyio
 
@@ -181,8 +182,12 @@ def test_a_misspelt_name_in_the_approval_table_stops_brokerd(tmp_path: Path) -> 
         catalogue_dir=tmp_path / "cat",
         approval={"clokc": "ask", "fs.write": "auto"},
     )
-    with pytest.raises(CatalogueError, match=r"names clokc, fs\.write: no catalogue tool"):
+    with pytest.raises(ConfigError) as refused:
         create_broker_app(settings)
+    assert str(refused.value) == (
+        "BROKERD_BROKER__APPROVAL: `clokc`: the catalogue has no such tool (did you mean "
+        "`clock`?); `fs.write`: no [[mcp]] server is configured"
+    )
 
 
 ASKED = Asked("id1", "s", "c1", "sha-a", "writer", "t0")
@@ -203,3 +208,17 @@ def test_a_recorded_decision_stands_and_cannot_change() -> None:
     assert isinstance(gate(decided, "s", "c1", "sha-a", deny), NotThisCall)
     allow = ApprovalBody(id="id1", decision="allow", by="@a")
     assert gate(ASKED, "s", "c1", "sha-a", allow) == Decided("allow", "@a", new=True)
+
+
+def test_both_commands_refuse_a_misspelt_tool_with_its_own_name_and_a_suggestion(
+    tmp_path: Path,
+) -> None:
+    config = toml_config(tmp_path, '[broker.approval]\ngit_lgo = "ask"\n')
+    refused = (
+        "BROKERD_BROKER__APPROVAL: `git_lgo`: the catalogue has no such tool (did you mean "
+        "`git_log`?)\n"
+    )
+    listed = brokerd(config, "tools", "list")
+    assert (listed.returncode, listed.stderr) == (2, f"brokerd: bad config: {refused}")
+    served = brokerd(config, "serve", "--only", "broker")
+    assert (served.returncode, served.stderr) == (2, f"brokerd: {refused}")

@@ -56,7 +56,8 @@ def serve_environment(settings: Settings, chat: ChatSettings) -> dict[str, str]:
     """This process's environment without its own LOOPD_* knobs (a developer's LOOPD_CONFIG or
     LOOPD_STATE_DIR must not leak into the child), then exactly the given settings."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("LOOPD_") or k in KEEP}
-    env.update(settings_environment("LOOPD_", settings.model_dump(exclude={"mm"})))
+    env.update(settings_environment("LOOPD_", settings.model_dump(exclude={"mm", "approval"})))
+    env.update(settings_environment("LOOPD_APPROVAL_", settings.approval.model_dump()))
     env.update(settings_environment("LOOPD_MM_", chat.model_dump()))
     env["LOOPD_LOG_FORMAT"] = "json"  # stderr is a file: one parseable object per line
     return env

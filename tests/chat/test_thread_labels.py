@@ -44,6 +44,6 @@ async def test_the_status_page_names_the_thread(
         "alice",  # the thread's starter, not the later reply's author
         "@loopd: what is two plus two?",
     )
-    assert "~dev · @alice · “@loopd: what is two plus two?”" in html
+    assert "~dev</bdi> · @<bdi>alice</bdi> · “<bdi>@loopd: what is two plus two?</bdi>”" in html
     [session] = [s for s in data["sessions"] if s["name"] == session_name(root.id)]
     assert session["thread"]["person"] == "alice"

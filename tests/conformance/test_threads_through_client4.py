@@ -10,13 +10,10 @@ every assertion is on what Client4 reads.
 
 from __future__ import annotations
 
-import json
-import os
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-import anyio
 import pytest
 
 from loopd.chat.threads import session_name
@@ -31,60 +28,23 @@ from tests.chat.chat_support import (
 )
 from tests.chat.conftest import FAKE_MODEL, fake_llama, llama, sockets
 from tests.chat.test_chat_scenarios import environment
+from tests.conformance.person import Person, PersonOf, person_of
 
-__all__ = ["fake_llama", "llama", "sockets"]  # the chat tests' fixtures, here too
+__all__ = ["fake_llama", "llama", "person_of", "sockets"]  # the fixtures, here too
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(300)]
 
 STOPPED = "⏹️ Stopped by @alice."
 
 
-class Alice:
-    """alice's own client: each call one run of ``person.cjs``."""
-
-    def __init__(self, node: str, modules: Path, scripts: Path, env: Env) -> None:
-        self.node, self.modules, self.script = node, modules, scripts / "person.cjs"
-        self.env = env
-        user = env.fake.user("alice")
-        self.base = {"url": env.mm.base_url, "token": user.token}
-        self.user_id = user.id
-
-    async def _run(self, **arguments: Any) -> dict[str, Any]:
-        environ = {**os.environ, "NODE_PATH": str(self.modules), "NODE_NO_WARNINGS": "1"}
-        with anyio.fail_after(120):
-            done = await anyio.run_process(
-                [self.node, str(self.script), json.dumps({**self.base, **arguments})],
-                env=environ,
-                check=False,
-            )
-        assert done.returncode == 0, done.stderr.decode(errors="replace")
-        out: dict[str, Any] = json.loads(done.stdout)
-        return out
-
-    async def post(self, message: str, root_id: str = "") -> str:
-        out = await self._run(op="post", channel_id=self.env.dm(), message=message, root_id=root_id)
-        return str(out["post"]["id"])
-
-    async def react(self, post_id: str, emoji_name: str) -> None:
-        await self._run(op="react", user_id=self.user_id, post_id=post_id, emoji_name=emoji_name)
-
-    async def thread(self, root_id: str) -> list[dict[str, Any]]:
-        """The thread's posts as her client shows them, oldest first."""
-        posts: list[dict[str, Any]] = (await self._run(op="thread", post_id=root_id))["posts"]
-        return posts
-
-    async def bot_messages(self, root_id: str) -> list[str]:
-        bot = self.env.fake.bot.id
-        return [p["message"] for p in await self.thread(root_id) if p["user_id"] == bot]
-
-
+Alice = Person
 AliceOf = Callable[[Env], Alice]
 
 
 @pytest.fixture
-def alice_of(node: str, client_modules: Path, scripts: Path) -> AliceOf:
+def alice_of(person_of: PersonOf) -> AliceOf:
     """alice's client for an environment (each test makes its own)."""
-    return lambda env: Alice(node, client_modules, scripts, env)
+    return lambda env: person_of(env, "alice")
 
 
 async def test_an_answer_cut_at_the_limit_says_so_in_her_client(
@@ -170,7 +130,9 @@ async def test_she_answers_an_approval_with_a_reaction_in_her_client(
         alice = alice_of(env)
         root = await alice.post("echo hi")
         question = await question_in_her_client(alice, env, root)
-        assert question["message"].startswith('🔐 `echo_text` wants to run with `{"text": "hi"}`.')
+        assert question["message"].startswith(
+            "🔐 `echo_text` wants to run with the arguments above."
+        )
         questions = running.adapter.threads.questions
         await until(lambda: questions.is_open(question["id"]), "the question open")
         await alice.react(question["id"], reaction)

@@ -40,27 +40,30 @@ def test_tools_list_shows_each_tools_source_and_server_state(tmp_path: Path) -> 
         mcp_table("time", time.command),
         mcp_table("tiny", tiny.command, tiny.paths),
         mcp_table("broken", ("/bin/false",)),
+        '[broker.approval]\n"tiny.write_bytes" = "ask"\n',
     )
     listed = brokerd(config, "tools", "list")
     assert listed.returncode == 0, listed.stderr
     rows = [line.split() for line in listed.stdout.splitlines()]
-    assert rows[0] == ["TOOL", "SOURCE", "SERVER"]
-    assert ["clock_now", "builtin", "-"] in rows
-    assert ["git_log", "command", "-"] in rows
-    assert ["time.get_current_time", "mcp", "time", "up"] in rows
-    assert ["tiny.crash", "mcp", "tiny", "up"] in rows
+    assert rows[0] == ["TOOL", "SOURCE", "MODE", "SERVER"]
+    assert ["clock_now", "builtin", "auto", "-"] in rows
+    assert ["git_log", "command", "auto", "-"] in rows
+    assert ["time.get_current_time", "mcp", "time", "auto", "up"] in rows
+    assert ["tiny.crash", "mcp", "tiny", "auto", "up"] in rows
+    assert ["tiny.write_bytes", "mcp", "tiny", "ask", "up"] in rows  # [broker.approval] says so
     broken = next(row for row in rows if row[0] == "broken.*")
-    assert broken[:3] == ["broken.*", "mcp", "broken"]
-    assert " ".join(broken[3:]).startswith("down (exited with status 1; brokerd restarts it")
+    assert broken[:4] == ["broken.*", "mcp", "broken", "-"]
+    assert " ".join(broken[4:]).startswith("down (exited with status 1; brokerd restarts it")
 
     as_json = brokerd(config, "tools", "list", "--json")
     assert as_json.returncode == 0, as_json.stderr
     listing = json.loads(as_json.stdout)
     tools = {tool["name"]: tool for tool in listing["tools"]}
-    assert tools["clock_now"] == {"name": "clock_now", "source": "builtin"}
+    assert tools["clock_now"] == {"name": "clock_now", "source": "builtin", "mode": "auto"}
     assert tools["time.convert_time"] == {
         "name": "time.convert_time",
         "source": "mcp",
+        "mode": "auto",
         "server": "time",
         "up": True,
     }

@@ -219,7 +219,10 @@ async def test_the_status_page_shows_a_live_turn_and_its_phase(
             await page.aclose()
             await runtime.aclose()
     assert '<meta http-equiv="refresh"' in during
-    queued_row = '<span class="busy">busy</span></td><td><code>mm:live</code></td><td>queued behind'
+    queued_row = (
+        '<span class="busy">busy</span></td><td><code><bdi>mm:live</bdi></code></td>'
+        "<td><bdi>queued behind"
+    )
     assert queued_row in during
     assert "<script" not in during
     assert value(metrics_during, "loopd_slot_busy", slot="0") == 1

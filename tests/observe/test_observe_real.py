@@ -5,7 +5,8 @@
 - one turn's loopd and brokerd log lines join on ``request_id``: in Python, and with the README's
   ``jq`` one-liner;
 - headless Chromium loads the status page during a live turn and shows the busy slot, the
-  session and its phase; its screenshot is not blank.
+  session (its thread's first words with their hidden characters shown) and its phase; its
+  screenshot is not blank.
 """
 
 from __future__ import annotations
@@ -36,10 +37,12 @@ from tests.observe.real_stack import (
     slot_held,
     system_tool,
 )
+from tests.screenshots import assert_drawn
 
 pytestmark = [pytest.mark.real_server, pytest.mark.anyio, pytest.mark.timeout(900)]
 
 README = Path(__file__).resolve().parents[2] / "README.md"
+HIDDEN = "report\u202efdp.sh a\u200bb \x9b2J"  # an override, a zero-width space, a C1 CSI
 
 
 @pytest.fixture
@@ -228,7 +231,7 @@ async def test_chromium_shows_the_busy_slot_the_session_and_its_phase(
     shot = tmp_path / "status-page.png"
     async with observed_stack(tmp_path, sockets, real_server) as stack:
         # A session with history first, so the page has a plot and a hit rate to show.
-        first = stack.env.fake.post_as("alice", stack.env.dm(), "Name a colour.")
+        first = stack.env.fake.post_as("alice", stack.env.dm(), f"Name a colour. {HIDDEN}")
         await eventually(lambda: len(stack.env.answers(first.id)) == 1, "the answer", MODEL_S)
         stack.env.fake.post_as("alice", stack.env.dm(), "And another?", root_id=first.id)
         await eventually(lambda: len(stack.env.answers(first.id)) == 2, "the answer", MODEL_S)
@@ -268,18 +271,17 @@ async def test_chromium_shows_the_busy_slot_the_session_and_its_phase(
     session = f"mm:{first.id}"
     assert still_live, "the turn was still live when the browser had finished"
     # The busy slot's row: the session (its thread's label, then loopd's name) and its phase.
-    row = re.search(r'<span class="busy">busy</span></td><td>(.*?)</td><td>([^<]*)</td>', text)
+    row = re.search(
+        r'<span class="busy">busy</span></td><td>(.*?)</td><td><bdi>([^<]*)</bdi></td>', text
+    )
     assert row is not None, text
-    assert f"<code>{session}</code>" in row.group(1), row.group(1)
+    assert f"<code><bdi>{session}</bdi></code>" in row.group(1), row.group(1)
+    # The thread's first words show their hidden characters, isolated from the rest of the row.
+    shown = "Name a colour. report&lt;U+202E&gt;fdp.sh a&lt;U+200B&gt;b &lt;U+009B&gt;2J"
+    assert f"“<bdi>{shown}</bdi>”" in row.group(1), row.group(1)
+    assert not any(char in text for char in "\u202e\u200b\x9b")
     assert row.group(2).startswith("queued"), row.group(2)
     assert results["shot"].returncode == 0, results["shot"].stderr.decode(errors="replace")[-2000:]
-    from matplotlib import image
-
-    pixels = image.imread(shot)
-    assert pixels.shape[0] >= 600
-    assert pixels.shape[1] >= 1000
-    assert pixels.std() > 0.05, "the screenshot is not blank"
-    colours = {tuple(p) for p in pixels.reshape(-1, pixels.shape[2])[::97].tolist()}
-    assert len(colours) > 20, "the screenshot has text and colours, not one flat fill"
+    assert_drawn(shot, least_height=600, least_width=1000)
     if keep := os.environ.get("LOOPDTEST_STATUS_PNG"):  # docs/status-page.png is made so
         shutil.copy(shot, keep)

@@ -29,19 +29,22 @@ from loopcommon.statuspage import (
 )
 
 WIDE = "\u7121" * MAX_TEXT  # the widest string: three bytes a character
+# The widest on the page: four bytes a character, shown as a label (``&lt;U+E0041&gt;``).
+HIDDEN = "\U000e0041" * MAX_TEXT
 
 
-def largest(extra: int = 0) -> StatusSnapshot:
-    """The largest status data the bounds allow (``extra``: that many past each list's)."""
-    thread = ThreadView("a" * 26, WIDE, WIDE, WIDE)
+def largest(extra: int = 0, wide: str = WIDE) -> StatusSnapshot:
+    """The largest status data the bounds allow (``extra``: that many past each list's), each
+    string ``wide``."""
+    thread = ThreadView("a" * 26, wide, wide, wide)
     session = SessionView(
-        WIDE, MAX_COUNT, MAX_COUNT, WIDE, 0.5, (MAX_COUNT,) * PLOT_POINTS, WIDE, thread
+        wide, MAX_COUNT, MAX_COUNT, wide, 0.5, (MAX_COUNT,) * PLOT_POINTS, wide, thread
     )
     return StatusSnapshot(
-        generated_at=WIDE,
-        model=WIDE,
-        slots=(SlotView(MAX_COUNT, WIDE, WIDE, MAX_COUNT),) * (MAX_SLOTS + extra),
-        live=(LiveView(WIDE, MAX_COUNT, WIDE, 1e9, False, MAX_COUNT),) * (MAX_LIVE + extra),
+        generated_at=wide,
+        model=wide,
+        slots=(SlotView(MAX_COUNT, wide, wide, MAX_COUNT),) * (MAX_SLOTS + extra),
+        live=(LiveView(wide, MAX_COUNT, wide, 1e9, False, MAX_COUNT),) * (MAX_LIVE + extra),
         sessions=(session,) * (MAX_SESSIONS + extra),
     )
 
@@ -51,8 +54,9 @@ def encoded(snap: StatusSnapshot) -> bytes:
     return json.dumps(snap.as_json(), ensure_ascii=False, separators=(",", ":")).encode()
 
 
-def test_the_largest_valid_status_fits_and_renders_within_its_bounds() -> None:
-    data = encoded(largest())
+@pytest.mark.parametrize("wide", [WIDE, HIDDEN], ids=["wide", "hidden"])
+def test_the_largest_valid_status_fits_and_renders_within_its_bounds(wide: str) -> None:
+    data = encoded(largest(wide=wide))
     started = time.perf_counter()
     page = render_status(data)
     took = time.perf_counter() - started

@@ -23,10 +23,21 @@ def test_a_thread_is_named_by_its_channel_person_and_first_words() -> None:
     assert label == ThreadView(ROOT, "~town-square", "alice", "@loopd: why is CI red?")
     html = page(label)
     assert (
-        f'<a href="https://chat.example.com/_redirect/pl/{ROOT}" rel="noreferrer">~town-square</a>'
-        " · @alice · “@loopd: why is CI red?”"
+        f'<a href="https://chat.example.com/_redirect/pl/{ROOT}" rel="noreferrer">'
+        "<bdi>~town-square</bdi></a> · @<bdi>alice</bdi> · “<bdi>@loopd: why is CI red?</bdi>”"
     ) in html
-    assert f"<code>mm:{ROOT}</code>" in html  # loopd's own name stays beside it
+    assert f"<code><bdi>mm:{ROOT}</bdi></code>" in html  # loopd's own name stays beside it
+
+
+def test_hidden_characters_show_and_each_label_keeps_to_itself() -> None:
+    # An override in the first words would read the rest of the row backwards; a zero-width
+    # space and a control would hide in the person's name.
+    tricky = ThreadView(ROOT, "~dev\u200b", "al\u200bice\x07", "report\u202efdp.sh and more")
+    html = page(tricky)
+    assert "@<bdi>al&lt;U+200B&gt;ice␇</bdi>" in html
+    assert "“<bdi>report&lt;U+202E&gt;fdp.sh and more</bdi>”" in html
+    assert "<bdi>~dev&lt;U+200B&gt;</bdi>" in html
+    assert not any(char in html for char in "\u200b\u202e\x07")
 
 
 def test_direct_and_group_messages_name_no_channel() -> None:

@@ -8,17 +8,20 @@ import argparse
 import contextlib
 import json
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 import anyio
+from starlette.routing import BaseRoute
 
 from loopd_dev.fakes.mattermost.clock import ManualClock, SystemClock
 from loopd_dev.fakes.mattermost.core import FakeConfig
 from loopd_dev.fakes.mattermost.server import serve_fake_mattermost
 
 
-def _parse(argv: list[str]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m loopd_dev.fakes.mattermost")
+def parser(prog: str = "python -m loopd_dev.fakes.mattermost") -> argparse.ArgumentParser:
+    """The fake's options (``loopd_dev.demo`` adds its own to them)."""
+    parser = argparse.ArgumentParser(prog=prog)
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=0, help="TCP port (default 0: a free one)")
     parser.add_argument("--uds", type=Path, help="listen on this Unix socket instead of TCP")
@@ -27,10 +30,11 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--reaper-timeout", type=float, default=300.0, help="seconds")
     parser.add_argument("--auth-timeout", type=float, default=5.0, help="seconds")
     parser.add_argument("--manual-clock", action="store_true", help="time moves via /_fake")
-    return parser.parse_args(argv)
+    return parser
 
 
-async def _run(args: argparse.Namespace) -> None:
+async def run(args: argparse.Namespace, extra_routes: Sequence[BaseRoute] = ()) -> None:
+    """Serve the fake (and ``extra_routes`` beside it) until cancelled; say where, once."""
     config = FakeConfig(
         bot_username=args.bot_username,
         bot_token=args.bot_token,
@@ -41,13 +45,19 @@ async def _run(args: argparse.Namespace) -> None:
     async with (
         anyio.create_task_group() as tg,
         serve_fake_mattermost(
-            tg, config=config, clock=clock, uds=args.uds, host=args.host, port=args.port
-        ) as run,
+            tg,
+            config=config,
+            clock=clock,
+            uds=args.uds,
+            host=args.host,
+            port=args.port,
+            extra_routes=extra_routes,
+        ) as running,
     ):
-        world = run.fake.world
+        world = running.fake.world
         announcement = {
-            "base_url": run.base_url,
-            "uds": str(run.uds) if run.uds else None,
+            "base_url": running.base_url,
+            "uds": str(running.uds) if running.uds else None,
             "bot_token": config.bot_token,
             "users": {u.username: u.id for u in world.users.values()},
             "channels": {c.name: c.id for c in world.channels.values()},
@@ -58,8 +68,9 @@ async def _run(args: argparse.Namespace) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
+    args = parser().parse_args(sys.argv[1:] if argv is None else argv)
     with contextlib.suppress(KeyboardInterrupt):
-        anyio.run(_run, _parse(sys.argv[1:] if argv is None else argv))
+        anyio.run(run, args)
 
 
 if __name__ == "__main__":

@@ -3,7 +3,7 @@
 import contextlib
 import os
 import socket
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -13,7 +13,7 @@ from anyio.abc import TaskGroup
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
-from starlette.routing import WebSocketRoute
+from starlette.routing import BaseRoute, WebSocketRoute
 
 from loopd_dev.fakes.mattermost.clock import Clock
 from loopd_dev.fakes.mattermost.control import control_routes
@@ -35,12 +35,14 @@ class FakeStartError(RuntimeError):
     """uvicorn did not come up (port or socket path unusable)."""
 
 
-def build_app(fake: FakeMattermost) -> Starlette:
+def build_app(fake: FakeMattermost, extra_routes: Sequence[BaseRoute] = ()) -> Starlette:
+    """The fake's routes, and ``extra_routes`` beside them (the demo's page)."""
     app = Starlette(
         routes=[
             *api_routes(),
             WebSocketRoute("/api/v4/websocket", websocket_endpoint),
             *control_routes(),
+            *extra_routes,
         ],
         middleware=[Middleware(RateLimitMiddleware, fake=lambda: fake)],
         exception_handlers={AppError: app_error_response, HTTPException: http_error_response},
@@ -115,11 +117,12 @@ async def serve_fake_mattermost(
     uds: Path | None = None,
     host: str = "127.0.0.1",
     port: int = 0,
+    extra_routes: Sequence[BaseRoute] = (),
 ) -> AsyncIterator[RunningFake]:
-    """Start the fake in ``task_group`` (on ``port``, 0 for a free one, or on ``uds``); stop it
-    on exit."""
+    """Start the fake in ``task_group`` (on ``port``, 0 for a free one, or on ``uds``), with
+    ``extra_routes`` beside its own; stop it on exit."""
     fake = FakeMattermost(config, clock)
-    server = _EmbeddedServer(uvicorn_config(build_app(fake), fake))
+    server = _EmbeddedServer(uvicorn_config(build_app(fake, extra_routes), fake))
     sock = _bind(host, uds, port)
     stopped = anyio.Event()
 
