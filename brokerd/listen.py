@@ -124,11 +124,12 @@ class HeadDeadlineProtocol(HttpToolsProtocol):
     head_timeout_s: float = ConnectionLimits.header_timeout_s
     cut_log: ThrottledLog = ThrottledLog(logger)
     _head_timer: asyncio.TimerHandle | None = None
-    # Between the end of one request (or the connection's start) and its next head: the bytes
-    # received meanwhile, within one read of the truth (a read that ends a body and begins a head
-    # is not counted).
+    # The head under way: the bytes read since it began (for a head that spans reads: right
+    # within one read), and the size of its target and headers (for a head one read brought).
     _in_head: bool = True
     _head_bytes: int = 0
+    _head_fields: int = 0
+    _refused: bool = False
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
@@ -138,22 +139,43 @@ class HeadDeadlineProtocol(HttpToolsProtocol):
         if self._in_head:
             self._head_bytes += len(data)
         super().data_received(data)
-        if self._in_head and self._head_bytes > MAX_HEAD_BYTES and not self.transport.is_closing():
+        too_long = self._in_head and self._head_bytes > MAX_HEAD_BYTES
+        if (self._refused or too_long) and not self.transport.is_closing():
             self.cut_log.warning("refused a request head of more than %d bytes", MAX_HEAD_BYTES)
             self.transport.write(HEAD_TOO_LARGE)
             self.transport.close()
 
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        self._head_fields = 0
+
+    def on_url(self, url: bytes) -> None:
+        self._head_fields += len(url)
+        super().on_url(url)
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self._head_fields += len(name) + len(value)
+        super().on_header(name, value)
+
     def on_headers_complete(self) -> None:
         self._in_head, self._head_bytes = False, 0
         self._cancel_head_timer()
+        if self._head_fields > MAX_HEAD_BYTES:
+            self._refused = True  # no request starts: refused once this read is parsed
+            return
         super().on_headers_complete()
         if self.cycle is not None and self.cycle.scope is self.scope:  # not an upgrade
             extensions: dict[str, object] = self.scope.setdefault("extensions", {})  # type: ignore[assignment]
             extensions[CLIENT_WRITES] = CycleWrites(self.cycle)
 
+    def on_body(self, body: bytes) -> None:
+        if not self._refused:
+            super().on_body(body)
+
     def on_message_complete(self) -> None:
-        super().on_message_complete()
-        self._in_head = True
+        if not self._refused:
+            super().on_message_complete()
+            self._in_head = True
 
     def on_response_complete(self) -> None:
         pipelined = bool(self.pipeline)  # its head is complete already
