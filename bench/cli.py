@@ -6,12 +6,15 @@ SmolLM2 thinking templates and the hybrid preset) and switching (the plain and t
 preset) benchmarks, logging at trace level so the hybrid's turns say what the server did. Then
 benchmarks with routers of their own: pinning on a unified pool (``bench/pool.py``), where a
 hybrid model's cache goes (``bench/hybrid.py``), placement across two endpoints
-(``bench/placement.py``) and real tool calls by the tool model (``bench/realtools.py``; alone:
-``--real-tools``, written to ``<date>-real-tools.md``) and durable sessions, a returning session's
-re-read after the server forgot it, with and without a saved slot state (the server's own save and
-restore, ``bench/durable.py``, then loopd's rule, ``bench/durable_loopd.py``, twenty threads taking
-turns beyond the host cache, ``bench/durable_turns.py``, and the save folder under brokerd's cap,
-``bench/durable_cap.py``; alone: ``--durable``, written to
+(``bench/placement.py``), real tool calls by the tool model (``bench/realtools.py``; alone:
+``--real-tools``, written to ``<date>-real-tools.md``), the agent bench, a dozen small tasks
+through ``loopd run`` on the agent model with the same turns' cache figures (``bench/agent.py``;
+alone: ``--agent``), thinking loops ended early by the repetition watch on the tiny thinking
+preset (``bench/thinkloops.py``; alone: ``--think-loops``) and durable sessions, a returning
+session's re-read after the server forgot it, with and without a saved slot state (the server's
+own save and restore, ``bench/durable.py``, then loopd's rule, ``bench/durable_loopd.py``,
+twenty threads taking turns beyond the host cache, ``bench/durable_turns.py``, and the save
+folder under brokerd's cap, ``bench/durable_cap.py``; alone: ``--durable``, written to
 ``<date>-durable.md``), and the edges, which need no real server: a command's start-up, brokerd's
 relay of a streamed answer and the wait a person saw (``bench/edges.py``; alone: ``--edges``,
 written to ``<date>-edges.md``). The report goes to ``bench/results/<date>.md`` with a plot per
@@ -33,6 +36,7 @@ from pathlib import Path
 import anyio
 
 from bench import (
+    agent,
     cache_reuse,
     durable,
     durable_cap,
@@ -47,6 +51,7 @@ from bench import (
     realtools,
     scale,
     switching,
+    thinkloops,
 )
 from bench.errors import BenchError
 from bench.machine import describe, load_average
@@ -96,6 +101,18 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         action="store_true",
         help="only the real tool calls of the tool model (cache reuse and the repeat guard), "
         "written to <date>-real-tools.md",
+    )
+    parser.add_argument(
+        "--agent",
+        action="store_true",
+        help="only the agent bench (a dozen small tasks through `loopd run` on the agent "
+        "model, with the same turns' cache figures), written to <date>-agent.md",
+    )
+    parser.add_argument(
+        "--think-loops",
+        action="store_true",
+        help="only the thinking loops ended early (the repetition watch on the tiny thinking "
+        "preset, with and without), written to <date>-think-loops.md",
     )
     parser.add_argument(
         "--durable",
@@ -154,6 +171,10 @@ def run(args: argparse.Namespace) -> Path:
         return _section_only(args, started, "real tool calls", "real-tools", _real_tools)
     if args.durable:
         return _section_only(args, started, "durable sessions", "durable", _durable)
+    if args.agent:
+        return _section_only(args, started, "the agent bench", "agent", _agent)
+    if args.think_loops:
+        return _section_only(args, started, "thinking loops", "think-loops", _think_loops)
     if args.cache_reuse:
         return _section_only(args, started, "cache reuse", "cache-reuse", _cache_reuse)
     if args.edges:
@@ -196,7 +217,8 @@ def run(args: argparse.Namespace) -> Path:
         results = _with_server(results, args)
     section = "\n" + _edges(args)
     if not (args.offline or args.production_shape):
-        section += "\n" + _real_tools(args) + "\n" + _durable(args)
+        parts = [_real_tools(args), _agent(args), _think_loops(args), _durable(args)]
+        section += "\n" + "\n".join(parts)
     results = _finished(results, clock)
     path = out / f"{results.date}.md"
     write_report(path, render(results) + section, append=args.append)
@@ -214,6 +236,16 @@ def _edges(args: argparse.Namespace) -> str:
 def _real_tools(args: argparse.Namespace) -> str:
     with tempfile.TemporaryDirectory(prefix="bench-") as tmp:
         return realtools.render(realtools.run(Path(tmp), args.cache_dir))
+
+
+def _agent(args: argparse.Namespace) -> str:
+    with tempfile.TemporaryDirectory(prefix="bench-") as tmp:
+        return agent.render(agent.run(Path(tmp), args.cache_dir))
+
+
+def _think_loops(args: argparse.Namespace) -> str:
+    with tempfile.TemporaryDirectory(prefix="bench-") as tmp:
+        return thinkloops.render(thinkloops.run(Path(tmp), args.cache_dir))
 
 
 def _cache_reuse(args: argparse.Namespace) -> str:

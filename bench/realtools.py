@@ -75,7 +75,8 @@ class RealTools:
     guard: list[GuardRun]
 
 
-def _gpu_s(records: list[RequestRecord]) -> float:
+def gpu_s(records: list[RequestRecord]) -> float:
+    """The server's time on ``records``: ``prompt_ms`` + ``predicted_ms``, in seconds."""
     ms = sum(
         float(r.perf.extra.get("prompt_ms") or 0) + float(r.perf.extra.get("predicted_ms") or 0)
         for r in records
@@ -116,49 +117,87 @@ async def _session(url: str, work: Path) -> list[Step]:
         await runtime.aclose()
     records = [r for outcome in outcomes for r in outcome.requests]
     turn_of = [n for n, outcome in enumerate(outcomes, 1) for _ in outcome.requests]
-    sent = [r.message_count for r in records]
-    async with make_async_client(url, connect_s=30.0) as http:
-        tokens = PromptTokens(http, devserver.TOOL_MODEL)
-        naive = NaiveHarness(
-            http,
-            model=devserver.TOOL_MODEL,
-            system_text=system_text,
-            tools=json.loads(tools_text),
-            sampling={"temperature": 0.0},
-        )
-        steps: list[Step] = []
-        previous: list[int] | None = None
-        replayed = 1  # the naive history holds messages[1:replayed] (the system line is its own)
-        for index, record in enumerate(records):
-            body = {
-                "model": devserver.TOOL_MODEL,
-                "messages": [json.loads(m) for m in messages[: sent[index]]],
-                "tools": json.loads(tools_text),
-            }
-            prompt = await tokens.of(json.dumps(body).encode())
-            carried = (records[index - 1].perf.predicted_n or 0) if index else 0
-            new = ideal(prompt.tokens, previous, carried).new_tokens
-            previous = prompt.tokens
-            for text in messages[replayed : sent[index]]:
-                _add(naive, json.loads(text))
-            replayed = sent[index]
-            reply = await naive.complete(max_tokens=1)
-            reply_message = json.loads(messages[sent[index]]) if sent[index] < len(messages) else {}
-            steps.append(
-                Step(
-                    turn=turn_of[index],
-                    tool_calls=", ".join(
-                        f"{c['function']['name']}({c['function']['arguments']})"
-                        for c in reply_message.get("tool_calls") or ()
-                    ),
-                    loopd_cache_n=record.perf.cache_n or 0,
-                    loopd_prompt_n=record.perf.prompt_n or 0,
-                    ideal_new=new,
-                    naive_prompt_n=int(reply.timings.get("prompt_n") or 0),
-                    loss_cause=record.perf.cache_loss_cause,
-                )
-            )
+    recorded = Recorded(messages, records, turn_of, system_text, tools_text)
+    [steps] = await against_clients(url, devserver.TOOL_MODEL, [recorded])
     return steps
+
+
+@dataclass(frozen=True)
+class Recorded:
+    """A session as loopd's log holds it: its replayed messages, its requests (each with the
+    number of messages it sent), the turn each request belongs to, its system text and tools."""
+
+    messages: list[str]
+    records: list[RequestRecord]
+    turn_of: list[int]
+    system_text: str
+    tools_text: str
+
+
+async def against_clients(url: str, model: str, sessions: list[Recorded]) -> list[list[Step]]:
+    """Each request of each of ``sessions`` (in the order they ran on one server) beside the
+    ideal (its new tokens: those after what the server held from the request before it, of
+    this session or the one before) and the naive client's prompt for the same history (sent
+    with ``max_tokens`` 1)."""
+    async with make_async_client(url, connect_s=30.0) as http:
+        tokens = PromptTokens(http, model)
+        held: list[int] | None = None
+        compared = []
+        for session in sessions:
+            steps, held = await _against(http, tokens, model, session, held)
+            compared.append(steps)
+    return compared
+
+
+async def _against(
+    http: httpx.AsyncClient,
+    tokens: PromptTokens,
+    model: str,
+    session: Recorded,
+    held: list[int] | None,
+) -> tuple[list[Step], list[int] | None]:
+    messages, records, tools_text = session.messages, session.records, session.tools_text
+    sent = [r.message_count for r in records]
+    naive = NaiveHarness(
+        http,
+        model=model,
+        system_text=session.system_text,
+        tools=json.loads(tools_text),
+        sampling={"temperature": 0.0},
+    )
+    steps: list[Step] = []
+    previous = held
+    replayed = 1  # the naive history holds messages[1:replayed] (the system line is its own)
+    for index, record in enumerate(records):
+        body = {
+            "model": model,
+            "messages": [json.loads(m) for m in messages[: sent[index]]],
+            "tools": json.loads(tools_text),
+        }
+        prompt = await tokens.of(json.dumps(body).encode())
+        carried = (records[index - 1].perf.predicted_n or 0) if index else 0
+        new = ideal(prompt.tokens, previous, carried).new_tokens
+        previous = prompt.tokens
+        for text in messages[replayed : sent[index]]:
+            _add(naive, json.loads(text))
+        replayed = sent[index]
+        reply = await naive.complete(max_tokens=1)
+        reply_message = json.loads(messages[sent[index]]) if sent[index] < len(messages) else {}
+        steps.append(
+            Step(
+                turn=session.turn_of[index],
+                tool_calls=", ".join(
+                    f"{c['function']['name']}({c['function']['arguments']})"
+                    for c in reply_message.get("tool_calls") or ()
+                ),
+                loopd_cache_n=record.perf.cache_n or 0,
+                loopd_prompt_n=record.perf.prompt_n or 0,
+                ideal_new=new,
+                naive_prompt_n=int(reply.timings.get("prompt_n") or 0),
+                loss_cause=record.perf.cache_loss_cause,
+            )
+        )
+    return steps, previous
 
 
 def _add(naive: NaiveHarness, message: dict[str, object]) -> None:
@@ -184,7 +223,7 @@ async def _guard(url: str, work: Path) -> list[GuardRun]:
         finally:
             await runtime.aclose()
         runs.append(
-            GuardRun(limit, len(outcome.requests), _gpu_s(outcome.requests), outcome.failure or "")
+            GuardRun(limit, len(outcome.requests), gpu_s(outcome.requests), outcome.failure or "")
         )
         log.info("repeat limit %d: %d rounds, %.1f GPU s", limit, runs[-1].rounds, runs[-1].gpu_s)
     return runs

@@ -57,6 +57,7 @@ from loopd.engine.request import RequestSettings, build_body
 from loopd.engine.turn import Turn
 from loopd.sessionlog.records import Perf, RequestKind, RequestRecord
 from loopd.sessionlog.store import SessionLog
+from loopd.tools.core import ToolResult
 from loopd.wire.assemble import ToolCall
 from loopd.wire.events import EventDecoder
 
@@ -137,8 +138,8 @@ def fill(log: SessionLog, name: str, entries: int, *, tools: bool = True) -> lis
 
 
 class _Tools:
-    async def run(self, session: str, call: ToolCall) -> str:
-        return "42 lines\n" * 4
+    async def run(self, session: str, call: ToolCall) -> ToolResult:
+        return ToolResult("42 lines\n" * 4, ok=True)
 
 
 def _canned_stream(streams: Iterator[bytes]) -> Callable[..., Awaitable[None]]:

@@ -14,7 +14,8 @@ The file is named by ``<PREFIX>CONFIG``. Every problem becomes one ``ConfigError
 - ``unknown setting LOOPD_FIRST_BYTES_S; did you mean LOOPD_FIRST_BYTE_S?`` for a variable with the
   prefix that names no setting (pydantic-settings would ignore it, and the default would apply);
   the same for a key in the file (``unknown setting `modle` in /etc/loopd/loopd.toml; ...``);
-- ``LOOPD_CONFIG: no such file: PATH``, or ``LOOPD_CONFIG: PATH: <why it is not TOML>``;
+- ``LOOPD_CONFIG: no such file: PATH``, ``LOOPD_CONFIG: PATH is a folder, not a file: ...``, or
+  ``LOOPD_CONFIG: PATH: <why it is not TOML>``;
 - ``<where>: <problem>`` for a bad value, where ``<where>`` is the variable when the environment
   set it, else the key in the file; several problems are joined with ``; `` on the one line;
 - ``contradictory settings (<rule>): <problem>`` when values that are each valid contradict
@@ -253,9 +254,21 @@ def _config_file(naming: Naming) -> Path | None:
     if not name:
         return None
     path = Path(name)
+    if path.is_dir():
+        raise ConfigError(f"{naming.config_variable}: {_folder_named(path)}")
     if not path.is_file():
         raise ConfigError(f"{naming.config_variable}: no such file: {path}")
     return path
+
+
+def _folder_named(path: Path) -> str:
+    """What to say of a config variable that names a folder: the TOML files in it, if any."""
+    try:
+        found = sorted(p.name for p in path.glob("*.toml"))[:5]
+    except OSError:
+        found = []
+    held = f" (it holds {', '.join(found)})" if found else ""
+    return f"{path} is a folder, not a file: name the TOML file itself{held}"
 
 
 class _Named(Protocol):

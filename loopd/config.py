@@ -20,7 +20,10 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import sys
+import tomllib
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any, Final, Self
 
@@ -47,12 +50,14 @@ from loopcommon.errors import ConfigError
 from loopd.chat.config import ChatSettings
 from loopd.datafiles import CORE_TOOLS_FILE as CORE_TOOLS_FILE  # LOOPD_TOOLS_FILE's default
 from loopd.engine.durable import DurableMode
+from loopd.engine.guards import GuardLimits
 from loopd.engine.pinning import PinSlots
-from loopd.engine.repeats import DEFAULT_LIMIT as DEFAULT_REPEAT_LIMIT
 from loopd.engine.request import Sampling
 
-# The sampling settings' defaults are the request's own (``Sampling``), written once there.
+# The sampling settings' defaults are the request's own (``Sampling``), written once there; the
+# loop guards' are the guards' own (``GuardLimits``).
 _SAMPLING: Final = Sampling()
+_GUARDS: Final = GuardLimits()
 
 
 def _default_state_dir() -> Path:
@@ -294,6 +299,15 @@ class Settings(configload.FileSettings):
         "its end of the reasoning is the one recorded; it must leave 1024 tokens below "
         "`max_tokens`.",
     )
+    loop_window: int = Field(
+        default=256,
+        ge=0,
+        description="Tokens (words and marks) of the model's thinking, and of its answer, that "
+        "loopd watches for repetition as they stream: once they hold mostly the same few "
+        "phrases again and again, a thought is ended with the control call (before "
+        "`think_cap`) and an answer is closed and kept as written, each with one line saying "
+        "so. `0`: off.",
+    )
     max_tokens: int = Field(
         default=12288,
         ge=1,
@@ -316,12 +330,46 @@ class Settings(configload.FileSettings):
         default=_SAMPLING.min_p, ge=0, le=1, description="Sampling min_p sent in every request."
     )
     repeat_limit: int = Field(
-        default=DEFAULT_REPEAT_LIMIT,
+        default=_GUARDS.repeat,
         ge=0,
-        description="Identical tool calls (same tool, same arguments) the model may repeat "
-        "within a turn: a repeat is not run but answered with a pointer to the earlier result, "
-        "and the repeat that reaches this limit ends the turn with one line in the thread. "
-        "`0`: off (then only the turn's 16 tool rounds bound it).",
+        description="Identical tool calls (same tool, same arguments once whitespace in strings "
+        "and key order are folded) the model may repeat within a turn, with no write, edit or "
+        "command between them: a repeat is not run but answered with a pointer to the earlier "
+        "result, and the repeat that reaches this limit ends the turn with one line in the "
+        "thread. `0`: off.",
+    )
+    cycle_limit: int = Field(
+        default=_GUARDS.cycle,
+        ge=0,
+        description="Times the model may go round the same cycle of 2 to 4 different tool "
+        "calls again (A, B, A, B is once) within a turn; the round that reaches it ends the "
+        "turn with one line. `0`: off.",
+    )
+    failure_limit: int = Field(
+        default=_GUARDS.failures,
+        ge=0,
+        description="Tool calls in a row that fail (a file that does not exist, a refused "
+        "call, a command that exits non-zero) with no success between them; the last of them "
+        "ends the turn with one line. `0`: off.",
+    )
+    calls_per_message: int = Field(
+        default=_GUARDS.calls_per_message,
+        ge=0,
+        description="Tool calls one model message may make; the first call past it ends the "
+        "turn with one line, and it and the rest of the message are not run. `0`: no limit.",
+    )
+    calls_per_turn: int = Field(
+        default=_GUARDS.calls_per_turn,
+        ge=0,
+        description="Tool calls one turn may make; the first call past it ends the turn with "
+        "one line, not run. `0`: no limit.",
+    )
+    tool_s_per_turn: float = Field(
+        default=_GUARDS.tool_s_per_turn,
+        ge=0,
+        description="Seconds a turn's tool calls may run in all (a call waiting for a "
+        "person's approval included); once reached, the turn ends with one line before its "
+        "next call or request. `0`: no limit.",
     )
     compact_at: float = Field(
         default=0.75,
@@ -436,6 +484,18 @@ class Settings(configload.FileSettings):
         return Sampling(self.temperature, self.top_p, self.top_k, self.min_p)
 
     @property
+    def guard_limits(self) -> GuardLimits:
+        """The loop guards' settings (``loopd.engine.guards``)."""
+        return GuardLimits(
+            repeat=self.repeat_limit,
+            cycle=self.cycle_limit,
+            failures=self.failure_limit,
+            calls_per_message=self.calls_per_message,
+            calls_per_turn=self.calls_per_turn,
+            tool_s_per_turn=self.tool_s_per_turn,
+        )
+
+    @property
     def stream_think_cap(self) -> int:
         """The cap the stream applies: ``think_cap``, or for 0 (no cap) a count no reasoning
         reaches."""
@@ -488,8 +548,40 @@ DEFAULTS: Final = Settings.model_construct()
 
 def load_settings(**overrides: Any) -> Settings:
     """The settings from the environment and the ``LOOPD_CONFIG`` file (``overrides`` win);
-    ``ConfigError`` with one line for an unknown variable, a bad value or a broken rule."""
-    return configload.load(Settings, **overrides)
+    ``ConfigError`` with one line for an unknown variable, a bad value, a broken rule or an
+    empty variable that would hide a list the file gives (``empty_over_file``)."""
+    settings = configload.load(Settings, **overrides)
+    if (problem := empty_over_file(os.environ)) is not None:
+        raise ConfigError(problem)
+    return settings
+
+
+# The lists that decide whom loopd answers: an environment file that leaves one of them empty
+# (``LOOPD_MM_ALLOWED_USERS=``) would silently replace the file's list with nobody.
+_GUARDED_LISTS: Final = ("allowed_users", "allowed_teams", "allowed_channels", "admins")
+
+
+def empty_over_file(environ: Mapping[str, str]) -> str | None:
+    """The one line for a ``LOOPD_MM_*`` list set empty in the environment while the
+    ``LOOPD_CONFIG`` file gives that list: the environment wins, so the file's list would be
+    ignored without a word. None when there is no such clash."""
+    config = environ.get("LOOPD_CONFIG")
+    if not config:
+        return None
+    try:
+        table = tomllib.loads(Path(config).read_text(encoding="utf-8")).get("mm")
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError):
+        return None  # the loader has said what is wrong with the file
+    if not isinstance(table, dict):
+        return None
+    for key in _GUARDED_LISTS:
+        variable = f"LOOPD_MM_{key.upper()}"
+        if variable in environ and not environ[variable].strip() and table.get(key):
+            return (
+                f"{variable} is set but empty, and would replace {key} under [mm] in {config} "
+                "with nobody: give the list in one place (remove the variable, or set it)"
+            )
+    return None
 
 
 def settings_table(model: type[BaseSettings] = Settings) -> str:

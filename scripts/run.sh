@@ -60,9 +60,9 @@ wait_for_socket() {  # path, what, pid
 }
 
 # LOOPD_MODEL picks the model (a preset of loopd_dev.devserver: smollm2 unless set, or
-# qwen-coder-tools, a model that really calls the tools; loopd itself has no default model); the
-# router loads it before ready, and the settings it needs (e.g. temperature 0) come with it
-# unless the environment sets them.
+# qwen-coder-agent, a model that really calls the tools and answers; loopd itself has no default
+# model); the router loads it before ready, and the settings it needs (e.g. temperature 0) come
+# with it unless the environment sets them.
 export LOOPD_MODEL="${LOOPD_MODEL:-smollm2}"
 load=(--load "$LOOPD_MODEL")
 eval "$($bin/python -m loopd_dev.devserver --loopd-env "$LOOPD_MODEL")"
@@ -158,8 +158,16 @@ echo "run: loopd chat on $LOOPD_INFER_URL (state in $LOOPD_STATE_DIR); Ctrl-D en
 # The chat runs as a job of its own with the terminal given to it (job control, set -m), so a
 # Ctrl-C reaches the chat alone, which stops the turn: not this script, and not the make that
 # started it (which would otherwise end `make run` with "Interrupt" once the chat ends).
+# Ctrl-Z stops the chat alone too: this script then stops its own job (make and itself), so that
+# the shell that ran `make run` has it to `fg`; continued, it gives the terminal back to the chat.
+# The servers go on meanwhile.
 status=0
 set -m
 $bin/loopd chat --session "${SESSION:-terminal}" || status=$?
+while [ -n "$(jobs -sp)" ]; do
+    kill -TSTP 0
+    status=0
+    fg %% >/dev/null || status=$?
+done
 set +m
 exit "$status"

@@ -386,7 +386,7 @@ def slot_waits(entries: list[LogEntry], bot_id: str, slots: dict[str, int]) -> l
         if started is None:
             continue
         if entry.action == "deleted" or not entry.message.startswith(
-            ("⏳ starting", "⏳ waiting for slot")
+            ("⏳ starting", "⏳ waiting for its turn")
         ):
             slot = slots.get(started[1])
             if slot is not None:

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+ROOT = Path(__file__).resolve().parents[1]
 LOOPD = [sys.executable, "-m", "loopd"]
 BROKERD = [sys.executable, "-m", "brokerd"]
 KEEP = frozenset({"LOOPDEV_CACHE_DIR"})
@@ -130,8 +131,12 @@ def test_stdout_closed_early_ends_quietly(home: Path, tmp_path: Path) -> None:
 def test_sessions_on_a_fresh_install_is_an_empty_list(home: Path, tmp_path: Path) -> None:
     state = tmp_path / "never-used"
     result = run([*LOOPD, "sessions"], environment(home, LOOPD_STATE_DIR=str(state)))
-    assert (result.returncode, result.stderr) == (0, "")
+    assert result.returncode == 0
     assert result.stdout.split() == ["SESSION", "SLOT", "EPOCH", "ENTRIES", "STATE"]
+    # A mistyped LOOPD_STATE_DIR looks like a fresh install: the line names the folder.
+    assert result.stderr == (
+        f"loopd: no sessions: the state folder {state} does not exist (LOOPD_STATE_DIR)\n"
+    )
     assert not state.exists(), "reading creates nothing"
     verify = run([*LOOPD, "log", "verify"], environment(home, LOOPD_STATE_DIR=str(state)))
     assert (verify.returncode, verify.stderr) == (0, "")
@@ -240,3 +245,52 @@ def test_brokerd_an_unknown_variable(home: Path) -> None:
     assert one_line(result) == (
         "brokerd: unknown setting BROKERD_SOCKETDIR; did you mean BROKERD_SOCKET_DIR?"
     )
+
+
+def test_loopd_config_naming_a_folder(home: Path, tmp_path: Path) -> None:
+    (tmp_path / "loopd.toml").write_text('model = "m"\n')
+    result = run([*LOOPD, "config"], environment(home, LOOPD_CONFIG=str(tmp_path)))
+    assert result.returncode == 2
+    assert one_line(result) == (
+        f"loopd: LOOPD_CONFIG: {tmp_path} is a folder, not a file: name the TOML file itself "
+        "(it holds loopd.toml)"
+    )
+
+
+def test_an_empty_allow_list_would_hide_the_files_list(home: Path, tmp_path: Path) -> None:
+    config = tmp_path / "loopd.toml"
+    config.write_text('[mm]\nallowed_users = ["alice"]\n')
+    env = environment(home, LOOPD_CONFIG=str(config), LOOPD_MM_ALLOWED_USERS="")
+    result = run([*LOOPD, "config"], env)
+    assert result.returncode == 2
+    assert one_line(result) == (
+        f"loopd: LOOPD_MM_ALLOWED_USERS is set but empty, and would replace allowed_users under "
+        f"[mm] in {config} with nobody: give the list in one place (remove the variable, or set "
+        "it)"
+    )
+    # The shipped files together: loopd.env's empty lists, loopd.toml without them.
+    shipped = environment(home, LOOPD_CONFIG=str(ROOT / "deploy" / "loopd.toml"))
+    shipped |= dict(
+        line.split("=", 1)
+        for line in (ROOT / "deploy" / "loopd.env").read_text().splitlines()
+        if line and not line.startswith("#")
+    )
+    assert run([*LOOPD, "config"], shipped).returncode == 0
+
+
+def test_run_from_stdin_with_bytes_that_are_not_text(home: Path, tmp_path: Path) -> None:
+    env = environment(
+        home,
+        LOOPD_STATE_DIR=str(tmp_path / "state"),
+        LOOPD_INFER_URL=f"unix:{tmp_path / 'no-server.sock'}",
+        LOOPD_MODEL="m",
+    )
+    noise = b"hello " + bytes(range(0x80, 0x100)) + b" world"
+    result = subprocess.run(
+        [*LOOPD, "run", "-"], input=noise, capture_output=True, env=env, timeout=120, check=False
+    )
+    assert result.returncode == 2
+    assert result.stderr.decode() == (
+        "loopd: run: the message is not UTF-8 text (byte 0x80 at byte 6); nothing was sent\n"
+    )
+    assert result.stdout == b""

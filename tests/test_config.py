@@ -90,10 +90,11 @@ def test_the_long_session_knobs_are_settings(monkeypatch: pytest.MonkeyPatch) ->
 def test_the_engines_records_default_to_the_settings() -> None:
     """``Limits`` and ``BudgetRules`` carry no numbers of their own for what is a setting."""
     limits, rules = Limits(), BudgetRules()
-    assert (limits.first_byte_s, limits.silence_s, limits.think_cap) == (
+    assert (limits.first_byte_s, limits.silence_s, limits.think_cap, limits.loop_window) == (
         DEFAULTS.first_byte_s,
         DEFAULTS.silence_s,
         DEFAULTS.think_cap,
+        DEFAULTS.loop_window,
     )
     assert (rules.compact_at, rules.max_tokens, rules.summary_max_tokens) == (
         DEFAULTS.compact_at,
@@ -105,6 +106,7 @@ def test_the_engines_records_default_to_the_settings() -> None:
         "first_byte_s",
         "silence_s",
         "think_cap",
+        "loop_window",
         "compact_at",
         "max_tokens",
         "summary_max_tokens",

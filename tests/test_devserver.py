@@ -76,6 +76,7 @@ PROV = devserver.Provisioned(
     Path("/m.gguf"),
     Path("/m/qwen35moe-vocab.gguf"),
     Path("/m/tools.gguf"),
+    Path("/m/agent.gguf"),
 )
 
 
@@ -126,6 +127,33 @@ def test_the_tool_preset_serves_loopds_template_on_one_slot() -> None:
         "threads": "2",
     }
     assert devserver.TOOL_TEMPLATE.is_file()
+
+
+def test_the_agent_preset_serves_the_rounds_template_on_one_slot_and_one_thread() -> None:
+    found = sections(devserver.preset_ini(PROV, devserver.ServerLayout(), Path("/w/every.jinja")))
+    assert found["qwen-coder-agent"] == {
+        "model": "/m/agent.gguf",
+        "jinja": "true",
+        "chat-template-file": str(devserver.AGENT_TEMPLATE),
+        "c": "8192",
+        "np": "1",
+        "threads": "1",
+    }
+    assert devserver.AGENT_TEMPLATE.is_file()
+    assigned = devserver.loopd_env("qwen-coder-agent", {})
+    assert assigned.splitlines()[:3] == [
+        "export LOOPD_TEMPERATURE=0.0",
+        "export LOOPD_MAX_TOKENS=150",
+        "export LOOPD_THINK_CAP=0",
+    ]
+    # A shell reads the assignments: the system text comes through whole.
+    shown = subprocess.run(
+        ["bash", "-c", f'{assigned}\nprintf %s "$LOOPD_SYSTEM_TEXT"'],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert shown.stdout == devserver.AGENT_SYSTEM_TEXT
 
 
 def test_the_tool_model_brings_its_settings_unless_the_environment_sets_them() -> None:

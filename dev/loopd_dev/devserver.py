@@ -23,6 +23,14 @@ router serves two presets of the same GGUF, as the production deployment is a ro
   calls through the server's parser, with loopd's template for it (``templates/``, whose README
   says where the model comes from): one slot of 4,096 tokens, two threads. It calls the same tool
   again after every result; loopd's repeat guard ends such a turn.
+- ``qwen-coder-agent``: Qwen2.5-Coder-1.5B-Instruct, three times the size, which also answers in
+  words after a tool result, with ``templates/loopd-tool-rounds.jinja`` (the same fenced calls,
+  and after each block of results the person's request again and, from the second round on, a
+  nudge to answer): one slot of 8,192 tokens, one thread. A preset of its own, beside the 0.5B:
+  it takes 2.0 GB where the 0.5B takes 0.6, and reads its prompt at less than half the speed
+  (14 tokens a second against 33 on two loaded cores), so the tests of single rounds and of the
+  repeat guard keep the small model, and the agent's tests, its bench and ``make run`` use this
+  one.
 
 The SmolLM2 children run ``-np 2`` with an explicit slot count, so KV is not unified and a pinned
 slot keeps its cache; the ``qwen35moe`` child is unified, as production is.
@@ -35,6 +43,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import shlex
 import signal
 import socket
 import subprocess
@@ -43,6 +52,7 @@ import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -75,6 +85,26 @@ TOOL_TEMPLATE = Path(__file__).parent / "templates" / "loopd-json-tool-calls.jin
 # greedy, so a test's rounds repeat; 150 tokens hold any call it makes to loopd's tools; no
 # thinking cap, as the model does not think (and 150 leaves a cap no room).
 TOOL_MODEL_SETTINGS = {"temperature": 0.0, "max_tokens": 150, "think_cap": 0}
+AGENT_MODEL = "qwen-coder-agent"
+AGENT_MODEL_FILE = "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf"
+AGENT_TEMPLATE = Path(__file__).parent / "templates" / "loopd-tool-rounds.jinja"
+# The same settings (greedy, no thinking; 150 tokens hold its calls and a short answer), and a
+# system text that says when to read and when to stop: with loopd's own, after one result the
+# model read settings.env again instead of giving the PORT it held, and listed a folder again
+# instead of counting its three files; with this one it answers both, and still reads the file a
+# listing or a note points it to. ("Use a tool only to find what you do not know yet" made it
+# answer about settings.env without reading it.)
+AGENT_SYSTEM_TEXT = (
+    "You are loopd, a helpful assistant working in a team's chat thread. Answer briefly. Read "
+    "files with the tools before you answer about them. When a tool result answers the "
+    "question, answer in words at once."
+)
+AGENT_MODEL_SETTINGS: dict[str, Any] = {**TOOL_MODEL_SETTINGS, "system_text": AGENT_SYSTEM_TEXT}
+# What each preset needs of loopd's settings (``loopd_env``).
+MODEL_SETTINGS: dict[str, dict[str, Any]] = {
+    TOOL_MODEL: TOOL_MODEL_SETTINGS,
+    AGENT_MODEL: AGENT_MODEL_SETTINGS,
+}
 # The one condition that limits rendered reasoning to the turns after the last user message.
 _LATEST_TURNS_ONLY = "{%- if loop.index0 > ns.last_query_index %}"
 
@@ -98,6 +128,7 @@ class Provisioned:
     model: Path
     hybrid_model: Path
     tool_model: Path
+    agent_model: Path
 
     @classmethod
     def in_cache(cls, cache_dir: Path) -> Provisioned:
@@ -108,6 +139,7 @@ class Provisioned:
             model=cache_dir / "models" / MODEL_FILE,
             hybrid_model=cache_dir / "models" / HYBRID_MODEL_FILE,
             tool_model=cache_dir / "models" / TOOL_MODEL_FILE,
+            agent_model=cache_dir / "models" / AGENT_MODEL_FILE,
         )
 
     @property
@@ -121,6 +153,7 @@ class Provisioned:
             self.model,
             self.hybrid_model,
             self.tool_model,
+            self.agent_model,
             self.templates / THINKING_TEMPLATE,
         )
         for path in needed:
@@ -222,17 +255,33 @@ def _layout_preset(
 
 
 def tool_preset(prov: Provisioned) -> Preset:
-    """The tool model as the reference measurements served it: the server's Jinja engine with
-    loopd's template, one 4,096-token slot, two threads."""
+    """The tool model as it was measured: the server's Jinja engine with loopd's template, one
+    4,096-token slot, two threads."""
+    return _tool_calling_preset(TOOL_MODEL, prov.tool_model, TOOL_TEMPLATE, context=4096, threads=2)
+
+
+def agent_preset(prov: Provisioned) -> Preset:
+    """The agent model: the rounds template, one 8,192-token slot (a few rounds of results),
+    one compute thread. On two cores busy with other work (load 7 to 9) one thread read its
+    prompt at 14 tokens a second and wrote 4 to 5, where two read 10 and wrote 0.5 to 2: the two
+    threads wait on each other."""
+    return _tool_calling_preset(
+        AGENT_MODEL, prov.agent_model, AGENT_TEMPLATE, context=8192, threads=1
+    )
+
+
+def _tool_calling_preset(
+    name: str, model: Path, template: Path, *, context: int, threads: int
+) -> Preset:
     return Preset(
-        TOOL_MODEL,
+        name,
         (
-            ("model", str(prov.tool_model)),
+            ("model", str(model)),
             ("jinja", "true"),
-            ("chat-template-file", str(TOOL_TEMPLATE)),
-            ("c", "4096"),
+            ("chat-template-file", str(template)),
+            ("c", str(context)),
             ("np", "1"),
-            ("threads", "2"),
+            ("threads", str(threads)),
         ),
     )
 
@@ -279,6 +328,7 @@ def preset_ini(
             "",
             *hybrid_preset(prov, every_turn_template).lines(),
             *tool_preset(prov).lines(),
+            *agent_preset(prov).lines(),
             *(line for preset in extra for line in preset.lines()),
         ]
     )
@@ -505,9 +555,9 @@ def running(workdir: Path, cache_dir: Path, **kwargs: object) -> Iterator[Runnin
 def loopd_env(model: str, environ: Mapping[str, str]) -> str:
     """``LOOPD_*`` assignments for what ``model`` needs of loopd's settings, those the
     environment leaves unset (the user's own win); empty for a model that needs nothing."""
-    wanted = TOOL_MODEL_SETTINGS if model == TOOL_MODEL else {}
+    wanted = MODEL_SETTINGS.get(model, {})
     return "\n".join(
-        f"export LOOPD_{name.upper()}={value}"
+        f"export LOOPD_{name.upper()}={shlex.quote(str(value))}"
         for name, value in wanted.items()
         if f"LOOPD_{name.upper()}" not in environ
     )

@@ -30,7 +30,14 @@ from loopd.chat.labels import thread_label
 from loopd.chat.model import Channel, Post, User, WireFormatError
 from loopd.chat.outbox import Outbox
 from loopd.chat.rest import MattermostClient, MattermostError
-from loopd.chat.threads import CONTEXT_KEY, StopResult, Threads, session_name
+from loopd.chat.threads import (
+    CONTEXT_KEY,
+    RETRY_WORDS,
+    StopResult,
+    Threads,
+    root_of,
+    session_name,
+)
 from loopd.chat.ws import NoHello, Resume, SocketLost, WsEvent, open_socket
 from loopd.observe.metrics import METRICS
 from loopd.sessionlog.errors import DiskFullError, LockedError
@@ -227,7 +234,8 @@ class ChatAdapter:
             raise WireFormatError("reaction is not an object")
         emoji = str(reaction.get("emoji_name", ""))
         answers = (self.settings.allow_reaction, self.settings.deny_reaction)
-        if emoji != self.settings.stop_reaction and emoji not in answers:
+        acted_on = (self.settings.stop_reaction, self.settings.retry_reaction, *answers)
+        if emoji not in acted_on:
             return
         user = await self._user(str(reaction.get("user_id", "")))
         if user.id == self.bot.id or not self.allow.allows_user(user):
@@ -236,8 +244,25 @@ class ChatAdapter:
         if emoji in answers:
             if self.threads.questions.react(post_id, emoji, user.username, user.id):
                 log.info("approval %s answered by @%s: %s", post_id, user.username, emoji)
+        elif emoji == self.settings.retry_reaction:
+            await self._retry(post_id, user)
         elif self.threads.stop_by_post(post_id, user.username, user.id) is StopResult.STOPPED:
             log.info("turn stopped by @%s's reaction on %s", user.username, post_id)
+
+    async def _retry(self, post_id: str, user: User) -> None:
+        """A retry reaction: the answer generated again, or one line saying why not."""
+        result = self.threads.retry_by_post(post_id, user.username, user.id)
+        log.info("retry reaction by @%s on %s: %s", user.username, post_id, result.value)
+        said = RETRY_WORDS.get(result)
+        keys = self.state.post_keys(post_id)
+        root = root_of(keys[0].partition("#")[0]) if keys else ""
+        channel = self.state.thread_channel(root)
+        if said is not None and channel is not None:
+            # Once per post and person: a reaction taken back and given again says it once.
+            notice_key = f"retry:{post_id}:{user.id}"
+            if self.state.seen(notice_key) is None:
+                await self.outbox.post_once(notice_key, channel, root, said)
+                self.state.mark_seen(notice_key, "notice")
 
     # -- the intake ------------------------------------------------------------------------------
 
@@ -334,9 +359,10 @@ class ChatAdapter:
         self.state.remember_thread(root, channel.id)
         self.state.label_thread(thread_label(root, channel, author, post.message))
         self.runtime.ensure_session(name)
-        for key, earlier in context:
-            await self._take(name, key, earlier)
-        await self._take(name, post.id, text.text)
+        for key, message in [*context, (post.id, text.text)]:
+            too_long = await self._take(name, key, message)
+            if too_long is not None:  # a message longer than the context: said, never silent
+                await self._notice(f"long:{key}", channel, root, f"✂️ {too_long}")
         for key, _ in context:
             self.state.mark_seen(key.removeprefix(CONTEXT_KEY), "context")
         self.state.mark_seen(post.id, "stored")
@@ -353,12 +379,13 @@ class ChatAdapter:
             await self._notice(f"files:{post.id}", channel, root, notice)
         self.threads.wake(name)
 
-    async def _take(self, name: str, key: str, text: str) -> None:
-        """Into the log, or held while the thread's turn runs (see ``threads``)."""
+    async def _take(self, name: str, key: str, text: str) -> str | None:
+        """Into the log, or held while the thread's turn runs (see ``threads``); what to tell
+        the thread of a message too long for the context (``Runtime.append_user``)."""
         if self.threads.holds(name):
             self.state.hold(key, name, text)
-        else:
-            await self.runtime.append_user(name, text, external_key=key)
+            return None
+        return (await self.runtime.append_user(name, text, external_key=key)).notice
 
     async def _context(
         self, post: Post, channel: Channel, decision: PostDecision

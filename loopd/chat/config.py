@@ -77,6 +77,11 @@ class ChatSettings(BaseModel):
         default="octagonal_sign",
         description="This reaction on a turn's status or answer post stops it.",
     )
+    retry_reaction: str = Field(
+        default="repeat",
+        description="This reaction on a thread's latest answer generates it again (or runs "
+        "again a turn that ended without an answer, reacted on its closing post).",
+    )
     allow_reaction: str = Field(
         default="white_check_mark",
         description="This reaction on a tool's approval question allows the call.",

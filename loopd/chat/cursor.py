@@ -286,6 +286,12 @@ class ChatState:
         )
         return {int(str(part)): str(post_id) for part, post_id in rows}
 
+    def post_keys(self, post_id: str) -> list[str]:
+        """The keys of what loopd posted as ``post_id`` (an answer, a closing line), if it did:
+        an answer's first part is also the draft it was written into, under the draft's key."""
+        rows = self._run("SELECT key FROM outbox WHERE post_id = ?", (post_id,))
+        return [str(key) for (key,) in rows]
+
     def record_posted(self, key: str, part: int, post_id: str) -> None:
         self._run(
             "INSERT INTO outbox (key, part, post_id, saved_at) VALUES (?, ?, ?, ?)",

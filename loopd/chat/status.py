@@ -56,7 +56,7 @@ def phase_words(status: Status) -> str:
         case Phase.WAITING:
             return "waiting for the server"
         case Phase.STUCK:
-            return "the server is not answering /slots; still waiting"
+            return "the server is not answering; still waiting"
         case Phase.READING:
             return f"reading the prompt {status.percent or 0}%"
         case Phase.THINKING:
@@ -69,7 +69,7 @@ def phase_words(status: Status) -> str:
 
 def in_line_words(in_line: InLine) -> str:
     who = "1 other thread" if in_line.ahead == 1 else f"{in_line.ahead} other threads"
-    return f"waiting for slot {in_line.slot} (behind {who})"
+    return f"waiting for its turn (behind {who})"
 
 
 def approval_words(awaiting: AwaitingApproval) -> str:

@@ -46,9 +46,10 @@ from loopd.engine.notes import cut_note
 from loopd.engine.outcome import TurnOutcome
 from loopd.sessionlog.errors import DiskFullError, LockedError, UnknownSessionError
 from loopd.sessionlog.records import REPLAYED_KINDS, Entry, EntryKind
+from loopd.sessionlog.state import ends_turn, is_stop, is_take_back, taken_back
 from loopd.sessionlog.store import SessionLog
 from loopd.sessions import Runtime
-from loopd.turnstop import is_stop, record_stop, was_stopped
+from loopd.turnstop import NothingToRetry, record_stop, retry_target, take_back, was_stopped
 
 log = logging.getLogger("loopd.chat.threads")
 
@@ -77,33 +78,40 @@ def is_answer(entry: Entry) -> bool:
 def latest_answer(entries: list[Entry]) -> Entry | None:
     """The latest answer to the thread, even when a message came after it (it waits for the
     next turn); never a copy a compaction carried into a new epoch (that one was delivered
-    before), nor the summary a compaction asked for (it answers loopd's instruction)."""
+    before), nor the summary a compaction asked for (it answers loopd's instruction), nor an
+    answer taken back to be generated again (a regenerate)."""
     latest: Entry | None = None
     summary_asked = False  # the next assistant entry is the summary (messages may come between)
+    taken = taken_back(entries)
     for entry in entries:
         if is_compaction_instruction(entry):
             summary_asked = True
         elif entry.kind is EntryKind.ASSISTANT:
-            if is_answer(entry) and entry.fields.refers_to is None and not summary_asked:
+            kept = entry.fields.refers_to is None and entry.seq not in taken
+            if is_answer(entry) and kept and not summary_asked:
                 latest = entry
             summary_asked = False
     return latest
 
 
-def ends_a_turn(entry: Entry) -> bool:
-    return is_answer(entry) or is_stop(entry)
+def ends_a_turn(entry: Entry, taken: frozenset[int] = frozenset()) -> bool:
+    """An answer, a stop or a turn's end without an answer, unless it was taken back since
+    (``taken``: ``loopd.sessionlog.state.taken_back`` of the entries read)."""
+    return entry.seq not in taken and (is_answer(entry) or ends_turn(entry))
 
 
 def since_last_turn(entries: list[Entry], before_seq: int | None = None) -> list[Entry]:
     """The entries after the last ended turn (an answer or a stop), up to ``before_seq``."""
     upto = [e for e in entries if before_seq is None or e.seq < before_seq]
-    start = max((i + 1 for i, e in enumerate(upto) if ends_a_turn(e)), default=0)
+    taken = taken_back(entries)
+    start = max((i + 1 for i, e in enumerate(upto) if ends_a_turn(e, taken)), default=0)
     return upto[start:]
 
 
 def recent_turns(entries: list[Entry]) -> list[Entry]:
     """The entries of the last ended turn and of any turn after it."""
-    ends = [i for i, e in enumerate(entries) if ends_a_turn(e)]
+    taken = taken_back(entries)
+    ends = [i for i, e in enumerate(entries) if ends_a_turn(e, taken)]
     start = ends[-2] + 1 if len(ends) >= 2 else 0
     return entries[start:]
 
@@ -125,7 +133,10 @@ def thread_entries(log: SessionLog, name: str) -> list[Entry]:
         if first is not None:
             tail = entries[first + 1 :]
             answer = latest_answer(tail)
-            if answer is not None and any(ends_a_turn(e) for e in tail if e.seq < answer.seq):
+            taken = taken_back(tail)
+            if answer is not None and any(
+                ends_a_turn(e, taken) for e in tail if e.seq < answer.seq
+            ):
                 return tail
         count *= 2
 
@@ -186,6 +197,40 @@ class StopResult(StrEnum):
     STOPPED = "stopped"
     NOTHING_RUNNING = "nothing running"
     NOT_ALLOWED = "not allowed"
+
+
+class RetryResult(StrEnum):
+    """What a retry reaction did; each but ``RUNS`` and ``NOT_AN_ANSWER`` is said in the
+    thread (``RETRY_WORDS``)."""
+
+    RUNS = "runs again"
+    NOT_AN_ANSWER = "not one of loopd's answers"
+    NOT_LATEST = "not the latest answer"
+    BUSY = "a turn is under way"
+    NOT_ALLOWED = "not allowed"
+
+
+RETRY_WORDS = {
+    RetryResult.NOT_LATEST: "🔁 Only a thread's latest answer can be generated again.",
+    RetryResult.BUSY: "🔁 A turn is under way in this thread; react again once it has ended.",
+    RetryResult.NOT_ALLOWED: "🔁 Only the people whose messages it answered (or an admin) can "
+    "have this answer generated again.",
+}
+
+
+def _keyed(key: str) -> tuple[str, int | None]:
+    """(the session, the seq) of an outbox key ``<session>#<seq>[:<what>]``."""
+    name, _, rest = key.partition("#")
+    seq = rest.split(":", 1)[0]
+    return name, int(seq) if seq.isdigit() else None
+
+
+def turn_anchor(entries: list[Entry]) -> int:
+    """The seq a turn's posts are keyed by: its last replayed entry, or the take-back after it
+    that runs the turn again (a new key: the posts of the turn it runs again stay as they are)."""
+    last = max(e.seq for e in entries if e.kind in REPLAYED_KINDS)
+    again = [e.seq for e in entries if e.seq > last and is_take_back(e)]
+    return again[-1] if again else last
 
 
 def answering_seq(entries: list[Entry]) -> int:
@@ -304,11 +349,13 @@ class Threads:
                 self._dirty.discard(session)
                 try:
                     await self._step_until_done(session)
-                except* DaemonError:
-                    # One thread's failure (a damaged log, a post Mattermost refuses) must not
-                    # end the daemon; the next message wakes the session again.
+                except* DaemonError as failed:
+                    # One thread's failure (a damaged log, a post Mattermost refuses, a thread
+                    # Mattermost no longer has) must not end the daemon; the next message wakes
+                    # the session again. loopd's errors say what failed in one line each.
                     # except*: the turn runs in a task group, which wraps what it raises.
-                    log.exception("the turn of %s failed", session)
+                    said = "; ".join(dict.fromkeys(str(leaf) for leaf in leaves(failed)))
+                    log.error("the turn of %s failed: %s", session, said)  # noqa: TRY400
         finally:
             self._workers.discard(session)
             self._waiting.pop(session, None)  # nothing of this thread waits any more
@@ -362,7 +409,11 @@ class Threads:
     async def _release_held(self, session: str) -> None:
         """Held messages into the log, in arrival order (no turn runs now)."""
         for key, text in self.state.held(session):
-            await self.runtime.append_user(session, text, external_key=key)
+            taken = await self.runtime.append_user(session, text, external_key=key)
+            channel = self.state.thread_channel(root_of(session))
+            if taken.notice is not None and channel is not None:  # too long: said in the thread
+                line = f"✂️ {taken.notice}"
+                await self.outbox.post_once(f"long:{key}", channel, root_of(session), line)
             self.state.release(key)
 
     async def _turn(self, name: str) -> None:
@@ -372,10 +423,9 @@ class Threads:
             return
         entries = thread_entries(self.runtime.log, name)
         self.outbox.client.mentionable[root_of(name)] = thread_people(entries)
-        replayed = [e for e in entries if e.kind in REPLAYED_KINDS]
         posts = TurnPosts(
             self.outbox,
-            f"{name}#{replayed[-1].seq}",
+            f"{name}#{turn_anchor(entries)}",
             channel,
             root_of(name),
             interval_s=self.settings.status_interval_s,
@@ -451,6 +501,9 @@ class Threads:
         asked = self.state.stop_asked(name)
         if asked is None or asked.answering_seq != answering_seq(entries):
             return False  # no stop, or one of an earlier turn
+        last = max(e.seq for e in entries if e.kind in REPLAYED_KINDS)
+        if any(is_stop(e) for e in entries if e.seq > last):
+            return False  # recorded already: this turn runs again since (a retry)
         stop = self._record_stop(name, asked.who)
         if (channel := self.state.thread_channel(root_of(name))) is not None:
             draft, written = await self._left_draft(name, entries)
@@ -527,6 +580,35 @@ class Threads:
         running.stopped_by = who
         running.scope.cancel()
         return StopResult.STOPPED
+
+    def retry_by_post(self, post_id: str, who: str, who_id: str = "") -> RetryResult:
+        """A retry reaction on ``post_id``: when it is the thread's latest answer (or the
+        closing line of a turn that ended without one), that turn runs again: its answer is
+        taken out of the replay and generated anew from the same messages (the earlier one
+        stays in the log and the thread), or its end is undone (``loopd.turnstop``). The
+        turn's people and the admins may ask it."""
+        posted = [_keyed(key) for key in self.state.post_keys(post_id)]
+        names = {name for name, _ in posted if name.startswith(PREFIX)}
+        if len(names) != 1:
+            return RetryResult.NOT_AN_ANSWER
+        (name,) = names
+        if self.running(name) or self.state.held(name):
+            return RetryResult.BUSY
+        log_ = self.runtime.log
+        try:
+            target = retry_target(log_.state(name))
+        except NothingToRetry:
+            return RetryResult.BUSY
+        if target not in {seq for _, seq in posted}:
+            return RetryResult.NOT_LATEST
+        entries = thread_entries(log_, name)
+        asked_by = requesters([e for e in entries if e.seq < target])
+        if who not in asked_by and not ({who, who_id} & set(self.settings.admins)):
+            return RetryResult.NOT_ALLOWED
+        take_back(log_, name, who)
+        log.info("the latest turn of %s runs again, asked by @%s", name, who)
+        self.wake(name)
+        return RetryResult.RUNS
 
     def owners(self, session: str) -> frozenset[str]:
         running = self._running.get(session)

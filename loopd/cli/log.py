@@ -24,13 +24,13 @@ from loopd.cli.base import EXIT_CANNOT, log_handler
 from loopd.sessionlog.backup import backup_state, restore_state
 from loopd.sessionlog.errors import LogError, UnknownSessionError
 from loopd.sessionlog.reading import existing_log
-from loopd.sessionlog.records import Entry
+from loopd.sessionlog.records import Entry, SessionState
 from loopd.sessionlog.search import DEFAULT_LIMIT, SearchIndexError, search_log
 from loopd.sessionlog.searchtext import EmptyQueryError
 from loopd.sessionlog.verify import verify
 from loopd.statedir import check_state_dir
 from loopd.transcript import latest_session, markdown, openai_messages
-from loopd.turnstop import was_stopped
+from loopd.turnstop import is_stop
 
 if TYPE_CHECKING:
     from loopd.config import Settings
@@ -142,34 +142,56 @@ def list_sessions(db_path: Path, out: TextIO, err: TextIO = sys.stderr) -> int:
             where = f"{'ENDPOINT':<12} " if placed else ""
             out.write(f"{'SESSION':<32} {where}{'SLOT':>4} {'EPOCH':>5} {'ENTRIES':>7}  STATE\n")
             if log is None:
+                # A mistyped LOOPD_STATE_DIR looks like a fresh install: say which folder.
+                err.write(f"loopd: {_no_log_yet(db_path)}\n")
                 return 0
+            # Names and lines quote what threads were called and what servers answered.
+            shown = for_terminal if out.isatty() else str
             states = {state.session: state for state in log.pending_states()}
             for session in log.sessions():
                 epochs = log.epochs(session.name)
                 entries = log.entries(session.name)
                 epoch = epochs[-1].number if epochs else 0
-                state = states[session.name]
-                if state.interrupted_calls:
-                    ids = ", ".join(call.call_id for call in state.interrupted_calls)
-                    label = f"interrupted tool calls: {ids}"
-                else:
-                    label = (
-                        ("stopped" if was_stopped(state) else "pending turn")
-                        if state.pending_turn
-                        else "idle"
-                    )
+                label = state_label(states[session.name])
                 slot = session.slot
                 if placed:
                     endpoint = placed[session.name][0] if session.name in placed else "-"
                     slot = slots.get((session.name, endpoint), slot)
                     where = f"{endpoint:<12} "
-                out.write(
-                    f"{session.name:<32} {where}{slot:>4} {epoch:>5} {len(entries):>7}  {label}\n"
-                )
+                row = f"{session.name:<32} {where}{slot:>4} {epoch:>5} {len(entries):>7}  {label}"
+                out.write(shown(row) + "\n")
     except LogError as exc:
         err.write(f"loopd: {exc}\n")
         return EXIT_CANNOT
     return 0
+
+
+_LABEL_CHARS = 72
+
+
+def _no_log_yet(db_path: Path) -> str:
+    folder = db_path.parent
+    if not folder.is_dir():
+        return f"no sessions: the state folder {folder} does not exist (LOOPD_STATE_DIR)"
+    return f"no sessions yet: no session log in {folder} (LOOPD_STATE_DIR)"
+
+
+def state_label(state: SessionState) -> str:
+    """What the session's latest turn was, in a few words: answered, stopped by someone, ended
+    without an answer (the line shown then, cut), or cut by a crash or a restart (it runs at the
+    next start: ``pending turn``, ``interrupted tool calls``)."""
+    if state.interrupted_calls:
+        ids = ", ".join(call.call_id for call in state.interrupted_calls)
+        return f"interrupted tool calls: {ids}"
+    if state.pending_turn:
+        return "pending turn"
+    if state.ended_by is not None and is_stop(state.ended_by):
+        return (state.ended_by.fields.reason or "stopped").replace("\n", " ")
+    if state.ended_by is not None:
+        line = " ".join((state.ended_by.fields.text or "").split())
+        label = f"ended: {line}"
+        return label if len(label) <= _LABEL_CHARS else label[: _LABEL_CHARS - 3] + "..."
+    return "answered" if state.answer is not None else "idle"
 
 
 def show_log(db_path: Path, session: str, out: TextIO, err: TextIO = sys.stderr) -> int:

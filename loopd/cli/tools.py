@@ -69,8 +69,12 @@ def check_call(name: str, arguments: str) -> None:
 async def call_tool(
     settings: Settings, name: str, session: str, arguments: str, out: TextIO, err: TextIO
 ) -> int:
-    """Run the call and print its result; the exit status (see the module's doc)."""
-    from loopd.sessions import Runtime  # the engine's module; imported only when used
+    """Run the call and print its result; the exit status (see the module's doc). No server
+    is needed (nor LOOPD_MODEL): a core tool runs here, in the session's workspace."""
+    # The engine's modules, imported only when used.
+    from loopd.sessionlog.store import SessionLog
+    from loopd.sessions import SessionTools
+    from loopd.tools.spec import load_tools_spec
 
     try:
         check_call(name, arguments)
@@ -78,14 +82,15 @@ async def call_tool(
         return _bad_usage(err, str(exc))
     if not settings.db_path.exists():
         return _bad_usage(err, f"unknown session {session!r}: no session log at {settings.db_path}")
-    runtime = Runtime.open(settings)
-    try:
-        known = [s.name for s in runtime.log.sessions()]
+    with SessionLog.open(settings.db_path, create=False) as session_log:
+        known = [s.name for s in session_log.sessions()]
         if session not in known:
             return _bad_usage(err, f"unknown session {session!r}; {_listing(known)}")
-        result = await runtime.tools.run_core(session, name, arguments)
-    finally:
-        await runtime.aclose()
+        tools = SessionTools.open(settings, load_tools_spec(settings.tools_file), session_log)
+        try:
+            result = await tools.run_core(session, name, arguments)
+        finally:
+            await tools.broker.aclose()
     out.write(f"{result.text}\n")
     return 0 if result.ok else 1
 

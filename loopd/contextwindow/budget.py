@@ -130,32 +130,55 @@ def input_cap(n_ctx: int, rules: BudgetRules, instruction_tokens: int) -> int:
 
 @dataclass(frozen=True)
 class Cut:
-    """An input as it will be sent: whole, or cut with a note."""
+    """An input as it will be sent: whole, or cut with a note (``cap``: the most it may take)."""
 
     text: str
     original_tokens: int
     was_cut: bool
+    cap: int = 0
 
 
-def cut_note(original_tokens: int, cap: int, dropped_chars: int, what: str) -> str:
-    """The visible note put where an over-long input was cut."""
+def cut_note(
+    original_tokens: int, cap: int, dropped_chars: int, what: str, kept_in: str | None = None
+) -> str:
+    """The visible note put where an over-long input was cut; ``kept_in``: the file of the
+    workspace that holds the input whole."""
+    rest = (
+        f"the remaining {dropped_chars:,} characters are in the file {kept_in} of the "
+        "workspace, which holds it whole (read_file reads it a part at a time: offset and limit)"
+        if kept_in is not None
+        else f"the remaining {dropped_chars:,} characters were left out"
+    )
     return (
         f"\n\n[loopd: {what} was cut here. It was {original_tokens:,} tokens, more than the "
-        f"{cap:,} one message may take in this model's context; the remaining "
-        f"{dropped_chars:,} characters were left out.]"
+        f"{cap:,} one message may take in this model's context; {rest}.]"
     )
 
 
-def cut_text(text: str, keep_chars: int, original_tokens: int, cap: int, what: str) -> str:
+def cut_text(
+    text: str,
+    keep_chars: int,
+    original_tokens: int,
+    cap: int,
+    what: str,
+    kept_in: str | None = None,
+) -> str:
     """The first ``keep_chars`` characters of ``text`` and the note saying what was left out."""
     keep_chars = max(0, min(keep_chars, len(text)))
-    return text[:keep_chars] + cut_note(original_tokens, cap, len(text) - keep_chars, what)
+    note = cut_note(original_tokens, cap, len(text) - keep_chars, what, kept_in)
+    return text[:keep_chars] + note
 
 
 TokenCount = Callable[[str], Awaitable[int]]
 
 
-async def fit_input(text: str, cap: int, count: TokenCount, what: str = "this message") -> Cut:
+async def fit_input(
+    text: str,
+    cap: int,
+    count: TokenCount,
+    what: str = "this message",
+    kept_in: str | None = None,
+) -> Cut:
     """``text`` if it fits in ``cap`` tokens, else its head with a note, counted to fit.
 
     The first cut is proportional to the overshoot; each later one keeps four fifths of the
@@ -163,13 +186,27 @@ async def fit_input(text: str, cap: int, count: TokenCount, what: str = "this me
     """
     tokens = await count(text)
     if tokens <= cap:
-        return Cut(text, tokens, was_cut=False)
+        return Cut(text, tokens, was_cut=False, cap=cap)
     keep = int(len(text) * cap / tokens * 0.95)
     while True:
-        candidate = cut_text(text, keep, tokens, cap, what)
+        candidate = cut_text(text, keep, tokens, cap, what, kept_in)
         if keep == 0 or await count(candidate) <= cap:
-            return Cut(candidate, tokens, was_cut=True)
+            return Cut(candidate, tokens, was_cut=True, cap=cap)
         keep = int(keep * 0.8)
+
+
+def cut_notice(cut: Cut, kept_in: str | None, refusal: str | None = None) -> str:
+    """What the person is told of their message ``cut`` to fit the context, in the terminal
+    and in the thread alike: what the model read, and where the whole message is kept (or why
+    it could not be)."""
+    said = (
+        f"Your message was {cut.original_tokens:,} tokens, more than the {cut.cap:,} one "
+        "message may have in this model's context: the model reads its first part"
+    )
+    if kept_in is not None and refusal is None:
+        return f"{said}, and the whole message is kept in its workspace as {kept_in}, to read."
+    why = f" ({refusal})" if refusal else ""
+    return f"{said} only; the rest could not be kept{why}."
 
 
 def context_share(pool: int, *, shared: bool, requests: int) -> int:

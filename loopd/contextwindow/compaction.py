@@ -30,6 +30,7 @@ from loopd.contextwindow.budget import (
     MESSAGE_OVERHEAD,
     BudgetRules,
     BudgetVerdict,
+    Cut,
     ServerBudget,
     estimate_prompt,
     fit_input,
@@ -231,21 +232,26 @@ class Compactor:
     rules: BudgetRules = field(default_factory=BudgetRules)
 
     async def fit_input(self, text: str, what: str) -> str:
+        return (await self.fit(text, what)).text
+
+    async def fit(self, text: str, what: str, kept_in: str | None = None) -> Cut:
+        """``text`` whole, or cut to what one input may take with a note saying so (naming
+        ``kept_in``, the workspace's file that keeps it whole, if any)."""
         try:
             cap = await self.cap()
         except InferenceError as exc:
             log.warning("the context is unknown (%s); %s is kept whole", exc, what)
-            return text
+            return Cut(text, 0, was_cut=False)
         if upper_bound_tokens(text) <= cap:  # no need to count
-            return text
+            return Cut(text, 0, was_cut=False, cap=cap)
         try:
-            cut = await fit_input(text, cap, self.budget.count_text, what)
+            cut = await fit_input(text, cap, self.budget.count_text, what, kept_in)
         except InferenceError as exc:
             log.warning("/tokenize failed (%s); %s is cut by its byte length", exc, what)
-            cut = await fit_input(text, cap, _byte_count, what)
+            cut = await fit_input(text, cap, _byte_count, what, kept_in)
         if cut.was_cut:
             log.info("%s cut from %d tokens to fit %d", what, cut.original_tokens, cap)
-        return cut.text
+        return cut
 
     async def cap(self) -> int:
         n_ctx = await self.budget.n_ctx()

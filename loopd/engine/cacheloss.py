@@ -81,6 +81,9 @@ class LossCause(StrEnum):
     # newline a model writes after ``<think>``, measured on SmolLM2 with the Qwen3.5 template),
     # so the next prompt renders the reply otherwise from its first token and re-reads it.
     REPLY_TRIMMED = "the reply reads back shorter than generated (the server trimmed it)"
+    # An answer the previous request read or generated was taken back since (a regenerate): the
+    # server's cache past the messages before it is not reused.
+    TAKEN_BACK = "an answer was taken back (generated again)"
     UNEXPLAINED = "unexplained"
 
 
@@ -98,6 +101,7 @@ class PrevRequest:
     had_reasoning: bool
     request_row: int = 0  # its row in the log, to ask what else ran on the slot since
     messages_sha256: str = ""  # what it sent, to recognise the same prompt sent again
+    recorded_at: str = ""  # when it was recorded (the log's clock), to ask what came since
     endpoint: str | None = None  # the server it ran on, where loopd has several (loopd.endpoints)
     # Tokens generated that its stored reply lacks (``/tokenize`` of the reply's text against
     # ``predicted_n``), counted for a reply cut at ``max_tokens``; 0: none, or not counted.
@@ -132,6 +136,8 @@ class Circumstances:
     # Durable sessions: on for this request, and what became of a restore made before it.
     durable: bool = False
     restore: RestoreOutcome | None = None
+    # An answer was taken back since the previous request (``LossCause.TAKEN_BACK``).
+    taken_back: bool = False
 
 
 @dataclass(frozen=True)
@@ -177,6 +183,7 @@ def previous_request(request: Request | None) -> PrevRequest | None:
         had_reasoning=bool(perf.extra.get("had_reasoning")),
         request_row=request.id,
         messages_sha256=record.messages_sha256,
+        recorded_at=request.created_at,
         endpoint=perf.extra.get("endpoint"),
         reply_short=_count(perf.extra.get("reply_short")),
     )
@@ -280,6 +287,8 @@ def _cause(
             return LossCause.SHARED_HEAD
         if nothing_kept:
             return LossCause.NOT_IN_HOST_CACHE
+    if around.taken_back:
+        return LossCause.TAKEN_BACK
     if not prev.complete:
         return LossCause.BROKEN_TURN
     if prev.capped:

@@ -285,8 +285,11 @@ class InferenceClient:
         """Whether ``/slots`` shows ``slot`` processing a request (anyone's)."""
         return slot_busy(await self.slots(wait_s), slot)
 
-    async def props(self, wait_s: float | None = None) -> dict[str, Any]:
-        data = await self._get_json("/props", {"model": self.model}, wait_s or self.connect_s)
+    async def props(self, wait_s: float | None = None, *, autoload: bool = True) -> dict[str, Any]:
+        """``GET /props?model=``; ``autoload`` False: a router does not load the model for it
+        (it answers an error while the model is not loaded)."""
+        params = {"model": self.model} | ({} if autoload else {"autoload": "false"})
+        data = await self._get_json("/props", params, wait_s or self.connect_s)
         if not isinstance(data, dict):
             raise ServerRejected(self.url, 200, "/props answered something other than an object")
         return data

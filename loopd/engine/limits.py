@@ -19,6 +19,7 @@ class Limits:
     probe_timeout_s: float = 5.0  # each /slots or /health poll, on its own
     think_cap: int = DEFAULTS.think_cap  # LOOPD_THINK_CAP: thinking tokens before the control call
     think_grace: int = 256  # tokens past the cap before a stream still thinking is closed
+    loop_window: int = DEFAULTS.loop_window  # LOOPD_LOOP_WINDOW: tokens a repetition watch reads
     loading_retry_s: float = 120.0  # how long a 503 "Loading model" is waited out
     loading_wait_s: float = 0.5  # the first wait after a 503; doubles up to 10 s
     attempts: int = 3  # attempts per request of a turn, when another one is safe

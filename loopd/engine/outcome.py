@@ -14,6 +14,7 @@ from enum import StrEnum
 from typing import Any
 
 from loopd.engine.cacheloss import Loss
+from loopd.engine.guards import Guard, Made
 from loopd.engine.waits import WaitClock
 from loopd.sessionlog.records import Perf, RequestRecord
 from loopd.wire.assemble import StreamAssembler, StreamOutcome
@@ -35,6 +36,13 @@ class Failure(StrEnum):
     # Closed at the first progress event: the server had lost the session, and loopd restores
     # its saved state before sending again (``loopd.engine.durable``).
     LOST_BY_SERVER = "lost_by_server"
+
+
+class Loop(StrEnum):
+    """What the repetition watch found going round in circles (``loopd.engine.loops``)."""
+
+    REASONING = "reasoning"  # ended by the control call, before the thinking cap
+    ANSWER = "answer"  # the request closed, the answer kept as written
 
 
 # Failures after which nothing the model made was lost, and another attempt may well succeed.
@@ -63,6 +71,7 @@ class RequestResult:
     ended_s: float = 0.0
     capped: bool = False
     control_answer: str | None = None
+    looped: list[Loop] = field(default_factory=list)  # what the repetition watch ended
     events: int = 0
     output_seen: bool = False  # a reasoning, content or tool-call delta arrived
     notes: list[str] = field(default_factory=list)
@@ -74,7 +83,13 @@ class RequestResult:
 
     @property
     def complete(self) -> bool:
-        return self.failure is None and self.assembler.outcome is StreamOutcome.COMPLETE
+        """Streamed to its end, or closed by loopd on an answer that went round in circles
+        (kept as written: nothing of it is cut but what the loop would have added)."""
+        if self.failure is not None:
+            return False
+        outcome = self.assembler.outcome
+        closed_kept = Loop.ANSWER in self.looped and outcome is StreamOutcome.TRUNCATED
+        return outcome is StreamOutcome.COMPLETE or closed_kept
 
     def fail(self, failure: Failure, detail: str) -> None:
         self.failure, self.detail = failure, detail
@@ -89,6 +104,11 @@ class TurnOutcome:
     notices: list[str] = field(default_factory=list)  # one line each, for the thread
     cut_at: int | None = None  # the answer was cut at max_tokens: tokens generated (0: unknown)
     compacted: bool = False  # the turn started a new epoch (its session is worth a prewarm)
+    # The tool calls of this turn as they went (run or answered by a guard), their tool time,
+    # and the guard that ended the turn, if one did (``loopd.engine.guards``).
+    calls: list[Made] = field(default_factory=list)
+    tool_s: float = 0.0
+    guard: Guard | None = None
 
 
 def retry_safe(result: RequestResult) -> bool:
@@ -176,4 +196,6 @@ def _perf_extra(result: RequestResult, loss: Loss, wait: dict[str, float]) -> di
         extra["status_code"] = result.status_code
     if result.control_answer is not None:
         extra["control_answer"] = result.control_answer
+    if result.looped:
+        extra["looped"] = [loop.value for loop in result.looped]
     return extra

@@ -50,7 +50,8 @@ from loopd.engine.liveness import (
     slots_verdict,
     worth_waiting_out,
 )
-from loopd.engine.outcome import Failure, RequestResult, unreplayable_call
+from loopd.engine.loops import RepetitionWatch
+from loopd.engine.outcome import Failure, Loop, RequestResult, unreplayable_call
 from loopd.engine.progress import Phase, Status, StatusCallback
 from loopd.engine.request import ANY_SLOT
 from loopd.engine.thinkcap import Close, SendControl, ThinkCap
@@ -340,6 +341,8 @@ class _Reader:
         self.result = result
         self.lost = lost  # asked once, at the first progress event
         self.cap = ThinkCap(limits.think_cap, limits.think_grace)
+        self.thought = RepetitionWatch(limits.loop_window)
+        self.answer = RepetitionWatch(limits.loop_window)
 
     async def read(self) -> None:
         # One deadline for the whole stream, moved on by the chunks that complete an event (a
@@ -353,7 +356,7 @@ class _Reader:
         with anyio.CancelScope(deadline=anyio.current_time() + silence_s + slack) as silence:
             while True:
                 events = await self.events.receive()
-                if self._apply(events) or self.events.at_end:
+                if self._apply(events) or self.events.at_end or self._answer_loops():
                     return
                 if not await self._follow_cap(silence):
                     return
@@ -380,6 +383,10 @@ class _Reader:
                 if not self.result.output_seen:
                     wait.token(time.monotonic())
                 self.result.output_seen = True
+            if isinstance(event, ReasoningDelta):
+                self.thought.feed(event.text)
+            elif isinstance(event, ContentDelta):
+                self.answer.feed(event.text)
             ended = ended or isinstance(event, _LAST_EVENTS)
             _report_event(event, asm, self.report)
             if isinstance(event, Progress):
@@ -399,6 +406,20 @@ class _Reader:
         )
         return True
 
+    def _answer_loops(self) -> bool:
+        """True when the answer goes round in circles (and no tool call has begun, which
+        closing would cut): the stream is then closed and the answer kept as written."""
+        if not self.answer.looping or self.result.assembler.tool_calls:
+            return False
+        self.result.looped.append(Loop.ANSWER)
+        timings = self.result.assembler.timings
+        tokens = timings.predicted_n if timings is not None else self.answer.tokens
+        self.result.notes.append(
+            f"the answer went round in circles; loopd closed it after {tokens} tokens and "
+            "kept it as written"
+        )
+        return True
+
     async def _follow_cap(self, silence: anyio.CancelScope) -> bool:
         """Do what the thinking cap decides; False when the stream must be closed. The silence
         limit waits while a control call runs (that call has limits of its own)."""
@@ -407,9 +428,16 @@ class _Reader:
             asm.thinking_tokens,
             answering=asm.answer_started,
             control_answer=result.control_answer,
+            looping=self.thought.looping,
         )
         match decision:
             case SendControl():
+                if asm.thinking_tokens < self.cap.cap:
+                    result.looped.append(Loop.REASONING)
+                    result.notes.append(
+                        "the model's thinking went round in circles; loopd ended it after "
+                        f"{asm.thinking_tokens} tokens"
+                    )
                 result.capped = True
                 silence.deadline = math.inf
                 result.control_answer = await self.client.end_reasoning(asm.completion_id)
@@ -471,6 +499,8 @@ def _classify_end(client: InferenceClient, result: RequestResult) -> None:
         )
     elif asm.problems:
         result.fail(Failure.MALFORMED, f"malformed stream from {client.url}: {asm.problems[0]}")
+    elif Loop.ANSWER in result.looped:
+        pass  # closed by loopd, kept as written
     elif not asm.done:
         result.fail(Failure.TRUNCATED, f"the stream from {client.url} ended without [DONE]")
     elif (bad := unreplayable_call(asm)) is not None:

@@ -6,7 +6,8 @@ Thinking is counted from the server's own per-token counter, ``timings.predicted
 the cap the engine sends the control call ``reasoning_end``, which ends the reasoning and keeps
 the turn (measured by ``test_k_control_call_ends_thinking_and_costs_one_turn`` there). A
 ``success: false`` answer means nothing was armed: the stream is then closed once thinking passes
-the cap plus a grace, and so it is if thinking goes on regardless.
+the cap plus a grace, and so it is if thinking goes on regardless. A thought the repetition watch
+finds looping (``loopd.engine.loops``) is ended the same way, before the cap.
 """
 
 from __future__ import annotations
@@ -44,12 +45,21 @@ class ThinkCap:
     grace: int  # tokens past the cap before a stream still thinking is closed
 
     def decide(
-        self, thinking_tokens: int, *, answering: bool, control_answer: str | None
+        self,
+        thinking_tokens: int,
+        *,
+        answering: bool,
+        control_answer: str | None,
+        looping: bool = False,
     ) -> CapDecision:
         """What to do after the events read so far. ``answering``: content or a tool call has
         begun, so thinking is over; ``control_answer``: what the control call got, None when it
-        was not sent."""
-        if answering or thinking_tokens < self.cap:
+        was not sent; ``looping``: the thought goes round in circles."""
+        if answering:
+            return Continue()
+        if looping and control_answer is None:
+            return SendControl()
+        if thinking_tokens < self.cap:
             return Continue()
         if control_answer is None:
             return SendControl()

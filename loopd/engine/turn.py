@@ -31,7 +31,7 @@ from loopcommon.jsonbytes import dumps
 from loopcommon.retry import retrying
 from loopd.contextwindow import pool
 from loopd.contextwindow.budget import ServerBudget
-from loopd.engine import repeats
+from loopd.engine import guards
 from loopd.engine.cacheloss import (
     Circumstances,
     Loss,
@@ -44,7 +44,14 @@ from loopd.engine.cacheloss import (
 )
 from loopd.engine.client import InferenceClient
 from loopd.engine.limits import Limits
-from loopd.engine.outcome import Failure, RequestResult, TurnOutcome, request_perf, retry_safe
+from loopd.engine.outcome import (
+    Failure,
+    Loop,
+    RequestResult,
+    TurnOutcome,
+    request_perf,
+    retry_safe,
+)
 from loopd.engine.progress import Phase, Status, StatusCallback
 from loopd.engine.request import RequestSettings, build_body
 from loopd.engine.saves import DurableSlots, Probe, Restore
@@ -53,17 +60,18 @@ from loopd.errors import InferenceError
 from loopd.observe.context import request_scope
 from loopd.observe.metrics import METRICS
 from loopd.sessionlog.chain import messages_digest
-from loopd.sessionlog.records import Epoch, RequestKind, RequestRecord
+from loopd.sessionlog.records import Epoch, NoteReason, RequestKind, RequestRecord
 from loopd.sessionlog.store import SessionLog
+from loopd.tools.core import ToolResult
 from loopd.wire.assemble import ToolCall
 
 log = logging.getLogger(__name__)
 
 
 class ToolRunner(Protocol):
-    """Runs one tool call of a session and returns the result text for the log."""
+    """Runs one tool call of a session: the result text for the log, and whether it failed."""
 
-    async def run(self, session: str, call: ToolCall) -> str: ...
+    async def run(self, session: str, call: ToolCall) -> ToolResult: ...
 
 
 class TurnExit(Exception):
@@ -105,15 +113,16 @@ class RoundsExhausted(TurnExit):
         outcome.failure = str(self)
 
 
-class Repeated(TurnExit):
-    """The model made the same call again as often as the repeat guard allows
-    (``loopd.engine.repeats``)."""
+class Guarded(TurnExit):
+    """A loop guard ended the turn (``loopd.engine.guards``): the same call again, a cycle, a
+    run of failures, too many calls or too much tool time."""
 
-    def __init__(self, line: str) -> None:
-        super().__init__(line)
+    def __init__(self, stop: guards.Stop) -> None:
+        super().__init__(stop.line)
+        self.guard = stop.guard
 
     def settle(self, outcome: TurnOutcome) -> None:
-        outcome.failure = str(self)
+        outcome.failure, outcome.guard = str(self), self.guard
 
 
 class ContextGate(Protocol):
@@ -152,7 +161,7 @@ class Turn:
     limits: Limits
     tools: ToolRunner | None = None
     max_rounds: int = 16
-    repeat_limit: int = repeats.DEFAULT_LIMIT
+    guard_limits: guards.GuardLimits = field(default_factory=guards.GuardLimits)
     template_drops_reasoning: bool = False
     report: StatusCallback = field(default=lambda status: None)
     gate: ContextGate | None = None
@@ -205,6 +214,9 @@ class Turn:
         if self.gate is not None:
             await self.gate.before_request(self, kind, outcome)
         result = (await self.request(kind, outcome)).result
+        for loop in result.looped:  # the repetition watch ended a thought or an answer
+            METRICS.guard_fired(*_LOOP_FIRINGS[loop])
+        outcome.notices.extend(result.notes)
         if not result.complete:
             raise RequestFailed(result.detail, result.failure)
         message = result.assembler.message()
@@ -213,7 +225,7 @@ class Turn:
                 timings = result.assembler.timings
                 outcome.cut_at = timings.predicted_n if timings is not None else 0
             raise Answered(message.content)
-        await self.execute(message.tool_calls)
+        await self.execute(message.tool_calls, outcome)
 
     async def request(self, kind: RequestKind, outcome: TurnOutcome) -> Attempt:
         """``step`` until it completes or another attempt would not be safe; every attempt is
@@ -332,22 +344,59 @@ class Turn:
             return 0
         return max(timings.predicted_n - read_back, 0)
 
-    async def execute(self, calls: Sequence[ToolCall]) -> None:
-        plan = repeats.plan(self.log.replay_messages(self.session), calls, self.repeat_limit)
-        for call, answer in zip(calls, plan.answers, strict=True):
-            if answer is not None:  # a repeat: loopd's own answer, the call is not run again
-                text = answer
-            elif self.tools is None:
-                text = f"error: tool {call.name!r} is not available in this session"
-            else:
-                text = await self.tools.run(self.session, call)
-                if self.gate is not None:
-                    text = await self.gate.fit_input(text, "this tool result")
+    async def execute(self, calls: Sequence[ToolCall], outcome: TurnOutcome) -> None:
+        """Answer the calls of the model's latest message, each as the loop guards judge it
+        (``loopd.engine.guards``): run, answered with a pointer to an earlier result, or not run
+        because a guard ended the turn (then every later call of the message is not run either,
+        and the turn ends with the guard's line, noted in the log)."""
+        seen = {made.call.id: made for made in outcome.calls}
+        made = guards.made_of_turn(self.log.replay_messages(self.session), seen)
+        del made[len(made) - len(calls) :]  # the latest message's calls are judged one by one
+        stop: guards.Stop | None = None
+        for index, call in enumerate(calls, start=1):
+            verdict = stop or guards.judge(
+                self.guard_limits, made, call, in_message=index, tool_s=outcome.tool_s
+            )
+            done = guards.Made(call, ran=False, failed=None)
+            match verdict:
+                case guards.Run():
+                    result = await self._run_tool(call, outcome)
+                    text = result.text
+                    done = guards.Made(call, ran=True, failed=not result.ok, result=text)
+                case guards.Point(guard, text):
+                    METRICS.guard_fired(guard, "pointed")
+                case guards.Stop(_, line):
+                    stop, text = verdict, f"not run: {line}"
             self.log.append_tool_result(self.session, tool_call_id=call.id, content=text)
-        METRICS.repeats_answered(plan.pointed, stopped=plan.stop is not None)
-        if plan.stop is not None:
-            self.log.append_note(self.session, plan.stop.line)
-            raise Repeated(plan.stop.line)
+            made.append(done)
+            outcome.calls.append(done)
+        if stop is None:
+            after = guards.judge(self.guard_limits, made, None, tool_s=outcome.tool_s)
+            stop = after if isinstance(after, guards.Stop) else None
+        if stop is not None:
+            METRICS.guard_fired(stop.guard, "stopped")
+            # The turn ends here, for good (``loopd.turnstop``): a restart does not run it again.
+            self.log.append_note(self.session, stop.line, reason=NoteReason.TURN_ENDED)
+            log.warning(
+                "%s: %s", self.session, stop.line, extra={"fields": {"guard": stop.guard.value}}
+            )
+            raise Guarded(stop)
+
+    async def _run_tool(self, call: ToolCall, outcome: TurnOutcome) -> ToolResult:
+        """Run one call (its time counted in the turn's tool time); a result too long for the
+        context is cut with a visible note."""
+        if self.tools is None:
+            return ToolResult(f"error: tool {call.name!r} is not available in this session", False)
+        started = time.monotonic()
+        try:
+            result = await self.tools.run(self.session, call)
+        finally:
+            outcome.tool_s += time.monotonic() - started
+        if self.gate is not None:
+            result = ToolResult(
+                await self.gate.fit_input(result.text, "this tool result"), result.ok
+            )
+        return result
 
     def _record(
         self,
@@ -435,7 +484,15 @@ class Turn:
             template_drops_reasoning=self.template_drops_reasoning,
             resend=digest == prev.messages_sha256,
             endpoint_changed=endpoint_changed(prev.endpoint, self.endpoint),
+            taken_back=self.log.taken_back_since(self.session, prev.recorded_at),
         )
+
+
+# How the metrics count what the repetition watch ended (``loopd_guard_firings``).
+_LOOP_FIRINGS = {
+    Loop.REASONING: ("thinking_loop", "ended"),
+    Loop.ANSWER: ("answer_loop", "closed"),
+}
 
 
 def _last_attempt(state: RetryCallState) -> Attempt:

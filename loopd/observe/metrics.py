@@ -143,11 +143,14 @@ class LoopdMetrics:
         self.tool_calls = Counter(
             "loopd_tool_calls", "Tool calls, by tool and outcome.", ["tool", "outcome"], registry=r
         )
-        self.repeats = Counter(
-            "loopd_repeated_calls",
-            "Tool calls the model repeated within a turn (same name and arguments), by loopd's "
-            "answer: pointed (the earlier result named, not run) or stopped (the turn ended).",
-            ["answer"],
+        self.guard_firings = Counter(
+            "loopd_guard_firings",
+            "Times a loop guard answered the model, by guard (repeat, cycle, failures, "
+            "calls_per_message, calls_per_turn, tool_time; thinking_loop, answer_loop) and "
+            "action: pointed (a call answered with its earlier result, not run), stopped (the "
+            "turn ended), ended (the reasoning ended by the control call) or closed (the answer "
+            "closed, kept as written).",
+            ["guard", "action"],
             registry=r,
         )
         self.tool_seconds = Histogram(
@@ -244,13 +247,9 @@ class LoopdMetrics:
         self.tool_calls.labels(tool, outcome).inc()
         self.tool_seconds.labels(tool).observe(seconds)
 
-    def repeats_answered(self, pointed: int, *, stopped: bool) -> None:
-        """The repeat guard answered ``pointed`` calls with an earlier result, and perhaps
-        ended the turn (``loopd.engine.repeats``)."""
-        if pointed:
-            self.repeats.labels("pointed").inc(pointed)
-        if stopped:
-            self.repeats.labels("stopped").inc()
+    def guard_fired(self, guard: str, action: str) -> None:
+        """A loop guard acted (``loopd.engine.guards``, ``loopd.engine.loops``)."""
+        self.guard_firings.labels(guard, action).inc()
 
     def mattermost_event(self, event: str) -> None:
         self.mm_events.labels(event if event in MM_EVENTS else "other").inc()

@@ -2,6 +2,7 @@
 
 import hashlib
 from collections.abc import Iterable, Sequence
+from typing import Any
 
 from loopcommon import jsonbytes
 from loopd.sessionlog.records import EntryFields
@@ -30,6 +31,27 @@ def messages_digest(messages: Sequence[str]) -> str:
     The turn engine computes it over the messages it sent; ``verify`` over the stored ones.
     """
     return prefix_digests(messages, [len(messages)])[len(messages)]
+
+
+def running_digest() -> Any:
+    """The digest of a messages array as it is read: its opening bracket only."""
+    return hashlib.sha256(b"[")
+
+
+def extended(running: Any, message: str, first: bool) -> Any:
+    """A copy of ``running`` with one more message of the array."""
+    grown = running.copy()
+    if not first:
+        grown.update(b",")
+    grown.update(message.encode("utf-8"))
+    return grown
+
+
+def closed_digest(running: Any) -> str:
+    """The digest of the array read so far, closed (``running`` itself is left open)."""
+    closed = running.copy()
+    closed.update(b"]")
+    return str(closed.hexdigest())
 
 
 def prefix_digests(messages: Sequence[str], counts: Iterable[int]) -> dict[int, str]:

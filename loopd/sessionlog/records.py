@@ -25,6 +25,25 @@ class EntryKind(StrEnum):
 REPLAYED_KINDS = frozenset({EntryKind.EPOCH, EntryKind.USER, EntryKind.ASSISTANT, EntryKind.TOOL})
 
 
+class NoteReason(StrEnum):
+    """A note whose reason is one of these changes what the log's derivations say (a note with
+    no reason, or another, is only read): ``loopd.sessionlog.state`` and the replay honour them.
+    """
+
+    # The turn under way ended without an answer (a request failed, a time limit, the repeat
+    # guard, the round limit) and is final: it never runs again unless taken back. Its text is
+    # the line the person was shown.
+    TURN_ENDED = "turn ended"
+    # The entry ``refers_to`` no longer counts: an answer leaves the replay (it is generated
+    # again from the same prefix: a regenerate), or a turn's end (a stop, a ``TURN_ENDED``
+    # note) no longer ends it (the turn is run again).
+    TAKEN_BACK = "taken back"
+
+
+# The reason of a broken entry that records a person's stop (``loopd.turnstop``).
+STOPPED_BY = "stopped by "
+
+
 class RequestKind(StrEnum):
     TURN = "turn"
     TOOL_FOLLOWUP = "tool_followup"
@@ -189,9 +208,16 @@ class SessionState:
     """What a session is waiting for, derived from its rows (never stored)."""
 
     session: str
-    pending_turn: bool  # the last replayed entry is a user message or a tool result
+    # A turn is to run: the last replayed entry is a user message or a tool result (or an answer
+    # was taken back), and nothing ended the turn since.
+    pending_turn: bool
     interrupted_calls: tuple[InterruptedCall, ...]  # tool calls with no result
     broken_since: tuple[Entry, ...]  # broken-stream records after the last replayed entry
+    # What ended the latest turn without an answer, for good: a person's stop (a broken entry)
+    # or a ``TURN_ENDED`` note. None when the latest turn answered, or has not ended.
+    ended_by: Entry | None = None
+    # The latest replayed entry, when it is an answer (an assistant message without tool calls).
+    answer: Entry | None = None
 
     @property
     def idle(self) -> bool:

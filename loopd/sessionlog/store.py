@@ -55,6 +55,7 @@ from loopd.sessionlog.records import (
     EntryFields,
     EntryKind,
     Epoch,
+    NoteReason,
     Request,
     RequestKind,
     RequestRecord,
@@ -86,7 +87,7 @@ class SessionLog:
         # its epoch id, the last seq read, the messages. Entries are never changed, so a build
         # reads only the rows appended since (one request costs its new rows, not the whole
         # epoch); an idle session holds none of its text.
-        self._replayed: dict[str, tuple[int, int, list[str]]] = {}
+        self._replayed: dict[str, tuple[int, int, list[tuple[int, str]]]] = {}
         self._holds: dict[str, int] = {}
         self._savepoints = count()
 
@@ -416,8 +417,19 @@ class SessionLog:
                 request_id=request_id,
             )
 
-    def append_note(self, session: str, text: str, *, refers_to: int | None = None) -> Entry:
-        """A note or a correction of entry ``refers_to`` (a seq); never replayed."""
+    def append_note(
+        self,
+        session: str,
+        text: str,
+        *,
+        refers_to: int | None = None,
+        reason: NoteReason | None = None,
+    ) -> Entry:
+        """A note or a correction of entry ``refers_to`` (a seq); never replayed. A ``reason``
+        makes it count in the derivations (``NoteReason``): a take-back must refer to an entry
+        of the current epoch."""
+        if reason is NoteReason.TAKEN_BACK and refers_to is None:
+            raise InvalidAppendError(self.path, "a take-back must name the entry it takes back")
         with self.transaction():
             target = self.get_session(session)
             epoch = self._require_epoch(target)
@@ -425,17 +437,28 @@ class SessionLog:
                 raise InvalidAppendError(
                     self.path, f"session {session!r} has no entry {refers_to} to refer to"
                 )
+            if (
+                reason is NoteReason.TAKEN_BACK
+                and refers_to is not None
+                and not self._entry_exists(target, refers_to, epoch_id=epoch.id)
+            ):
+                raise InvalidAppendError(
+                    self.path, f"entry {refers_to} of {session!r} is not in its current epoch"
+                )
             return self._append_entry(
                 target,
                 epoch,
                 EntryKind.NOTE,
                 text=_utf8(self.path, text, "note"),
+                reason=None if reason is None else reason.value,
                 refers_to=refers_to,
             )
 
-    def _entry_exists(self, session: Session, seq: int) -> bool:
+    def _entry_exists(self, session: Session, seq: int, *, epoch_id: int | None = None) -> bool:
         row = self._conn.execute(
-            "SELECT 1 FROM entries WHERE session_id = ? AND seq = ?", (session.id, seq)
+            "SELECT 1 FROM entries WHERE session_id = ? AND seq = ?"
+            " AND (? IS NULL OR epoch_id = ?)",
+            (session.id, seq, epoch_id, epoch_id),
         ).fetchone()
         return row is not None
 
@@ -547,6 +570,18 @@ class SessionLog:
             )
         return None if row is None else rows.request_from_row(row)
 
+    def taken_back_since(self, session: str, recorded_at: str) -> bool:
+        """Whether an entry of the session was taken back (``NoteReason.TAKEN_BACK``) after the
+        moment ``recorded_at`` (a request's ``created_at``)."""
+        with self._reading():
+            target = self.get_session(session)
+            row = self._conn.execute(
+                "SELECT 1 FROM entries WHERE session_id = ? AND kind = 'note' AND reason = ?"
+                " AND created_at > ? LIMIT 1",
+                (target.id, NoteReason.TAKEN_BACK.value, recorded_at),
+            ).fetchone()
+        return row is not None
+
     def slot_used_since(self, slot: int | None, request_row: int, *, besides: str) -> bool:
         """Whether a request of a session other than ``besides`` ran on ``slot`` (None: on any
         slot) after the request in row ``request_row`` (the slot then held another prompt for a
@@ -576,7 +611,8 @@ class SessionLog:
     # -- reading --------------------------------------------------------------------------------
 
     def replay_messages(self, session: str) -> list[str]:
-        """The current epoch's messages, as stored: the system message first, then in log order."""
+        """The current epoch's messages, as stored: the system message first, then in log order,
+        less the answers taken back since (``NoteReason.TAKEN_BACK``)."""
         with self._reading():
             epoch = self._require_epoch(self.get_session(session))
             # Inside an open transaction rows may still be rolled back: read, but do not keep.
@@ -584,15 +620,19 @@ class SessionLog:
             held = self._replayed.get(session) if keep else None
             last_seq, known = (held[1], held[2]) if held and held[0] == epoch.id else (-1, [])
             found = self._conn.execute(
-                "SELECT seq, message FROM entries WHERE epoch_id = ? AND message IS NOT NULL"
-                " AND seq > ? ORDER BY seq",
-                (epoch.id, last_seq),
+                "SELECT seq, message, refers_to FROM entries WHERE epoch_id = ? AND seq > ?"
+                " AND (message IS NOT NULL OR (kind = 'note' AND reason = ?)) ORDER BY seq",
+                (epoch.id, last_seq, NoteReason.TAKEN_BACK.value),
             ).fetchall()
             # Plain tuples on this path: a request build reads it, and it names its columns.
-            known.extend(message for _, message in found)
+            for seq, message, refers_to in found:
+                if message is not None:
+                    known.append((seq, message))
+                else:  # a take-back: the entry it names is no longer replayed
+                    known = [(s, m) for s, m in known if s != refers_to]
             if keep:
                 self._replayed[session] = (epoch.id, found[-1][0] if found else last_seq, known)
-            return list(known)
+            return [message for _, message in known]
 
     @contextmanager
     def holding_replay(self, session: str) -> Iterator[None]:

@@ -4,12 +4,16 @@ The checks are pure functions of a session's rows (``check_session``); ``verify`
 Replay identity: every request of an epoch sent a prefix of the epoch's messages (its recorded
 digest equals the digest of that prefix as stored now), and each request sent at least as many
 messages as the one before it, so every message it sent is, byte for byte, at the same position in
-the next request.
+the next request. An answer taken back (a regenerate) leaves the replay: the requests after it
+extend the messages before it (``ReplayViews``).
 """
+
+from __future__ import annotations
 
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from loopd.sessionlog import chain, replay
 from loopd.sessionlog.migrations import expected_triggers
@@ -23,6 +27,7 @@ from loopd.sessionlog.records import (
     RequestKind,
     Session,
 )
+from loopd.sessionlog.state import is_take_back, taken_back
 from loopd.sessionlog.store import SessionLog
 
 _ROLE_OF_KIND = {
@@ -176,34 +181,71 @@ def check_requests(
         if record.kind in REPLAYING_REQUEST_KINDS:
             by_epoch.setdefault(record.epoch, []).append(request)
     for epoch_number, epoch_requests in by_epoch.items():
-        messages = [
-            e.message
-            for e in entries
-            if e.fields.epoch_number == epoch_number and e.message is not None
-        ]
-        problems += _check_replay_identity(session, messages, epoch_requests)
+        epoch_entries = [e for e in entries if e.fields.epoch_number == epoch_number]
+        views = ReplayViews.of(epoch_entries, {r.record.message_count for r in epoch_requests})
+        problems += _check_replay_identity(session, views, epoch_requests)
     return problems
 
 
+@dataclass(frozen=True, slots=True)
+class ReplayViews:
+    """What an epoch's requests may have sent: its messages as replayed at any moment.
+
+    The replay only grows, but for an answer taken back (``NoteReason.TAKEN_BACK``: a
+    regenerate), which leaves it from its end: each moment's messages are a prefix of the
+    messages as they stood after some append. So ``digests[n]`` holds the digest of every list of
+    ``n`` messages the replay held (one, where nothing was taken back), ``longest`` the most it
+    held, and ``cut_to`` the lengths a take-back cut it back to.
+    """
+
+    digests: dict[int, set[str]]
+    longest: int
+    cut_to: frozenset[int]
+
+    @classmethod
+    def of(cls, entries: Sequence[Entry], counts: set[int]) -> ReplayViews:
+        taken = taken_back(entries)
+        if not taken:  # one pass over the bytes, for the wanted lengths only
+            messages = [e.message for e in entries if e.message is not None]
+            found = chain.prefix_digests(messages, counts)
+            return cls({n: {d} for n, d in found.items()}, len(messages), frozenset())
+        digests: dict[int, set[str]] = {}
+        stack: list[tuple[int, Any]] = []  # (seq, the running digest after that message)
+        longest, cut_to = 0, set()
+        empty = chain.running_digest()
+        if 0 in counts:
+            digests[0] = {chain.closed_digest(empty)}
+        for entry in entries:
+            if entry.message is not None:
+                running = chain.extended(stack[-1][1] if stack else empty, entry.message, not stack)
+                stack.append((entry.seq, running))
+                longest = max(longest, len(stack))
+                if len(stack) in counts:
+                    digests.setdefault(len(stack), set()).add(chain.closed_digest(running))
+            elif is_take_back(entry) and stack and stack[-1][0] == entry.fields.refers_to:
+                stack.pop()
+                cut_to.add(len(stack))
+        return cls(digests, longest, frozenset(cut_to))
+
+
 def _check_replay_identity(
-    session: Session, messages: Sequence[str], requests: Sequence[Request]
+    session: Session, views: ReplayViews, requests: Sequence[Request]
 ) -> list[Problem]:
     problems: list[Problem] = []
-    digests = chain.prefix_digests(messages, (r.record.message_count for r in requests))
     previous: Request | None = None
     for request in requests:
         record = request.record
         where = f"request {request.id}"
-        if record.message_count > len(messages):
+        if record.message_count > views.longest:
             problems.append(
                 Problem(
                     session.name,
                     where,
                     f"sent {record.message_count} messages; epoch {record.epoch} holds only "
-                    f"{len(messages)}",
+                    f"{views.longest}",
                 )
             )
-        elif digests[record.message_count] != record.messages_sha256:
+        elif record.messages_sha256 not in views.digests.get(record.message_count, set()):
             problems.append(
                 Problem(
                     session.name,
@@ -212,7 +254,10 @@ def _check_replay_identity(
                     f"{record.message_count} messages of epoch {record.epoch} as stored",
                 )
             )
-        if previous is not None and record.message_count < previous.record.message_count:
+        shorter = previous is not None and record.message_count < previous.record.message_count
+        # Fewer than the request before is a request that did not extend it, but where an
+        # answer was taken back: then exactly the messages before that answer.
+        if previous is not None and shorter and record.message_count not in views.cut_to:
             problems.append(
                 Problem(
                     session.name,

@@ -1,12 +1,15 @@
 """``loopd chat``: a terminal thread on the same engine as the Mattermost threads.
 
 One turn per message. On a terminal: the answer streams as it is written and tool calls show as
-they run (``render``), the line can be edited and a paste is one message (``lineinput``), ``/``
-commands do the common things (``slash``), keys typed while a turn runs wait for the next prompt
-without being drawn inside the answer (``typeahead``), Ctrl-C stops the turn under way and the chat
-goes on, and at the prompt Ctrl-C or Ctrl-D leaves. Logs go to a file in the state dir, named once
-at start (``logfile``). A turn left pending by an earlier run is finished first, unless it was
-stopped.
+they run (``render``), the line can be edited and a paste is one message (``lineinput``, a long
+one drawn as ``[pasted N lines]``: ``paste``), ``/`` commands do the common things (``slash``),
+keys typed while a turn runs are not drawn inside the answer, and when it ends each line ended with
+Enter is shown and sent and the line begun waits on the prompt (``typeahead``). Ctrl-C stops the
+turn under way and the chat goes on, with what was typed meanwhile back on the prompt; at the
+prompt Ctrl-C or Ctrl-D leaves. Ctrl-Z suspends the chat and ``fg`` brings it back (``suspend``).
+A session is one terminal's at a time (``inuse``). Logs go to a file in the state dir, named once
+at start (``logfile``). A turn left pending by an earlier run (cut by a crash) is finished first;
+a turn that ended, however it ended, is not run again (``/retry`` runs it again).
 
 With piped input it answers each line; with stdout not a terminal, only the answers go there. A
 failed turn with piped input ends the chat with exit status 2 (its message on stderr), so a script
@@ -20,6 +23,7 @@ import io
 import shutil
 import signal
 import sys
+from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import datetime
@@ -34,11 +38,12 @@ from loopd.engine.outcome import TurnOutcome
 from loopd.terminal import slash
 from loopd.terminal.approve import TerminalAsker
 from loopd.terminal.core import ChatCore, SessionExists, Stopped, TurnEnd, Watcher
-from loopd.terminal.lineinput import LineInput, PipedInput, TerminalInput
+from loopd.terminal.lineinput import PROMPT, LineInput, NotText, PipedInput, TerminalInput
 from loopd.terminal.link import Link, ScreenWatch, connected, drop_pending_sigint, sigint_held
 from loopd.terminal.logfile import logs_out_of_the_way
 from loopd.terminal.render import DIM, RESET, Style, TurnView
-from loopd.terminal.typeahead import typed_keys_unechoed
+from loopd.terminal.suspend import Suspender
+from loopd.terminal.typeahead import split_typed, take_typed, typed_keys_unechoed
 
 HISTORY_FILE: Final = "chat_history"
 EXIT_FAILED: Final = 2
@@ -54,12 +59,16 @@ class ChatOptions:
 def run_chat(settings: Settings, options: ChatOptions) -> int:
     with logs_out_of_the_way(settings, on_stderr=options.log_stderr) as log_path:
         interactive = sys.stdin.isatty()
+        suspender = Suspender(sys.stdin.fileno()) if interactive else None
         lines: LineInput = (
-            TerminalInput(settings.state_dir / HISTORY_FILE)
+            TerminalInput(settings.state_dir / HISTORY_FILE, suspender)
             if interactive
             else PipedInput(sys.stdin)
         )
-        with connected(settings, options.session) as link:
+        with (
+            suspender.installed() if suspender is not None else contextlib.nullcontext(),
+            connected(settings, options.session) as link,
+        ):
             if isinstance(lines, TerminalInput):
                 lines.complete_with(
                     lambda before: slash.completions(before, link.call(link.core.session_names))
@@ -91,6 +100,10 @@ class TerminalChat:
         self.out = out if out is not None else sys.stdout
         self.err = err if err is not None else sys.stderr
         self.style = Style.TERMINAL if self.out.isatty() else Style.PLAIN
+        # Typed while a turn ran: the lines ended with Enter, each sent in turn, and the line
+        # begun, put on the prompt once they are.
+        self.typed: deque[str] = deque()
+        self.begun = ""
 
     @property
     def core(self) -> ChatCore:
@@ -102,10 +115,15 @@ class TerminalChat:
             return EXIT_FAILED
         while True:
             try:
-                text = self.lines.read()
+                text = self._next_message()
             except KeyboardInterrupt:  # at the prompt: leave
                 self._write(self.out, "\n")
                 return 0
+            except NotText as exc:  # said in one line; a script is told by the exit status
+                self._write(self.err, f"loopd: {exc}\n")
+                if not self.interactive:
+                    return EXIT_FAILED
+                continue
             if text is None:
                 if self.interactive:
                     self._write(self.out, "\n")
@@ -122,6 +140,18 @@ class TerminalChat:
                 self._command(command, db_path)
             elif not self._turn(self._say(text)) and not self.interactive:
                 return EXIT_FAILED
+
+    def _next_message(self) -> str | None:
+        """A line typed during the last turn, shown as sent; else the prompt's line (the line
+        begun then is on it)."""
+        if self.typed:
+            text = self.typed.popleft()
+            self._write(self.out, f"{PROMPT}{text}\n")
+            return text
+        if self.begun:
+            self.lines.offer(self.begun)
+            self.begun = ""
+        return self.lines.read()
 
     # -- turns -----------------------------------------------------------------------------------
 
@@ -148,14 +178,15 @@ class TerminalChat:
         except BaseException:
             signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
             raise
-        # Keys typed meanwhile wait for the next prompt, unechoed: the answer is drawn whole.
+        # Keys typed meanwhile wait, unechoed: the answer is drawn whole.
         with typed_keys_unechoed(sys.stdin) if self.interactive else contextlib.nullcontext():
             end = self.link.turn(start, ScreenWatch(view, self.out))
             # The turn has ended: a Ctrl-C while its end is drawn has nothing left to stop.
             with sigint_held():
                 try:
+                    self._keep_typed(stopped=isinstance(end, Stopped))
                     if isinstance(end, Stopped):
-                        self._write(self.out, view.stopped())
+                        self._write(self.out, view.stopped() + view.notices(end.notices))
                     elif isinstance(end, TurnOutcome):
                         shown = view.finished(end)
                         self._write(self.out, shown.out)
@@ -164,6 +195,20 @@ class TerminalChat:
                     return True
                 finally:
                     drop_pending_sigint()
+
+    def _keep_typed(self, *, stopped: bool) -> None:
+        """What was typed during the turn: after a stop, all of it back on the prompt (to send
+        or edit); else each line ended with Enter is sent next, and the line begun waits."""
+        if not self.interactive:
+            return
+        # The line begun before this turn goes on with what was typed during it.
+        ended, begun = split_typed(self.begun + take_typed(sys.stdin))
+        if stopped:
+            self.begun = "\n".join([*self.typed, *ended, *([begun] if begun else [])])
+            self.typed.clear()
+        else:
+            self.typed.extend(ended)
+            self.begun = begun
 
     # -- the rest --------------------------------------------------------------------------------
 
@@ -182,9 +227,11 @@ class TerminalChat:
                 except DaemonError as exc:
                     self._write(self.err, f"loopd: {for_terminal(str(exc))}\n")
                     return
-                self._write(self.out, f"new session {session.name!r} (slot {session.slot})\n")
+                self._write(self.out, f"new session {for_terminal(session.name)!r}\n")
             case "resume":
                 self._resume(command.argument)
+            case "retry":
+                self._retry()
             case "search":
                 self._search(command.argument, db_path)
             case "sessions":
@@ -207,9 +254,19 @@ class TerminalChat:
             self._write(self.err, f"loopd: {for_terminal(str(exc))}\n")
             return
         shown = for_terminal(session.name)
-        self._write(self.out, f"resumed session {shown!r} (slot {session.slot})\n")
+        self._write(self.out, f"resumed session {shown!r}\n")
         # A turn that session left pending is finished now, as at the chat's start.
         self._turn(self.core.resume)
+
+    def _retry(self) -> None:
+        """The latest turn again: a new answer (the one shown stays in the log), or the turn
+        that ended without one; one line when there is neither."""
+        try:
+            self.link.call(self.core.check_retry)
+        except DaemonError as exc:
+            self._write(self.err, f"loopd: /retry: {for_terminal(str(exc))}\n")
+            return
+        self._turn(self.core.retry)
 
     def _search(self, words: str, db_path: Path) -> None:
         if not words.strip():
@@ -229,8 +286,8 @@ class TerminalChat:
             return
         session = self.core.session
         line = (
-            f"loopd chat: session {session.name!r} on slot {session.slot}. /help for commands; "
-            "Ctrl-C stops a turn; Ctrl-D leaves."
+            f"loopd chat: session {for_terminal(session.name)!r}. /help for commands; "
+            "Ctrl-C stops a turn; Ctrl-Z suspends; Ctrl-D leaves."
         )
         if log_path is not None:
             line += f"\nlogs: {log_path}"

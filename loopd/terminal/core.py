@@ -30,7 +30,9 @@ from loopd.observe.perfsummary import format_summary, perf_records, summarize
 from loopd.sessionlog.records import Session, fresh_external_key
 from loopd.sessions import Runtime
 from loopd.terminal.approve import TerminalAsker
-from loopd.turnstop import record_stop, was_stopped
+from loopd.terminal.inuse import SessionLocks
+from loopd.tools.core import ToolResult
+from loopd.turnstop import record_stop, retry_target, take_back
 from loopd.wire.assemble import ToolCall
 
 log = logging.getLogger(__name__)
@@ -50,9 +52,11 @@ class Watcher(Protocol):
 
 @dataclass(frozen=True)
 class Stopped:
-    """The turn was stopped (Ctrl-C); ``seq`` is the stop record's entry."""
+    """The turn was stopped (Ctrl-C); ``seq`` is the stop record's entry. ``notices``: what the
+    person is told besides (their message was too long for the context)."""
 
     seq: int
+    notices: tuple[str, ...] = ()
 
 
 TurnEnd = TurnOutcome | Stopped
@@ -65,10 +69,10 @@ class WatchedTools:
     inner: ToolRunner
     watcher: Watcher
 
-    async def run(self, session: str, call: ToolCall) -> str:
+    async def run(self, session: str, call: ToolCall) -> ToolResult:
         self.watcher.tool_started(call)
         result = await self.inner.run(session, call)
-        self.watcher.tool_finished(call, result)
+        self.watcher.tool_finished(call, result.text)
         return result
 
 
@@ -91,10 +95,13 @@ class TerminalRuntime(Runtime):
 class ChatCore:
     """One terminal's session on the runtime; every method runs on the event loop."""
 
-    def __init__(self, runtime: TerminalRuntime, session: Session, who: str) -> None:
+    def __init__(
+        self, runtime: TerminalRuntime, session: Session, who: str, locks: SessionLocks
+    ) -> None:
         self.runtime = runtime
         self.session = session
         self.who = who  # who a stop is recorded for: the local user
+        self.locks = locks  # the session is this terminal's alone (``loopd.terminal.inuse``)
         # Asks y/n when a tool call waits for approval (loopd.approvals); piped input has
         # nobody to ask, and such a call is denied.
         self.asker: Asker | None = TerminalAsker(who) if sys.stdin.isatty() else None
@@ -104,15 +111,23 @@ class ChatCore:
 
     @classmethod
     async def open(cls, settings: Settings, session_name: str, who: str) -> ChatCore:
-        runtime = TerminalRuntime.open(settings)
+        """The session's runtime; ``SessionInUse`` when another terminal has the session."""
+        locks = SessionLocks(settings.state_dir)
+        locks.take(session_name)
+        try:
+            runtime = TerminalRuntime.open(settings)
+        except BaseException:
+            locks.release()
+            raise
         assert isinstance(runtime, TerminalRuntime)  # Runtime.open builds its own class
         try:
             await runtime.start_terminal()
             session = runtime.ensure_session(session_name)
         except BaseException:
             await runtime.aclose()
+            locks.release()
             raise
-        return cls(runtime, session, who)
+        return cls(runtime, session, who, locks)
 
     async def serve(self) -> None:
         """Until ``close``: while the user types, a session's prompt is read back into its slot
@@ -125,6 +140,7 @@ class ChatCore:
         finally:
             with anyio.CancelScope(shield=True):
                 await self.runtime.aclose()
+            self.locks.release()
 
     def close(self) -> None:
         self._closing.set()
@@ -132,20 +148,37 @@ class ChatCore:
     # -- turns -----------------------------------------------------------------------------------
 
     async def say(self, text: str, watcher: Watcher) -> TurnEnd:
-        """Store the user's message and run the turn that answers it."""
+        """Store the user's message and run the turn that answers it; a message too long for
+        the context is said so among the end's notices."""
         self._stopping = False
         name = self.session.name
-        await self.runtime.append_user(name, text, external_key=fresh_external_key())
+        taken = await self.runtime.append_user(name, text, external_key=fresh_external_key())
         end = await self._watched(watcher, lambda: self._run_turn(watcher))
         assert end is not None  # a turn that ran has an outcome, or was stopped
+        if taken.notice is None:
+            return end
+        if isinstance(end, Stopped):
+            return replace(end, notices=(taken.notice, *end.notices))
+        end.notices.insert(0, taken.notice)
         return end
+
+    def check_retry(self) -> None:
+        """``NothingToRetry`` (one line) when ``retry`` has nothing to run again."""
+        retry_target(self.runtime.log.state(self.session.name))
+
+    async def retry(self, watcher: Watcher) -> TurnEnd | None:
+        """Run the session's latest turn again (``/retry``): its answer generated again from
+        the same messages, or a turn that ended without one run again (``loopd.turnstop``);
+        ``NothingToRetry`` when there is neither."""
+        take_back(self.runtime.log, self.session.name, self.who)
+        log.info("the latest turn of %s runs again, asked by @%s", self.session.name, self.who)
+        return await self.resume(watcher)
 
     async def resume(self, watcher: Watcher) -> TurnEnd | None:
         """The turn a previous run left pending, unless a person stopped it; None when there is
         none to run."""
         self._stopping = False
-        state = self.runtime.log.state(self.session.name)
-        if not (state.pending_turn or state.interrupted_calls) or was_stopped(state):
+        if self.runtime.log.state(self.session.name).idle:  # a stopped turn has ended too
             return None
         log.info("resuming the pending turn of %s", self.session.name)
 
@@ -193,13 +226,16 @@ class ChatCore:
     def new_session(self, name: str) -> Session:
         if name in self.session_names():
             raise SessionExists(name)
+        self.locks.take(name)
         self.session = self.runtime.ensure_session(name)
         return self.session
 
     def switch_to(self, name: str) -> Session:
-        """Go on with the existing session ``name`` (its turns, its slot)."""
+        """Go on with the existing session ``name`` (its turns, its slot); ``SessionInUse``
+        when another terminal has it."""
         if name not in self.session_names():
             raise NoSuchSession(name)
+        self.locks.take(name)
         self.session = self.runtime.ensure_session(name)
         return self.session
 

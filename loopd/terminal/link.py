@@ -134,14 +134,16 @@ def connected(settings: Settings, session: str) -> Iterator[Link]:
 
 @contextlib.contextmanager
 def _event_loop_thread() -> Iterator[BlockingPortal]:
-    """The portal, its thread started with SIGINT blocked (and so every thread it starts).
+    """The portal, its thread started with SIGINT and SIGTSTP blocked (and so every thread it
+    starts).
 
     A signal goes to any one thread that does not block it. Were it the event loop's, the main
     thread would go on waiting in readline's ``select`` until the next key, since only the thread
-    that takes a signal sees its call interrupted.
+    that takes a signal sees its call interrupted; and Ctrl-Z is acted on by the main thread
+    (``loopd.terminal.suspend``).
     """
     with contextlib.ExitStack() as stack:
-        before = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+        before = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTSTP})
         try:
             portal = stack.enter_context(start_blocking_portal(backend="asyncio"))
         finally:

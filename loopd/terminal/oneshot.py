@@ -27,6 +27,7 @@ from loopcommon.errors import ConfigError
 from loopd.config import Settings
 from loopd.engine.outcome import TurnOutcome
 from loopd.terminal.core import Stopped, TurnEnd, Watcher
+from loopd.terminal.lineinput import checked_text, read_all
 from loopd.terminal.link import ScreenWatch, connected
 from loopd.terminal.logfile import logs_out_of_the_way
 from loopd.terminal.render import Style, TurnView
@@ -51,8 +52,9 @@ def fresh_session_name(now: datetime, suffix: str) -> str:
 
 
 def read_prompt(prompt: str, stdin: TextIO) -> str:
-    """The prompt, read from stdin for ``-``; an empty one is refused."""
-    text = stdin.read() if prompt == "-" else prompt
+    """The prompt, read from stdin for ``-``; an empty one is refused, and one that is not
+    text (``NotText``: bytes that are not UTF-8)."""
+    text = checked_text(read_all(stdin) if prompt == "-" else prompt, "run: the message")
     if not text.strip():
         raise ConfigError("run: the prompt is empty; give the message to send (or - for stdin)")
     return text.strip()
@@ -130,6 +132,7 @@ def run_record(
         "ended": ended,
         "answer": outcome.answer if outcome is not None and outcome.failure is None else None,
         "failure": outcome.failure if outcome is not None else None,
+        "guard": outcome.guard if outcome is not None else None,
         "notices": list(outcome.notices) if outcome is not None else [],
         "cut_at_tokens": outcome.cut_at if outcome is not None else None,
         "tool_calls": tool_calls,

@@ -22,6 +22,7 @@ here are loopd's own. A failure's line goes to stderr, a diagnostic, so it passe
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import Enum
 
@@ -167,7 +168,7 @@ class TurnView:
         err = f"loopd: {for_terminal(outcome.failure)}\n" if outcome.failure is not None else ""
         cut = f"[loopd] {cut_note(outcome.cut_at)}\n" if outcome.cut_at is not None else ""
         if self.style is Style.PLAIN:
-            notices = "".join(f"[loopd] {notice}\n" for notice in outcome.notices)
+            notices = self.notices(outcome.notices)
             if outcome.failure is not None:
                 return TurnEndText(notices, err)
             # stdout is the answer alone (data); the cut is said beside it, on stderr
@@ -180,10 +181,14 @@ class TurnView:
         out += self._settle_answer() + self._end_line()
         if cut:
             out += f"{DIM}{cut}{RESET}"
-        notices = "".join(f"[loopd] {for_terminal(notice)}\n" for notice in outcome.notices)
-        if notices:
-            out += f"{DIM}{notices}{RESET}"
-        return TurnEndText(out, err)
+        return TurnEndText(out + self.notices(outcome.notices), err)
+
+    def notices(self, notices: Sequence[str]) -> str:
+        """loopd's own lines about the turn, dimmed (plain when piped)."""
+        if self.style is Style.PLAIN:
+            return "".join(f"[loopd] {notice}\n" for notice in notices)
+        lines = "".join(f"[loopd] {for_terminal(notice)}\n" for notice in notices)
+        return f"{DIM}{lines}{RESET}" if lines else ""
 
     def stopped(self) -> str:
         """The turn was cancelled (Ctrl-C)."""

@@ -19,6 +19,7 @@ COMMANDS: Final = {
     "search": "/search WORDS  the messages of every session that mention all the words",
     "sessions": "/sessions      list the sessions, with what each waits for",
     "perf": "/perf          this session's requests: prompt cache reuse, recompute, losses",
+    "retry": "/retry         the last answer again, generated anew (or a turn that failed, again)",
     "help": "/help          this list",
     "quit": "/quit          leave (so do Ctrl-D and Ctrl-C at the prompt)",
 }
@@ -30,8 +31,10 @@ HELP: Final = "\n".join(
     [
         *COMMANDS.values(),
         "Ctrl-C during a turn stops it (the model's request is closed at once, and the turn is",
-        "recorded as stopped, so it is not answered when the chat starts again).",
-        "A message may span lines: paste it (a paste is one message).",
+        "recorded as stopped, so it is not answered when the chat starts again); what you typed",
+        "meanwhile comes back on the prompt. Ctrl-Z suspends the chat; fg brings it back.",
+        "A message may span lines: paste it (a paste is one message; a long one shows as",
+        "[pasted N lines]).",
     ]
 )
 

@@ -124,10 +124,51 @@ def shorten(line: str, max_chars: int) -> str:
 def read_file(
     workspace: Workspace, path: str, offset: int, limit: int | None, limits: ToolLimits
 ) -> str:
-    window = read_text_window(
-        workspace, path, offset=offset, limit=limit, max_bytes=limits.read_max_bytes
-    )
+    try:
+        window = read_text_window(
+            workspace, path, offset=offset, limit=limit, max_bytes=limits.read_max_bytes
+        )
+    except ToolFailure as exc:
+        # A guessed name, or a folder read as a file: the model's next step is better when it
+        # reads what is there than when it guesses again (small models re-read the same path).
+        around = _what_is_there(workspace, path, limits)
+        if around is None:
+            raise
+        raise ToolFailure(f"{exc}. {around}") from exc
     return render_window(path, window, limits.read_max_bytes)
+
+
+# How many names a failed read shows of the folder it looked in.
+NAMES_SHOWN = 20
+
+
+def _what_is_there(workspace: Workspace, raw: str, limits: ToolLimits) -> str | None:
+    """For a read of a folder, or of a path that does not exist: what the folder (or the
+    nearest folder above the path that exists) holds; None for any other failure, and for an
+    empty folder (the failure says enough)."""
+    try:
+        relative = workspace.resolve(raw)
+    except ToolFailure:
+        return None
+    folder = relative if (workspace.root / relative).is_dir() else relative.parent
+    if folder == relative and not relative.parts:
+        return None  # the workspace itself: the failure says so
+    if folder != relative and (workspace.root / relative).exists():
+        return None  # it exists: the failure is about the file itself
+    while folder.parts and not (workspace.root / folder).is_dir():
+        folder = folder.parent
+    shown = folder.as_posix() if folder.parts else "."
+    try:
+        entries = list_entries(workspace, shown)
+    except ToolFailure:
+        return None
+    if not entries:
+        return None
+    names = [_entry_line(entry) for entry in entries[:NAMES_SHOWN]]
+    if len(entries) > NAMES_SHOWN:
+        names.append(f"and {len(entries) - NAMES_SHOWN} more")
+    where = "The workspace folder (.)" if shown == "." else f"The folder {shown}"
+    return f"{where} holds: {', '.join(names)}."
 
 
 def check_room(workspace: Workspace, adding: int, limits: ToolLimits) -> None:

@@ -15,6 +15,7 @@ import anyio
 from loopd.chat.config import ChatSettings
 from loopd.config import Settings
 from loopd.serve import Daemon, run_daemon
+from loopd_dev.fakes.llama import RunningFake as RunningLlama
 from loopd_dev.fakes.mattermost import (
     FakeConfig,
     FakeMattermost,
@@ -22,6 +23,7 @@ from loopd_dev.fakes.mattermost import (
     RunningFake,
     serve_fake_mattermost,
 )
+from tests.chat.conftest import FAKE_MODEL
 
 WAIT_S = 20.0
 FAST_MM = FakeConfig(auth_timeout_s=0.5, ping_interval_s=0.5, pong_wait_s=2.0)
@@ -172,3 +174,22 @@ async def until(condition: Callable[[], bool], what: str, timeout_s: float = WAI
                 await anyio.sleep(0.02)
     except TimeoutError:
         raise AssertionError(f"timed out waiting for {what}") from None
+
+
+@asynccontextmanager
+async def environment(
+    tmp_path: Path,
+    sockets: Path | None,
+    llama: RunningLlama,
+    mm_config: FakeConfig = FAST_MM,
+    max_tokens: int = 2048,
+    **chat: Any,
+) -> AsyncIterator[Env]:
+    """The fake Mattermost, and the settings of a daemon on it and on ``llama`` (the fake
+    llama-server's model), its state under ``tmp_path``."""
+    async with fake_mattermost(sockets, mm_config) as mm:
+        yield Env(
+            mm,
+            settings_for(tmp_path / "state", llama.base_url, FAKE_MODEL, max_tokens=max_tokens),
+            chat_settings_for(mm, tmp_path, **chat),
+        )

@@ -141,7 +141,7 @@ def test_status_texts() -> None:
     assert "thinking (12 tokens)" in status_text(Status(Phase.THINKING, tokens=12))
     assert "calling read_file" in status_text(Status(Phase.TOOL_CALL, tool="read_file"))
     assert "answering" in status_text(Status(Phase.ANSWERING), " (stop hint)")
-    assert status_text(InLine(0, 2)) == "⏳ waiting for slot 0 (behind 2 other threads)"
+    assert status_text(InLine(0, 2)) == "⏳ waiting for its turn (behind 2 other threads)"
     assert status_text(Finished("stopped", "by @alice"), "hint") == "⏹️ stopped by @alice"
 
 

@@ -3,11 +3,8 @@ stop, and the faults of the issue (drops, duplicates, restarts, 5xx, 429, odd po
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
 
 import anyio
 import pytest
@@ -17,36 +14,17 @@ from loopd.sessionlog import EntryKind, SessionLog
 from loopd.sessionlog.records import RequestKind
 from loopd.turnstop import was_stopped
 from loopd_dev.fakes.llama import FakeLlama, Pace, RunningFake, ScriptedReply
-from loopd_dev.fakes.mattermost import FakeConfig, LoggedPost
+from loopd_dev.fakes.mattermost import LoggedPost
 from tests.chat.chat_support import (
     FAST_MM,
     Env,
-    chat_settings_for,
     daemon,
-    fake_mattermost,
-    settings_for,
+    environment,
     until,
 )
 from tests.chat.conftest import FAKE_MODEL
 
 pytestmark = pytest.mark.anyio
-
-
-@asynccontextmanager
-async def environment(
-    tmp_path: Path,
-    sockets: Path | None,
-    llama: RunningFake,
-    mm_config: FakeConfig = FAST_MM,
-    max_tokens: int = 2048,
-    **chat: Any,
-) -> AsyncIterator[Env]:
-    async with fake_mattermost(sockets, mm_config) as mm:
-        yield Env(
-            mm,
-            settings_for(tmp_path / "state", llama.base_url, FAKE_MODEL, max_tokens=max_tokens),
-            chat_settings_for(mm, tmp_path, **chat),
-        )
 
 
 def stopped_line(env: Env, root_id: str) -> bool:
@@ -383,7 +361,10 @@ async def test_ambiguous_5xx_and_429_bursts_give_exactly_one_reply(
 async def test_a_long_answer_is_split_into_parts(
     tmp_path: Path, sockets: Path, fake_llama: FakeLlama, llama: RunningFake
 ) -> None:
-    paragraphs = "\n\n".join(f"Paragraph {i}. " + "text " * 40 for i in range(12))
+    # Words that differ: "text " 40 times over is a loop the repetition watch would close.
+    paragraphs = "\n\n".join(
+        f"Paragraph {i}. " + " ".join(f"w{i}x{j}" for j in range(40)) for i in range(12)
+    )
     fake_llama.push(ScriptedReply(content=paragraphs), model=FAKE_MODEL)
     config = replace(FAST_MM, max_post_size=1000)
     async with environment(tmp_path, sockets, llama, config) as env, daemon(env):

@@ -9,9 +9,8 @@ import pytest
 
 from loopd.engine.notes import cut_note
 from loopd_dev.fakes.llama import FakeLlama, RunningFake, ScriptedReply
-from tests.chat.chat_support import daemon, until
+from tests.chat.chat_support import daemon, environment, until
 from tests.chat.conftest import FAKE_MODEL
-from tests.chat.test_chat_scenarios import environment
 
 pytestmark = pytest.mark.anyio
 

@@ -9,8 +9,7 @@ import pytest
 
 from loopd.observe.metrics import METRICS
 from loopd_dev.fakes.llama import RunningFake
-from tests.chat.chat_support import daemon, until
-from tests.chat.test_chat_scenarios import environment
+from tests.chat.chat_support import daemon, environment, until
 
 
 @pytest.mark.anyio

@@ -24,10 +24,10 @@ from tests.approvals.test_approval_thread import thread_env
 from tests.chat.chat_support import (
     Env,
     daemon,
+    environment,
     until,
 )
 from tests.chat.conftest import FAKE_MODEL, fake_llama, llama, sockets
-from tests.chat.test_chat_scenarios import environment
 from tests.conformance.person import Person, PersonOf, person_of
 
 __all__ = ["fake_llama", "llama", "person_of", "sockets"]  # the fixtures, here too

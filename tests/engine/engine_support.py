@@ -21,6 +21,7 @@ from loopd.engine.request import RequestSettings, Sampling, build_body
 from loopd.engine.turn import Turn
 from loopd.sessionlog.records import EntryKind, Request, fresh_external_key
 from loopd.sessionlog.store import SessionLog
+from loopd.tools.core import ToolResult
 from loopd.wire.assemble import ToolCall
 from loopd_dev.fakes.llama import FakeLlama, RunningFake, serve_fake_llama
 
@@ -100,14 +101,18 @@ def say(log: SessionLog, text: str) -> None:
 
 @dataclass
 class FakeTools:
-    """A ToolRunner that answers every call from a table and remembers the calls."""
+    """A ToolRunner that answers every call from a table and remembers the calls; a tool the
+    table does not hold fails, as do the tools named in ``failing``."""
 
     answers: dict[str, str] = field(default_factory=dict)
     calls: list[ToolCall] = field(default_factory=list)
+    failing: frozenset[str] = frozenset()
 
-    async def run(self, session: str, call: ToolCall) -> str:
+    async def run(self, session: str, call: ToolCall) -> ToolResult:
         self.calls.append(call)
-        return self.answers.get(call.name, f"error: no tool {call.name}")
+        if call.name not in self.answers:
+            return ToolResult(f"error: no tool {call.name}", ok=False)
+        return ToolResult(self.answers[call.name], ok=call.name not in self.failing)
 
 
 def make_turn(

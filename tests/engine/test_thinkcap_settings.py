@@ -18,8 +18,11 @@ from tests.engine.engine_support import MODEL, served
 
 pytestmark = pytest.mark.anyio
 
-# Far past the shipped cap: a runaway thought that, uncapped, would fill max_tokens.
-LONG_THOUGHT = ScriptedReply(reasoning=" ".join(["hmm"] * 11_000), content="The answer.")
+# Far past the shipped cap: a runaway thought that, uncapped, would fill max_tokens. Every
+# word differs, so the repetition watch (loopd.engine.loops) leaves it to the cap.
+LONG_THOUGHT = ScriptedReply(
+    reasoning=" ".join(f"step{n}" for n in range(11_000)), content="The answer."
+)
 
 
 async def _one_turn(settings: Settings, text: str) -> tuple[Runtime, str | None]:

@@ -14,6 +14,7 @@ import pytest
 
 from loopd.engine.cacheloss import LossCause
 from loopd.engine.client import InferenceClient
+from loopd.engine.guards import GuardLimits
 from loopd.engine.outcome import Failure
 from loopd.engine.progress import Phase, Status
 from loopd.sessionlog.chain import messages_digest
@@ -363,7 +364,8 @@ async def test_a_model_that_keeps_calling_tools_stops_at_max_rounds(tmp_path: Pa
         log = open_log(tmp_path)
         say(log, "read a.txt")
         # The repeat guard off: the same call three times is what it would stop first.
-        outcome = await make_turn(server, log, tools=tools, max_rounds=2, repeat_limit=0).run()
+        off = GuardLimits(repeat=0)
+        outcome = await make_turn(server, log, tools=tools, max_rounds=2, guard_limits=off).run()
     assert (outcome.answer, outcome.cause) == (None, None)
     assert outcome.failure == "stopped after 2 tool rounds without an answer"
     assert len(tools.calls) == 2

@@ -113,13 +113,20 @@ async def test_a_ten_thousand_token_message_is_cut_with_a_note(
         session = runtime.ensure_session("huge")
         text = "The quick brown fox jumps over the lazy dog. " * 1000
         assert await runtime.budget.count_text(text) >= 10_000
-        appended = await runtime.append_user("huge", text, external_key=fresh_external_key())
-        stored = appended.entry.message or ""
+        key = fresh_external_key()
+        taken = await runtime.append_user("huge", text, external_key=key)
+        stored = taken.appended.entry.message or ""
         outcome = await runtime.run_turn(session, lambda status: None)
         (request,) = runtime.log.requests("huge")
     finally:
         await runtime.aclose()
     assert "[loopd: this message was cut here. It was 1" in stored
+    # Never cut silently: the whole message is in the workspace, and its author is told.
+    kept = f"messages/{key}.txt"
+    assert f"in the file {kept} of the workspace" in stored
+    assert (tmp_path / "workspaces" / "huge" / kept).read_text() == text
+    assert taken.notice is not None
+    assert f"kept in its workspace as {kept}" in taken.notice
     assert outcome.failure is None
     assert request.record.perf.outcome == "complete"
     assert (request.record.perf.prompt_n or 0) < N_CTX // 2

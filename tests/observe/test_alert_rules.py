@@ -1,6 +1,7 @@
 """The alert rules shipped in deploy/prometheus/: checked by promtool, and evaluated by promtool's
 rule tests against scrapes of loopd's own ``/metrics`` page, once in trouble (each rule fires)
-and once healthy (none does).
+and once healthy (none does); and the two rules for a daemon that is down, on the ``up`` series
+Prometheus writes for each scrape of the two jobs docs/observability.md configures.
 
 A scrape is one moment; the rule tests need series over time. Each scraped sample becomes a series
 of the same value every minute for 40 minutes (a counter climbs from 0 to its scraped value at an
@@ -76,7 +77,7 @@ def test_promtool_accepts_the_rules() -> None:
         [promtool(), "check", "rules", str(RULES)], capture_output=True, text=True, timeout=60
     )
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "SUCCESS: 7 rules found" in result.stdout
+    assert "SUCCESS: 9 rules found" in result.stdout
 
 
 @contextmanager
@@ -117,6 +118,19 @@ def input_series(text: str, *, scale: dict[str, float] | None = None) -> list[di
 
 
 def rule_test(tmp_path: Path, series: list[dict[str, str]], firing: set[str]) -> str:
+    """The loopd alerts on ``series``: those in ``firing`` fire, with their labels and words."""
+    expected = {name: (_labels(name), SAID[name]) for name in LOOPD_ALERTS}
+    return promtool_test(tmp_path, series, expected, firing)
+
+
+def promtool_test(
+    tmp_path: Path,
+    series: list[dict[str, str]],
+    expected: dict[str, tuple[dict[str, str], str]],
+    firing: set[str],
+) -> str:
+    """promtool's rule test at ``MINUTES`` minutes: each alert of ``expected`` (its labels and
+    summary) fires if in ``firing``, and is silent otherwise."""
     tests: list[dict[str, Any]] = [
         {
             "interval": "1m",
@@ -125,13 +139,11 @@ def rule_test(tmp_path: Path, series: list[dict[str, str]], firing: set[str]) ->
                 {
                     "eval_time": f"{MINUTES}m",
                     "alertname": name,
-                    "exp_alerts": [
-                        {"exp_labels": _labels(name), "exp_annotations": {"summary": SAID[name]}}
-                    ]
+                    "exp_alerts": [{"exp_labels": labels, "exp_annotations": {"summary": said}}]
                     if name in firing
                     else [],
                 }
-                for name in LOOPD_ALERTS
+                for name, (labels, said) in expected.items()
             ],
         }
     ]
@@ -207,3 +219,42 @@ async def test_no_rule_fires_on_a_healthy_loopd(
     free = [line for line in text.splitlines() if line.startswith("loopd_state_free_bytes")]
     assert free, "the scrape reports the state's free bytes"
     assert "SUCCESS" in rule_test(tmp_path, input_series(text), set())
+
+
+DOWN_ALERTS = {
+    "LoopdDown": "loopd's metrics cannot be read: loopd is down (threads get no answer)",
+    "BrokerdDown": "brokerd is down: loopd reaches neither the model nor Mattermost",
+}
+RELAY = "127.0.0.1:9464"  # both jobs scrape brokerd's address (loopd's page through its relay)
+
+
+def up_series(*, loopd: int, brokerd: int) -> list[dict[str, str]]:
+    """Prometheus's ``up`` of each job, the same at every scrape for ``MINUTES`` minutes."""
+    return [
+        {"series": f'up{{instance="{RELAY}",job="{job}"}}', "values": f"{value}+0x{MINUTES}"}
+        for job, value in (("loopd", loopd), ("brokerd", brokerd))
+    ]
+
+
+def down_labels(job: str) -> dict[str, str]:
+    return {"severity": "critical", "instance": RELAY, "job": job}
+
+
+@pytest.mark.parametrize(
+    ("loopd", "brokerd", "firing"),
+    [
+        (1, 1, set()),
+        (0, 1, {"LoopdDown"}),
+        # brokerd down: loopd's page cannot be read either, and one alert says what to fix.
+        (0, 0, {"BrokerdDown"}),
+    ],
+)
+def test_a_daemon_that_is_down_fires_its_rule(
+    tmp_path: Path, loopd: int, brokerd: int, firing: set[str]
+) -> None:
+    expected = {
+        "LoopdDown": (down_labels("loopd"), DOWN_ALERTS["LoopdDown"]),
+        "BrokerdDown": (down_labels("brokerd"), DOWN_ALERTS["BrokerdDown"]),
+    }
+    series = up_series(loopd=loopd, brokerd=brokerd)
+    assert "SUCCESS" in promtool_test(tmp_path, series, expected, firing)

@@ -117,19 +117,20 @@ async def agent(
     *,
     repeat_limit: int = 1,
     max_rounds: int | None = MAX_ROUNDS,
+    model: str = devserver.TOOL_MODEL,
 ) -> AsyncIterator[Agent]:
     settings = load_settings(
         infer_url=server.url,
-        model=devserver.TOOL_MODEL,
+        model=model,
         broker_url=broker_url,
         state_dir=state,
         repeat_limit=repeat_limit,
-        **devserver.TOOL_MODEL_SETTINGS,
+        **devserver.MODEL_SETTINGS[model],
     )
     runtime = BoundedRuntime.open(settings)
     assert isinstance(runtime, BoundedRuntime)  # open() builds the class it is called on
     runtime.max_rounds = max_rounds
-    client = TappedClient(server.url, devserver.TOOL_MODEL)
+    client = TappedClient(server.url, model)
     client.bodies, client.streams = [], []
     runtime.client = client
     runtime.budget.client = client

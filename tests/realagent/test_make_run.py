@@ -1,11 +1,12 @@
-"""``LOOPD_MODEL=qwen-coder-tools make run`` (scripts/run.sh) in a real terminal (tmux): the
-whole stack comes up on the tool model, a message asking for the files gets a real ``list_dir``
-call, and its line and its result's line are on the screen.
+"""``LOOPD_MODEL=qwen-coder-agent make run`` (scripts/run.sh) in a real terminal (tmux): the
+whole stack comes up on the agent model, a message asking what a file says gets a real
+``read_file`` call, its line and its result's line are on the screen, and then the answer, in
+words, with the value the file holds.
 
 Waits are bounded polls on what the stack writes (the chat's welcome line on the screen, the
-tool result in the session log), never sleeps; the model's work is bounded by ``max_tokens``
-150 a request and the repeat guard. The tmux session, and with it everything run.sh started,
-ends whatever happens.
+tool result and the answer in the session log), never sleeps; the model's work is bounded by
+``max_tokens`` 150 a request and the loop guards. The tmux session, and with it everything
+run.sh started, ends whatever happens.
 """
 
 from __future__ import annotations
@@ -60,24 +61,35 @@ def until(check: Callable[[], bool], what: str, screen: Callable[[], str]) -> No
         time.sleep(0.2)
 
 
-def tool_results(db: Path, session: str) -> int:
-    """How many tool results the session's log holds (0 before the chat made the log)."""
+def entry_kinds(db: Path, session: str) -> list[EntryKind]:
+    """The kinds of the session's entries (none before the chat made the log)."""
     if not db.exists():
-        return 0
+        return []
     with SessionLog.open(db, create=False) as log:
         if session not in {s.name for s in log.sessions()}:
-            return 0
-        return sum(e.kind is EntryKind.TOOL for e in log.entries(session))
+            return []
+        return [e.kind for e in log.entries(session)]
 
 
-def test_make_run_on_the_tool_model_shows_a_real_list_dir_call_and_its_result() -> None:
+def answered_after_a_tool(db: Path, session: str) -> bool:
+    """A tool result, then the turn's end: an answer (or a note, which a guard writes)."""
+    kinds = entry_kinds(db, session)
+    if EntryKind.TOOL not in kinds:
+        return False
+    after = kinds[len(kinds) - kinds[::-1].index(EntryKind.TOOL) :]
+    return EntryKind.ASSISTANT in after or EntryKind.NOTE in after
+
+
+def test_make_run_on_the_agent_model_answers_with_the_value_the_file_holds() -> None:
     # Short paths: the stack's Unix sockets live under the run folder.
     with tempfile.TemporaryDirectory(prefix="lr") as tmp:
         state, run = Path(tmp) / "s", Path(tmp) / "r"
         workspaces = state / "workspaces"
-        (session_workspace(workspaces, "terminal") / "notes.txt").write_text("first notes\n")
+        (session_workspace(workspaces, "terminal") / "garden.txt").write_text(
+            "The garden has one flower: a yellow tulip by the gate.\n"
+        )
         env = {
-            "LOOPD_MODEL": devserver.TOOL_MODEL,
+            "LOOPD_MODEL": devserver.AGENT_MODEL,
             "LOOPD_STATE_DIR": str(state),
             "MAKE_RUN_DIR": str(run),
             "LOOPDEV_CACHE_DIR": str(devserver.default_cache_dir()),
@@ -86,12 +98,18 @@ def test_make_run_on_the_tool_model_shows_a_real_list_dir_call_and_its_result() 
         name = f"loopd-run-{os.getpid()}"
         with terminal(name, f"cd {REPO} && {assignments} scripts/run.sh") as screen:
             until(lambda: "loopd chat: session 'terminal'" in screen(), "the chat", screen)
-            tmux("send-keys", "-t", name, 'List the files in the folder "." of the workspace.')
+            tmux("send-keys", "-t", name, "Read garden.txt and name the flower it mentions.")
             tmux("send-keys", "-t", name, "Enter")
             db = state / "loopd.db"
-            until(lambda: tool_results(db, "terminal") > 0, "a tool result", screen)
-            until(lambda: "└" in screen().split("• list_dir", 1)[-1], "its result", screen)
+            until(lambda: answered_after_a_tool(db, "terminal"), "the answer", screen)
+            until(lambda: "tulip" in screen().split("• read_file", 1)[-1], "it shown", screen)
             shown = screen()
-    assert "• list_dir(" in shown, shown
-    after_call = shown.split("• list_dir(", 1)[1]
-    assert "notes.txt" in after_call, shown
+            kinds = entry_kinds(db, "terminal")
+    print(shown)
+    assert "• read_file(" in shown, shown
+    call, _, after = shown.partition("• read_file(")[2].partition("\n")
+    assert "garden.txt" in call
+    assert "└" in after, shown  # the result's line
+    assert EntryKind.NOTE not in kinds, kinds  # no guard ended the turn
+    answer = after.split("└", 1)[1].split("\n", 1)[1]  # what follows the result's line
+    assert "tulip" in answer.lower(), shown

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from loopd.engine.repeats import DEFAULT_LIMIT
+from loopd.engine.guards import GuardLimits
 from loopd.sessionlog.records import EntryKind
 from loopd.tools.workspace import session_workspace
 from loopd_dev import devserver
@@ -24,7 +24,7 @@ async def test_the_guard_ends_the_models_repeating_turn_long_before_the_round_li
     tool_server: devserver.RunningServer, tmp_path: Path
 ) -> None:
     async with agent(
-        tool_server, tmp_path / "st", repeat_limit=DEFAULT_LIMIT, max_rounds=None
+        tool_server, tmp_path / "st", repeat_limit=GuardLimits().repeat, max_rounds=None
     ) as a:
         (session_workspace(a.runtime.settings.workspaces, "g") / "notes.txt").write_text("x\n")
         outcome, calls = await a.turn("g", "Run the command `ls -a` with run_command.")
@@ -37,7 +37,8 @@ async def test_the_guard_ends_the_models_repeating_turn_long_before_the_round_li
     # The last three calls: run, pointed to its result, stopped (the calls are the same).
     first, pointed, stopped = calls[-3:]
     assert first.name == pointed.name == stopped.name
-    assert f"the tool result for {first.id} above" in results[-2]
+    assert f"(call {first.id})" in results[-2]
+    assert f"Its result was:\n{results[-3]}\n" in results[-2]
     assert results[-1] == f"not run: {line}"
     assert entries[-1].kind is EntryKind.NOTE
     assert entries[-1].fields.text == line

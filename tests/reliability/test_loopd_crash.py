@@ -11,6 +11,7 @@ import pytest
 from loopd.sessionlog.records import EntryKind
 from loopd.sessionlog.store import SessionLog
 from loopd.sessions import INTERRUPTED
+from loopd.tools.core import ToolResult
 from loopd.wire.assemble import ToolCall
 from loopd_dev.fakes.llama import Pace, ScriptedReply, ScriptedToolCall
 from tests.reliability.conftest import Observe
@@ -116,7 +117,7 @@ class _Killed(Exception):
 
 
 class _DieBeforeTool:
-    async def run(self, session: str, call: ToolCall) -> str:
+    async def run(self, session: str, call: ToolCall) -> ToolResult:
         raise _Killed(call.id)
 
 
@@ -137,7 +138,7 @@ async def test_dies_after_the_assistant_entry_before_the_tool(observe: Observe) 
             turn = rt.turn(session, lambda status: None)
 
             class FindThenDie:
-                async def run(self, name: str, call: ToolCall) -> str:
+                async def run(self, name: str, call: ToolCall) -> ToolResult:
                     if call.name == "call_tool":
                         raise _Killed(call.id)
                     return await real_tools.run(name, call)

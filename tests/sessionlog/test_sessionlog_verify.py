@@ -18,8 +18,10 @@ from loopd.cli.log import (
 from loopd.cli.parser import build_parser
 from loopd.config import Settings
 from loopd.sessionlog import RequestKind, RequestRecord, SessionLog, messages_digest
-from loopd.sessionlog.records import Perf
+from loopd.sessionlog.errors import InvalidAppendError
+from loopd.sessionlog.records import NoteReason, Perf
 from loopd.sessionlog.verify import verify
+from loopd.turnstop import record_end, record_stop
 from tests.sessionlog.sessionlog_support import assistant_text, request_for
 
 S = "thread-1"
@@ -181,3 +183,89 @@ def test_a_session_keeps_one_slot_on_each_endpoint(db_path: Path, log: SessionLo
     [problem] = verify(log)
     assert problem.detail == "sent to slot 1 on endpoint b; the session's slot there is 0"
     assert log.endpoint_slots() == {(S, "a"): 1, (S, "b"): 1}
+
+
+def _regenerate(log: SessionLog) -> tuple[int, int]:
+    """A turn answered, a save's read of the answer, the answer taken back and answered again,
+    then a next turn: the seqs of the first and of the second answer."""
+    _turn(log)
+    first = log.entries(S)[-1].seq
+    log.record_request(S, request_for(log, S, RequestKind.PREWARM))  # it read the first answer
+    log.append_note(S, "run again by @alice", reason=NoteReason.TAKEN_BACK, refers_to=first)
+    log.append_assistant(S, assistant_text("two files"), request=request_for(log, S))
+    second = log.entries(S)[-1].seq
+    log.append_user(S, "thanks", external_key="p2")
+    log.append_assistant(S, assistant_text("welcome"), request=request_for(log, S))
+    return first, second
+
+
+def test_a_taken_back_answer_leaves_the_replay_and_the_log_verifies(log: SessionLog) -> None:
+    first, second = _regenerate(log)
+    replayed = log.replay_messages(S)
+    stored = {e.seq: e.message for e in log.entries(S)}
+    assert stored[first] not in replayed, "the first answer stays in the log, not in the replay"
+    assert stored[first] is not None
+    assert stored[second] in replayed
+    assert verify(log) == []
+
+
+def test_a_request_that_drops_an_answer_not_taken_back_fails_verify(log: SessionLog) -> None:
+    _turn(log)
+    log.record_request(S, request_for(log, S, RequestKind.PREWARM))  # it read the answer
+    before_answer = log.replay_messages(S)[:-1]
+    epoch = log.current_epoch(S).number
+    record = RequestRecord(
+        RequestKind.TURN, 0, epoch, len(before_answer), messages_digest(before_answer)
+    )
+    log.record_request(S, record)
+    problems = [str(p) for p in verify(log)]
+    assert any("did not extend it" in p for p in problems), problems
+
+
+def test_the_replay_held_during_a_turn_honours_a_take_back(log: SessionLog) -> None:
+    _turn(log)
+    with log.holding_replay(S):
+        held = log.replay_messages(S)
+        answer = log.entries(S)[-1].seq
+        log.append_note(S, "again", reason=NoteReason.TAKEN_BACK, refers_to=answer)
+        assert log.replay_messages(S) == held[:-1]
+
+
+def test_a_take_back_names_an_entry_of_the_current_epoch(log: SessionLog) -> None:
+    with pytest.raises(InvalidAppendError):
+        log.append_note(S, "again", reason=NoteReason.TAKEN_BACK)
+    with pytest.raises(InvalidAppendError):
+        log.append_note(S, "again", reason=NoteReason.TAKEN_BACK, refers_to=99)
+
+
+def test_sessions_shows_how_each_turn_ended(db_path: Path, log: SessionLog) -> None:
+    _turn(log)
+    for name, ending in (("stopped", "stop"), ("failed", "end"), ("cut", None)):
+        log.ensure_session(name, 0)
+        log.start_epoch(name, reason="start", tools_text="[]", system_text="s")
+        log.append_user(name, "go", external_key=f"k-{name}")
+        log.append_broken(name, partial_text="", reason="the connection broke")
+        if ending == "stop":
+            record_stop(log, name, "alice")
+        elif ending == "end":
+            record_end(log, name, "no first byte within 900 s")
+    out = io.StringIO()
+    assert list_sessions(db_path, out) == 0
+    states = {line.split()[0]: line for line in out.getvalue().splitlines()[1:]}
+    assert states[S].endswith("  answered")
+    assert states["stopped"].endswith("  stopped by @alice")
+    assert states["failed"].endswith("  ended: no first byte within 900 s")
+    assert states["cut"].endswith("  pending turn")
+
+
+def test_sessions_names_the_folder_when_there_is_no_log(tmp_path: Path) -> None:
+    out, err = io.StringIO(), io.StringIO()
+    assert list_sessions(tmp_path / "typo" / "loopd.db", out, err) == 0
+    assert out.getvalue().startswith("SESSION")
+    assert err.getvalue() == (
+        f"loopd: no sessions: the state folder {tmp_path / 'typo'} does not exist "
+        "(LOOPD_STATE_DIR)\n"
+    )
+    out, err = io.StringIO(), io.StringIO()
+    assert list_sessions(tmp_path / "loopd.db", out, err) == 0
+    assert f"no sessions yet: no session log in {tmp_path}" in err.getvalue()

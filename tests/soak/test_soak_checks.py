@@ -251,7 +251,7 @@ def test_slot_waits_run_from_the_status_post_to_the_slot() -> None:
     run = Run()
     run.bot("created", "s1", f"{NAME}#1:status", 10.0)
     run.entries.append(
-        LogEntry("edited", "s1", BOT, "c", ROOT, "⏳ waiting for slot 0 (behind 1)", {}, 11.0)
+        LogEntry("edited", "s1", BOT, "c", ROOT, "⏳ waiting for its turn (behind 1)", {}, 11.0)
     )
     run.entries.append(LogEntry("edited", "s1", BOT, "c", ROOT, "📖 reading", {}, 15.0))
     run.bot("created", "s2", f"{NAME}#3:status", 20.0)

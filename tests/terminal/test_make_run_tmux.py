@@ -1,6 +1,8 @@
 """``make run`` as a newcomer uses it, in tmux: a Ctrl-C in the middle of an answer stops that turn
 only, the next message is answered on the same servers, and Ctrl-D leaves no process and no
-socket file behind.
+socket file behind; Ctrl-Z and ``fg`` from the shell that ran it continue the chat, and nothing
+typed or pasted is lost or taken for a key (a paste with 0x1a, a 1 MB paste, a line typed during an
+answer, a line begun and then Ctrl-C).
 
 The terminal is tmux's (``capture-pane`` is what a person sees); the stack is the real one that
 ``make run`` starts (the router with SmolLM2, brokerd's inference proxy and tool broker, loopd
@@ -10,6 +12,7 @@ model's work is bounded by the tokens ``make run`` allows a turn.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -19,6 +22,9 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+
+from loopd.sessionlog.records import EntryKind
+from loopd.sessionlog.store import SessionLog
 
 REPO = Path(__file__).parents[2]
 PROMPT = "you> "
@@ -33,6 +39,11 @@ class Tmux:
         self.name = f"loopd-test-{uuid.uuid4().hex[:8]}"
         self.env = env
         self.tmux("new-session", "-d", "-x", "160", "-y", "50", "-s", "run", command)
+
+    def paste(self, path: Path) -> None:
+        """The file's bytes as a terminal pastes them (bracketed, as the chat asks)."""
+        self.tmux("load-buffer", str(path))
+        self.tmux("paste-buffer", "-p", "-d", "-t", "run")
 
     def tmux(self, *args: str) -> str:
         result = subprocess.run(
@@ -129,3 +140,94 @@ def test_make_run_ctrl_c_stops_the_answer_only_and_ctrl_d_leaves_nothing(state_d
         for line in processes_under(state_dir):
             os.kill(int(line.split(":")[0]), 9)
         done.unlink(missing_ok=True)
+
+
+def answered_after(words: str) -> Callable[[str], bool]:
+    """The screen shows the prompt again after ``words``."""
+    return lambda s: words in s and s.split(words)[-1].rstrip().endswith(PROMPT.rstrip())
+
+
+def user_messages(state_dir: Path) -> list[str]:
+    with SessionLog.open(state_dir / "loopd.db", create=False) as log:
+        found = log.entries("terminal")
+    return [json.loads(e.message or "")["content"] for e in found if e.kind is EntryKind.USER]
+
+
+@pytest.mark.real_server
+@pytest.mark.slow
+@pytest.mark.timeout(int(6 * WAIT_S))
+def test_make_run_suspends_and_loses_nothing_typed_or_pasted(
+    state_dir: Path, tmp_path: Path
+) -> None:
+    assert shutil.which("tmux"), "tmux is required for this test (apt-get install tmux)"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("LOOPD_", "BROKERD_"))}
+    env["LOOPD_STATE_DIR"] = str(state_dir)
+    env["LOOPD_TEMPERATURE"] = "0"
+    if "LOOPDEV_CACHE_DIR" in os.environ:
+        env["LOOPDEV_CACHE_DIR"] = os.environ["LOOPDEV_CACHE_DIR"]
+    done = Path(f"/tmp/loopd-run-status-{uuid.uuid4().hex[:8]}")
+    # An interactive shell runs make, as a person's does: it has the job control fg needs.
+    tmux = Tmux("bash --norc --noprofile -i", env)
+    try:
+        # Not `make ...; echo $?`: the shell would go on to the echo when make is stopped.
+        tmux.keys(f"make -C {REPO} run", "Enter")
+        tmux.wait_for("the chat's prompt", lambda s: s.rstrip().endswith(PROMPT.rstrip()))
+
+        # Ctrl-Z with a line begun: the shell has the job; fg brings the chat and the line back.
+        tmux.keys("Say hello.")
+        tmux.keys("C-z")
+        tmux.wait_for("make run stopped", lambda s: "Stopped" in s and "make -C" in s)
+        tmux.keys("fg", "Enter")
+        tmux.wait_for("the line back", lambda s: s.rstrip().endswith(PROMPT + "Say hello."))
+        tmux.keys("Enter")
+        tmux.wait_for("the answer after fg", answered_after("Say hello."))
+
+        # A paste holding 0x1a (and 0x03) is text: one message, the servers still there.
+        control = tmp_path / "control.txt"
+        control.write_bytes(b"Repeat: before\x1aafter\x03end.")
+        tmux.paste(control)
+        tmux.keys("Enter")
+        tmux.wait_for("the pasted message answered", answered_after("end."))
+
+        # A 1 MB paste: one short line; the message kept whole in the workspace, said so.
+        big = tmp_path / "big.txt"
+        big.write_text("\n".join(f"Line {n}: the quick brown fox." for n in range(35_000)))
+        assert big.stat().st_size > 1_000_000
+        tmux.paste(big)
+        tmux.wait_for("the paste drawn as one line", lambda s: "[pasted 35,000 lines]" in s)
+        tmux.keys("Enter")
+        kept = tmux.wait_for("the kept-whole notice", answered_after("to read."))
+        notice = " ".join(kept.split("Your message was")[-1].split())
+        [name] = [w for w in notice.split() if w.startswith("messages/")]
+        kept_file = state_dir / "workspaces" / "terminal" / name.rstrip(",")
+        assert kept_file.read_bytes() == big.read_bytes()
+
+        # A line typed during an answer: shown as sent, then answered.
+        tmux.keys(STORY, "Enter")
+        tmux.wait_for("the story streaming", lambda s: len(s.split(STORY)[-1].strip()) > 30)
+        tmux.keys("Name a colour.", "Enter")
+        tmux.wait_for("the typed line sent", answered_after(PROMPT + "Name a colour."))
+
+        # A line begun during an answer, then Ctrl-C: back on the prompt.
+        tmux.keys("Tell me another long story about a castle.", "Enter")
+        castle = "Tell me another long story about a castle."
+        tmux.wait_for("the second story", lambda s: len(s.split(castle)[-1].strip()) > 30)
+        tmux.keys("keep this line")
+        tmux.keys("C-c")
+        tmux.wait_for(
+            "the begun line back", lambda s: s.rstrip().endswith(PROMPT + "keep this line")
+        )
+        tmux.keys("C-u", "C-d")
+        tmux.wait_for("make run ended", lambda _: processes_under(state_dir) == [])
+        tmux.keys(f"echo $? > {done}", "Enter")  # the status of fg: make's
+        tmux.wait_for("make's exit status", lambda _: done.exists())
+        assert done.read_text().strip() == "0", tmux.screen()
+    finally:
+        tmux.kill()
+        for line in processes_under(state_dir):
+            os.kill(int(line.split(":")[0]), 9)
+        done.unlink(missing_ok=True)
+    said = user_messages(state_dir)
+    assert said[:2] == ["Say hello.", "Repeat: before\x1aafter\x03end."]
+    assert said[2].startswith("Line 0: the quick brown fox.")
+    assert said[3:] == [STORY, "Name a colour.", castle]

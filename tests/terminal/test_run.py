@@ -124,6 +124,19 @@ def test_run_exits_2_with_one_line_when_it_cannot_run(tmp_path: Path) -> None:
     )
 
 
+@pytest.mark.parametrize("command", [["run", "Hello?"], ["chat"]])
+def test_slots_the_server_does_not_have_are_refused(tmp_path: Path, command: list[str]) -> None:
+    with fake_llama() as server:
+        env = fake_env(server, tmp_path) | {"LOOPD_SLOTS": "0,7"}
+        result = run_loopd([*command, "--session", "s"], env, stdin="Hello?\n")
+        assert server.chat_requests() == 0
+    assert result.returncode == EXIT_CANNOT
+    assert result.stderr == (
+        f"loopd: LOOPD_SLOTS: the server at {server.url} has 2 slots (0 and 1); 7 is not among "
+        "them\n"
+    )
+
+
 def test_run_reads_the_prompt_from_stdin(tmp_path: Path) -> None:
     with fake_llama() as server:
         server.script(ScriptedReply(content=ANSWER))
@@ -159,7 +172,7 @@ def test_ctrl_c_stops_the_run_records_the_stop_and_exits_130(tmp_path: Path) -> 
     # loopd sessions says the turn was stopped, not that it waits to be answered.
     listed = run_loopd(["sessions"], fake_env(server, tmp_path))
     [row] = [line for line in listed.stdout.splitlines() if line.startswith("s ")]
-    assert row.endswith("  stopped"), row
+    assert "  stopped by @" in row, row
 
 
 @pytest.mark.real_server

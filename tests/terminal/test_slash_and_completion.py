@@ -89,7 +89,8 @@ def test_zsh_completion_is_a_compdef_script_with_the_same_commands(tmp_path: Pat
 def test_tab_offers_command_names_then_session_names() -> None:
     names = ["terminal", "mm:abc-1", "mm:abd", "run-2026"]
     assert completions("/", names)[:3] == ["/new ", "/resume ", "/search "]
-    assert completions("/RE", names) == ["/resume "]
+    assert completions("/RE", names) == ["/resume ", "/retry"]
+    assert completions("/RES", names) == ["/resume "]
     assert completions("/pe", names) == ["/perf"]
     assert completions("/resume ", names) == sorted(names)
     assert completions("/resume mm:ab", names) == ["mm:abc-1", "mm:abd"]

@@ -28,6 +28,17 @@ def test_a_tool_that_ran_prints_what_the_model_reads_and_exits_0(box: LoopdBox) 
     assert (box.workspaces / "work" / "notes" / "a.txt").read_text() == "hello\n"
 
 
+def test_a_core_tool_needs_no_model_named(box: LoopdBox) -> None:
+    # The call sends no request, so nothing asks which model the server serves.
+    box.add_sessions("work")
+    listed = box.call("list_dir", "work", {"path": "."}, env={"LOOPD_MODEL": ""})
+    assert (listed.returncode, listed.stdout, listed.stderr) == (
+        0,
+        ". is an empty directory\n",
+        "",
+    )
+
+
 def test_a_tool_error_exits_1_with_the_text_the_model_reads(box: LoopdBox) -> None:
     box.add_sessions("s")
     missing = box.call("read_file", "s", {"path": "missing.txt"})
@@ -138,7 +149,7 @@ def test_it_answers_as_the_engine_does_for_a_model_call(box: LoopdBox) -> None:
         runtime = Runtime.open(settings)
         try:
             return [
-                await runtime.tools.run("work", ToolCall(f"c{i}", name, json.dumps(args)))
+                (await runtime.tools.run("work", ToolCall(f"c{i}", name, json.dumps(args)))).text
                 for i, (name, args) in enumerate(calls)
             ]
         finally:

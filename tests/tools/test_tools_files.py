@@ -73,6 +73,41 @@ async def test_read_of_an_empty_file_says_so(ctx: ToolContext, workspace: Path) 
     assert (await call(ctx, "read_file", path="e.txt")).text == "e.txt is empty"
 
 
+async def test_a_read_of_a_missing_file_or_a_folder_says_what_the_folder_holds(
+    ctx: ToolContext, workspace: Path
+) -> None:
+    (workspace / "reports").mkdir()
+    (workspace / "reports" / "q1.txt").write_text("total: 12\n")
+    (workspace / "notes.txt").write_text("x\n")
+    guessed = await call(ctx, "read_file", path="reports/report1.txt")
+    assert guessed == ToolResult(
+        "reports/report1.txt: no such file or directory. The folder reports holds: "
+        "q1.txt (10 bytes).",
+        ok=False,
+    )
+    folder = await call(ctx, "read_file", path="reports")
+    assert folder.text.endswith(". The folder reports holds: q1.txt (10 bytes).")
+    assert not folder.ok
+    # A folder that does not exist either: the nearest one above it that does.
+    deeper = await call(ctx, "read_file", path="report/q1.txt")
+    assert deeper.text == (
+        "report/q1.txt: no such file or directory. The workspace folder (.) holds: "
+        "notes.txt (2 bytes), reports/."
+    )
+    for n in range(25):
+        (workspace / "reports" / f"r{n:02d}.txt").write_text("")
+    many = await call(ctx, "read_file", path="reports/nope.txt")
+    assert many.text.endswith(", r18.txt (0 bytes), and 6 more.")
+
+
+async def test_a_read_in_an_empty_folder_or_outside_adds_nothing(ctx: ToolContext) -> None:
+    assert (await call(ctx, "read_file", path="nope.txt")).text == (
+        "nope.txt: no such file or directory"
+    )
+    outside = await call(ctx, "read_file", path="../x.txt")
+    assert outside.text == "../x.txt: '..' is refused; give a path inside the workspace"
+
+
 async def test_edit_replaces_the_one_match(ctx: ToolContext, workspace: Path) -> None:
     (workspace / "f.py").write_text("a = 1\nb = 2\n")
     result = await call(ctx, "edit_file", path="f.py", old_string="b = 2", new_string="b = 3")
