@@ -2,7 +2,7 @@
 
 llama-server streams a chunk per token. httpx's own transport reads each chunk with h11, a
 state machine in Python that takes two events and two reads per chunk, through httpcore's
-layers: about two fifths of brokerd's CPU per token relayed (``make bench``, the relay section).
+layers: about two fifths of brokerd's CPU per token relayed, in a profile of the relay.
 Here llhttp (httptools, the parser uvicorn serves with) reads the answer in C as asyncio hands
 over what the socket received, and what arrived together, however many chunks, goes on as one
 piece.

@@ -13,7 +13,7 @@ three timing promises depend on controlling every send:
 Where both ends allow it (an upstream answer with ``PUSH_BODY``, a server with ``CLIENT_WRITES``),
 the body goes from the upstream connection's callback straight to the client's connection, and
 this task wakes only for what that write could not take (the client's buffer is full) and at the
-end: llama-server sends a chunk per token, and waking a task for each cost brokerd about a third
+end: llama-server sends a chunk per token, and waking a task for each cost brokerd about a fifth
 of its CPU per token. Such a server also lets the relay cut the client's connection itself when
 the upstream breaks mid-answer, so that the log holds one line that says what broke.
 """
