@@ -198,6 +198,7 @@ def render(after: dict[str, Any], before: dict[str, Any] | None = None) -> list[
         "(`bench/splice.py`), read through by the same turn path in the same run.",
         "",
     ]
+    earlier_rows: dict[str, Any] | None
     if after.get("beside"):
         lines[-2] += (
             f" Before: the brokerd of `{after['beside']}` (the tree before the change), in the "
