@@ -40,9 +40,9 @@ from loopd.engine.client import make_async_client
 from loopd.engine.outcome import Failure
 from loopd.engine.request import Sampling, build_body
 from loopd.engine.stream import run_request
-from loopd.engine.turn import Turn
 from loopd.sessionlog import Perf, RequestKind, RequestRecord, messages_digest
 from loopd.sessions import Runtime
+from loopd.turn.loop import Turn
 from loopd.wire import AssistantMessage
 from loopd_dev.devserver import THINKING_MODEL
 

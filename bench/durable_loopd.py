@@ -19,9 +19,10 @@ from pathlib import Path
 import anyio
 
 from bench.durable import EVENTS, reload_model
-from loopd.config import Settings, load_settings
+from loopd.config import SHORTHAND_ENDPOINT, Settings, load_settings
 from loopd.engine.durable import DurableMode
 from loopd.engine.pinning import PinSlots
+from loopd.selftest.expected import ServerAnswers
 from loopd.sessionlog.records import Request, RequestKind, fresh_external_key
 from loopd.sessions import Runtime
 from loopd_dev import devserver
@@ -135,11 +136,12 @@ def one_run(
     servers = [start(work, cache_dir, model)]
 
     async def sessions() -> list[LoopdReturn]:
-        runtime = Runtime.open(settings_for(servers[0].url, model, work / "state", durable))
+        # What ``loopd serve``'s self-test finds: the slots keep their prompts (pinned), and
+        # save and restore round-trip here.
+        found = ServerAnswers(idle_slots_cleared=False, durable_available=durable)
+        settings = settings_for(servers[0].url, model, work / "state", durable)
+        runtime = Runtime.open(settings, selftest={SHORTHAND_ENDPOINT: found})
         try:
-            # What ``loopd serve``'s self-test tells it: the slots keep their prompts (pinned),
-            # and save and restore round-trip here.
-            runtime.know_server(idle_slots_cleared=False, durable_available=durable)
             for session in SESSIONS:
                 await say(runtime, session, first_message(session))
             if event == "restart":

@@ -26,7 +26,9 @@ from pathlib import Path
 import anyio
 
 from bench.durable_loopd import answered, first_message, say, settings_for, start
+from loopd.config import SHORTHAND_ENDPOINT
 from loopd.engine.pinning import PinSlots
+from loopd.selftest.expected import ServerAnswers
 from loopd.sessions import Runtime
 from loopd_dev import devserver
 
@@ -81,11 +83,11 @@ def one_run(work: Path, cache_dir: Path, durable: bool) -> list[TurnsReturn]:
     names = [f"thread-{n:02d}" for n in range(SESSIONS)]
 
     async def turns() -> list[TurnsReturn]:
-        runtime = Runtime.open(settings)
+        # What ``loopd serve``'s self-test finds on this pool.
+        found = ServerAnswers(idle_slots_cleared=True, durable_available=durable)
+        runtime = Runtime.open(settings, selftest={SHORTHAND_ENDPOINT: found})
         returns: list[TurnsReturn] = []
         try:
-            # What ``loopd serve``'s self-test tells it on this pool.
-            runtime.know_server(idle_slots_cleared=True, durable_available=durable)
             for name in names:
                 await say(runtime, name, first_message(name, NOTES))
             for round_ in range(1, ROUNDS):

@@ -47,6 +47,7 @@ from unittest import mock
 import httpx
 
 from loopcommon.transport import AsyncioTransport
+from loopd.approvals.call import Asker
 from loopd.contextwindow.budget import ServerBudget
 from loopd.contextwindow.compaction import Compactor
 from loopd.engine.client import InferenceClient
@@ -54,10 +55,10 @@ from loopd.engine.limits import Limits
 from loopd.engine.outcome import RequestResult
 from loopd.engine.progress import Status
 from loopd.engine.request import RequestSettings, build_body
-from loopd.engine.turn import Turn
 from loopd.sessionlog.records import Perf, RequestKind, RequestRecord
 from loopd.sessionlog.store import SessionLog
 from loopd.tools.core import ToolResult
+from loopd.turn.loop import Turn
 from loopd.wire.assemble import ToolCall
 from loopd.wire.events import EventDecoder
 
@@ -138,7 +139,7 @@ def fill(log: SessionLog, name: str, entries: int, *, tools: bool = True) -> lis
 
 
 class _Tools:
-    async def run(self, session: str, call: ToolCall) -> ToolResult:
+    async def run(self, session: str, call: ToolCall, asker: Asker | None) -> ToolResult:
         return ToolResult("42 lines\n" * 4, ok=True)
 
 
@@ -153,7 +154,7 @@ def _canned_stream(streams: Iterator[bytes]) -> Callable[..., Awaitable[None]]:
 
 def thread_turn(log: SessionLog, name: str, client: InferenceClient, report: Any = None) -> Turn:
     settings = RequestSettings(model=MODEL, slot=0, max_tokens=8192 + 512)
-    turn = Turn(
+    return Turn(
         session=name,
         slot=0,
         client=client,
@@ -162,10 +163,8 @@ def thread_turn(log: SessionLog, name: str, client: InferenceClient, report: Any
         limits=Limits(),
         tools=_Tools(),
         gate=Compactor(ServerBudget(client, n_ctx=1 << 20)),
+        report=report if report is not None else (lambda status: None),
     )
-    if report is not None:
-        turn.report = report
-    return turn
 
 
 async def _per_request(path: Path, name: str, turns: int) -> tuple[float, float]:
@@ -181,7 +180,7 @@ async def _per_request(path: Path, name: str, turns: int) -> tuple[float, float]
     per_turn: list[float] = []
     with (
         SessionLog.open(path) as log,
-        mock.patch("loopd.engine.turn.stream_into", _canned_stream(cycle())),
+        mock.patch("loopd.turn.loop.stream_into", _canned_stream(cycle())),
     ):
         for index in range(turns + 1):
             started = time.process_time()

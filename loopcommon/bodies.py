@@ -20,6 +20,12 @@ proxy's page, is far less."""
 class RawBody(Protocol):
     """An answer whose body streams in (an ``httpx.Response`` sent with ``stream=True``)."""
 
+    @property
+    def is_stream_consumed(self) -> bool: ...
+
+    @property
+    def content(self) -> bytes: ...
+
     def aiter_raw(self) -> AsyncIterator[bytes]: ...
 
 
@@ -27,6 +33,11 @@ async def read_at_most(response: RawBody, limit: int) -> tuple[bytes, bool]:
     """The body as sent when it is at most ``limit`` bytes, and False; else its first bytes
     (up to ``ERROR_PREFIX_BYTES``, for the line that says it was too long) and True. The rest
     is not read: the caller closes the answer."""
+    if response.is_stream_consumed:  # an answer built whole in memory (a transport's own)
+        whole = response.content
+        if len(whole) > limit:
+            return whole[: min(limit, ERROR_PREFIX_BYTES)], True
+        return whole, False
     # Pieces joined once at the end: a growing bytearray over-allocates, and its copy to bytes
     # doubles the peak.
     chunks: list[bytes] = []

@@ -2,7 +2,7 @@
 the logging filter that adds the work's fields to every line.
 
 loopd sends ``X-Loopd-Request`` and ``X-Loopd-Session`` with every request it makes for a model
-request or a tool call (``loopd.observe.context``); brokerd reads them (``brokerd.observe.context``)
+request or a tool call (``loopd.requestscope``); brokerd reads them (``brokerd.observe.context``)
 and logs them next to its own fields, so the two daemons' lines join on ``request_id``. Each daemon
 enters its own scope with ``log_fields``; ``ContextFields`` reads them, so one filter serves both.
 """

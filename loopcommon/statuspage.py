@@ -1,7 +1,7 @@
 """loopd's status page: its data (the wait people saw for a turn's first token, slots, live turns,
 sessions) and the page made from it, as plain HTML with inline SVG plots. Pure: no I/O.
 
-loopd reads its runtime into a ``StatusSnapshot`` (``loopd.observe.status``) and serves it as
+loopd reads its runtime into a ``StatusSnapshot`` (``loopd.status.page``) and serves it as
 ``/status.json``; brokerd checks that data against these types and renders the page with
 ``render``, which escapes every string, so the box's bytes reach a browser as text only. A label
 that came from people or the box (a session, a thread's channel, person and first words, a

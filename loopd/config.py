@@ -11,9 +11,10 @@ The servers loopd places sessions on are ``endpoints()``: the file's ``[[endpoin
 (``name``, ``url``, ``model``, ``slots``), or else the one server that ``infer_url``, ``model``
 and ``slots`` describe (the shorthand); the two forms do not mix (rule ``one_endpoint_form``).
 
-The engine's own records of these numbers (``Limits``, ``BudgetRules``) take their defaults from
-``DEFAULTS``, so each default is written once, here; the sampling settings the other way round
-(their defaults are the request's own ``Sampling``).
+The engine's own records of these numbers (``Limits``, ``BudgetRules``, ``Sampling``) hold their
+defaults, and the settings take theirs from them, so each default is written once, there; the
+settings sit above the engine and the context window, which never read them (the layers:
+docs/design.md).
 """
 
 from __future__ import annotations
@@ -47,17 +48,22 @@ from loopcommon.address import check_address
 from loopcommon.approvals import ApprovalMode
 from loopcommon.configload import Rule
 from loopcommon.errors import ConfigError
-from loopd.chat.config import ChatSettings
+from loopd.chatsettings import ChatSettings
+from loopd.contextwindow.budget import BudgetRules
 from loopd.datafiles import CORE_TOOLS_FILE as CORE_TOOLS_FILE  # LOOPD_TOOLS_FILE's default
 from loopd.engine.durable import DurableMode
 from loopd.engine.guards import GuardLimits
+from loopd.engine.limits import Limits
 from loopd.engine.pinning import PinSlots
 from loopd.engine.request import Sampling
 
-# The sampling settings' defaults are the request's own (``Sampling``), written once there; the
-# loop guards' are the guards' own (``GuardLimits``).
+# The defaults of the settings that the engine and the context window read are theirs, written
+# once there: a request's limits and sampling, the loop guards' limits, and the context budget's
+# sizes.
+_LIMITS: Final = Limits()
 _SAMPLING: Final = Sampling()
 _GUARDS: Final = GuardLimits()
+_BUDGET: Final = BudgetRules()
 
 
 def _default_state_dir() -> Path:
@@ -274,13 +280,13 @@ class Settings(configload.FileSettings):
         "one-server shorthand). A session stays on its server while that server is up.",
     )
     first_byte_s: float = Field(
-        default=900.0,
+        default=_LIMITS.first_byte_s,
         gt=0,
         description="Longest wait for a request's first byte (it may be queued behind another "
         "client; `/slots` is polled meanwhile).",
     )
     silence_s: float = Field(
-        default=60.0,
+        default=_LIMITS.silence_s,
         gt=0,
         description="Longest silence once a stream has begun; then it is closed.",
     )
@@ -290,7 +296,7 @@ class Settings(configload.FileSettings):
         description="Timeout for connecting and for small calls (`/health`, `/slots`).",
     )
     think_cap: int = Field(
-        default=6144,
+        default=_LIMITS.think_cap,
         ge=0,
         description="Thinking tokens allowed per request before loopd ends the reasoning with "
         "the control call; `0` sets no cap (a model that does not think, or a `max_tokens` too "
@@ -300,7 +306,7 @@ class Settings(configload.FileSettings):
         "`max_tokens`.",
     )
     loop_window: int = Field(
-        default=256,
+        default=_LIMITS.loop_window,
         ge=0,
         description="Tokens (words and marks) of the model's thinking, and of its answer, that "
         "loopd watches for repetition as they stream: once they hold mostly the same few "
@@ -309,7 +315,7 @@ class Settings(configload.FileSettings):
         "so. `0`: off.",
     )
     max_tokens: int = Field(
-        default=12288,
+        default=_BUDGET.max_tokens,
         ge=1,
         description="Ceiling on generated tokens per request (`max_tokens`). 12288 leaves 6144 "
         "tokens after a capped reasoning for the answer or a long tool call (a whole file for "
@@ -372,7 +378,7 @@ class Settings(configload.FileSettings):
         "next call or request. `0`: no limit.",
     )
     compact_at: float = Field(
-        default=0.75,
+        default=_BUDGET.compact_at,
         gt=0,
         lt=1,
         description="Share of a slot's context (on a shared pool: of a session's share of it, "
@@ -380,7 +386,9 @@ class Settings(configload.FileSettings):
         "new epoch.",
     )
     summary_max_tokens: int = Field(
-        default=512, ge=32, description="`max_tokens` of the compaction request (summary)."
+        default=_BUDGET.summary_max_tokens,
+        ge=32,
+        description="`max_tokens` of the compaction request (summary).",
     )
     prewarm: bool = Field(
         default=False,
@@ -396,7 +404,9 @@ class Settings(configload.FileSettings):
         "end of each turn (`--slot-save-path`), and restore it when the server no longer holds "
         "the session (a restart, a model reload, its idle sleep, an eviction), so a returning "
         "thread is not read again in full. `auto` turns them on where the self-test's probe "
-        "saves and restores a slot; `on` without asking; `off` never.",
+        "saves and restores a slot (`loopd serve`'s at start; for `loopd chat` and `loopd run`, "
+        "the answer `loopd selftest --record` stored), for each server; `on` without asking; "
+        "`off` never.",
     )
     system_text: str = Field(
         default="You are loopd, a helpful assistant working in a team's chat thread. "

@@ -6,7 +6,13 @@ root shared with brokerd, where shared code may raise too). User-facing wording 
 decided in one place per surface: the CLI's one-line message, the chat adapter's reply.
 """
 
+from typing import Final
+
 from loopcommon.errors import DaemonError
+
+# The exit status of a command that could not do what was asked (the log cannot be read or has no
+# such session, the server cannot be reached, a bad configuration): its one line says why.
+EXIT_CANNOT: Final = 2
 
 
 class LoopdError(DaemonError):

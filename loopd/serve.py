@@ -3,8 +3,10 @@
 Startup: run the self-test (unless ``--skip-selftest``), open the runtime and the chat state, ask
 Mattermost who the bot is, deliver answers a crash left unposted and resume pending turns
 (derived from the log), start prewarming idle slots (LOOPD_PREWARM), then connect and listen.
-The self-test's answers go to the engine: whether sessions are pinned to slots, whether the pool
-is shared, whether the template drops past reasoning (``Runtime.know_server``).
+The self-test's answers are what the runtime is built with (``Runtime.open``; each server's,
+``loopd.endpoints.server``): whether sessions are pinned to slots, whether the pool is shared,
+whether durable sessions are on, whether the template drops past reasoning. A later run's
+answers replace what is known of the server whole (``Endpoints.know``).
 
 When the server differs from the recorded expectations (at startup, or found by the check every
 ``LOOPD_SELFTEST_EVERY_S``) the daemon stays up in a *server changed* state: each thread that asks
@@ -25,7 +27,7 @@ from __future__ import annotations
 import json
 import logging
 import sys
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -44,16 +46,16 @@ from loopd.chat.outbox import Outbox
 from loopd.chat.rest import MattermostClient, api_client
 from loopd.chat.split import MAX_POST_RUNES
 from loopd.chat.threads import Threads
-from loopd.config import Settings
-from loopd.endpoints.start import EXIT_NONE_UP, check_at_start
+from loopd.config import SHORTHAND_ENDPOINT, Settings
+from loopd.endpoints.start import EXIT_NONE_UP, StartChecks, check_at_start
 from loopd.errors import LoopdError
-from loopd.observe.server import serve_runtime
 from loopd.selftest.endpoints import down_line, endpoint_checker
-from loopd.selftest.expected import DEFAULT_DIR
+from loopd.selftest.expected import DEFAULT_DIR, ServerAnswers
 from loopd.selftest.run import SelftestReport, format_report, run_selftest
 from loopd.serverchange import ServerChange, server_change, status_record
 from loopd.sessionlog.backup import hold_state
 from loopd.sessions import Runtime
+from loopd.status.server import serve_runtime
 from loopd.tools.spec import load_tools_spec
 
 log = logging.getLogger(__name__)
@@ -78,9 +80,10 @@ class ServerWatch:
         return self.runtime.server_change
 
     def start(self, report: SelftestReport) -> None:
-        """Take the startup self-test's report (it was reachable)."""
+        """Take the startup self-test's report (it was reachable; the runtime was built with its
+        answers where it passed: ``startup_answers``)."""
         if report.ok:
-            self._matches(report)
+            self._write_status(None)
         elif report.interrupted is not None:
             self._could_not_tell(report)
         else:
@@ -140,12 +143,7 @@ class ServerWatch:
             log.info("the self-test passed for the server at %s", report.url)
         self.untold = 0
         self.runtime.server_change = None
-        self.runtime.know_server(
-            idle_slots_cleared=report.idle_slots_cleared,
-            keeps_past_reasoning=report.keeps_past_reasoning,
-            expected_dir=self.expected_dir,
-            durable_available=report.durable_available,
-        )
+        self.runtime.endpoints.know(SHORTHAND_ENDPOINT, report.answers)
         self._write_status(None)
 
     def _could_not_tell(self, report: SelftestReport) -> None:
@@ -208,28 +206,30 @@ async def run_daemon(
     *,
     report: SelftestReport | None = None,
     expected_dir: Path = DEFAULT_DIR,
-    down: Mapping[str, str] = {},
+    checks: StartChecks | None = None,
     task_status: TaskStatus[Daemon] = anyio.TASK_STATUS_IGNORED,
 ) -> None:
     """Run until cancelled; ``task_status`` gets the daemon once it is listening. ``report``:
     the startup self-test's (None: skipped, and the server is not checked again). With
-    ``[[endpoint]]`` tables, ``down`` names the endpoints the start's self-test found down
-    (re-checked against ``expected_dir``)."""
+    ``[[endpoint]]`` tables, ``checks``: the start's self-test of each (those down are
+    re-checked against ``expected_dir``). The runtime is built with what they found."""
     chat = settings.mm
     async with AsyncExitStack() as stack:
         # One daemon per state folder: a second one would answer every thread twice, and a
         # restore must not replace the files under a running one.
         stack.enter_context(hold_state(settings.state_dir))
-        runtime = Runtime.open(settings)
+        answers = startup_answers(report, checks)
+        runtime = Runtime.open(settings, selftest=answers, expected_dir=expected_dir)
         stack.push_async_callback(runtime.aclose)
         watch = None
         if report is not None:
             watch = ServerWatch(settings, runtime, expected_dir)
             watch.start(report)
-        if runtime.endpoints is not None:
-            runtime.endpoints.start(
-                endpoint_checker(settings, runtime.spec.text, expected_dir), down
-            )
+        runtime.endpoints.start(
+            endpoint_checker(settings, runtime.spec.text, expected_dir),
+            checks.down if checks is not None else {},
+        )
+        runtime.endpoints.log_known()
         state = ChatState.open(settings.state_dir / "chat.db")
         stack.callback(state.close)
         client = MattermostClient(
@@ -262,7 +262,7 @@ async def serve(
     report: SelftestReport | None = None,
     *,
     expected_dir: Path = DEFAULT_DIR,
-    down: Mapping[str, str] = {},
+    checks: StartChecks | None = None,
 ) -> int:
     """The daemon's life. A loopd error that ends it (at startup: a bad tools file, a token file
     it cannot read, Mattermost refusing the bot) is raised bare, for the command line's one line;
@@ -270,7 +270,7 @@ async def serve(
     try:
         async with anyio.create_task_group() as tg:
             tg.start_soon(_cancel_on_signal, signals, tg.cancel_scope.cancel)
-            await run_daemon(settings, report=report, expected_dir=expected_dir, down=down)
+            await run_daemon(settings, report=report, expected_dir=expected_dir, checks=checks)
     except ExceptionGroup as group:
         if (error := sole_kind(group, LoopdError)) is None:
             raise
@@ -286,21 +286,38 @@ async def _cancel_on_signal(signals: StopSignals, cancel: Callable[[], None]) ->
 
 async def startup_endpoints(
     settings: Settings, expected_dir: Path = DEFAULT_DIR
-) -> tuple[int, dict[str, str]]:
+) -> tuple[int, StartChecks]:
     """Every endpoint's self-test, at once (``loopd.endpoints.start``, as every front end
     starts): each one down gets one line and is re-checked once loopd serves; with none up,
     loopd refuses to start with exit status 2, as for the shorthand's one unreachable server
-    (systemd retries). Returns the exit status and the endpoints down (name -> why)."""
+    (systemd retries). Returns the exit status and the checks."""
     tools_text = load_tools_spec(settings.tools_file).text
     checks = await check_at_start(
         settings.endpoints(), endpoint_checker(settings, tools_text, expected_dir)
     )
     if not checks.none_up:
-        return 0, checks.down
+        return 0, checks
     for check in checks.checks:
         print(format_report(check.report) if check.report else down_line(check), file=sys.stderr)
     print("loopd serve: refusing to start: no endpoint passed its self-test", file=sys.stderr)
-    return EXIT_NONE_UP, checks.down
+    return EXIT_NONE_UP, checks
+
+
+def startup_answers(
+    report: SelftestReport | None, checks: StartChecks | None
+) -> dict[str, ServerAnswers]:
+    """What the start's self-tests found of each server that passed (by endpoint name): the
+    shorthand's one ``report``, or each endpoint's ``checks``. A server whose self-test did not
+    pass (or did not run) is known by its recorded answers meanwhile."""
+    if report is not None and report.ok:
+        return {SHORTHAND_ENDPOINT: report.answers}
+    if checks is None:
+        return {}
+    return {
+        check.endpoint.name: check.report.answers
+        for check in checks.checks
+        if check.ok and check.report is not None
+    }
 
 
 async def startup_selftest(settings: Settings, expected_dir: Path = DEFAULT_DIR) -> SelftestReport:

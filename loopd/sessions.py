@@ -10,43 +10,33 @@ import json
 import logging
 import re
 import time
-from collections.abc import Callable, Collection
-from contextlib import AbstractAsyncContextManager
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import anyio
 
-from loopcommon.errors import ConfigError, DaemonError
-from loopd.approvals.call import ASKER, AskedCall, Stepped, core_approval_id
+from loopcommon.errors import ConfigError
+from loopd.approvals.call import AskedCall, Asker, core_approval_id
 from loopd.approvals.wait import settle_core_call, settle_with_broker, was_allowed
 from loopd.approvals.words import canonical_arguments
 from loopd.config import ApprovalSettings, Settings
-from loopd.contextwindow.budget import BudgetRules, ServerBudget, cut_notice
+from loopd.contextwindow.budget import cut_notice
 from loopd.contextwindow.compaction import Compactor
-from loopd.endpoints.serving import Endpoints
+from loopd.endpoints.server import Server, TurnRules
+from loopd.endpoints.serving import Endpoints, FrontEnd
 from loopd.endpoints.start import reachability_checker
 from loopd.endpoints.warm import keep_warm
 from loopd.engine.client import InferenceClient
-from loopd.engine.durable import enabled as durable_enabled
-from loopd.engine.limits import Limits
 from loopd.engine.outcome import TurnOutcome
-from loopd.engine.pinning import Pinning, choose_slot, decide_pinning
+from loopd.engine.pinning import choose_slot
 from loopd.engine.progress import StatusCallback
-from loopd.engine.request import RequestSettings
-from loopd.engine.saves import DurableSlots, SaveBook
-from loopd.engine.turn import Turn
-from loopd.errors import InferenceError, ServerRejected
-from loopd.observe.context import request_scope
-from loopd.observe.live import LiveTurn, LiveTurns
-from loopd.observe.metrics import METRICS
+from loopd.errors import InferenceError
+from loopd.observe.live import LiveTurns
 from loopd.observe.toolcalls import tool_call
-from loopd.prewarm.plan import PrewarmPlan, restart_wants
-from loopd.prewarm.prewarmer import Prewarmer, PrewarmOutcome, PrewarmResult
-from loopd.scheduler import PositionCallback, Scheduler
-from loopd.selftest.endpoints import endpoint_checker
-from loopd.selftest.expected import DEFAULT_DIR, ExpectationsError, load_expectation
-from loopd.selftest.template import TemplateAnswer
+from loopd.prewarm.prewarmer import PrewarmResult
+from loopd.scheduler import PositionCallback
+from loopd.selftest.expected import DEFAULT_DIR, ServerAnswers
 from loopd.serverchange import ServerChange
 from loopd.sessionlog.records import Appended, Session
 from loopd.sessionlog.store import SessionLog
@@ -67,6 +57,7 @@ from loopd.tools.limits import ToolLimits
 from loopd.tools.quota import RESERVE_FILE, ReserveFile
 from loopd.tools.spec import ToolsSpec, load_tools_spec
 from loopd.tools.workspace import Workspace, migrate_legacy_workspaces, session_workspace
+from loopd.turn.loop import ToolRunner, Turn
 from loopd.turnstop import record_end
 from loopd.wire.assemble import ToolCall
 
@@ -141,12 +132,14 @@ class SessionTools:
             self.contexts[session] = ctx
         return ctx
 
-    async def run(self, session: str, call: ToolCall) -> ToolResult:
+    async def run(self, session: str, call: ToolCall, asker: Asker | None) -> ToolResult:
+        """``asker``: who is asked about a call that waits for a person's approval (None:
+        nobody, and such a call is denied)."""
         with tool_call(session, call, {*self.spec.names, *BROKER_TOOL_NAMES}) as seen:
             if is_broker_tool(call.name):
-                text = seen.result(await self._broker(session, call))
+                text = seen.result(await self._broker(session, call, asker))
             elif self.approval.asks(call.name) and self.log is not None:
-                text = seen.result(await self._core_asked(session, call, self.log))
+                text = seen.result(await self._core_asked(session, call, self.log, asker))
             else:
                 text = seen.result(await self.run_core(session, call.name, call.arguments))
             return ToolResult(text, ok=seen.outcome == "ok")
@@ -163,7 +156,7 @@ class SessionTools:
         return not was_allowed(self.log, session, approval_id)
 
     async def _core_asked(
-        self, session: str, call: ToolCall, session_log: SessionLog
+        self, session: str, call: ToolCall, session_log: SessionLog, asker: Asker | None
     ) -> ToolResult:
         """A core tool call that waits for a person's approval ([approval])."""
         try:
@@ -181,7 +174,7 @@ class SessionTools:
         )
         return await settle_core_call(
             session_log,
-            ASKER.get(),
+            asker,
             asked,
             self.approval.timeout_s,
             lambda: self.run_core(session, call.name, call.arguments),
@@ -198,7 +191,7 @@ class SessionTools:
             await anyio.to_thread.run_sync(self.reserve.after_tool)
         return result
 
-    async def _broker(self, session: str, call: ToolCall) -> str:
+    async def _broker(self, session: str, call: ToolCall, asker: Asker | None) -> str:
         try:
             args = json.loads(call.arguments)
         except ValueError as exc:
@@ -229,7 +222,7 @@ class SessionTools:
             description=answer.description,
         )
         return await settle_with_broker(
-            self.log, self.broker, ASKER.get(), asked, self.approval.timeout_s
+            self.log, self.broker, asker, asked, self.approval.timeout_s
         )
 
 
@@ -248,116 +241,98 @@ def kept_message_path(external_key: str) -> str:
     return f"messages/{name}.txt"
 
 
-def slots_refusal(missing: list[int], total: int, url: str) -> str:
-    """The one line for LOOPD_SLOTS naming slots the server at ``url`` does not have."""
+def slots_refusal(missing: list[int], total: int, url: str, setting: str = "LOOPD_SLOTS") -> str:
+    """The one line for ``setting`` (LOOPD_SLOTS, or an ``[[endpoint]]``'s ``slots``) naming
+    slots the server at ``url`` does not have."""
     named = ", ".join(str(slot) for slot in missing)
     has = {1: "1 slot (0)", 2: "2 slots (0 and 1)"}.get(total, f"{total} slots (0 to {total - 1})")
     verb = "is" if len(missing) == 1 else "are"
-    return f"LOOPD_SLOTS: the server at {url} has {has}; {named} {verb} not among them"
-
-
-@dataclass(frozen=True)
-class ServerView:
-    """What the engine was told about the server: where requests go, and whether its template
-    drops past reasoning (the cache-loss rule's ``template_drops_reasoning``)."""
-
-    pinning: Pinning
-    keeps_past_reasoning: TemplateAnswer = TemplateAnswer.UNKNOWN
-    durable_available: bool | None = None  # the self-test's save-and-restore probe
-
-    @property
-    def template_drops_reasoning(self) -> bool:
-        return self.keeps_past_reasoning is TemplateAnswer.NO
-
-
-def recorded_pool_answer(model: str, expected_dir: Path = DEFAULT_DIR) -> bool | None:
-    """``idle_slots_cleared`` as the model's expectations file records it; None when there is
-    no file, it records nothing, or it cannot be read (the self-test reports that itself)."""
-    try:
-        expected = load_expectation(model, expected_dir)
-    except ExpectationsError:
-        return None
-    return expected.idle_slots_cleared if expected is not None else None
+    return f"{setting}: the server at {url} has {has}; {named} {verb} not among them"
 
 
 @dataclass
 class Runtime:
+    """The pieces every front end's turns share, built once from the settings (and from what the
+    self-test found, where it ran): the session log, the tools, the servers and the turns under
+    way. Every turn runs through ``endpoints`` (``loopd.endpoints.serving``), one server or
+    several."""
+
     settings: Settings
     log: SessionLog
-    client: InferenceClient
     spec: ToolsSpec
     tools: SessionTools
-    # One per process: every front end's turns share the slots through it.
-    scheduler: Scheduler = field(default_factory=Scheduler)
-    budget: ServerBudget = field(init=False)
-    prewarmer: Prewarmer = field(init=False)
-    prewarm_plan: PrewarmPlan = field(default_factory=PrewarmPlan)
-    live: LiveTurns = field(default_factory=LiveTurns)  # the turns under way (loopd.observe)
-    endpoints: Endpoints | None = None  # the servers of [[endpoint]] tables (loopd.endpoints)
-    _idle_slots: set[int] = field(default_factory=set)
-    _idle_wake: anyio.Event | None = None
-    # Set by ``know_server`` (``loopd serve`` passes the self-test's answers); until then the
-    # recorded expectations decide where requests go (``loopd.engine.pinning``).
-    server: ServerView | None = None
+    endpoints: Endpoints  # the servers: the [[endpoint]] tables, or the shorthand's one
+    live: LiveTurns  # the turns under way (loopd.observe)
     # Set while the server differs from the recorded expectations (``loopd serve``): the front
     # end then tells each thread so instead of running its turn (``loopd.serverchange``).
     server_change: ServerChange | None = None
-    # Durable sessions as ``know_server`` decided (one for every turn: a restore's claim on an
-    # idle slot holds against the other lanes' restores).
-    durable: DurableSlots | None = None
-
-    def __post_init__(self) -> None:
-        self.budget = ServerBudget(self.client)
-        self.prewarmer = Prewarmer(
-            self.client, self.log, self.scheduler, enabled=self.settings.prewarm
-        )
-        self.scheduler.on_idle(self._slot_idle)
 
     @classmethod
-    def open(cls, settings: Settings) -> Runtime:
+    def open(
+        cls,
+        settings: Settings,
+        *,
+        selftest: Mapping[str, ServerAnswers] = {},
+        expected_dir: Path = DEFAULT_DIR,
+        client_type: type[InferenceClient] = InferenceClient,
+        rules: TurnRules | None = None,
+    ) -> Runtime:
+        """``selftest``: what the self-test found of each server (by endpoint name) where it ran
+        in this process; every other server is known by what ``loopd selftest --record``
+        stored in ``expected_dir``. ``client_type``: the class of each server's client (tests
+        tap the traffic). ``rules``: what every turn goes by (default: the settings'; the
+        terminal's passes every status on at once)."""
         settings.state_dir.mkdir(parents=True, exist_ok=True)
         spec = load_tools_spec(settings.tools_file)
         session_log = SessionLog.open(settings.db_path)
         migrate_legacy_workspaces(settings.workspaces, [s.name for s in session_log.sessions()])
-        one = settings.for_endpoint(settings.endpoints()[0])  # the shorthand, or the first table
-        client = InferenceClient(one.infer_url, one.model, connect_s=settings.connect_s)
         tools = SessionTools.open(settings, spec, session_log)
-        endpoints = None
-        if settings.has_endpoint_tables:
-            checker = endpoint_checker(settings, spec.text)
-            endpoints = Endpoints.open(settings, session_log, checker)
-        return cls(settings, session_log, client, spec, tools, endpoints=endpoints)
+        live = LiveTurns()
+        endpoints = Endpoints.open(
+            settings,
+            session_log,
+            rules=rules or TurnRules.of(settings),
+            live=live,
+            head=(spec.sha256, settings.system_text),
+            tools_text=spec.text,
+            selftest=selftest,
+            expected_dir=expected_dir,
+            client_type=client_type,
+        )
+        return cls(settings, session_log, spec, tools, endpoints, live)
 
     async def start_terminal(self) -> None:
-        """The check a terminal's chat or one-shot turn starts with: its one server's
-        ``/health`` (``ServerRejected`` when it is not ok); with ``[[endpoint]]`` tables every
-        endpoint's, at once, the ones down marked down and re-checked so, as ``loopd serve``
-        starts (``loopd.endpoints.start``; ``NoEndpointUp`` when none answers)."""
-        if self.endpoints is not None:
-            await self.endpoints.start_checked(reachability_checker(self.endpoints.clients()))
-        elif not await self.client.health():
-            raise ServerRejected(self.client.url, 503, "/health is not ok")
-        else:
-            await self._check_slots()
+        """The check a terminal's chat or one-shot turn starts with: every server's ``/health``,
+        at once, the ones down marked down and re-checked, as ``loopd serve`` starts
+        (``loopd.endpoints.start``; ``NoEndpointUp`` when none answers); then the slots each
+        one's turns name (``_check_slots``). The self-test's live probes are not run: they take
+        a slot, and would evict the caches of the very sessions a script is about to serve."""
+        await self.endpoints.start_checked(reachability_checker(self.endpoints.clients()))
+        for server in self.endpoints.servers.values():
+            if self.endpoints.fleet.health.is_up(server.name):
+                await self._check_slots(server)
+        self.endpoints.log_known()
 
-    async def _check_slots(self) -> None:
-        """``ConfigError`` when LOOPD_SLOTS names a slot the server does not have (its id would
-        wrap around to another slot). Asked of ``/props`` without loading a model: a model not
-        loaded yet is not checked (``loopd serve``'s self-test checks it)."""
+    async def _check_slots(self, server: Server) -> None:
+        """``ConfigError`` when the server's slots (LOOPD_SLOTS, or its table's ``slots``) name
+        a slot it does not have (its id would wrap around to another slot). Asked of ``/props``
+        without loading a model: a model not loaded yet is not checked (``loopd serve``'s
+        self-test checks it)."""
+        client = server.client
         try:
-            total = (await self.client.props(autoload=False)).get("total_slots")
+            total = (await client.props(autoload=False)).get("total_slots")
         except InferenceError as exc:
             log.info("the server's slots are not checked (%s)", exc)
             return
         if not isinstance(total, int) or total <= 0:
             return
-        if missing := [slot for slot in self.settings.slots if slot >= total]:
-            raise ConfigError(slots_refusal(missing, total, self.client.url))
+        if missing := [slot for slot in server.endpoint.slots if slot >= total]:
+            named = server.recorded_as
+            setting = "LOOPD_SLOTS" if named is None else f"endpoint {named}'s slots"
+            raise ConfigError(slots_refusal(missing, total, client.url, setting))
 
     async def aclose(self) -> None:
-        await self.client.aclose()
-        if self.endpoints is not None:
-            await self.endpoints.aclose()
+        await self.endpoints.aclose()
         await self.tools.broker.aclose()
         self.log.close()
 
@@ -389,111 +364,32 @@ class Runtime:
 
     def new_session_head(self) -> tuple[str, str]:
         """What a new session's epoch begins with: its tools (their sha256) and system text."""
-        return self.spec.sha256, self.settings.system_text
+        return self.endpoints.head
 
-    # -- what the server is -----------------------------------------------------------------------
-
-    def know_server(
+    def front_end(
         self,
-        *,
-        idle_slots_cleared: bool | None,
-        keeps_past_reasoning: TemplateAnswer = TemplateAnswer.UNKNOWN,
-        expected_dir: Path = DEFAULT_DIR,
-        durable_available: bool | None = None,
-    ) -> ServerView:
-        """Take the self-test's answers (None / UNKNOWN where it did not run or could not tell):
-        pinning (``loopd.engine.pinning``), the shared pool's budget, the template's verdict."""
-        pinning = decide_pinning(
-            self.settings.pin_slots,
-            selftest=idle_slots_cleared,
-            recorded=recorded_pool_answer(self.client.model, expected_dir),  # the server's model
-        )
-        view = ServerView(pinning, keeps_past_reasoning, durable_available)
-        self.server = view
-        self.durable = self._durable(view)
-        self.prewarmer.restorer = self.durable  # a prewarm restores a saved session
-        self.budget.shared = pinning.shared_pool
-        self.budget.requests = self.settings.pool_requests
-        log.info(
-            "requests %s (%s); %s; the template keeps past reasoning: %s",
-            "pinned to each session's slot" if pinning.pinned else "placed by the server",
-            pinning.why,
-            f"the KV pool is shared: a request plans with {self.settings.pool_requests} "
-            "requests' share of it"
-            if pinning.shared_pool
-            else "each slot has its own context",
-            keeps_past_reasoning.value,
-        )
-        log.info(
-            "durable sessions: %s (LOOPD_DURABLE %s; the self-test's probe: %s)",
-            "on" if self.durable is not None else "off",
-            self.settings.durable.value,
-            {True: "available", False: "not available", None: "not run"}[durable_available],
-        )
-        return view
+        report: StatusCallback,
+        on_position: PositionCallback = lambda ahead: None,
+        asker: Asker | None = None,
+        tools: ToolRunner | None = None,
+    ) -> FrontEnd:
+        """What a front end passes to a turn; ``tools``: the runner of its tool calls (default:
+        the session tools)."""
+        return FrontEnd(report, tools or self.tools, on_position, asker)
 
-    def _durable(self, view: ServerView) -> DurableSlots | None:
-        """Saves and restores, where the setting and the self-test allow."""
-        if not durable_enabled(self.settings.durable, view.durable_available):
-            return None
-        return DurableSlots(
-            self.client,
-            SaveBook(self.settings.state_dir),
-            self.prewarmer,
-            pinned=view.pinning.pinned,
-            slots=self.settings.slots,
-        )
-
-    def _view(self) -> ServerView:
-        """The server as told, or, without a self-test (``loopd chat``, ``--skip-selftest``),
-        as the recorded expectations say (the template's verdict then unknown)."""
-        if self.server is None:
-            return self.know_server(idle_slots_cleared=None)
-        return self.server
-
-    def turn(self, session: Session, report: StatusCallback) -> Turn:
-        s = self.settings
-        view = self._view()
-        return Turn(
-            session=session.name,
-            slot=session.slot,
-            client=self.client,
-            log=self.log,
-            settings=RequestSettings(
-                model=s.model,
-                slot=view.pinning.id_slot(session.slot),
-                max_tokens=s.max_tokens,
-                sampling=s.sampling,
-            ),
-            limits=Limits(
-                first_byte_s=s.first_byte_s,
-                silence_s=s.silence_s,
-                think_cap=s.stream_think_cap,
-                loop_window=s.loop_window,
-            ),
-            tools=self.tools,
-            guard_limits=s.guard_limits,
-            report=report,
-            gate=Compactor(self.budget, self.budget_rules()),
-            template_drops_reasoning=view.template_drops_reasoning,
-            pinned=view.pinning.pinned,
-            pool_clears_idle_slots=view.pinning.idle_slots_cleared is True,
-            durable=self.durable,
-        )
-
-    def budget_rules(self) -> BudgetRules:
-        return BudgetRules(
-            compact_at=self.settings.compact_at,
-            max_tokens=self.settings.max_tokens,
-            summary_max_tokens=self.settings.summary_max_tokens,
-        )
+    def turn(self, session: Session, report: StatusCallback, asker: Asker | None = None) -> Turn:
+        """The session's next turn, as ``run_turn`` builds it, on its server (placed there now
+        if it has none) and its slot there, without waiting for the slot."""
+        server, slot = self.endpoints.seat(session)
+        return self.endpoints.turn_on(server, session, slot, self.front_end(report, asker=asker))
 
     async def append_user(self, session: str, text: str, *, external_key: str) -> Taken:
-        """Append a user message. One longer than one message may be in the context is never
-        cut silently: the whole text is kept in the session's workspace (``kept_message_path``),
-        the model reads its head with a note naming that file, and ``Taken.notice`` is the line
-        the person is told, where they wrote it."""
-        compactor = Compactor(self.budget, self.budget_rules())
+        """Append a user message. One longer than one message may be in the context (of the
+        session's server) is never cut silently: the whole text is kept in the session's
+        workspace (``kept_message_path``), the model reads its head with a note naming that
+        file, and ``Taken.notice`` is the line the person is told, where they wrote it."""
+        server = self.endpoints.server_of(session)
+        compactor = Compactor(server.budget, self.endpoints.rules.budget)
         kept_in = kept_message_path(external_key)
         cut = await compactor.fit(text, "this message", kept_in)
         notice = None
@@ -507,138 +403,58 @@ class Runtime:
         return Taken(appended, notice)
 
     async def prewarm(self, session: Session) -> PrewarmResult:
-        """Read the session's prompt into its idle slot (LOOPD_PREWARM); see ``loopd.prewarm``."""
-        settings = self.turn(session, lambda status: None).settings
-        with request_scope(session.name):
-            result = await self.prewarmer.prewarm(session, settings)
-        METRICS.prewarm_ended(result)
-        return result
+        """Read the session's prompt into its idle slot on its server (LOOPD_PREWARM); see
+        ``loopd.prewarm``."""
+        server, slot = self.endpoints.seat(session)
+        return await self.endpoints.prewarm(server, session, slot)
 
     async def run_turn(
         self,
         session: Session,
         report: StatusCallback,
         on_position: PositionCallback = lambda ahead: None,
+        *,
+        asker: Asker | None = None,
+        tools: ToolRunner | None = None,
     ) -> TurnOutcome:
-        """A turn, once the session's slot is free (FIFO behind other sessions on it). A turn
+        """A turn, once the session's slot is free (FIFO behind other sessions on it), on its
+        server (``loopd.endpoints.serving``). ``asker``: who is asked about a tool call that
+        waits for a person's approval (the front end's person; None: nobody, and such a call
+        is denied); ``tools``: the runner of its tool calls (default: the session tools). A turn
         that ends without an answer is recorded as ended, with the line it ended on: a restart
         does not run it again (``loopd.turnstop.record_end``)."""
-        outcome = await self._placed_turn(session, report, on_position)
+        front = self.front_end(report, on_position, asker, tools)
+        outcome = await self.endpoints.run_turn(session, front)
         if outcome.failure is not None:
             record_end(self.log, session.name, outcome.failure)
         return outcome
 
-    async def _placed_turn(
-        self, session: Session, report: StatusCallback, on_position: PositionCallback
-    ) -> TurnOutcome:
-        if self.endpoints is not None:
-            return await self.endpoints.run_turn(self, session, report, on_position)
-        # Real work: every prewarm gives way (one beside a turn slows both; ``loopd.prewarm``).
-        self.prewarmer.preempt_all()
-        self.prewarm_plan.drop(session.name)
-        view = self._view()
-        with self.live.turn(session.name, session.slot, report, on_position) as live:
-            asked_at = time.monotonic()  # the wait a person sees starts (loopd.engine.waits)
-            async with self.scheduler.slot(session.name, session.slot, live.on_position):
-                # The plan learns what the slot holds before the slot is released (and seen idle).
-                asker = ASKER.get()
-                token = None
-                if asker is not None:  # a wait for a person's approval frees the slot meanwhile
-                    token = ASKER.set(Stepped(asker, self._stepped_aside(session, live)))
-                turn = self.turn(session, live.report)
-                turn.asked_at = asked_at
-                try:
-                    outcome = await turn.run()
-                finally:
-                    if token is not None:
-                        ASKER.reset(token)
-                    self.prewarm_plan.used(session.name, session.slot)
-                # Placed by the server, the compacted epoch waits in its host cache: no read.
-                if outcome.compacted and view.pinning.pinned:
-                    self.prewarm_plan.want(session.name, session.slot)
-                return live.finished(outcome)
-
-    def _stepped_aside(
-        self, session: Session, live: LiveTurn
-    ) -> Callable[[], AbstractAsyncContextManager[None]]:
-        return lambda: self.scheduler.stepped_aside(session.name, session.slot, live.on_position)
-
-    # -- prewarm on idle slots -------------------------------------------------------------------
-
     async def keep_warm(self, restarted: Collection[str] = ()) -> None:
-        """Prewarm wanted sessions whenever their slot falls idle, until cancelled; returns at
-        once when LOOPD_PREWARM is off. ``restarted``: the front end's sessions, of which each
-        slot's most recently active one is read back first (see loopd.prewarm.plan).
-        With several endpoints, this re-checks the down ones instead, and prewarms the front
-        end's sessions (``restarted``) moved off one (loopd.endpoints.warm)."""
-        if self.endpoints is not None:
-            await keep_warm(self.endpoints, self, restarted)
-            return
-        if not self.prewarmer.enabled:
-            return
-        self._want_after_restart(restarted)
-        self._idle_slots.update(self.settings.slots)
-        while True:
-            self._idle_wake = anyio.Event()
-            while self._idle_slots:
-                slot = min(self._idle_slots)
-                self._idle_slots.discard(slot)
-                try:
-                    await self._prewarm_slot(slot)
-                except DaemonError:
-                    # Optional work: a log or server error here must not end the front end.
-                    log.exception("prewarm on slot %d failed; prewarm goes on", slot)
-            await self._idle_wake.wait()
+        """Prewarm wanted sessions whenever their server is idle, and re-check down endpoints,
+        until cancelled (``loopd.endpoints.warm``). ``restarted``: the front end's sessions,
+        of which each slot's most recently active one is read back first."""
+        await keep_warm(self.endpoints, restarted)
 
-    def _slot_idle(self, slot: int) -> None:
-        # A prewarm waits for the whole engine to be idle; then every slot's may run.
-        if self._idle_wake is not None and self.scheduler.idle():
-            self._idle_slots.update(self.settings.slots)
-            self._idle_wake.set()
-
-    def _want_after_restart(self, names: Collection[str]) -> None:
-        if not names:
-            return
-        slots = {s.name: s.slot for s in self.log.sessions() if s.name in names}
-        busy = [
-            name
-            for name in slots
-            if (state := self.log.state(name)).pending_turn or state.interrupted_calls
-        ]
-        for name, slot in restart_wants(slots, self.log.last_answered(), busy):
-            self.prewarm_plan.want(name, slot)
-
-    async def _prewarm_slot(self, slot: int) -> None:
-        name = self.prewarm_plan.next_for(slot)
-        if name is None or self.scheduler.holder(slot) is not None:
-            return
-        # Dropped while it runs, so that a prewarm that raises is not tried again and again
-        # (its own release of the slot would bring this loop straight back to it).
-        self.prewarm_plan.drop(name)
-        result = await self.prewarm(self.log.get_session(name))
-        if result.outcome is PrewarmOutcome.DONE:
-            self.prewarm_plan.warmed(name, slot)
-        elif result.outcome is PrewarmOutcome.FAILED:
-            log.warning(
-                "prewarm of %s failed (%s); its next turn reads its prompt", name, result.detail
-            )
-        elif self.log.state(name).idle:
-            # Cancelled by another session's work, or skipped while the slot was busy: the next
-            # idle moment tries again. (A session whose own turn is coming needs no prewarm.)
-            self.prewarm_plan.want(name, slot)
-
-    async def resume(self, session: Session, report: StatusCallback) -> TurnOutcome | None:
+    async def resume(
+        self,
+        session: Session,
+        report: StatusCallback,
+        *,
+        asker: Asker | None = None,
+        tools: ToolRunner | None = None,
+    ) -> TurnOutcome | None:
         """Finish what a crash left: interrupted tool calls get a result (brokerd's are asked
         again: it answers a known call id from its record without running it twice), then a
         pending turn runs. None when there was nothing to do."""
         state = self.log.state(session.name)
+        runner = tools or self.tools
         for interrupted in state.interrupted_calls:
             call = interrupted.call  # as stored: the argument text the model streamed
             if self.tools.reruns(session.name, call):
-                text = (await self.tools.run(session.name, call)).text
+                text = (await runner.run(session.name, call, asker)).text
             else:
                 text = INTERRUPTED
             self.log.append_tool_result(session.name, tool_call_id=call.id, content=text)
         if state.interrupted_calls or state.pending_turn:
-            return await self.run_turn(session, report)
+            return await self.run_turn(session, report, asker=asker, tools=tools)
         return None

@@ -323,7 +323,8 @@ def _store_run(paths: Paths, ledger: Ledger, mirror: Mirror) -> None:
 def read_sessions(db_path: Path) -> list[Session]:
     """Every Mattermost session of the log, read with ``loopd sessions`` and ``loopd log
     export`` (their functions, called here to spare a process per session)."""
-    from loopd.cli.log import export_log, list_sessions
+    from loopd.cli.log import export_log
+    from loopd.logviews import list_sessions
 
     out, err = io.StringIO(), io.StringIO()
     if list_sessions(db_path, out, err) != 0:

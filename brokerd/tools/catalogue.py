@@ -62,7 +62,7 @@ class ConfineSpec(BaseModel):
 
     ``path_arguments`` name string arguments that hold a host path: each call's value must lie
     under one of the broker's ``host_path_roots``, and the root holding it is shown read-only.
-    The limits, when given, replace ``brokerd.confine.ResourceLimits``' defaults.
+    The limits, when given, replace ``loopcommon.sandbox.ResourceLimits``' defaults.
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")

@@ -11,7 +11,6 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Callable
 from contextlib import AbstractAsyncContextManager
-from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -81,9 +80,3 @@ class Stepped:
 
     async def tell(self, call: AskedCall, decision: Decision) -> None:
         await self.inner.tell(call, decision)
-
-
-# The asker of the front end running this turn (set around a turn by the Mattermost threads and
-# the terminal); with none (``loopd tools call``, a turn without a person) a call that asks is
-# denied at once.
-ASKER: ContextVar[Asker | None] = ContextVar("loopd_approval_asker", default=None)

@@ -23,7 +23,6 @@ import anyio
 from loopcommon.backoff import Backoff
 from loopcommon.statuspage import ThreadView
 from loopd.chat.attachments import ReadFile, kind_of, read_file, unread_notice
-from loopd.chat.config import ChatSettings
 from loopd.chat.cursor import ChatState, ChatStateError
 from loopd.chat.intake import Action, Allowlist, PostDecision, decide
 from loopd.chat.labels import thread_label
@@ -39,6 +38,7 @@ from loopd.chat.threads import (
     session_name,
 )
 from loopd.chat.ws import NoHello, Resume, SocketLost, WsEvent, open_socket
+from loopd.chatsettings import ChatSettings
 from loopd.observe.metrics import METRICS
 from loopd.sessionlog.errors import DiskFullError, LockedError
 from loopd.sessions import Runtime

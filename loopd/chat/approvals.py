@@ -27,10 +27,10 @@ from loopcommon.sanitize import visible
 from loopd.approvals.call import AskedCall, Decision
 from loopd.approvals.deciders import Deciders, may_decide
 from loopd.approvals.words import decision_line, description_of, minutes, refused_unshown
-from loopd.chat.config import ChatSettings
 from loopd.chat.outbox import Outbox
 from loopd.chat.rest import MattermostError
 from loopd.chat.status import AwaitingApproval, Shown
+from loopd.chatsettings import ChatSettings
 
 log = logging.getLogger(__name__)
 

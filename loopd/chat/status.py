@@ -1,7 +1,7 @@
 """What a turn is doing, in words: the one wording of each phase, for the thread's status post and
 for the terminal's status line, and when a post may be edited again.
 
-Pure: the shells (``turnposts.TurnPosts``, ``terminal.StatusLine``) feed it what happened and a
+Pure: the shells (``turnposts.TurnPosts``, ``terminal.render.TurnView``) feed it what happened and a
 clock reading."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from loopcommon.sanitize import visible
-from loopd.engine.progress import Phase, Status
+from loopd.engine.progress import Phase, Status, phase_words
 
 
 @dataclass(frozen=True)
@@ -46,25 +46,6 @@ _ICONS = {
     Phase.TOOL_CALL: "🔧",
     Phase.ANSWERING: "✍️",
 }
-
-
-def phase_words(status: Status) -> str:
-    """The phase in words, the same on every surface (a thread adds an icon)."""
-    match status.phase:
-        case Phase.QUEUED:
-            return "queued behind another request on the server"
-        case Phase.WAITING:
-            return "waiting for the server"
-        case Phase.STUCK:
-            return "the server is not answering; still waiting"
-        case Phase.READING:
-            return f"reading the prompt {status.percent or 0}%"
-        case Phase.THINKING:
-            return f"thinking ({status.tokens or 0} tokens)"
-        case Phase.TOOL_CALL:
-            return f"calling {status.tool}"
-        case Phase.ANSWERING:
-            return "answering"
 
 
 def in_line_words(in_line: InLine) -> str:

@@ -30,10 +30,9 @@ from loopcommon.backoff import Backoff
 from loopcommon.errors import DaemonError
 from loopcommon.retry import retrying
 from loopcommon.sanitize import visible
-from loopd.approvals.call import ASKER
+from loopd.approvals.call import Asker
 from loopd.approvals.deciders import Deciders, may_decide
 from loopd.chat.approvals import Questions
-from loopd.chat.config import ChatSettings
 from loopd.chat.cursor import ChatState, ChatStateError
 from loopd.chat.labels import AUTHOR
 from loopd.chat.mentions import named
@@ -41,6 +40,7 @@ from loopd.chat.outbox import PART_PROP, TURN_PROP, Outbox
 from loopd.chat.rest import MattermostError
 from loopd.chat.status import DRAFT_MARK, Finished, InLine
 from loopd.chat.turnposts import DRAFT, STATUS, TurnPosts, close, draft_post
+from loopd.chatsettings import ChatSettings
 from loopd.contextwindow.compaction import is_compaction_instruction
 from loopd.engine.notes import cut_note
 from loopd.engine.outcome import TurnOutcome
@@ -437,15 +437,15 @@ class Threads:
         running = _Running(posts, deciders, answering_seq(entries))
         self._running[name] = running
         # A call that waits for a person's approval asks in this thread (loopd.approvals).
-        ASKER.set(
-            self.questions.asker(self.outbox, name, channel, root_of(name), deciders, posts.show)
+        asker = self.questions.asker(
+            self.outbox, name, channel, root_of(name), deciders, posts.show
         )
         outcome: TurnOutcome | None = None
         try:
             async with anyio.create_task_group() as tg:
                 tg.start_soon(posts.follow)
                 with running.scope:
-                    outcome = await self._run(name, posts)
+                    outcome = await self._run(name, posts, asker)
                 running.ended = True
                 tg.cancel_scope.cancel()
             # Still "running" while it concludes: a message now is held until the answer is out.
@@ -459,7 +459,7 @@ class Threads:
         finally:
             del self._running[name]
 
-    async def _run(self, name: str, posts: TurnPosts) -> TurnOutcome | None:
+    async def _run(self, name: str, posts: TurnPosts, asker: Asker) -> TurnOutcome | None:
         session = self.runtime.log.get_session(name)
 
         def on_position(ahead: int) -> None:
@@ -470,8 +470,8 @@ class Threads:
 
         if self.runtime.log.state(name).interrupted_calls:
             self._waiting.pop(name, None)
-            return await self.runtime.resume(session, posts.show)
-        return await self.runtime.run_turn(session, posts.show, on_position)
+            return await self.runtime.resume(session, posts.show, asker=asker)
+        return await self.runtime.run_turn(session, posts.show, on_position, asker=asker)
 
     async def _conclude(
         self, name: str, channel: str, running: _Running, outcome: TurnOutcome | None

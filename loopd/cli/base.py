@@ -13,7 +13,7 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Final, TextIO, TypeAlias
+from typing import TYPE_CHECKING, TextIO, TypeAlias
 
 from loopcommon.entry import SigintDeferred
 from loopd.statedir import check_state_dir
@@ -25,8 +25,6 @@ Handler = Callable[[argparse.Namespace, "Settings"], int]
 Subparsers: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
 # A command that reads the log: the parsed arguments, the log's path, stdout and stderr.
 LogCommand = Callable[[argparse.Namespace, Path, TextIO, TextIO], int]
-
-EXIT_CANNOT: Final = 2  # the log cannot be read, or has no such session
 
 
 @dataclass(frozen=True)

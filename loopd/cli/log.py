@@ -4,8 +4,8 @@
 The ``run_*`` handlers are the ones ``loopd.cli.parser`` names, ``handler(args, settings)`` as
 every loopd subcommand has. The functions below do the work; they can be called directly
 with a database path and text streams, and return the exit status: 0 done, 2 the log cannot be
-read or has no such session; ``verify_log`` 1 when the log is not sound; ``search_entries`` 1
-when no entry mentions the words (as grep).
+read or has no such session; ``verify_log`` 1 when the log is not sound. ``sessions`` and ``log
+search`` print what ``loopd.logviews`` writes (the terminal's ``/sessions`` and ``/search`` too).
 
 Reading never creates or changes a log (``loopd.sessionlog.reading``).
 """
@@ -20,23 +20,22 @@ from typing import TYPE_CHECKING, Final, TextIO
 
 from loopcommon import jsonbytes
 from loopcommon.sanitize import for_terminal
-from loopd.cli.base import EXIT_CANNOT, log_handler
+from loopd.cli.base import log_handler
+from loopd.errors import EXIT_CANNOT
+from loopd.logviews import list_sessions, search_entries
 from loopd.sessionlog.backup import backup_state, restore_state
 from loopd.sessionlog.errors import LogError, UnknownSessionError
 from loopd.sessionlog.reading import existing_log
-from loopd.sessionlog.records import Entry, SessionState
-from loopd.sessionlog.search import DEFAULT_LIMIT, SearchIndexError, search_log
-from loopd.sessionlog.searchtext import EmptyQueryError
+from loopd.sessionlog.records import Entry
+from loopd.sessionlog.search import DEFAULT_LIMIT
 from loopd.sessionlog.verify import verify
 from loopd.statedir import check_state_dir
 from loopd.transcript import latest_session, markdown, openai_messages
-from loopd.turnstop import is_stop
 
 if TYPE_CHECKING:
     from loopd.config import Settings
 
 EXIT_BAD_LOG: Final = 1  # log verify: the log is not sound
-EXIT_NOT_FOUND: Final = 1  # log search: no entry mentions the words
 
 EXPORT_FIELDS = (
     "seq",
@@ -99,99 +98,8 @@ run_verify = log_handler(_verify)
 run_search = log_handler(_search)
 
 
-def search_entries(
-    db_path: Path,
-    words: list[str],
-    out: TextIO,
-    err: TextIO = sys.stderr,
-    *,
-    limit: int = DEFAULT_LIMIT,
-    session: str | None = None,
-) -> int:
-    """One line a hit, newest first: when, the session, the entry's seq and kind, and a line of
-    context around the words (``loopd.sessionlog.searchtext``). On a terminal each line passes
-    ``for_terminal`` (it quotes what the model or a person wrote); to a file or a pipe it is data.
-    The index beside the log is brought up to date first; the log itself is only read."""
-    try:
-        hits = search_log(db_path, words, limit=limit, session=session)
-    except (EmptyQueryError, LogError, SearchIndexError) as exc:
-        err.write(f"loopd: log search: {exc}\n")
-        return EXIT_CANNOT
-    if not hits:
-        where = f" of session {session!r}" if session else ""
-        asked = for_terminal(" ".join(words))
-        err.write(f"loopd: log search: no entry{where} mentions {asked!r}\n")
-        return EXIT_NOT_FOUND
-    shown = for_terminal if out.isatty() else str
-    for hit in hits:
-        out.write(shown(hit.line()) + "\n")
-    return 0
-
-
 def _no_session(db_path: Path, session: str) -> UnknownSessionError:
     return UnknownSessionError(db_path, f"no session {session!r}")
-
-
-def list_sessions(db_path: Path, out: TextIO, err: TextIO = sys.stderr) -> int:
-    try:
-        with existing_log(db_path) as log:
-            # Where loopd runs several servers, each session's endpoint (that of its latest
-            # request) and its slot there; the one-server log keeps its columns.
-            placed = log.last_endpoints() if log is not None else {}
-            slots = log.endpoint_slots() if log is not None else {}
-            where = f"{'ENDPOINT':<12} " if placed else ""
-            out.write(f"{'SESSION':<32} {where}{'SLOT':>4} {'EPOCH':>5} {'ENTRIES':>7}  STATE\n")
-            if log is None:
-                # A mistyped LOOPD_STATE_DIR looks like a fresh install: say which folder.
-                err.write(f"loopd: {_no_log_yet(db_path)}\n")
-                return 0
-            # Names and lines quote what threads were called and what servers answered.
-            shown = for_terminal if out.isatty() else str
-            states = {state.session: state for state in log.pending_states()}
-            for session in log.sessions():
-                epochs = log.epochs(session.name)
-                entries = log.entries(session.name)
-                epoch = epochs[-1].number if epochs else 0
-                label = state_label(states[session.name])
-                slot = session.slot
-                if placed:
-                    endpoint = placed[session.name][0] if session.name in placed else "-"
-                    slot = slots.get((session.name, endpoint), slot)
-                    where = f"{endpoint:<12} "
-                row = f"{session.name:<32} {where}{slot:>4} {epoch:>5} {len(entries):>7}  {label}"
-                out.write(shown(row) + "\n")
-    except LogError as exc:
-        err.write(f"loopd: {exc}\n")
-        return EXIT_CANNOT
-    return 0
-
-
-_LABEL_CHARS = 72
-
-
-def _no_log_yet(db_path: Path) -> str:
-    folder = db_path.parent
-    if not folder.is_dir():
-        return f"no sessions: the state folder {folder} does not exist (LOOPD_STATE_DIR)"
-    return f"no sessions yet: no session log in {folder} (LOOPD_STATE_DIR)"
-
-
-def state_label(state: SessionState) -> str:
-    """What the session's latest turn was, in a few words: answered, stopped by someone, ended
-    without an answer (the line shown then, cut), or cut by a crash or a restart (it runs at the
-    next start: ``pending turn``, ``interrupted tool calls``)."""
-    if state.interrupted_calls:
-        ids = ", ".join(call.call_id for call in state.interrupted_calls)
-        return f"interrupted tool calls: {ids}"
-    if state.pending_turn:
-        return "pending turn"
-    if state.ended_by is not None and is_stop(state.ended_by):
-        return (state.ended_by.fields.reason or "stopped").replace("\n", " ")
-    if state.ended_by is not None:
-        line = " ".join((state.ended_by.fields.text or "").split())
-        label = f"ended: {line}"
-        return label if len(label) <= _LABEL_CHARS else label[: _LABEL_CHARS - 3] + "..."
-    return "answered" if state.answer is not None else "idle"
 
 
 def show_log(db_path: Path, session: str, out: TextIO, err: TextIO = sys.stderr) -> int:

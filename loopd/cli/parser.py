@@ -3,7 +3,7 @@
 Each subcommand's handler is a ``Command`` naming the module and function that run it, so the
 parser is built without importing any command's module: ``loopd --version`` and ``loopd --help``
 cost the interpreter's start and this file, and a command imports only what it runs
-(``tests/cli/test_cli_imports.py`` keeps the heavy dependencies out). The handlers live in one
+(``tests/test_architecture.py`` keeps the heavy dependencies out). The handlers live in one
 module per group of subcommands (``loopd.cli.log``, ``loopd.cli.perf``, ...).
 """
 
@@ -89,6 +89,7 @@ def _terminal(sub: Subparsers) -> None:
 
 
 def _turn_options(parser: argparse.ArgumentParser) -> None:
+    add_expected_dir(parser)
     parser.add_argument(
         "--show-thinking",
         action="store_true",
@@ -218,8 +219,9 @@ def _selftest(sub: Subparsers) -> None:
 
 
 def add_expected_dir(parser: argparse.ArgumentParser) -> None:
-    """``--expected-dir``, for ``selftest`` and ``serve``: expectations recorded on the host for
-    the operator's own server, so the image needs no rebuild."""
+    """``--expected-dir``, for ``selftest``, ``serve``, ``chat`` and ``run``: expectations
+    recorded on the host for the operator's own server, so the image needs no rebuild (``chat``
+    and ``run`` go by what they record of durable sessions and the slot pool)."""
     parser.add_argument(
         "--expected-dir",
         type=Path,

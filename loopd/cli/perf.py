@@ -16,7 +16,8 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import TextIO
 
-from loopd.cli.base import EXIT_CANNOT, log_handler
+from loopd.cli.base import log_handler
+from loopd.errors import EXIT_CANNOT
 from loopd.observe.perfsummary import format_summary, perf_records, session_table, summarize
 from loopd.sessionlog.errors import LogError, UnknownSessionError
 from loopd.sessionlog.reading import existing_log

@@ -19,12 +19,11 @@ log = logging.getLogger("loopd.serve")
 
 def handler(args: argparse.Namespace, settings: Settings) -> int:
     check_state_dir(settings.state_dir, create=True)
-    report = None
-    down: dict[str, str] = {}
+    report = checks = None
     if args.skip_selftest:
         log.warning("the self-test was skipped (--skip-selftest): the server is not checked")
     elif settings.has_endpoint_tables:
-        status, down = anyio.run(startup_endpoints, settings, args.expected_dir)
+        status, checks = anyio.run(startup_endpoints, settings, args.expected_dir)
         if status != 0:
             return status
     else:
@@ -34,6 +33,6 @@ def handler(args: argparse.Namespace, settings: Settings) -> int:
     with StopSignals() as signals:
         return anyio.run(
             functools.partial(
-                serve, settings, signals, report, expected_dir=args.expected_dir, down=down
+                serve, settings, signals, report, expected_dir=args.expected_dir, checks=checks
             )
         )

@@ -18,7 +18,7 @@ def chat(args: argparse.Namespace, settings: Settings) -> int:
         from loopd.terminal.chat import ChatOptions, run_chat
 
     check_state_dir(settings.state_dir, create=True)
-    options = ChatOptions(args.session, args.show_thinking, args.log_stderr)
+    options = ChatOptions(args.session, args.show_thinking, args.log_stderr, args.expected_dir)
     return run_chat(settings, options)
 
 
@@ -27,5 +27,12 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
         from loopd.terminal.oneshot import RunOptions, run_once
 
     check_state_dir(settings.state_dir, create=True)
-    options = RunOptions(args.prompt, args.session, args.json, args.show_thinking, args.log_stderr)
+    options = RunOptions(
+        args.prompt,
+        args.session,
+        args.json,
+        args.show_thinking,
+        args.log_stderr,
+        args.expected_dir,
+    )
     return run_once(settings, options)

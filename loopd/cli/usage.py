@@ -15,8 +15,9 @@ from typing import TextIO
 
 from loopcommon.sanitize import for_terminal
 from loopd.chat.cursor import ChatStateError
-from loopd.cli.base import EXIT_CANNOT, log_handler
+from loopd.cli.base import log_handler
 from loopd.cli.perf import made_since, parse_since
+from loopd.errors import EXIT_CANNOT
 from loopd.sessionlog.errors import LogError
 from loopd.sessionlog.reading import existing_log
 from loopd.sessionlog.records import Request

@@ -35,7 +35,6 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
-from loopd.config import DEFAULTS
 from loopd.engine.client import InferenceClient
 from loopd.errors import ServerRejected
 
@@ -50,11 +49,12 @@ MIN_INPUT_CAP = 256
 @dataclass(frozen=True)
 class BudgetRules:
     """The fixed numbers of the budget; ``n_ctx`` comes from the server. The first three are
-    settings (LOOPD_COMPACT_AT, LOOPD_MAX_TOKENS, LOOPD_SUMMARY_MAX_TOKENS)."""
+    settings (LOOPD_COMPACT_AT, LOOPD_MAX_TOKENS, LOOPD_SUMMARY_MAX_TOKENS), whose defaults are
+    these (``loopd.config`` takes them from here)."""
 
-    compact_at: float = DEFAULTS.compact_at
-    max_tokens: int = DEFAULTS.max_tokens  # the turn's own max_tokens: room an answer may take
-    summary_max_tokens: int = DEFAULTS.summary_max_tokens  # the compaction request's max_tokens
+    compact_at: float = 0.75
+    max_tokens: int = 12288  # the turn's own max_tokens: room an answer may take
+    summary_max_tokens: int = 512  # the compaction request's max_tokens
     summary_think_cap: int = 256  # thinking allowed in the compaction request
     margin: int = 64  # slack for the template's end-of-turn tokens and rounding
 

@@ -24,6 +24,7 @@ import json
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
+from typing import Protocol
 
 from loopd.contextwindow import pool
 from loopd.contextwindow.budget import (
@@ -38,10 +39,11 @@ from loopd.contextwindow.budget import (
     judge,
     upper_bound_tokens,
 )
-from loopd.engine.outcome import TurnOutcome
-from loopd.engine.progress import Phase, Status
-from loopd.engine.request import build_body
-from loopd.engine.turn import Turn
+from loopd.engine.client import InferenceClient
+from loopd.engine.limits import Limits
+from loopd.engine.outcome import RequestResult, TurnOutcome
+from loopd.engine.progress import Phase, Status, StatusCallback
+from loopd.engine.request import RequestSettings, build_body
 from loopd.errors import InferenceError
 from loopd.sessionlog.assistant import tool_calls_of
 from loopd.sessionlog.records import (
@@ -52,6 +54,7 @@ from loopd.sessionlog.records import (
     Request,
     RequestKind,
 )
+from loopd.sessionlog.store import SessionLog
 
 log = logging.getLogger(__name__)
 
@@ -223,6 +226,46 @@ class Size:
 # -- I/O -----------------------------------------------------------------------------------------
 
 
+class Attempted(Protocol):
+    """A request the turn sent and recorded (``loopd.turn.loop.Attempt``)."""
+
+    @property
+    def result(self) -> RequestResult: ...
+
+
+class Summariser(Protocol):
+    """The turn, as the request that asks for a summary."""
+
+    async def request(self, kind: RequestKind, outcome: TurnOutcome) -> Attempted: ...
+
+
+class CompactedTurn(Protocol):
+    """What compaction reads of the turn it keeps inside its context (``loopd.turn.loop.Turn``,
+    the layer above: it passes itself to its gate)."""
+
+    @property
+    def session(self) -> str: ...
+
+    @property
+    def log(self) -> SessionLog: ...
+
+    @property
+    def client(self) -> InferenceClient: ...
+
+    @property
+    def settings(self) -> RequestSettings: ...
+
+    @property
+    def limits(self) -> Limits: ...
+
+    @property
+    def report(self) -> StatusCallback: ...
+
+    def summariser(
+        self, report: StatusCallback, *, max_tokens: int, think_cap: int
+    ) -> Summariser: ...
+
+
 @dataclass
 class Compactor:
     """The turn's context gate: measures each request before it is sent and compacts first when
@@ -257,7 +300,9 @@ class Compactor:
         n_ctx = await self.budget.n_ctx()
         return input_cap(n_ctx, self.rules, INSTRUCTION_TOKENS)
 
-    async def before_request(self, turn: Turn, kind: RequestKind, outcome: TurnOutcome) -> None:
+    async def before_request(
+        self, turn: CompactedTurn, kind: RequestKind, outcome: TurnOutcome
+    ) -> None:
         """Compact first when the next request would not fit (see ``budget``); on a shared
         pool, then wait while it would not fit beside the requests running (``pool``)."""
         epoch = turn.log.current_epoch(turn.session)
@@ -274,7 +319,7 @@ class Compactor:
         if self.budget.shared:
             await self.room_in_pool(turn, epoch)
 
-    async def room_in_pool(self, turn: Turn, epoch: Epoch) -> None:
+    async def room_in_pool(self, turn: CompactedTurn, epoch: Epoch) -> None:
         """Wait (shown as queued) while the prompt and its answer's room would not fit in what
         the busy slots leave of the pool; at most the first-byte limit, then send anyway."""
         try:
@@ -296,7 +341,7 @@ class Compactor:
             log.warning("%s: the shared pool stayed full; sending anyway", turn.session)
 
     async def _plan(
-        self, turn: Turn, kind: RequestKind, epoch: Epoch, entries: list[Entry]
+        self, turn: CompactedTurn, kind: RequestKind, epoch: Epoch, entries: list[Entry]
     ) -> tuple[int, str] | None:
         """(prompt size, why) when the session must compact now; None when it fits."""
         n_ctx = await self.budget.n_ctx()
@@ -322,7 +367,7 @@ class Compactor:
             f"prompt of {size.tokens:,} tokens, {size.tokens / n_ctx:.0%} of {n_ctx:,}",
         )
 
-    async def size(self, turn: Turn, epoch: Epoch) -> Size:
+    async def size(self, turn: CompactedTurn, epoch: Epoch) -> Size:
         """The next prompt's size: known from the previous request plus an upper bound for what
         was appended since, or, in an epoch with no request yet, an upper bound for all of it."""
         messages = turn.log.replay_messages(turn.session)
@@ -336,13 +381,13 @@ class Compactor:
         assert estimate is not None
         return Size(estimate, exact=not appended)
 
-    async def _count_exactly(self, turn: Turn, epoch: Epoch) -> int:
+    async def _count_exactly(self, turn: CompactedTurn, epoch: Epoch) -> int:
         messages = turn.log.replay_messages(turn.session)
         return await self.budget.count_prompt(build_body(turn.settings, epoch.tools_text, messages))
 
     async def compact(
         self,
-        turn: Turn,
+        turn: CompactedTurn,
         outcome: TurnOutcome,
         epoch: Epoch,
         entries: list[Entry],
@@ -387,7 +432,7 @@ class Compactor:
         needed = size + INSTRUCTION_TOKENS + self.rules.summary_tokens(n_ctx)
         return needed + self.rules.margin <= n_ctx
 
-    async def _summarise(self, turn: Turn, outcome: TurnOutcome, epoch: Epoch) -> str:
+    async def _summarise(self, turn: CompactedTurn, outcome: TurnOutcome, epoch: Epoch) -> str:
         """Ask the model for the summary: the instruction is appended first, so the request is
         the epoch's messages as stored; thinking and length are capped."""
         n_ctx = await self.budget.n_ctx()
@@ -399,13 +444,10 @@ class Compactor:
             # The phase shows; the summary's text does not stream into the turn's answer.
             turn.report(replace(status, text="") if status.text else status)
 
-        summariser = replace(
-            turn,
-            report=report,
-            settings=replace(turn.settings, max_tokens=self.rules.summary_tokens(n_ctx)),
-            limits=replace(turn.limits, think_cap=self.rules.summary_think_cap),
-            tools=None,
-            gate=None,
+        summariser = turn.summariser(
+            report,
+            max_tokens=self.rules.summary_tokens(n_ctx),
+            think_cap=self.rules.summary_think_cap,
         )
         attempt = await summariser.request(RequestKind.COMPACTION, outcome)
         if not attempt.result.complete:
@@ -418,5 +460,5 @@ async def _byte_count(text: str) -> int:
     return len(text.encode("utf-8"))
 
 
-def _epoch_entries(turn: Turn, epoch: Epoch) -> list[Entry]:
+def _epoch_entries(turn: CompactedTurn, epoch: Epoch) -> list[Entry]:
     return turn.log.epoch_entries(turn.session, epoch.number)

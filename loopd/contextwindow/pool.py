@@ -2,10 +2,11 @@
 
 On a unified pool every slot reports the whole pool as its ``n_ctx``, and the requests running at
 once share it, whoever sent them. Two requests whose prompts and answers together pass the pool
-both fail, with HTTP 500 ``Context size has been exceeded.`` (measured on the hybrid preset's
-16,384-token pool: docs/production-shape.md, "a full pool"). So before a request loopd reads
-``/slots`` and waits while its prompt and answer would not fit beside what the busy slots hold,
-and after a pool-full failure it waits for the other slots to fall idle before it sends again.
+both fail, with HTTP 500 ``Context size has been exceeded.`` (``engine.outcome.is_pool_full``;
+measured on the hybrid preset's 16,384-token pool: docs/production-shape.md, "a full pool"). So
+before a request loopd reads ``/slots`` and waits while its prompt and answer would not fit beside
+what the busy slots hold, and after a pool-full failure it waits for the other slots to fall idle
+before it sends again.
 Neither wait is a reason to compact: the session is not too long, the pool is busy.
 
 The rules are pure functions of a ``/slots`` listing; ``wait_for`` is the thin shell that polls.
@@ -16,7 +17,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Final
+from typing import Any
 
 import anyio
 
@@ -25,17 +26,7 @@ from loopd.errors import InferenceError
 
 log = logging.getLogger(__name__)
 
-# The server's message when the pool is full (build 11434, ``server-context.cpp``; sent to every
-# request that was running, as a 500 before streaming or as an error event mid-stream).
-POOL_FULL_MESSAGE: Final = "Context size has been exceeded"
-
 SlotsListing = Sequence[Mapping[str, Any]]
-
-
-def is_pool_full(message: str) -> bool:
-    """The server's error says the shared pool ran out (not that this prompt is too long: that
-    is a 400 ``exceed_context_size_error``)."""
-    return POOL_FULL_MESSAGE.lower() in message.lower()
 
 
 def _count(value: Any) -> int:

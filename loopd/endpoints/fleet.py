@@ -94,7 +94,7 @@ class Fleet:
 
     def holds_head(self, endpoint: str, tokens: int) -> None:
         """``endpoint`` read a prompt that begins with the new sessions' system prompt and tools,
-        at most ``tokens`` of it shared (``engine.turn.shared_head_bound``)."""
+        at most ``tokens`` of it shared (``engine.cacheloss.shared_head_bound``)."""
         self._head[endpoint] = max(self._head.get(endpoint, 0), tokens)
 
     def place(self, session: str) -> Placement:

@@ -1,18 +1,25 @@
-"""Turns on several servers: the I/O shell around ``Fleet`` (placement and health, pure).
+"""Where every turn runs: the one path of a turn, on one server or several.
 
-Each ``[[endpoint]]`` table gets its own client, context budget and slot queue. A turn is placed
-(``Fleet.place``) and run on its endpoint like a one-server turn, its requests naming the endpoint
-in the log. When a turn ends without an answer in a way that shows its server dead, not busy
+The servers are the ``[[endpoint]]`` tables, or the shorthand's one server (a fleet of one,
+``loopd.endpoints.server``). A turn is placed (``Fleet.place``, pure) and run on its endpoint: the
+session waits for its slot there (FIFO behind the other sessions of the slot, ``loopd.scheduler``),
+every prewarm on that server gives way, and the turn is built from the server as it is known now
+(``build_turn``). A wait for a person's approval hands the slot to the next session meanwhile
+(``loopd.approvals.call.Stepped``). After a compaction, where sessions are pinned, the session is
+wanted for a prewarm once another has used its slot (``loopd.endpoints.warm``).
+
+When a turn ends without an answer in a way that shows its server dead, not busy
 (``health.endpoint_dead``: nothing answers, or the stream was cut and ``/health`` no longer
-answers), the endpoint is marked down and the same turn is placed again at once: the session moves
-to an endpoint that is up, and its first request there, which re-reads the whole prompt, is
-recorded with the cause ``endpoint lost``. The log is the truth, so the moved turn sends the
-conversation as stored: the user's message is answered once, on the new endpoint. A down endpoint
-is self-tested again in the background (``selftest.endpoints.recheck_down``); once it passes, new
-sessions are placed on it again. Sessions that moved stay where they are (their cache is there).
+answers), and the fleet has another endpoint, the endpoint is marked down and the same turn is
+placed again at once: the session moves to an endpoint that is up, and its first request there,
+which re-reads the whole prompt, is recorded with the cause ``endpoint lost``. The log is the
+truth, so the moved turn sends the conversation as stored: the user's message is answered once,
+on the new endpoint. A down endpoint is checked again in the background (``start.recheck_down``);
+once it passes, new sessions are placed on it again, and what its check found is what is known of
+it. Sessions that moved stay where they are (their cache is there). A fleet of one has nowhere to
+move to: its server is never marked down by a turn, and the next turn tries it again at once.
 Every front end starts here (``start_checked``, or ``start`` after ``loopd serve``'s own
-``check_at_start``: ``loopd.endpoints.start``), and with LOOPD_PREWARM the idle sessions of an
-endpoint that went down are moved and read on their new one at once (``loopd.endpoints.warm``).
+self-tests: ``loopd.endpoints.start``).
 """
 
 from __future__ import annotations
@@ -20,29 +27,33 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
-from contextlib import AsyncExitStack
-from dataclasses import dataclass, field, replace
+from contextlib import AbstractAsyncContextManager, AsyncExitStack
+from dataclasses import dataclass, replace
+from pathlib import Path
 
 from loopcommon.errors import DaemonError
-from loopd.config import EndpointSettings, Settings
-from loopd.contextwindow.budget import ServerBudget
-from loopd.contextwindow.compaction import Compactor
+from loopd.approvals.call import Asker, Stepped
+from loopd.config import SHORTHAND_ENDPOINT, Settings
 from loopd.endpoints.fleet import Fleet
 from loopd.endpoints.health import endpoint_dead, needs_health_check
 from loopd.endpoints.placement import Move, NowhereUp
-from loopd.endpoints.runtime import SessionRuntime
-from loopd.endpoints.start import NoEndpointUp, StartChecks, check_at_start
+from loopd.endpoints.server import Server, TurnRules, build_turn, known
+from loopd.endpoints.start import NoEndpointUp, StartChecks, check_at_start, recheck_down
+from loopd.engine.cacheloss import PrevRequest
 from loopd.engine.client import InferenceClient
 from loopd.engine.outcome import TurnOutcome
 from loopd.engine.pinning import choose_slot
 from loopd.engine.progress import StatusCallback
-from loopd.engine.turn import Turn
-from loopd.prewarm.plan import PrewarmPlan
-from loopd.prewarm.prewarmer import Prewarmer, PrewarmResult
-from loopd.scheduler import PositionCallback, Scheduler
-from loopd.selftest.endpoints import Checker, recheck_down
+from loopd.observe.live import LiveTurn, LiveTurns
+from loopd.observe.metrics import METRICS
+from loopd.prewarm.prewarmer import PrewarmResult
+from loopd.requestscope import request_scope
+from loopd.scheduler import PositionCallback
+from loopd.selftest.endpoints import Checker, EndpointCheck, endpoint_checker
+from loopd.selftest.expected import DEFAULT_DIR, ServerAnswers, recorded_answers
 from loopd.sessionlog.records import Session
 from loopd.sessionlog.store import SessionLog
+from loopd.turn.loop import ToolRunner, Turn
 
 log = logging.getLogger(__name__)
 
@@ -50,45 +61,48 @@ log = logging.getLogger(__name__)
 Warmed = Callable[[str, PrewarmResult], None]
 
 
-@dataclass
-class Server:
-    """One endpoint's client, budget (its own ``n_ctx``), slot queue, and its prewarms: the
-    sessions moved here whose prompt is read back while it is idle (``loopd.endpoints.warm``)."""
+@dataclass(frozen=True)
+class FrontEnd:
+    """What a front end passes to a turn: where its progress and its place in line are told,
+    who is asked about a tool call that waits for a person's approval (None: nobody, and such
+    a call is denied), and the runner of its tool calls."""
 
-    endpoint: EndpointSettings
-    client: InferenceClient
-    budget: ServerBudget = field(init=False)
-    scheduler: Scheduler = field(default_factory=Scheduler)
-    plan: PrewarmPlan = field(default_factory=PrewarmPlan)
-    prewarmer: Prewarmer = field(init=False)
-
-    def __post_init__(self) -> None:
-        self.budget = ServerBudget(self.client)
-
-    def open_prewarm(self, log: SessionLog, *, enabled: bool) -> None:
-        self.prewarmer = Prewarmer(
-            self.client, log, self.scheduler, enabled=enabled, endpoint=self.name
-        )
-
-    @property
-    def name(self) -> str:
-        return self.endpoint.name
+    report: StatusCallback
+    tools: ToolRunner | None
+    on_position: PositionCallback = lambda ahead: None
+    asker: Asker | None = None
 
 
 class Endpoints:
-    """The servers of an ``[[endpoint]]`` configuration, and where each session's turns run."""
+    """The servers (``servers``: each one's current ``Server`` value, by name) and where each
+    session's turns run."""
 
     def __init__(
         self,
         servers: Sequence[Server],
         fleet: Fleet,
-        check: Checker | None = None,
+        *,
+        settings: Settings,
+        session_log: SessionLog,
+        rules: TurnRules,
+        live: LiveTurns,
+        head: tuple[str, str],
+        recorded: Mapping[str, ServerAnswers | None] = {},
         slots: Mapping[tuple[str, str], int] = {},
+        check: Checker | None = None,
     ) -> None:
-        """``slots``: ``SessionLog.endpoint_slots()``, the slot each session keeps on each
-        endpoint it ran on."""
+        """``head``: what a new session's epoch begins with (its tools' sha256 and system text);
+        ``recorded``: each server's recorded answers (``loopd selftest --record``); ``slots``:
+        ``SessionLog.endpoint_slots()``, the slot each session keeps on each endpoint it ran
+        on; ``check``: the re-check of a down endpoint (until a start names its own)."""
         self.servers: dict[str, Server] = {server.name: server for server in servers}
         self.fleet = fleet
+        self.settings = settings
+        self.log = session_log
+        self.rules = rules
+        self.live = live
+        self.head = head
+        self.recorded = dict(recorded)
         self.check = check
         self._slots = dict(slots)  # (session, endpoint) -> its slot there
         self._up_listeners: list[Callable[[str], None]] = []
@@ -96,20 +110,79 @@ class Endpoints:
 
     @classmethod
     def open(
-        cls, settings: Settings, session_log: SessionLog, check: Checker | None = None
+        cls,
+        settings: Settings,
+        session_log: SessionLog,
+        *,
+        rules: TurnRules,
+        live: LiveTurns,
+        head: tuple[str, str],
+        tools_text: str = "",
+        selftest: Mapping[str, ServerAnswers] = {},
+        expected_dir: Path = DEFAULT_DIR,
+        client_type: type[InferenceClient] = InferenceClient,
     ) -> Endpoints:
+        """Every server of ``settings``, each built with what is known of it: ``selftest``'s
+        answers (by endpoint name, where the self-test ran in this process), else those
+        recorded in ``expected_dir`` (a down endpoint is re-checked by its self-test against
+        them, rendering ``tools_text``). ``client_type``: the class of each server's client."""
+        named = settings.has_endpoint_tables
+        recorded = {
+            e.name: recorded_answers(e.model, e.name if named else None, expected_dir)
+            for e in settings.endpoints()
+        }
         servers = [
-            Server(e, InferenceClient(e.url, e.model, connect_s=settings.connect_s))
+            Server.open(
+                e,
+                recorded_as=e.name if named else None,
+                settings=settings,
+                session_log=session_log,
+                known=known(settings, selftest=selftest.get(e.name), recorded=recorded[e.name]),
+                client_type=client_type,
+            )
             for e in settings.endpoints()
         ]
-        for server in servers:
-            server.open_prewarm(session_log, enabled=settings.prewarm)
-        fleet = Fleet([s.name for s in servers], placed=session_log.last_endpoints())
-        return cls(servers, fleet, check, session_log.endpoint_slots())
+        if named:  # each session where its latest request ran
+            placed, slots = session_log.last_endpoints(), session_log.endpoint_slots()
+        else:  # the shorthand's requests name no endpoint: every session is on its one server
+            placed = {s.name: (SHORTHAND_ENDPOINT, "") for s in session_log.sessions()}
+            slots = {}
+        fleet = Fleet([s.name for s in servers], placed=placed)
+        return cls(
+            servers,
+            fleet,
+            settings=settings,
+            session_log=session_log,
+            rules=rules,
+            live=live,
+            head=head,
+            recorded=recorded,
+            slots=slots,
+            check=endpoint_checker(settings, tools_text, expected_dir),
+        )
 
     async def aclose(self) -> None:
         for server in self.servers.values():
             await server.client.aclose()
+
+    @property
+    def named(self) -> bool:
+        """The servers are ``[[endpoint]]`` tables (not the shorthand's one)."""
+        return self.settings.has_endpoint_tables
+
+    # -- what is known of each server ---------------------------------------------------------
+
+    def know(self, name: str, selftest: ServerAnswers | None) -> Server:
+        """The self-test's answers for server ``name``: what is known of it is decided again
+        (with its recorded answers) and the server replaced whole; a turn already built keeps
+        the value it was built from."""
+        server = self.servers[name]
+        found = known(self.settings, selftest=selftest, recorded=self.recorded.get(name))
+        self.servers[name] = server = server.knowing(found)
+        log.info("%s", server.describe())
+        return server
+
+    # -- the start and the checks ---------------------------------------------------------------
 
     def start(self, check: Checker, down: Mapping[str, str]) -> None:
         """Serve with ``check`` as the re-check, the endpoints of ``down`` (name -> why) down
@@ -118,12 +191,18 @@ class Endpoints:
         for name, reason in down.items():
             self.fleet.health.mark_down(name, reason, time.monotonic())
 
+    def log_known(self) -> None:
+        """One line for each server: what is known of it, which its turns go by (logged once
+        the front end's checks passed)."""
+        for server in self.servers.values():
+            log.info("%s", server.describe())
+
     async def start_checked(self, check: Checker) -> StartChecks:
         """Check every endpoint at once (``loopd.endpoints.start``) and serve with ``check`` as
         the re-check; ``NoEndpointUp`` when none passed (nothing is marked then)."""
         checks = await check_at_start([s.endpoint for s in self.servers.values()], check)
         if checks.none_up:
-            raise NoEndpointUp(checks.down)
+            raise NoEndpointUp(checks.down, named=self.named)
         self.start(check, checks.down)
         return checks
 
@@ -134,10 +213,34 @@ class Endpoints:
         """Call ``listener(name)`` when a down endpoint passes its re-check."""
         self._up_listeners.append(listener)
 
-    def slot_on(self, server: Server, session: str) -> int:
-        """The session's slot on ``server``: the one it had there, else the one fewest of the
-        sessions now placed there use."""
-        key = (session, server.name)
+    async def watch(self) -> None:
+        """Re-check down endpoints until cancelled; returns at once without a checker, or for a
+        fleet of one (never marked down: it has nowhere to move its sessions to)."""
+        if self.check is None or len(self.servers) == 1:
+            return
+        await recheck_down(
+            self.fleet.health,
+            [server.endpoint for server in self.servers.values()],
+            self.check,
+            on_up=self._came_up,
+        )
+
+    def _came_up(self, check: EndpointCheck) -> None:
+        name = check.endpoint.name
+        if check.report is not None:  # a self-test: what it found is what is known now
+            self.know(name, check.report.answers)
+        for listener in self._up_listeners:
+            listener(name)
+
+    # -- where a session is ----------------------------------------------------------------------
+
+    def slot_on(self, server: Server, session: Session) -> int:
+        """The session's slot (or lane) on ``server``: on the shorthand's, the one it was given
+        at creation (``Runtime.ensure_session``); on an endpoint, the one it had there, else the
+        one fewest of the sessions now placed there use."""
+        if server.recorded_as is None:
+            return session.slot
+        key = (session.name, server.name)
         slot = self._slots.get(key)
         if slot is None or slot not in server.endpoint.slots:
             taken = [
@@ -149,50 +252,67 @@ class Endpoints:
         return slot
 
     def where(self) -> Mapping[str, tuple[str, int]]:
-        """Each session placed since the start: its endpoint and its slot there."""
+        """Each session placed on an endpoint since the start: its endpoint and its slot there."""
         found = {}
         for (session, endpoint), slot in self._slots.items():
             if self.fleet.endpoint_of(session) == endpoint:
                 found[session] = (endpoint, slot)
         return found
 
-    def on_warmed(self, listener: Warmed) -> None:
-        """Call ``listener(session, result)`` after each prewarm of a moved session
-        (``loopd.endpoints.warm``)."""
-        self.warm_listeners.append(listener)
+    def server_of(self, session: str) -> Server:
+        """The server the session's cache is on, or, for a session never placed (or placed on
+        an endpoint no longer configured), the first configured one."""
+        where = self.fleet.endpoint_of(session)
+        if where is not None and where in self.servers:
+            return self.servers[where]
+        return next(iter(self.servers.values()))
 
-    async def watch(self) -> None:
-        """Re-check down endpoints until cancelled (nothing to do without a checker)."""
-        if self.check is None:
-            return
-        await recheck_down(
-            self.fleet.health,
-            [server.endpoint for server in self.servers.values()],
-            self.check,
-            on_up=self._came_up,
+    def seat(self, session: Session) -> tuple[Server, int]:
+        """Where the session's turn runs now: its server (placed now if it has none, moved if
+        its own is down) and its slot there; ``NoEndpointUp`` when none is up."""
+        placement = self.fleet.place(session.name)
+        if isinstance(placement, NowhereUp):
+            down = {name: "down" for name in placement.down}
+            raise NoEndpointUp(down, named=self.named)
+        server = self.servers[placement.to if isinstance(placement, Move) else placement.endpoint]
+        return server, self.slot_on(server, session)
+
+    # -- a turn ----------------------------------------------------------------------------------
+
+    def turn_on(
+        self,
+        server: Server,
+        session: Session,
+        slot: int,
+        front: FrontEnd,
+        *,
+        report: StatusCallback | None = None,
+        asker: Asker | None = None,
+        asked_at: float | None = None,
+    ) -> Turn:
+        """The turn of ``session`` on ``slot`` of ``server``, as ``front`` asks for it
+        (``report`` and ``asker``: in place of its own, the live turn's and the one that steps
+        aside; ``asked_at``: when it asked for its slot)."""
+        return build_turn(
+            server,
+            session.name,
+            slot,
+            session_log=self.log,
+            rules=self.rules,
+            report=report or front.report,
+            tools=front.tools,
+            asker=asker or front.asker,
+            asked_at=asked_at,
         )
 
-    def _came_up(self, name: str) -> None:
-        for listener in self._up_listeners:
-            listener(name)
-
-    async def run_turn(
-        self,
-        runtime: SessionRuntime,
-        session: Session,
-        report: StatusCallback,
-        on_position: PositionCallback,
-    ) -> TurnOutcome:
+    async def run_turn(self, session: Session, front: FrontEnd) -> TurnOutcome:
         """The session's turn on its endpoint; on another one if that endpoint proves dead."""
         outcome = TurnOutcome(answer=None, failure="no endpoint is configured")
         for _ in range(len(self.servers)):
             placement = self.fleet.place(session.name)
             if isinstance(placement, NowhereUp):
                 down = ", ".join(placement.down)
-                return TurnOutcome(
-                    answer=None,
-                    failure=f"no endpoint is up ({down})",
-                )
+                return TurnOutcome(answer=None, failure=f"no endpoint is up ({down})")
             name = placement.to if isinstance(placement, Move) else placement.endpoint
             server = self.servers[name]
             moved_from = placement.lost if isinstance(placement, Move) else None
@@ -203,10 +323,12 @@ class Endpoints:
                     moved_from,
                     server.name,
                 )
-            outcome = await self._run_on(runtime, server, session, report, on_position)
+            outcome = await self._run_on(server, session, front)
             if isinstance(placement, Move):  # its first prompt here: the shared head is read
-                self._learn_head(runtime, server.name, session.name, outcome)
-            if outcome.answer is not None or not await self._proves_dead(server, outcome):
+                self._learn_head(server.name, session.name, outcome)
+            if outcome.answer is not None or len(self.servers) == 1:
+                return outcome  # answered; or a fleet of one: nowhere to move, tried again next
+            if not await self._proves_dead(server, outcome):
                 return outcome
             reason = outcome.failure or "a request found it dead"
             if self.fleet.health.mark_down(server.name, reason, time.monotonic()):
@@ -218,58 +340,56 @@ class Endpoints:
                 )
         return outcome
 
-    async def _run_on(
-        self,
-        runtime: SessionRuntime,
-        server: Server,
-        session: Session,
-        report: StatusCallback,
-        on_position: PositionCallback,
-    ) -> TurnOutcome:
-        slot = self.slot_on(server, session.name)
+    async def _run_on(self, server: Server, session: Session, front: FrontEnd) -> TurnOutcome:
+        slot = self.slot_on(server, session)
         # Real work: the server's prewarms give way (one beside a turn slows both), and this
         # session's own turn reads what it needs.
         server.prewarmer.preempt_all()
         server.plan.drop(session.name)
-        with runtime.live.turn(session.name, slot, report, on_position) as live:
-            turn = self.aim(runtime, server, session, live.report)
-            turn.asked_at = time.monotonic()  # the wait a person sees starts (engine.waits)
+        with self.live.turn(session.name, slot, front.report, front.on_position) as live:
+            asked_at = time.monotonic()  # the wait a person sees starts (engine.waits)
             async with AsyncExitStack() as held:
                 with self.fleet.waiting(server.name):
                     await held.enter_async_context(
                         server.scheduler.slot(session.name, slot, live.on_position)
                     )
+                server = self.servers[server.name]  # as known now, the slot being ours
+                stepped = None
+                if front.asker is not None:  # a wait for a person frees the slot meanwhile
+                    stepped = Stepped(front.asker, self._stepping_aside(server, session, live))
+                turn = self.turn_on(
+                    server,
+                    session,
+                    slot,
+                    front,
+                    report=live.report,
+                    asker=stepped,
+                    asked_at=asked_at,
+                )
                 with self.fleet.running(session.name):
                     try:
-                        return live.finished(await turn.run())
+                        outcome = await turn.run()
                     finally:
+                        # The plan learns what the slot holds before the slot is released.
                         server.plan.used(session.name, slot)
+                # Placed by the server, a compacted epoch waits in its host cache: no read.
+                if outcome.compacted and server.known.pinning.pinned:
+                    server.plan.want(session.name, slot)
+                return live.finished(outcome)
         raise AssertionError("unreachable")  # pragma: no cover - the block returns
 
-    def aim(
-        self, runtime: SessionRuntime, server: Server, session: Session, report: StatusCallback
-    ) -> Turn:
-        """The one-server turn of ``session``, aimed at ``server`` and its slot there."""
-        slot = self.slot_on(server, session.name)
-        turn = runtime.turn(session, report)
-        turn.client, turn.slot = server.client, slot
-        # Pinned or placed by the server as the runtime decided (engine.pinning).
-        id_slot = slot if turn.pinned else -1
-        turn.settings = replace(turn.settings, model=server.endpoint.model, slot=id_slot)
-        turn.gate = Compactor(server.budget, runtime.budget_rules())
-        turn.endpoint = server.name  # named in each request's record (the cache-loss rule)
-        # Durable sessions are not yet made per endpoint: each server would need its own
-        # self-test answer and save folder.
-        turn.durable = None
-        return turn
+    @staticmethod
+    def _stepping_aside(
+        server: Server, session: Session, live: LiveTurn
+    ) -> Callable[[], AbstractAsyncContextManager[None]]:
+        slot = live.slot
+        return lambda: server.scheduler.stepped_aside(session.name, slot, live.on_position)
 
-    def _learn_head(
-        self, runtime: SessionRuntime, endpoint: str, session: str, outcome: TurnOutcome
-    ) -> None:
+    def _learn_head(self, endpoint: str, session: str, outcome: TurnOutcome) -> None:
         """A session's first prompt on ``endpoint`` began with the system prompt and tools of
         its epoch; when those are the ones new sessions get, the endpoint holds them now."""
-        epoch = runtime.log.current_epoch(session)
-        if (epoch.tools_sha256, epoch.system_text) != runtime.new_session_head():
+        epoch = self.log.current_epoch(session)
+        if (epoch.tools_sha256, epoch.system_text) != self.head:
             return
         for record in outcome.requests:  # the first the server counted for
             cache_n, prompt_n = record.perf.cache_n, record.perf.prompt_n
@@ -285,3 +405,24 @@ class Endpoints:
             except DaemonError:
                 answers = False
         return endpoint_dead(outcome.cause, answers)
+
+    # -- a prewarm -------------------------------------------------------------------------------
+
+    async def prewarm(
+        self, server: Server, session: Session, slot: int, moved: PrevRequest | None = None
+    ) -> PrewarmResult:
+        """Read ``session``'s prompt into its idle ``slot`` on ``server`` (or restore its save
+        there, with durable sessions on); see ``loopd.prewarm``. ``moved``: its previous
+        request, made on another endpoint (this read is the move's re-read)."""
+        settings = server.request_settings(slot, self.rules)
+        with request_scope(session.name):
+            result = await server.prewarmer.prewarm(
+                replace(session, slot=slot), settings, moved=moved, restorer=server.durable
+            )
+        METRICS.prewarm_ended(result.outcome.value)
+        return result
+
+    def on_warmed(self, listener: Warmed) -> None:
+        """Call ``listener(session, result)`` after each prewarm of a moved session
+        (``loopd.endpoints.warm``)."""
+        self.warm_listeners.append(listener)

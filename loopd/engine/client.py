@@ -41,7 +41,7 @@ from loopd.errors import (
     StreamBroken,
     StreamCut,
 )
-from loopd.observe.context import inference_hooks
+from loopd.requestscope import inference_hooks
 from loopd.wire.events import EventDecoder, StreamEvent
 
 CHAT_PATH = "/v1/chat/completions"

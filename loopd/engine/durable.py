@@ -1,5 +1,5 @@
 """Durable sessions: when loopd saves a session's slot state to the server's disk, when it
-restores it, and when it trusts a restore. Pure; the I/O is ``loopd.engine.durable_io`` (the
+restores it, and when it trusts a restore. Pure; the I/O is ``loopd.turn.saves`` (the
 saves loopd recorded) and ``InferenceClient.save_slot``/``restore_slot`` (the server's
 ``POST /slots/{id}?action=save|restore``).
 
@@ -53,19 +53,35 @@ CONFIRM_TOLERANCE: Final = 4
 
 
 class DurableMode(StrEnum):
-    AUTO = "auto"  # on where the self-test finds save and restore round-trip
+    AUTO = "auto"  # on where the server's save and restore round-trip (the self-test's probe)
     ON = "on"
     OFF = "off"
 
 
-def enabled(mode: DurableMode, available: bool | None) -> bool:
-    """Whether loopd saves and restores: ``available`` is the self-test's answer (None: it did
-    not run). ``on`` is the operator's word; ``auto`` needs the self-test's yes."""
-    if mode is DurableMode.OFF:
-        return False
-    if mode is DurableMode.ON:
-        return True
-    return available is True
+@dataclass(frozen=True)
+class Durability:
+    """Whether loopd saves and restores a server's sessions, and why (one line for the log)."""
+
+    on: bool
+    why: str
+
+
+def decide_durable(
+    mode: DurableMode, *, selftest: bool | None, recorded: bool | None
+) -> Durability:
+    """Durable sessions or not. ``on`` and ``off`` are the operator's word; ``auto`` needs the
+    probe's yes: the self-test's (``selftest``) where it ran in this process (``loopd serve``),
+    else the answer ``loopd selftest --record`` stored (``recorded``: ``loopd chat``, ``loopd
+    run``), as the pinning rule does (``loopd.engine.pinning``). None: not known."""
+    if mode is not DurableMode.AUTO:
+        return Durability(mode is DurableMode.ON, f"LOOPD_DURABLE={mode.value}")
+    known = selftest if selftest is not None else recorded
+    source = "the self-test" if selftest is not None else "the recorded expectations"
+    if known is None:
+        return Durability(False, "no save probe (no self-test, nothing recorded): off")
+    if known:
+        return Durability(True, f"{source} found a slot saved and restored")
+    return Durability(False, f"{source} found no save and restore (no --slot-save-path?)")
 
 
 def state_prefix(tools_text: str, messages: Sequence[str]) -> bytes:

@@ -16,7 +16,7 @@ Small models loop in a few ways, and each has a guard here, asked in this order:
   call) that reaches ``repeat`` ends the turn: a model paging back and forth through a file
   repeats one call after another, each only once.
 
-Every other guard ends the turn at once. A guard set to 0 is off. The turn (``loopd.engine.turn``)
+Every other guard ends the turn at once. A guard set to 0 is off. The turn (``loopd.turn.loop``)
 asks ``judge`` before each call of a message and once more before its next request (``call``
 None), with the turn's calls so far (``made``: read from the session log, with what this process
 saw of how each one went), and does what the verdict says: run the call, answer it with the

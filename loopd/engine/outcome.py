@@ -3,7 +3,7 @@ attempt is safe (``retry_safe``), whether the message can be replayed (``unrepla
 the perf record it leaves (``request_perf``); how a turn ended (``TurnOutcome``).
 
 Data and rules only, no I/O: the stream fills a result in (``loopd.engine.stream``), the turn
-records it and decides on another attempt (``loopd.engine.turn``).
+records it and decides on another attempt (``loopd.turn.loop``).
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any
+from typing import Any, Final
 
 from loopd.engine.cacheloss import Loss
 from loopd.engine.guards import Guard, Made
@@ -36,6 +36,18 @@ class Failure(StrEnum):
     # Closed at the first progress event: the server had lost the session, and loopd restores
     # its saved state before sending again (``loopd.engine.durable``).
     LOST_BY_SERVER = "lost_by_server"
+
+
+# The server's message when a shared KV pool is full (build 11434, ``server-context.cpp``; sent to
+# every request that was running, as a 500 before streaming or as an error event mid-stream:
+# ``loopd.contextwindow.pool``).
+POOL_FULL_MESSAGE: Final = "Context size has been exceeded"
+
+
+def is_pool_full(message: str) -> bool:
+    """The server's error says the shared pool ran out (not that this prompt is too long: that
+    is a 400 ``exceed_context_size_error``)."""
+    return POOL_FULL_MESSAGE.lower() in message.lower()
 
 
 class Loop(StrEnum):

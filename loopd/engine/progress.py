@@ -1,5 +1,6 @@
-"""What a request is doing now (``Phase``, ``Status``): the status line's, post's and page's words
-come from here. Data only, no I/O: the stream reports them (``loopd.engine.stream``).
+"""What a request is doing now (``Phase``, ``Status``) and its words (``phase_words``), the same on
+the status line, the thread's post and the status page. Data only, no I/O: the stream reports them
+(``loopd.engine.stream``).
 """
 
 from __future__ import annotations
@@ -33,3 +34,22 @@ class Status:
 
 
 StatusCallback = Callable[[Status], None]
+
+
+def phase_words(status: Status) -> str:
+    """The phase in words, the same on every surface (a thread adds an icon)."""
+    match status.phase:
+        case Phase.QUEUED:
+            return "queued behind another request on the server"
+        case Phase.WAITING:
+            return "waiting for the server"
+        case Phase.STUCK:
+            return "the server is not answering; still waiting"
+        case Phase.READING:
+            return f"reading the prompt {status.percent or 0}%"
+        case Phase.THINKING:
+            return f"thinking ({status.tokens or 0} tokens)"
+        case Phase.TOOL_CALL:
+            return f"calling {status.tool}"
+        case Phase.ANSWERING:
+            return "answering"

@@ -28,7 +28,6 @@ from tenacity import retry_if_exception
 
 from loopcommon.backoff import Backoff
 from loopcommon.retry import retrying
-from loopd.contextwindow.pool import is_pool_full
 from loopd.engine.client import ChatStream, EventStream, InferenceClient
 from loopd.engine.limits import Limits
 from loopd.engine.liveness import (
@@ -51,7 +50,7 @@ from loopd.engine.liveness import (
     worth_waiting_out,
 )
 from loopd.engine.loops import RepetitionWatch
-from loopd.engine.outcome import Failure, Loop, RequestResult, unreplayable_call
+from loopd.engine.outcome import Failure, Loop, RequestResult, is_pool_full, unreplayable_call
 from loopd.engine.progress import Phase, Status, StatusCallback
 from loopd.engine.request import ANY_SLOT
 from loopd.engine.thinkcap import Close, SendControl, ThinkCap

@@ -4,7 +4,7 @@ phase of the request in flight.
 ``Runtime.run_turn`` enters ``LiveTurns.turn`` around each turn and hands the engine the entry's
 ``report`` and ``on_position`` in place of the front end's (which are still called). The entry
 also times the wait for the slot and counts the turn's outcome in the metrics when it ends. A phase
-is worded as on every other surface (``loopd.chat.status.phase_words``).
+is worded as on every other surface (``loopd.engine.progress.phase_words``).
 """
 
 from __future__ import annotations
@@ -14,11 +14,10 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
-from loopd.chat.status import phase_words
 from loopd.engine.outcome import TurnOutcome
-from loopd.engine.progress import Status, StatusCallback
-from loopd.observe.context import session_scope
+from loopd.engine.progress import Status, StatusCallback, phase_words
 from loopd.observe.metrics import METRICS, LoopdMetrics
+from loopd.requestscope import session_scope
 from loopd.scheduler import PositionCallback
 
 
@@ -77,7 +76,7 @@ class LiveTurns:
         on_position: PositionCallback,
     ) -> Iterator[LiveTurn]:
         """One turn, from asking for its slot to its end; its lines are logged with its
-        session (``loopd.observe.context``)."""
+        session (``loopd.requestscope``)."""
         live = LiveTurn(
             session,
             slot,

@@ -4,11 +4,11 @@ The hooks in the engine, the chat adapter and the runtime are one call each (``M
 what a record means for which metric is decided here. Label values are bounded: request kinds,
 outcomes and loss causes come from loopd's own enums, tool names from the tools file (anything
 else the model calls is ``unknown``), Mattermost events from the list below (the rest ``other``),
-slots from ``LOOPD_SLOTS``; the usage's people and channels (``loopd.observe.usage``) through a
+slots from ``LOOPD_SLOTS``; the usage's people and channels (``loopd.status.usage``) through a
 ``LabelFold`` each: the configured channels, then the largest of the rest up to a number, the
 others summed as ``(other)`` and counted in ``loopd_usage_folded_labels``. The state that is read
 rather than counted (busy slots, live turns) is collected at scrape time from the runtime
-(``loopd.observe.server``).
+(``loopd.status.server``).
 """
 
 from __future__ import annotations
@@ -27,7 +27,6 @@ from prometheus_client import (
 
 from loopcommon.version import installed_version
 from loopd.engine.cacheloss import LossCause
-from loopd.prewarm.prewarmer import PrewarmOutcome, PrewarmResult
 from loopd.sessionlog.records import RequestKind, RequestRecord
 
 SECONDS_BUCKETS: Final = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 900)
@@ -232,16 +231,11 @@ class LoopdMetrics:
     def slot_waited(self, slot: int, seconds: float) -> None:
         self.slot_wait.labels(str(slot)).observe(seconds)
 
-    def prewarm_ended(self, result: PrewarmResult) -> None:
-        """A prewarm ended: done (its request recorded), failed, cancelled or skipped (no
-        request sent)."""
-        self.prewarms.labels(result.outcome.value).inc()
-        if result.record is not None:
-            self.request_recorded(result.record)
-        elif result.outcome is PrewarmOutcome.FAILED:
-            self.requests.labels(RequestKind.PREWARM.value, "broken").inc()
-        elif result.outcome is PrewarmOutcome.CANCELLED:
-            self.requests.labels(RequestKind.PREWARM.value, "cancelled").inc()
+    def prewarm_ended(self, outcome: str) -> None:
+        """A prewarm ended (``PrewarmOutcome``'s value): done, failed, cancelled or skipped (no
+        request sent). Its request, if it sent one, was counted when it was recorded
+        (``loopd.observe.recorder``)."""
+        self.prewarms.labels(outcome).inc()
 
     def tool_called(self, tool: str, outcome: str, seconds: float) -> None:
         self.tool_calls.labels(tool, outcome).inc()

@@ -17,8 +17,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 
 from loopcommon.callstatus import CALL_STATUSES
-from loopd.observe.context import Scope, request_scope
 from loopd.observe.metrics import METRICS, LoopdMetrics, tool_label
+from loopd.requestscope import Scope, request_scope
 from loopd.tools.core import ToolResult
 from loopd.wire.assemble import ToolCall
 

@@ -65,8 +65,9 @@ from loopd.engine.cacheloss import Circumstances, PrevRequest, cache_loss
 from loopd.engine.client import InferenceClient
 from loopd.engine.request import RequestSettings, build_body
 from loopd.errors import InferenceError, StreamBroken
+from loopd.observe import recorder
+from loopd.observe.recorder import Sent
 from loopd.scheduler import Scheduler
-from loopd.sessionlog.chain import messages_digest
 from loopd.sessionlog.records import Perf, RequestKind, RequestRecord, Session
 from loopd.sessionlog.store import SessionLog
 from loopd.wire.sse import SSEData, SSEDecoder
@@ -97,7 +98,7 @@ class StateBack:
 
 
 class StateRestorer(Protocol):
-    """Durable sessions as a prewarm uses them (``loopd.engine.saves.DurableSlots``)."""
+    """Durable sessions as a prewarm uses them (``loopd.turn.saves.DurableSlots``)."""
 
     async def restore_for_prewarm(
         self, session: str, tools_text: str, messages: Sequence[str], slot: int
@@ -157,7 +158,6 @@ class Prewarmer:
     enabled: bool = False
     timeout_s: float = 900.0
     endpoint: str | None = None  # the server's name where loopd has several (loopd.endpoints)
-    restorer: StateRestorer | None = None  # durable sessions, where they are on
     _running: dict[int, anyio.CancelScope] = field(default_factory=dict)
 
     def preempt(self, slot: int) -> bool:
@@ -176,12 +176,18 @@ class Prewarmer:
         return slot in self._running
 
     async def prewarm(
-        self, session: Session, settings: RequestSettings, *, moved: PrevRequest | None = None
+        self,
+        session: Session,
+        settings: RequestSettings,
+        *,
+        moved: PrevRequest | None = None,
+        restorer: StateRestorer | None = None,
     ) -> PrewarmResult:
-        """Read ``session``'s prompt into its slot, if the slot is idle; see the module doc.
-        ``moved``: the session's previous request, where it ran on another endpoint (the
-        session moved off a dead server): this read is the move's re-read, and its loss is
-        recorded (``endpoint lost``)."""
+        """Read ``session``'s prompt into its slot (``session.slot``: its slot on this server),
+        if the slot is idle; see the module doc. ``moved``: the session's previous request,
+        where it ran on another endpoint (the session moved off a dead server): this read is
+        the move's re-read, and its loss is recorded (``endpoint lost``). ``restorer``: durable
+        sessions, where they are on: a usable save is restored instead of the read."""
         why_not = await self._why_not(session)
         if why_not:
             return PrewarmResult(PrewarmOutcome.SKIPPED, why_not)
@@ -195,7 +201,7 @@ class Prewarmer:
             with anyio.CancelScope() as scope:
                 self._running[session.slot] = scope
                 try:
-                    return await self._send(session, settings, moved, restore=True)
+                    return await self._send(session, settings, moved, restorer=restorer)
                 finally:
                     del self._running[session.slot]
         return PrewarmResult(PrewarmOutcome.CANCELLED, "real work needed the slot")
@@ -230,50 +236,36 @@ class Prewarmer:
         settings: RequestSettings,
         moved: PrevRequest | None,
         max_tokens: int = 1,
-        restore: bool = False,
+        restorer: StateRestorer | None = None,
     ) -> PrewarmResult:
-        """Read the session's messages; ``restore``: its usable save put back instead, where it
-        has one (see the module doc)."""
+        """Read the session's messages; with a ``restorer``, its usable save put back instead,
+        where it has one (see the module doc)."""
         epoch = self.log.current_epoch(session.name)
         messages = self.log.replay_messages(session.name)
-        if restore and self.restorer is not None:
-            back = await self.restorer.restore_for_prewarm(
+        if restorer is not None:
+            back = await restorer.restore_for_prewarm(
                 session.name, epoch.tools_text, messages, session.slot
             )
             if back is not None:
                 return self._restored(session, epoch.number, messages, back)
         body = build_body(prewarm_settings(settings, max_tokens), epoch.tools_text, messages)
-        record = RequestRecord(
-            kind=RequestKind.PREWARM,
-            slot=session.slot,
-            epoch=epoch.number,
-            message_count=len(messages),
-            messages_sha256=messages_digest(messages),
-        )
+        sent = Sent.of(RequestKind.PREWARM, session.slot, epoch.number, messages)
         started = time.monotonic()
         try:
             answer = await self._post(body)
         except anyio.get_cancelled_exc_class():
-            self._record(session, record, "cancelled", started, "real work needed the slot")
+            self._failed(session, sent, "cancelled", started, "real work needed the slot")
             raise
         except InferenceError as exc:
-            self._record(session, record, "broken", started, str(exc))
+            self._failed(session, sent, "broken", started, str(exc))
             return PrewarmResult(PrewarmOutcome.FAILED, str(exc))
         if answer is None:
-            self._record(session, record, "broken", started, "timed out")
+            self._failed(session, sent, "broken", started, "timed out")
             return PrewarmResult(PrewarmOutcome.FAILED, f"no answer in {self.timeout_s:g} s")
         perf = timings_perf(answer, (time.monotonic() - started) * 1000)
         perf = self._moved(moved, epoch.number, session.slot, perf)
-        done = replace(record, perf=perf)
-        self.log.record_request(session.name, done)
-        log.info(
-            "prewarmed %s on slot %d: cache_n %s, prompt_n %s",
-            session.name,
-            session.slot,
-            perf.cache_n,
-            perf.prompt_n,
-        )
-        return PrewarmResult(PrewarmOutcome.DONE, record=done)
+        record = recorder.record(self.log, session.name, sent, perf)
+        return PrewarmResult(PrewarmOutcome.DONE, record=record)
 
     def _restored(
         self, session: Session, epoch: int, messages: list[str], back: StateBack
@@ -287,29 +279,26 @@ class Prewarmer:
             predicted_n=0,
             extra={"restore": back.restore},
         )
-        record = RequestRecord(
-            kind=RequestKind.PREWARM,
-            slot=session.slot,
-            epoch=epoch,
-            message_count=len(messages),
-            messages_sha256=messages_digest(messages),
-            perf=perf,
-        )
-        self.log.record_request(session.name, record)
+        sent = Sent.of(RequestKind.PREWARM, session.slot, epoch, messages)
+        record = recorder.record(self.log, session.name, sent, self._named(perf))
         log.info("prewarmed %s from its save: %d tokens restored", session.name, back.n_restored)
         return PrewarmResult(PrewarmOutcome.DONE, record=record)
 
     def _moved(self, moved: PrevRequest | None, epoch: int, slot: int, perf: Perf) -> Perf:
         """The perf record, named with its endpoint; after a move, with the move's loss."""
-        if self.endpoint is None:
-            return perf
-        extra: dict[str, Any] = {**perf.extra, "endpoint": self.endpoint}
+        perf = self._named(perf)
         if moved is None or perf.cache_n is None:
-            return replace(perf, extra=extra)
+            return perf
         around = Circumstances(endpoint_changed=True)
         loss = cache_loss(moved, epoch_id=epoch, slot=slot, cache_n=perf.cache_n, around=around)
-        extra["expected_reuse"] = loss.expected
+        extra = {**perf.extra, "expected_reuse": loss.expected}
         return replace(perf, cache_loss=loss.lost, cache_loss_cause=loss.label or None, extra=extra)
+
+    def _named(self, perf: Perf) -> Perf:
+        """``perf`` naming the server it ran on, where loopd has several."""
+        if self.endpoint is None:
+            return perf
+        return replace(perf, extra={**perf.extra, "endpoint": self.endpoint})
 
     async def _post(self, body: bytes) -> Any:
         with anyio.move_on_after(self.timeout_s):
@@ -320,9 +309,9 @@ class Prewarmer:
                 return answer
         return None
 
-    def _record(
-        self, session: Session, record: RequestRecord, outcome: str, started: float, detail: str
+    def _failed(
+        self, session: Session, sent: Sent, outcome: str, started: float, detail: str
     ) -> None:
         duration_ms = round((time.monotonic() - started) * 1000, 1)
         perf = Perf(outcome=outcome, extra={"duration_ms": duration_ms, "detail": detail})
-        self.log.record_request(session.name, replace(record, perf=perf))
+        recorder.record(self.log, session.name, sent, self._named(perf))

@@ -6,17 +6,12 @@ pure checks (``checks.py``), and reports. ``template_keeps_reasoning`` answers t
 question other code needs at run time.
 """
 
-from loopd.selftest.checks import CheckResult
-from loopd.selftest.probe import ProbeConfig, template_keeps_reasoning
-from loopd.selftest.run import SelftestReport, format_report, run_selftest
+from loopd.selftest.probe import template_keeps_reasoning
+from loopd.selftest.run import run_selftest
 from loopd.selftest.template import TemplateAnswer
 
 __all__ = [
-    "CheckResult",
-    "ProbeConfig",
-    "SelftestReport",
     "TemplateAnswer",
-    "format_report",
     "run_selftest",
     "template_keeps_reasoning",
 ]

@@ -304,6 +304,7 @@ def expectation_from_facts(facts: ServerFacts) -> ModelExpectation:
         total_slots=props.total_slots,
         caps=dict(props.caps),
         idle_slots_cleared=facts.pool.cleared if facts.pool is not None else None,
+        durable_available=facts.durable.available if facts.durable is not None else None,
     )
 
 

@@ -21,6 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from loopd.datafiles import EXPECTED_DIR
 from loopd.errors import LoopdError
+from loopd.selftest.template import TemplateAnswer
 
 DEFAULT_DIR = EXPECTED_DIR
 
@@ -61,6 +62,42 @@ class ModelExpectation(BaseModel):
         "a unified KV pool with `--cache-idle-slots` (the server's default) saves idle slots "
         "to the host cache and clears them at every task launch. None: not recorded.",
     )
+    durable_available: bool | None = Field(
+        default=None,
+        description="Whether a slot saved to the server's disk and restored came back whole "
+        "(the server runs with `--slot-save-path`): what `LOOPD_DURABLE=auto` goes by where the "
+        "self-test does not run (`loopd chat`, `loopd run`). None: not recorded.",
+    )
+
+    @property
+    def answers(self) -> ServerAnswers:
+        """What the recording says of the server, as a self-test would answer it."""
+        return ServerAnswers(self.idle_slots_cleared, self.durable_available)
+
+
+@dataclass(frozen=True)
+class ServerAnswers:
+    """What is known of a server's behaviour, from a self-test run or its recording: whether idle
+    slots are cleared (the pinning rule, ``loopd.engine.pinning``), whether a slot's save and
+    restore round-trip (durable sessions, ``loopd.engine.durable``), and whether the template
+    keeps past reasoning (the cache-loss rule; never recorded). None or UNKNOWN: not known."""
+
+    idle_slots_cleared: bool | None = None
+    durable_available: bool | None = None
+    keeps_past_reasoning: TemplateAnswer = TemplateAnswer.UNKNOWN
+
+
+def recorded_answers(
+    model: str, endpoint: str | None, directory: Path = DEFAULT_DIR
+) -> ServerAnswers | None:
+    """The answers recorded for the endpoint's server (``find_expectation``: its own file, else
+    its model's); None when nothing is recorded or the file cannot be read (the self-test says
+    why where it runs)."""
+    try:
+        expected, _ = find_expectation(model, endpoint, directory)
+    except ExpectationsError:
+        return None
+    return expected.answers if expected is not None else None
 
 
 @dataclass(frozen=True)

@@ -22,6 +22,7 @@ from loopd.selftest.checks import (
 from loopd.selftest.expected import (
     DEFAULT_DIR,
     FieldChange,
+    ServerAnswers,
     diff_expectations,
     find_expectation,
     save_expectation,
@@ -89,6 +90,13 @@ class SelftestReport:
         """Whether the probe's slot was saved and restored; None when it did not run."""
         probe = self.facts.durable
         return probe.available if probe is not None else None
+
+    @property
+    def answers(self) -> ServerAnswers:
+        """What this run found of the server's behaviour (the engine goes by it)."""
+        return ServerAnswers(
+            self.idle_slots_cleared, self.durable_available, self.keeps_past_reasoning
+        )
 
     def to_json(self) -> dict[str, Any]:
         """The machine-readable report (``loopd selftest --json``)."""

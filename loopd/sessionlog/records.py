@@ -101,7 +101,7 @@ class EntryFields:
     tool_call_id: str | None
     # The row of the request that made the entry (``requests.id``), shown as ``request_row``:
     # the column keeps the name the first schema gave it, and ``request_id`` elsewhere is the
-    # hex id of the request's log lines (``loopd.observe.context``).
+    # hex id of the request's log lines (``loopd.requestscope``).
     request_id: int | None
     refers_to: int | None  # the seq of an entry this one corrects or copies
     tools_sha256: str | None  # epoch entries: the epoch's tools hash

@@ -32,9 +32,10 @@ from typing import Final, TextIO
 
 from loopcommon.errors import DaemonError
 from loopcommon.sanitize import for_terminal
-from loopd.cli.log import list_sessions, search_entries
 from loopd.config import Settings
 from loopd.engine.outcome import TurnOutcome
+from loopd.logviews import list_sessions, search_entries
+from loopd.selftest.expected import DEFAULT_DIR
 from loopd.terminal import slash
 from loopd.terminal.approve import TerminalAsker
 from loopd.terminal.core import ChatCore, SessionExists, Stopped, TurnEnd, Watcher
@@ -54,6 +55,7 @@ class ChatOptions:
     session: str = "terminal"
     show_thinking: bool = False
     log_stderr: bool = False
+    expected_dir: Path = DEFAULT_DIR  # the servers' recorded expectations
 
 
 def run_chat(settings: Settings, options: ChatOptions) -> int:
@@ -67,7 +69,7 @@ def run_chat(settings: Settings, options: ChatOptions) -> int:
         )
         with (
             suspender.installed() if suspender is not None else contextlib.nullcontext(),
-            connected(settings, options.session) as link,
+            connected(settings, options.session, options.expected_dir) as link,
         ):
             if isinstance(lines, TerminalInput):
                 lines.complete_with(

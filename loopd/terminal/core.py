@@ -3,9 +3,9 @@ terminal watches as it goes and may stop.
 
 The engine reports a turn through its status callback (throttled for a thread's post; here every
 status passes, so the answer appears as the server streams it) and runs tool calls through a
-``ToolRunner``; ``TerminalRuntime`` wraps both for the ``Watcher`` of the turn under way. A stop
-cancels the turn (the engine then closes the stream, which frees the slot on the server, and
-records the request as broken) and writes the stop record that a thread's ``stop`` writes
+``ToolRunner``: both reach the ``Watcher`` of the turn (its calls through ``WatchedTools``). A
+stop cancels the turn (the engine then closes the stream, which frees the slot on the server,
+and records the request as broken) and writes the stop record that a thread's ``stop`` writes
 (``loopd.turnstop``).
 """
 
@@ -15,23 +15,26 @@ import logging
 import sys
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any, Protocol
 
 import anyio
 
-from loopd.approvals.call import ASKER, Asker
+from loopd.approvals.call import Asker
 from loopd.chat.status import InLine
 from loopd.config import Settings
+from loopd.endpoints.server import TurnRules
 from loopd.engine.outcome import TurnOutcome
 from loopd.engine.progress import Status
-from loopd.engine.turn import ToolRunner, Turn
 from loopd.errors import LoopdError
 from loopd.observe.perfsummary import format_summary, perf_records, summarize
+from loopd.selftest.expected import DEFAULT_DIR
 from loopd.sessionlog.records import Session, fresh_external_key
 from loopd.sessions import Runtime
 from loopd.terminal.approve import TerminalAsker
 from loopd.terminal.inuse import SessionLocks
 from loopd.tools.core import ToolResult
+from loopd.turn.loop import ToolRunner
 from loopd.turnstop import record_stop, retry_target, take_back
 from loopd.wire.assemble import ToolCall
 
@@ -69,35 +72,17 @@ class WatchedTools:
     inner: ToolRunner
     watcher: Watcher
 
-    async def run(self, session: str, call: ToolCall) -> ToolResult:
+    async def run(self, session: str, call: ToolCall, asker: Asker | None) -> ToolResult:
         self.watcher.tool_started(call)
-        result = await self.inner.run(session, call)
+        result = await self.inner.run(session, call, asker)
         self.watcher.tool_finished(call, result.text)
         return result
-
-
-@dataclass
-class TerminalRuntime(Runtime):
-    """The shared runtime, with each turn shown to the terminal's watcher."""
-
-    watcher: Watcher | None = None
-
-    def turn(self, session: Session, report: Callable[[Status], None]) -> Turn:
-        turn = super().turn(session, report)
-        # Every status goes through: each is one small write to the terminal, and the answer
-        # should appear as it is written, not in half-second jumps.
-        turn.limits = replace(turn.limits, status_interval_s=0.0)
-        if self.watcher is not None and turn.tools is not None:
-            turn.tools = WatchedTools(turn.tools, self.watcher)
-        return turn
 
 
 class ChatCore:
     """One terminal's session on the runtime; every method runs on the event loop."""
 
-    def __init__(
-        self, runtime: TerminalRuntime, session: Session, who: str, locks: SessionLocks
-    ) -> None:
+    def __init__(self, runtime: Runtime, session: Session, who: str, locks: SessionLocks) -> None:
         self.runtime = runtime
         self.session = session
         self.who = who  # who a stop is recorded for: the local user
@@ -110,16 +95,22 @@ class ChatCore:
         self._closing = anyio.Event()
 
     @classmethod
-    async def open(cls, settings: Settings, session_name: str, who: str) -> ChatCore:
-        """The session's runtime; ``SessionInUse`` when another terminal has the session."""
+    async def open(
+        cls, settings: Settings, session_name: str, who: str, expected_dir: Path = DEFAULT_DIR
+    ) -> ChatCore:
+        """The session's runtime; ``SessionInUse`` when another terminal has the session.
+        ``expected_dir``: where ``loopd selftest --record`` stored what each server does
+        (durable sessions and pinning go by it: ``loopd.endpoints.server``)."""
         locks = SessionLocks(settings.state_dir)
         locks.take(session_name)
+        # Every status goes through: each is one small write to the terminal, and the answer
+        # should appear as it is written, not in half-second jumps.
+        rules = TurnRules.of(settings, status_interval_s=0.0)
         try:
-            runtime = TerminalRuntime.open(settings)
+            runtime = Runtime.open(settings, expected_dir=expected_dir, rules=rules)
         except BaseException:
             locks.release()
             raise
-        assert isinstance(runtime, TerminalRuntime)  # Runtime.open builds its own class
         try:
             await runtime.start_terminal()
             session = runtime.ensure_session(session_name)
@@ -183,7 +174,9 @@ class ChatCore:
         log.info("resuming the pending turn of %s", self.session.name)
 
         async def resume() -> TurnOutcome | None:
-            return await self.runtime.resume(self.session, watcher.status)
+            return await self.runtime.resume(
+                self.session, watcher.status, asker=self.asker, tools=self._tools(watcher)
+            )
 
         return await self._watched(watcher, resume)
 
@@ -199,22 +192,26 @@ class ChatCore:
         def on_position(ahead: int) -> None:
             watcher.in_line(InLine(slot, ahead))
 
-        return await self.runtime.run_turn(self.session, watcher.status, on_position)
+        return await self.runtime.run_turn(
+            self.session, watcher.status, on_position, asker=self.asker, tools=self._tools(watcher)
+        )
+
+    def _tools(self, watcher: Watcher) -> ToolRunner:
+        """The session tools, with ``watcher`` told of each call and its result."""
+        return WatchedTools(self.runtime.tools, watcher)
 
     async def _watched(
         self, watcher: Watcher, run: Callable[[], Awaitable[TurnOutcome | None]]
     ) -> TurnEnd | None:
         outcome: TurnOutcome | None = None
         scope = self._scope = anyio.CancelScope()
-        self.runtime.watcher = watcher
-        ASKER.set(self.asker)  # this turn's task asks here
         try:
             with scope:
                 if self._stopping:
                     scope.cancel()
                 outcome = await run()
         finally:
-            self._scope, self.runtime.watcher = None, None
+            self._scope = None
         if scope.cancelled_caught:
             entry = record_stop(self.runtime.log, self.session.name, self.who)
             log.info("turn of %s stopped by @%s", self.session.name, self.who)

@@ -15,6 +15,7 @@ import signal
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, TextIO
 
 from anyio.from_thread import BlockingPortal, start_blocking_portal
@@ -22,6 +23,7 @@ from anyio.from_thread import BlockingPortal, start_blocking_portal
 from loopd.chat.status import InLine
 from loopd.config import Settings
 from loopd.engine.progress import Status
+from loopd.selftest.expected import DEFAULT_DIR
 from loopd.terminal.core import ChatCore, TurnEnd, Watcher
 from loopd.terminal.render import TurnView
 from loopd.wire.assemble import ToolCall
@@ -118,11 +120,12 @@ def drop_pending_sigint() -> None:
 
 
 @contextlib.contextmanager
-def connected(settings: Settings, session: str) -> Iterator[Link]:
+def connected(settings: Settings, session: str, expected_dir: Path = DEFAULT_DIR) -> Iterator[Link]:
     """The event loop in its thread, the session opened on it (the server's health checked,
-    the session created on first use), and its background work running until the block ends."""
+    the session created on first use), and its background work running until the block ends.
+    ``expected_dir``: the servers' recorded expectations (``ChatCore.open``)."""
     with _event_loop_thread() as portal:
-        core: ChatCore = portal.call(ChatCore.open, settings, session, local_user())
+        core: ChatCore = portal.call(ChatCore.open, settings, session, local_user(), expected_dir)
         service = portal.start_task_soon(core.serve)
         try:
             yield Link(portal, core)

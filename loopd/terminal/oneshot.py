@@ -21,11 +21,13 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
+from pathlib import Path
 from typing import Any, Final, TextIO
 
 from loopcommon.errors import ConfigError
 from loopd.config import Settings
 from loopd.engine.outcome import TurnOutcome
+from loopd.selftest.expected import DEFAULT_DIR
 from loopd.terminal.core import Stopped, TurnEnd, Watcher
 from loopd.terminal.lineinput import checked_text, read_all
 from loopd.terminal.link import ScreenWatch, connected
@@ -45,6 +47,7 @@ class RunOptions:
     json: bool = False
     show_thinking: bool = False
     log_stderr: bool = False
+    expected_dir: Path = DEFAULT_DIR  # the servers' recorded expectations
 
 
 def fresh_session_name(now: datetime, suffix: str) -> str:
@@ -76,7 +79,7 @@ def run_once(settings: Settings, options: RunOptions) -> int:
     watch = ScreenWatch(view, out)
     with (
         logs_out_of_the_way(settings, on_stderr=options.log_stderr),
-        connected(settings, name) as link,
+        connected(settings, name, options.expected_dir) as link,
     ):
         # A turn an earlier run left pending is finished first, unseen (the chat shows it).
         link.turn(link.core.resume, ScreenWatch(TurnView(Style.PLAIN), out))

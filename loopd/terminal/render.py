@@ -5,7 +5,7 @@ With ``Style.TERMINAL`` (stdout is a terminal) the answer appears as it is writt
 dimmed and folded into one line that ends as a one-line summary (``show_thinking``: written out
 whole, dimmed); each tool call gets a line with its name and short arguments, then one with the
 start of its result; while the turn waits or reads the prompt, one transient line says so, in the
-wording every surface uses (``loopd.chat.status.phase_words``). With ``Style.PLAIN`` (stdout is a
+wording every surface uses (``engine.progress.phase_words``). With ``Style.PLAIN`` (stdout is a
 file or a pipe) nothing is written during the turn and the answer is written whole at its end, so
 a script reading stdout gets the answers and nothing else.
 
@@ -27,10 +27,10 @@ from dataclasses import dataclass
 from enum import Enum
 
 from loopcommon.sanitize import for_terminal
-from loopd.chat.status import InLine, in_line_words, phase_words
+from loopd.chat.status import InLine, in_line_words
 from loopd.engine.notes import cut_note
 from loopd.engine.outcome import TurnOutcome
-from loopd.engine.progress import Phase, Status
+from loopd.engine.progress import Phase, Status, phase_words
 
 DIM = "\x1b[2m"
 BOLD = "\x1b[1m"

@@ -7,21 +7,11 @@ in the core set.
 """
 
 from loopd.tools.command import Sandbox, detect_sandbox, plain_sandbox
-from loopd.tools.core import (
-    BROKER_TOOL_NAMES,
-    CORE_TOOL_NAMES,
-    ToolContext,
-    ToolResult,
-    is_broker_tool,
-    make_tool_context,
-    run_core_tool,
-)
+from loopd.tools.core import ToolContext, ToolResult, make_tool_context, run_core_tool
 from loopd.tools.errors import (
-    LimitExceeded,
     NotACoreToolError,
     PathRefused,
     ToolFailure,
-    ToolsError,
     ToolSetupError,
     ToolsSpecError,
 )
@@ -29,9 +19,6 @@ from loopd.tools.limits import ToolLimits
 from loopd.tools.spec import ToolsSpec, load_tools_spec, parse_tools_spec
 
 __all__ = [
-    "BROKER_TOOL_NAMES",
-    "CORE_TOOL_NAMES",
-    "LimitExceeded",
     "NotACoreToolError",
     "PathRefused",
     "Sandbox",
@@ -40,11 +27,9 @@ __all__ = [
     "ToolLimits",
     "ToolResult",
     "ToolSetupError",
-    "ToolsError",
     "ToolsSpec",
     "ToolsSpecError",
     "detect_sandbox",
-    "is_broker_tool",
     "load_tools_spec",
     "make_tool_context",
     "parse_tools_spec",

@@ -16,7 +16,7 @@ from types import TracebackType
 import httpx
 
 from loopd.errors import BrokerCallError, BrokerUnreachable
-from loopd.observe.context import broker_hooks
+from loopd.requestscope import broker_hooks
 
 UNIX_PREFIX = "unix:"
 # The host name is never resolved over a Unix socket; it only fills the Host header.

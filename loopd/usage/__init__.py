@@ -2,5 +2,5 @@
 
 ``ledger`` counts them from the session log's records; ``source`` reads the
 log and the Mattermost threads' labels for it. ``loopd usage`` prints the ledger
-(``loopd.cli.usage``), and ``loopd serve``'s metrics carry its totals (``loopd.observe.usage``).
+(``loopd.cli.usage``), and ``loopd serve``'s metrics carry its totals (``loopd.status.usage``).
 """

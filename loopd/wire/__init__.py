@@ -8,43 +8,30 @@ turns them into typed `StreamEvent`s, and `StreamAssembler` folds the events int
 from loopd.wire.assemble import AssistantMessage, StreamAssembler, StreamOutcome, ToolCall
 from loopd.wire.events import (
     ChunkMeta,
-    ContentDelta,
-    Done,
     EventDecoder,
-    Finish,
     Foreign,
     KeepAlive,
-    Malformed,
     Progress,
     ReasoningDelta,
-    RoleStart,
     ServerError,
     StreamEvent,
     Timings,
     ToolCallDelta,
     Usage,
     events_from_item,
-    parse_payload,
 )
-from loopd.wire.sse import SSEComment, SSEData, SSEDecoder, SSEForeign, SSEItem
+from loopd.wire.sse import SSEData, SSEDecoder, SSEItem
 
 __all__ = [
     "AssistantMessage",
     "ChunkMeta",
-    "ContentDelta",
-    "Done",
     "EventDecoder",
-    "Finish",
     "Foreign",
     "KeepAlive",
-    "Malformed",
     "Progress",
     "ReasoningDelta",
-    "RoleStart",
-    "SSEComment",
     "SSEData",
     "SSEDecoder",
-    "SSEForeign",
     "SSEItem",
     "ServerError",
     "StreamAssembler",
@@ -55,5 +42,4 @@ __all__ = [
     "ToolCallDelta",
     "Usage",
     "events_from_item",
-    "parse_payload",
 ]

@@ -12,7 +12,6 @@ from pathlib import Path
 import pytest
 
 from loopcommon.jsonbytes import dumps
-from loopd.approvals.call import ASKER
 from loopd.config import load_settings
 from loopd.sessionlog.chain import messages_digest
 from loopd.sessionlog.records import Perf, RequestKind, RequestRecord, fresh_external_key
@@ -80,8 +79,8 @@ async def test_an_allowed_call_continues_the_turn_on_the_same_prefix(
             def typed_y(stop: threading.Event) -> str:
                 return "y\n"
 
-            ASKER.set(TerminalAsker("me", write=lambda text: None, read_line=typed_y))
-            outcome = await runtime.resume(session, lambda status: None)
+            asker = TerminalAsker("me", write=lambda text: None, read_line=typed_y)
+            outcome = await runtime.resume(session, lambda status: None, asker=asker)
             requests = [r.record for r in runtime.log.requests(name)]
         finally:
             await runtime.aclose()

@@ -10,13 +10,13 @@ from pathlib import Path
 
 import pytest
 
-from loopd.approvals.call import ASKER
 from loopd.config import load_settings
 from loopd.sessions import Runtime
 from loopd.terminal.approve import TerminalAsker
 from loopd_dev.fakes.llama import FakeLlama, RunningFake
 from tests.approvals.support import asking_broker, audit_approvals, script_a_call, tool_results
 from tests.chat.conftest import FAKE_MODEL
+from tests.engine.engine_support import one_server
 
 pytestmark = pytest.mark.anyio
 
@@ -52,8 +52,7 @@ async def run_turn(
                 read_line=lambda stop: answer(runtime, stop),
                 answering=lambda: nullcontext(""),
             )
-            ASKER.set(asker)
-            outcome = await runtime.run_turn(session, lambda status: None)
+            outcome = await runtime.run_turn(session, lambda status: None, asker=asker)
         finally:
             await runtime.aclose()
     assert outcome.answer == "Done."
@@ -103,7 +102,7 @@ async def test_the_wait_gives_the_slot_to_other_sessions(
     holders: list[str | None] = []
 
     def answer(runtime: Runtime, stop: threading.Event) -> str:
-        holders.append(runtime.scheduler.holder(0))  # while the person decides
+        holders.append(one_server(runtime).scheduler.holder(0))  # while the person decides
         return "y\n"
 
     result, _ = await run_turn(tmp_path, sockets, fake_llama, llama, answer)

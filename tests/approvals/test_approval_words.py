@@ -22,8 +22,8 @@ from loopd.approvals.words import (
     unshowable,
 )
 from loopd.chat.approvals import Questions, argument_posts, ask_line, question_head
-from loopd.chat.config import ChatSettings
 from loopd.chat.status import AwaitingApproval, status_text
+from loopd.chatsettings import ChatSettings
 from loopd.terminal.approve import question
 
 pytestmark = pytest.mark.anyio

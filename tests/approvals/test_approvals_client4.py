@@ -27,10 +27,10 @@ import pytest
 
 from loopd.approvals.words import canonical_arguments
 from loopd.chat.threads import session_name
-from loopd.observe.server import create_app
 from loopd.serve import Daemon
 from loopd.sessionlog.records import Entry, EntryKind
 from loopd.sessionlog.store import SessionLog
+from loopd.status.server import create_app
 from loopd_dev.fakes.llama import FakeLlama, RunningFake, ScriptedReply
 from tests.approvals.support import TOOL, audit_approvals, script_a_call, tool_results
 from tests.approvals.test_approval_thread import thread_env

@@ -12,7 +12,7 @@ from typing import Any
 
 import anyio
 
-from loopd.chat.config import ChatSettings
+from loopd.chatsettings import ChatSettings
 from loopd.config import Settings
 from loopd.serve import Daemon, run_daemon
 from loopd_dev.fakes.llama import RunningFake as RunningLlama

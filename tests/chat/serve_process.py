@@ -22,7 +22,7 @@ from typing import Any
 import anyio
 from anyio.abc import Process
 
-from loopd.chat.config import ChatSettings
+from loopd.chatsettings import ChatSettings
 from loopd.config import Settings
 from loopd.sessionlog.store import SessionLog
 from loopd.sessionlog.verify import verify

@@ -192,7 +192,7 @@ def test_thread_policy_mentions_answers_only_mentions_in_channel_threads() -> No
 
 
 def test_the_same_words_for_a_phase_on_every_surface() -> None:
-    from loopd.chat.status import phase_words
+    from loopd.engine.progress import phase_words
     from loopd.terminal.render import Style, TurnView
 
     for status in [Status(phase) for phase in Phase] + [Status(Phase.READING, percent=40)]:

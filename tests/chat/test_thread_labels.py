@@ -9,7 +9,7 @@ import httpx
 import pytest
 
 from loopd.chat.threads import session_name
-from loopd.observe.server import create_app
+from loopd.status.server import create_app
 from loopd_dev.fakes.llama import RunningFake
 from tests.chat.chat_support import Env, chat_settings_for, daemon, fake_mattermost, settings_for
 from tests.chat.chat_support import until as wait_until

@@ -15,7 +15,7 @@ from brokerd.approval import approval_mode
 from brokerd.config import load_settings
 from brokerd.tools.builtins import BUILTINS
 from brokerd.tools.catalogue import load_catalogue
-from loopd.chat.config import ChatSettings
+from loopd.chatsettings import ChatSettings
 from loopd_dev.demo.page import PageOptions, page_config, page_routes, render_index, script_json
 from loopd_dev.fakes.mattermost import FakeMattermost, build_app
 

@@ -27,8 +27,7 @@ from typing import Any
 import httpx
 import pytest
 
-from loopd.chat.config import ChatSettings
-from loopd_dev.demo.page import REGENERATE_REACTION
+from loopd.chatsettings import ChatSettings
 from tests import npm_cache
 from tests.observe.real_stack import system_tool
 from tests.screenshots import assert_drawn
@@ -156,9 +155,8 @@ def test_make_demo_page_in_chromium_post_stream_stop_regenerate(
             f"{base}/",
             screenshot=str(shot),
             prompts={"long": LONG, "short": SHORT},
-            reactions={"stop": chat.stop_reaction, "regenerate": REGENERATE_REACTION},
+            reactions={"stop": chat.stop_reaction, "regenerate": chat.retry_reaction},
             grown_chars=60,
-            regenerates=False,
         )
 
         welcome = str(seen["welcome"])
@@ -172,14 +170,19 @@ def test_make_demo_page_in_chromium_post_stream_stop_regenerate(
         people = [p for p in thread if p["kind"] == "person"]
         answers = [p for p in thread if p["kind"] == "answer"]
         assert [p["text"] for p in people] == [LONG, SHORT], thread
-        stopped, reply = answers[0], answers[-1]
+        assert len(answers) == 3, thread
+        stopped, reply, again = answers
         assert stopped["text"].startswith(grown.removesuffix("…").rstrip()), thread
         assert "Stopped by @alice" in stopped["text"], thread
         assert stopped["reactions"] == ["🛑 alice"], thread
         assert reply["text"].strip(), thread
         assert not reply["text"].endswith("…"), thread
         assert reply["reactions"] == ["🔁 alice"], thread
-        assert seen["threads"] == [f"{LONG.removeprefix('@loopd ')}3"], seen["threads"]
+        # The answer generated again, in a post of its own after the one reacted to.
+        assert seen["regenerated"]["id"] == again["id"], seen["regenerated"]
+        assert again["text"].strip(), thread
+        assert not again["text"].endswith("…"), thread
+        assert seen["threads"] == [f"{LONG.removeprefix('@loopd ')}4"], seen["threads"]
         assert_drawn(shot, least_height=900, least_width=1280)
         if keep := os.environ.get("LOOPDTEST_DEMO_PNG"):  # docs/demo.png is made so
             shutil.copy(shot, keep)

@@ -13,14 +13,15 @@ from pathlib import Path
 
 import pytest
 
-from loopd.config import load_settings
+from loopd.config import SHORTHAND_ENDPOINT, load_settings
 from loopd.engine.cacheloss import LossCause
 from loopd.engine.durable import DurableMode
 from loopd.engine.outcome import Failure
 from loopd.engine.pinning import PinSlots
 from loopd.engine.request import ANY_SLOT
-from loopd.engine.saves import SaveBook
+from loopd.selftest.expected import ServerAnswers
 from loopd.sessions import Runtime
+from loopd.turn.saves import SaveBook
 from loopd_dev import devserver
 from tests.durable.test_durable_real import Restartable, restartable, say, turn_request
 
@@ -56,11 +57,12 @@ async def test_a_placed_session_pushed_out_comes_back_from_disk_into_an_idle_slo
     )
     # One session more than the server has slots: the first is pushed out of every one.
     names = [f"s{i}" for i in range(SERVER_SLOTS[model] + 1)]
-    runtime = Runtime.open(settings)
+    # What ``loopd serve``'s self-test finds of it (the self-test's probe: tests/selftest).
+    found = ServerAnswers(
+        idle_slots_cleared=model == devserver.HYBRID_MODEL, durable_available=True
+    )
+    runtime = Runtime.open(settings, selftest={SHORTHAND_ENDPOINT: found})
     try:
-        runtime.know_server(
-            idle_slots_cleared=model == devserver.HYBRID_MODEL, durable_available=True
-        )
         for name in names:
             await say(runtime, story(name), name)
         saved = SaveBook(settings.state_dir).latest(names[0])

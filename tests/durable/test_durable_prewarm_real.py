@@ -14,9 +14,9 @@ import pytest
 
 from loopd.engine.durable import DurableMode
 from loopd.engine.pinning import PinSlots
-from loopd.engine.saves import SaveBook
 from loopd.prewarm.prewarmer import PrewarmOutcome
 from loopd.sessionlog.records import RequestKind
+from loopd.turn.saves import SaveBook
 from tests.durable.test_durable_real import (
     FIRST,
     PRESETS,

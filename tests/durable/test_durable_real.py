@@ -13,18 +13,20 @@ from pathlib import Path
 import pytest
 
 from loopcommon.jsonbytes import dumps
-from loopd.config import Settings, load_settings
+from loopd.config import SHORTHAND_ENDPOINT, Settings, load_settings
 from loopd.engine.cacheloss import LossCause
 from loopd.engine.durable import DurableMode, save_name
 from loopd.engine.limits import Limits
 from loopd.engine.outcome import Failure
 from loopd.engine.pinning import PinSlots
 from loopd.engine.request import build_body
-from loopd.engine.saves import DurableSlots, SaveBook
 from loopd.engine.stream import run_request
+from loopd.selftest.expected import ServerAnswers
 from loopd.sessionlog.records import Request, RequestKind, fresh_external_key
 from loopd.sessions import Runtime
+from loopd.turn.saves import DurableSlots, SaveBook
 from loopd_dev import devserver
+from tests.engine.engine_support import one_server
 
 pytestmark = [pytest.mark.real_server, pytest.mark.anyio]
 
@@ -112,10 +114,10 @@ def durable_settings(server: Restartable, state: Path, durable: DurableMode) -> 
 
 @asynccontextmanager
 async def runtime_for(settings: Settings) -> AsyncIterator[Runtime]:
-    runtime = Runtime.open(settings)
+    # What ``loopd serve``'s self-test finds of it (the self-test's probe: tests/selftest).
+    found = ServerAnswers(idle_slots_cleared=False, durable_available=True)
+    runtime = Runtime.open(settings, selftest={SHORTHAND_ENDPOINT: found})
     try:
-        # What ``loopd serve``'s self-test tells it (the self-test's probe: tests/selftest).
-        runtime.know_server(idle_slots_cleared=False, durable_available=True)
         yield runtime
     finally:
         await runtime.aclose()
@@ -194,7 +196,7 @@ async def test_greedy_generation_after_a_restore_equals_a_full_re_read(
         server.start()
         limits = Limits(first_byte_s=60.0, silence_s=60.0)
         body = build_body(request_settings, tools_text, messages)
-        reread = await run_request(runtime.client, body, slot=0, limits=limits)
+        reread = await run_request(one_server(runtime).client, body, slot=0, limits=limits)
     assert reread.complete, reread.detail
     timings = reread.assembler.timings
     assert timings is not None
@@ -240,12 +242,13 @@ async def test_a_save_the_server_did_not_answer_is_never_restored(
         name = save_name(SESSION, tools_text, messages)
         (server.saves / name).mkdir()
         book = SaveBook(off.state_dir)
-        durable = DurableSlots(runtime.client, book, runtime.prewarmer)
+        one = one_server(runtime)
+        durable = DurableSlots(one.client, book, one.prewarmer)
         request_settings = runtime.turn(session, lambda s: None).settings
         assert await durable.save(session, request_settings, tools_text, messages) is None
         assert book.latest(SESSION) is None
         # A real state, cut in half, where the failed save would have written it.
-        whole = await runtime.client.save_slot(0, "loopd-0000000000000000-" + "0" * 32 + ".bin")
+        whole = await one.client.save_slot(0, "loopd-0000000000000000-" + "0" * 32 + ".bin")
         assert whole.n_tokens > 0
         (server.saves / name).rmdir()
         cut = (server.saves / ("loopd-0000000000000000-" + "0" * 32 + ".bin")).read_bytes()

@@ -14,7 +14,7 @@ from loopd.engine.durable import (
     RestoreOutcome,
     Saved,
     after_restore,
-    enabled,
+    decide_durable,
     last_run_slot,
     probe_name,
     restore_target,
@@ -22,7 +22,7 @@ from loopd.engine.durable import (
     usable,
     worth_restoring,
 )
-from loopd.engine.saves import SaveBook
+from loopd.turn.saves import SaveBook
 
 TOOLS = '[{"type":"function","function":{"name":"read_file"}}]'
 TURN = ['{"role":"system","content":"s"}', '{"role":"user","content":"hi"}']
@@ -34,17 +34,21 @@ def saved_after(messages: list[str], n_saved: int = 300, slot: int = 0) -> Saved
 
 
 @pytest.mark.parametrize(
-    ("mode", "available", "on"),
+    ("mode", "selftest", "recorded", "on"),
     [
-        (DurableMode.AUTO, True, True),
-        (DurableMode.AUTO, False, False),
-        (DurableMode.AUTO, None, False),
-        (DurableMode.ON, None, True),
-        (DurableMode.OFF, True, False),
+        (DurableMode.AUTO, True, None, True),
+        (DurableMode.AUTO, False, True, False),  # this process's self-test wins
+        (DurableMode.AUTO, None, True, True),  # loopd chat: what `selftest --record` stored
+        (DurableMode.AUTO, None, False, False),
+        (DurableMode.AUTO, None, None, False),
+        (DurableMode.ON, None, None, True),
+        (DurableMode.OFF, True, True, False),
     ],
 )
-def test_auto_needs_the_self_tests_yes(mode: DurableMode, available: bool | None, on: bool) -> None:
-    assert enabled(mode, available) is on
+def test_auto_goes_by_the_self_test_else_the_recorded_answer(
+    mode: DurableMode, selftest: bool | None, recorded: bool | None, on: bool
+) -> None:
+    assert decide_durable(mode, selftest=selftest, recorded=recorded).on is on
 
 
 def test_a_save_is_usable_for_a_request_that_extends_its_exact_prefix() -> None:

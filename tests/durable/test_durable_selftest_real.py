@@ -10,7 +10,7 @@ import pytest
 
 from loopcommon.slotfiles import is_slot_file_name
 from loopd.config import CORE_TOOLS_FILE, load_settings
-from loopd.engine.durable import DurableMode, enabled
+from loopd.engine.durable import DurableMode, decide_durable
 from loopd.selftest.checks import WITHOUT_DURABLE
 from loopd.selftest.run import format_report, run_selftest
 from loopd.tools.spec import load_tools_spec
@@ -30,7 +30,7 @@ async def test_the_self_test_finds_durable_sessions_where_the_server_can_save(
     assert report.durable_available is True
     assert report.facts.durable is not None
     assert report.facts.durable.n_saved == report.facts.durable.n_restored
-    assert enabled(DurableMode.AUTO, report.durable_available)
+    assert decide_durable(DurableMode.AUTO, selftest=report.durable_available, recorded=None).on
     assert "durable sessions: available (" in format_report(report)
     # The probe's file is of loopd's shape, in the server's own folder.
     assert [is_slot_file_name(p.name) for p in server.saves.iterdir()] == [True]
@@ -42,7 +42,7 @@ async def test_the_self_test_says_what_is_lost_without_them(
     settings = load_settings(infer_url=real_server.url, model=devserver.PLAIN_MODEL)
     report = await run_selftest(settings, tools_text=load_tools_spec(CORE_TOOLS_FILE).text)
     assert report.durable_available is False
-    assert not enabled(DurableMode.AUTO, report.durable_available)
+    assert not decide_durable(DurableMode.AUTO, selftest=report.durable_available, recorded=None).on
     text = format_report(report)
     assert "durable sessions: not available" in text
     assert WITHOUT_DURABLE in text

@@ -28,10 +28,10 @@ async def test_with_no_endpoint_up_loopd_refuses_to_start(
         endpoint=_tables(a=f"unix:{tmp_path}/a.sock", b=f"unix:{tmp_path}/b.sock"),
         state_dir=tmp_path,
     )
-    status, down = await startup_endpoints(settings)
+    status, checks = await startup_endpoints(settings)
     err = capsys.readouterr().err
     assert status == 2
-    assert sorted(down) == ["a", "b"]
+    assert sorted(checks.down) == ["a", "b"]
     assert "loopd serve: refusing to start: no endpoint passed its self-test" in err
     assert "Traceback" not in err
 
@@ -43,7 +43,8 @@ async def test_one_endpoint_down_the_other_serves(
     settings = load_settings(
         endpoint=_tables(a=real_server.url, b=f"unix:{tmp_path}/gone.sock"), state_dir=tmp_path
     )
-    status, down = await startup_endpoints(settings)
+    status, checks = await startup_endpoints(settings)
+    down = checks.down
     assert status == 0, capsys.readouterr().err
     assert list(down) == ["b"]
     assert down["b"].startswith("unreachable"), down

@@ -14,14 +14,18 @@ from typing import Any
 import anyio
 
 from loopcommon.jsonbytes import dumps
+from loopd.approvals.call import Asker
+from loopd.config import SHORTHAND_ENDPOINT
+from loopd.endpoints.server import Server
 from loopd.engine.client import InferenceClient
 from loopd.engine.limits import Limits
 from loopd.engine.progress import Status
 from loopd.engine.request import RequestSettings, Sampling, build_body
-from loopd.engine.turn import Turn
 from loopd.sessionlog.records import EntryKind, Request, fresh_external_key
 from loopd.sessionlog.store import SessionLog
+from loopd.sessions import Runtime
 from loopd.tools.core import ToolResult
+from loopd.turn.loop import Turn
 from loopd.wire.assemble import ToolCall
 from loopd_dev.fakes.llama import FakeLlama, RunningFake, serve_fake_llama
 
@@ -108,7 +112,7 @@ class FakeTools:
     calls: list[ToolCall] = field(default_factory=list)
     failing: frozenset[str] = frozenset()
 
-    async def run(self, session: str, call: ToolCall) -> ToolResult:
+    async def run(self, session: str, call: ToolCall, asker: Asker | None) -> ToolResult:
         self.calls.append(call)
         if call.name not in self.answers:
             return ToolResult(f"error: no tool {call.name}", ok=False)
@@ -153,3 +157,9 @@ async def eventually(check: Callable[[], bool | Awaitable[bool]], seconds: float
             if value if isinstance(value, bool) else await value:
                 return
             await anyio.sleep(0.005)
+
+
+def one_server(runtime: Runtime) -> Server:
+    """The one server of a runtime set up with ``LOOPD_INFER_URL`` (the shorthand), as the
+    runtime knows it now."""
+    return runtime.endpoints.servers[SHORTHAND_ENDPOINT]

@@ -11,6 +11,7 @@ import anyio
 import pytest
 
 from loopcommon.jsonbytes import dumps
+from loopd.approvals.call import Asker
 from loopd.engine import guards
 from loopd.engine.guards import Guard, GuardLimits, Made, Point, Run, Stop, judge
 from loopd.observe.metrics import METRICS
@@ -326,9 +327,9 @@ class SlowTools(FakeTools):
 
     seconds: float = 0.2
 
-    async def run(self, session: str, call: ToolCall) -> ToolResult:
+    async def run(self, session: str, call: ToolCall, asker: Asker | None) -> ToolResult:
         await anyio.sleep(self.seconds)
-        return await super().run(session, call)
+        return await super().run(session, call, asker)
 
 
 @pytest.mark.anyio

@@ -11,18 +11,18 @@ from pathlib import Path
 
 import pytest
 
-from loopd.config import CORE_TOOLS_FILE, load_settings
+from loopd.config import CORE_TOOLS_FILE, SHORTHAND_ENDPOINT, load_settings
 from loopd.engine.cacheloss import LossCause
 from loopd.engine.client import InferenceClient
 from loopd.engine.limits import Limits
 from loopd.observe.metrics import METRICS
 from loopd.selftest.run import run_selftest
-from loopd.serve import ServerWatch
 from loopd.sessionlog.records import fresh_external_key
 from loopd.sessionlog.verify import verify
 from loopd.sessions import Runtime
 from loopd.tools.spec import load_tools_spec
 from loopd_dev import devserver
+from tests.engine.engine_support import one_server
 
 pytestmark = [pytest.mark.real_server, pytest.mark.anyio]
 
@@ -56,11 +56,9 @@ async def test_sessions_taking_turns_on_the_hybrid_pool_name_every_loss(
     report = await run_selftest(settings, tools_text=tools_text)
     assert report.ok, [r for r in report.results if not r.ok]
     assert report.idle_slots_cleared is True
-    runtime = Runtime.open(settings)
+    runtime = Runtime.open(settings, selftest={SHORTHAND_ENDPOINT: report.answers})
     try:
-        ServerWatch(settings, runtime).start(report)
-        assert runtime.server is not None
-        assert not runtime.server.pinning.pinned
+        assert not one_server(runtime).known.pinning.pinned
         for number in range(4):
             for name in ("north", "south"):
                 session = runtime.ensure_session(name)
@@ -109,10 +107,9 @@ async def test_a_low_thinking_cap_ends_every_turn_and_each_is_answered(
     report = await run_selftest(settings, tools_text=load_tools_spec(CORE_TOOLS_FILE).text)
     assert report.ok, [r for r in report.results if not r.ok]
     capped_before = METRICS.registry.get_sample_value("loopd_thinking_capped_total") or 0.0
-    runtime = Runtime.open(settings)
+    runtime = Runtime.open(settings, selftest={SHORTHAND_ENDPOINT: report.answers})
     answers = []
     try:
-        ServerWatch(settings, runtime).start(report)
         session = runtime.ensure_session("capped")
         for number in range(3):
             text = f"Question {number}: think it through, then answer in a sentence."

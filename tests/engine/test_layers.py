@@ -17,7 +17,7 @@ PACKAGE = Path(loopd.__file__).parent
 PURE_POLICIES = ["engine/liveness.py", "engine/thinkcap.py"]
 # What a policy may import: the standard library's data types and loopd's own error tree.
 PURE_IMPORTS = {"__future__", "collections.abc", "dataclasses", "typing", "loopd.errors"}
-ABOVE_THE_TRANSPORT = ["engine/stream.py", "engine/turn.py", "sessions.py"]
+ABOVE_THE_TRANSPORT = ["engine/stream.py", "turn/loop.py", "sessions.py"]
 
 
 def imported(module: str) -> set[str]:
@@ -134,8 +134,8 @@ PURE_PARTS: dict[str, set[str]] = {
         "cut_text",
         "context_share",
     },
+    "loopd.endpoints.server": {"Known", "known"},
     "loopd.contextwindow.pool": {
-        "is_pool_full",
         "_count",
         "held_by_busy_slots",
         "fits_beside",
@@ -179,7 +179,8 @@ DECLARATIONS: dict[str, str] = {
 MENTIONS_ONLY: dict[str, str] = {
     "brokerd.tools.service": "the shell around the pure ranking, calls and wording",
     "loopd.endpoints.serving": "the I/O shell around Fleet (placement and health)",
-    "loopd.observe.status": "reads the runtime; loopcommon.statuspage renders",
+    "loopd.endpoints.warm": "the shell around the pure prewarm plan",
+    "loopd.status.page": "reads the runtime; loopcommon.statuspage renders",
     "loopd.selftest": "the package: pure checks beside the probe",
 }
 
@@ -352,3 +353,32 @@ def test_the_claims_are_read() -> None:
 def test_a_module_that_says_it_is_pure_is(module: str) -> None:
     problems = purity_problems(module)
     assert not problems, "\n".join(problems)
+
+
+# -- One request recorder --------------------------------------------------------------------
+
+RECORDER = "loopd/observe/recorder.py"
+
+
+def _calls(path: Path) -> set[str]:
+    """What ``path`` calls, by name or attribute (``RequestRecord(``, ``log.record_request(``)."""
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Call):
+            func = node.func
+            if isinstance(func, ast.Name):
+                names.add(func.id)
+            elif isinstance(func, ast.Attribute):
+                names.add(func.attr)
+    return names
+
+
+def test_one_module_builds_and_appends_a_requests_record() -> None:
+    # The session log stores records; everyone else goes through the recorder.
+    builders = {
+        path.relative_to(PACKAGE.parent).as_posix()
+        for path in PACKAGE.rglob("*.py")
+        if "sessionlog" not in path.parts
+        and _calls(path) & {"RequestRecord", "record_request", "append_assistant"}
+    }
+    assert builders == {RECORDER}

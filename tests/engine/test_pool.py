@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from loopd.contextwindow.pool import all_idle, fits_beside, held_by_busy_slots, is_pool_full
+from loopd.contextwindow.pool import all_idle, fits_beside, held_by_busy_slots
+from loopd.engine.outcome import is_pool_full
 
 
 def _slot(slot_id: int, busy: bool, prompt: int, decoded: int) -> dict[str, Any]:

@@ -11,7 +11,7 @@ from loopd.config import Settings, load_settings
 from loopd.engine.cacheloss import LossCause
 from loopd.selftest.run import run_selftest
 from loopd.selftest.template import TemplateAnswer
-from loopd.serve import ServerWatch
+from loopd.serve import startup_answers
 from loopd.sessionlog.records import fresh_external_key
 from loopd.sessions import Runtime
 from loopd_dev.fakes.llama import FakeLlama, ModelSpec, TemplateOptions
@@ -43,9 +43,10 @@ async def test_serve_passes_the_self_tests_template_verdict_to_the_turns(tmp_pat
         report = await run_selftest(settings, record=True, expected_dir=tmp_path / "expected")
         assert report.ok
         assert report.keeps_past_reasoning is TemplateAnswer.NO
-        runtime = Runtime.open(settings)
+        # What ``loopd serve`` builds its runtime with (``serve.startup_answers``).
+        answers = startup_answers(report, None)
+        runtime = Runtime.open(settings, selftest=answers, expected_dir=tmp_path / "expected")
         try:
-            ServerWatch(settings, runtime, tmp_path / "expected").start(report)
             causes = await _two_turns(runtime)
         finally:
             await runtime.aclose()

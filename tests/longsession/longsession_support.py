@@ -7,8 +7,8 @@ from typing import Any
 
 from loopd.contextwindow.budget import BudgetRules, ServerBudget
 from loopd.contextwindow.compaction import Compactor
-from loopd.engine.turn import Turn
 from loopd.sessionlog.store import SessionLog
+from loopd.turn.loop import Turn
 from loopd_dev.fakes.llama import FakeLlama, ModelSpec
 from tests.engine.engine_support import MODEL, Served, make_turn, settings
 

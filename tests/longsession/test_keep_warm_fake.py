@@ -1,4 +1,5 @@
-"""``Runtime.keep_warm`` on the fake llama-server: what the front ends run beside their turns.
+"""The prewarms the front ends run beside their turns (``Runtime.keep_warm``: the ``Warmer`` of
+``loopd.endpoints.warm``), on the fake llama-server.
 
 It prewarms a compacted session once another session has used its slot, and after a restart the
 most recently active session of each slot; a real turn then reads only its own tokens.
@@ -14,14 +15,25 @@ from typing import Any
 import anyio
 import pytest
 
-from loopd.config import load_settings
+from loopd.config import SHORTHAND_ENDPOINT, load_settings
+from loopd.endpoints.server import Server
+from loopd.endpoints.warm import Warmer
+from loopd.engine.cacheloss import PrevRequest
 from loopd.errors import LoopdError
 from loopd.prewarm.prewarmer import PrewarmResult
 from loopd.sessionlog.records import Request, RequestKind, Session, fresh_external_key
 from loopd.sessionlog.verify import verify
 from loopd.sessions import Runtime
 from loopd_dev.fakes.llama import FakeLlama, ModelSpec
-from tests.engine.engine_support import MODEL, SLOT, Served, eventually, served, user_body
+from tests.engine.engine_support import (
+    MODEL,
+    SLOT,
+    Served,
+    eventually,
+    one_server,
+    served,
+    user_body,
+)
 from tests.longsession.longsession_support import words
 
 pytestmark = pytest.mark.anyio
@@ -51,10 +63,12 @@ def _runtime(server: Served, state: Path, **overrides: Any) -> Runtime:
 
 
 @asynccontextmanager
-async def _keeping_warm(runtime: Runtime, restarted: list[str]) -> AsyncIterator[None]:
+async def _keeping_warm(runtime: Runtime, restarted: list[str]) -> AsyncIterator[Warmer]:
+    """What ``Runtime.keep_warm`` runs with LOOPD_PREWARM (with no endpoint down to re-check)."""
+    warmer = Warmer(runtime.endpoints, restarted)
     async with anyio.create_task_group() as tg:
-        tg.start_soon(runtime.keep_warm, restarted)
-        yield
+        tg.start_soon(warmer.run)
+        yield warmer
         tg.cancel_scope.cancel()
 
 
@@ -65,11 +79,12 @@ async def _say(runtime: Runtime, name: str, text: str) -> None:
     assert outcome.failure is None, outcome.failure
 
 
-def _settled(runtime: Runtime) -> bool:
-    """keep_warm has decided about every idle slot: it takes a slot off its set before it
+def _settled(runtime: Runtime, warmer: Warmer) -> bool:
+    """The warmer has decided about every idle slot: it takes a slot off its set before it
     decides, and a prewarm holds the slot from its first step. (Waiting for every task to block
     instead can spin for ever on a loaded machine while the fake server's tasks keep waking.)"""
-    return not runtime._idle_slots and runtime.scheduler.holder(SLOT) is None
+    unseen = warmer.unseen[SHORTHAND_ENDPOINT]
+    return not unseen and one_server(runtime).scheduler.holder(SLOT) is None
 
 
 def _kinds(requests: list[Request]) -> list[RequestKind]:
@@ -87,14 +102,14 @@ async def test_a_compacted_session_is_read_back_after_another_used_its_slot(
     async with served(_fake()) as server:
         runtime = _runtime(server, tmp_path)
         try:
-            async with _keeping_warm(runtime, []):
+            async with _keeping_warm(runtime, []) as warmer:
                 runtime.ensure_session("first")
                 number = 0
                 while len(runtime.log.epochs("first")) < 2:
                     await _say(runtime, "first", f"turn {number}: " + words(80, f"n{number}x"))
                     number += 1
                 # The compacted session still holds the slot: nothing to read back yet.
-                await eventually(lambda: _settled(runtime))
+                await eventually(lambda: _settled(runtime, warmer))
                 assert not _prewarmed(runtime, "first")
                 await _say(runtime, "other", "an unrelated question from another thread")
                 await eventually(lambda: _prewarmed(runtime, "first"))
@@ -132,9 +147,9 @@ async def test_after_a_restart_the_latest_session_of_the_slot_is_read_back(
             await response.aread()
         after = _runtime(server, tmp_path)
         try:
-            async with _keeping_warm(after, ["older", "latest"]):
+            async with _keeping_warm(after, ["older", "latest"]) as warmer:
                 await eventually(lambda: _prewarmed(after, "older"))
-                await eventually(lambda: _settled(after))
+                await eventually(lambda: _settled(after, warmer))
                 await _say(after, "older", "and one more thing")
             older = after.log.requests("older")
             latest = after.log.requests("latest")
@@ -164,7 +179,9 @@ async def test_a_prewarm_that_raises_is_logged_once_and_the_front_end_goes_on(
 ) -> None:
     calls: list[str] = []
 
-    async def broken(session: Session) -> PrewarmResult:
+    async def broken(
+        server: Server, session: Session, slot: int, moved: PrevRequest | None = None
+    ) -> PrewarmResult:
         calls.append(session.name)
         raise LoopdError("the log could not be read")
 
@@ -176,16 +193,16 @@ async def test_a_prewarm_that_raises_is_logged_once_and_the_front_end_goes_on(
             await before.aclose()
         runtime = _runtime(server, tmp_path)  # restarted: "older" is to be read back
         try:
-            runtime.prewarm = broken  # type: ignore[method-assign]
-            async with _keeping_warm(runtime, ["older"]):
+            runtime.endpoints.prewarm = broken  # type: ignore[method-assign]
+            async with _keeping_warm(runtime, ["older"]) as warmer:
                 await eventually(lambda: calls == ["older"])
                 # The slot falls idle again after another session's turn: no second attempt.
                 await _say(runtime, "other", "another thread's question")
-                await eventually(lambda: _settled(runtime))
+                await eventually(lambda: _settled(runtime, warmer))
         finally:
             await runtime.aclose()
     assert calls == ["older"]
-    assert "prewarm on slot 0 failed; prewarm goes on" in caplog.text
+    assert "prewarm of older on endpoint default failed; prewarm goes on" in caplog.text
 
 
 async def test_without_prewarm_a_session_evicted_by_another_names_the_cause(

@@ -16,7 +16,7 @@ from loopd.sessionlog.chain import messages_digest
 from loopd.sessionlog.records import Perf, RequestKind, RequestRecord, fresh_external_key
 from loopd_dev import devserver
 from tests.mcp.support import broker_with, time_server
-from tests.toolrounds.test_tool_rounds import log_messages, log_requests, runtime_for
+from tests.toolrounds.test_tool_rounds import client, log_messages, log_requests, runtime_for
 
 pytestmark = pytest.mark.anyio
 
@@ -65,7 +65,7 @@ async def test_an_mcp_result_replays_byte_for_byte_and_the_cache_is_reused(
             await runtime.resume(session, lambda status: None)
         finally:
             await runtime.aclose()
-        bodies = runtime.client.bodies  # type: ignore[attr-defined]
+        bodies = client(runtime).bodies
     messages = log_messages(tmp_path / "st", name)
     [tool_message] = [m for m in messages if '"role":"tool"' in m]
     result = json.loads(tool_message)

@@ -25,11 +25,11 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from loopd.config import load_settings
 from loopd.observe.metrics import LoopdMetrics
-from loopd.observe.server import create_app
 from loopd.selftest.checks import CheckResult
 from loopd.serverchange import server_change
 from loopd.sessionlog.records import Perf, RequestKind, RequestRecord
 from loopd.sessions import Runtime
+from loopd.status.server import create_app
 
 pytestmark = pytest.mark.anyio
 

@@ -25,8 +25,8 @@ from brokerd.proxy.upstream import parse_upstream
 from loopcommon.errors import ConfigError
 from loopcommon.statuspage import REFRESH_S
 from loopd.config import load_settings
-from loopd.observe.server import serve_runtime
 from loopd.sessions import Runtime
+from loopd.status.server import serve_runtime
 from tests.observe.observe_support import captured_logs, sample, scraped, value
 
 pytestmark = pytest.mark.anyio

@@ -11,7 +11,7 @@ import pytest
 
 from loopcommon.context import REQUEST_HEADER, SESSION_HEADER, ContextFields
 from loopcommon.logsetup import JsonLinesFormatter
-from loopd.observe.context import (
+from loopd.requestscope import (
     broker_hooks,
     current,
     inference_hooks,

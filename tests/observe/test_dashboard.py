@@ -18,8 +18,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from brokerd.observe.metrics import BrokerdMetrics
 from loopd.config import load_settings
 from loopd.observe.metrics import LoopdMetrics
-from loopd.observe.server import create_app
 from loopd.sessions import Runtime
+from loopd.status.server import create_app
 
 pytestmark = pytest.mark.anyio
 

@@ -16,13 +16,12 @@ from brokerd.observe.metrics import BROKERD_METRICS
 from brokerd.observe.middleware import instrument
 from brokerd.tools.app import create_broker_app
 from brokerd.tools.settings import BrokerSettings
-from loopd.chat.status import phase_words
 from loopd.config import load_settings
-from loopd.engine.progress import Phase, Status
+from loopd.engine.progress import Phase, Status, phase_words
 from loopd.observe.metrics import METRICS
-from loopd.observe.server import create_app, serve_runtime
 from loopd.sessionlog.records import fresh_external_key
 from loopd.sessions import Runtime
+from loopd.status.server import create_app, serve_runtime
 from loopd_dev.fakes.llama import (
     FakeLlama,
     ModelSpec,
@@ -225,7 +224,7 @@ async def test_the_status_page_shows_a_live_turn_and_its_phase(
     )
     assert queued_row in during
     assert "<script" not in during
-    assert value(metrics_during, "loopd_slot_busy", slot="0") == 1
+    assert value(metrics_during, "loopd_slot_busy", endpoint="default", slot="0") == 1
     assert value(metrics_during, "loopd_sessions_active") == 1
     assert '<span class="idle">idle</span>' in after
     assert "no turn is under way" in after

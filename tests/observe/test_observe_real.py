@@ -24,8 +24,7 @@ from typing import Any
 import anyio
 import pytest
 
-from loopd.chat.status import phase_words
-from loopd.engine.progress import Phase, Status
+from loopd.engine.progress import Phase, Status, phase_words
 from loopd_dev import devserver
 from tests.observe.observe_support import Page, scraped, value
 from tests.observe.real_stack import (
@@ -91,7 +90,7 @@ async def test_both_metrics_pages_move_as_a_turn_goes(
 
     # While the turn waits: it is live, its slot is busy, the post was counted, no request ended.
     assert value(loopd_queued, "loopd_sessions_active") == 1
-    assert value(loopd_queued, "loopd_slot_busy", slot="0") == 1
+    assert value(loopd_queued, "loopd_slot_busy", endpoint="default", slot="0") == 1
     assert loopd_moved(loopd_before, loopd_queued, "loopd_mattermost_events_total", event="posted")
     assert (
         loopd_moved(

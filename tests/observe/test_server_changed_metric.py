@@ -9,10 +9,10 @@ import httpx
 import pytest
 
 from loopd.config import load_settings
-from loopd.observe.server import create_app
 from loopd.selftest.checks import CheckResult
 from loopd.serverchange import server_change
 from loopd.sessions import Runtime
+from loopd.status.server import create_app
 from tests.observe.observe_support import scraped, value
 
 pytestmark = pytest.mark.anyio

@@ -16,12 +16,12 @@ from loopcommon.statuspage import (
     sparkline,
     when,
 )
-from loopd.chat.status import phase_words, status_text
-from loopd.engine.progress import Phase, Status
+from loopd.chat.status import status_text
+from loopd.engine.progress import Phase, Status, phase_words
 from loopd.engine.waits import WAIT_PARTS
 from loopd.observe.live import LiveTurn
-from loopd.observe.status import wait_view
 from loopd.sessionlog.records import Perf, Request, RequestKind, RequestRecord
+from loopd.status.page import wait_view
 
 
 def snapshot(**changes: object) -> StatusSnapshot:

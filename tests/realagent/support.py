@@ -12,17 +12,17 @@ from __future__ import annotations
 import json
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from loopd.config import load_settings
+from loopd.config import SHORTHAND_ENDPOINT, load_settings
+from loopd.endpoints.server import TurnRules
 from loopd.engine.client import ChatStream, InferenceClient
 from loopd.engine.outcome import TurnOutcome
-from loopd.engine.progress import StatusCallback
-from loopd.engine.turn import Turn
-from loopd.sessionlog.records import Session, fresh_external_key
+from loopd.sessionlog.records import fresh_external_key
 from loopd.sessions import Runtime
+from loopd.turn.loop import DEFAULT_MAX_ROUNDS
 from loopd.wire.assemble import ToolCall
 from loopd.wire.events import EventDecoder, ToolCallDelta
 from loopd_dev import devserver
@@ -58,18 +58,8 @@ def tool_deltas(stream: bytes) -> list[ToolCallDelta]:
     return [event for event in events if isinstance(event, ToolCallDelta)]
 
 
-class BoundedRuntime(Runtime):
-    """The runtime with fewer tool rounds a turn than loopd's 16 (``max_rounds``, None: loopd's
-    own): a model whose calls differ each round (no repeat for the guard) still ends its turn
-    within ``MAX_ROUNDS`` requests."""
-
-    max_rounds: int | None = None
-
-    def turn(self, session: Session, report: StatusCallback) -> Turn:
-        turn = super().turn(session, report)
-        return turn if self.max_rounds is None else replace(turn, max_rounds=self.max_rounds)
-
-
+# Fewer tool rounds a turn than loopd's 16 (``TurnRules.max_rounds``): a model whose calls differ
+# each round (no repeat for the guard) still ends its turn within this many requests.
 MAX_ROUNDS = 3
 
 
@@ -127,13 +117,11 @@ async def agent(
         repeat_limit=repeat_limit,
         **devserver.MODEL_SETTINGS[model],
     )
-    runtime = BoundedRuntime.open(settings)
-    assert isinstance(runtime, BoundedRuntime)  # open() builds the class it is called on
-    runtime.max_rounds = max_rounds
-    client = TappedClient(server.url, model)
+    rules = TurnRules.of(settings, max_rounds=max_rounds or DEFAULT_MAX_ROUNDS)
+    runtime = Runtime.open(settings, client_type=TappedClient, rules=rules)
+    client = runtime.endpoints.servers[SHORTHAND_ENDPOINT].client
+    assert isinstance(client, TappedClient)
     client.bodies, client.streams = [], []
-    runtime.client = client
-    runtime.budget.client = client
     try:
         yield Agent(runtime, client)
     finally:

@@ -260,8 +260,7 @@ async def say(
     terminal would show, and the outcome."""
     target = rt.ensure_session(session)
     rt.log.append_user(session, text, external_key=fresh_external_key())
-    turn = rt.turn(target, _ignore)
-    turn.limits = limits
+    turn = replace(rt.turn(target, _ignore), limits=limits)
     outcome = await turn.run()
     return terminal_text(outcome), outcome
 

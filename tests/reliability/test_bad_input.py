@@ -9,6 +9,7 @@ import logging
 import os
 import tempfile
 from collections.abc import AsyncIterator
+from dataclasses import replace
 from pathlib import Path
 
 import anyio
@@ -24,10 +25,10 @@ from brokerd.proxy.upstream import parse_upstream
 from loopcommon.jsonbytes import dumps
 from loopd.chat.model import Post, WireFormatError
 from loopd.chat.ws import _event, parse_frame
-from loopd.engine.turn import Turn
 from loopd_dev.fakes.llama import ScriptedReply, ScriptedToolCall
 from tests.brokerd.proxy.proxy_support import serving
 from tests.chat.chat_support import Env, chat_settings_for, daemon, fake_mattermost, settings_for
+from tests.engine.engine_support import one_server
 from tests.reliability.conftest import Observe
 from tests.reliability.harness import (
     FAST,
@@ -318,15 +319,13 @@ async def _one_fuzzed_turn(chunks: list[bytes]) -> None:
         return httpx.Response(200, content=body(), headers={"content-type": "text/event-stream"})
 
     async with make_box(broker=False) as env, runtime(env) as rt:
-        rt.client._http = httpx.AsyncClient(
+        one_server(rt).client._http = httpx.AsyncClient(
             transport=httpx.MockTransport(stream), base_url="http://fuzz"
         )
         target = rt.ensure_session(SESSION)
         rt.log.append_user(SESSION, "fuzz me", external_key="k-fuzz")
-        turn: Turn = rt.turn(target, lambda status: None)
-        turn.limits = FAST
-        turn.tools = None  # whatever calls a mangled stream carries, none of them runs
-        turn.max_rounds = 2
+        # Whatever calls a mangled stream carries, none of them runs.
+        turn = replace(rt.turn(target, lambda status: None), limits=FAST, tools=None, max_rounds=2)
         with anyio.fail_after(20):
             shown = terminal_text(await turn.run())
         check_invariants(env.state_dir, None, ["fuzz me"], shown)

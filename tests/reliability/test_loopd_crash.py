@@ -4,10 +4,12 @@ with no new input: it must resume the pending turn, answer, and run no tool twic
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import anyio
 import pytest
 
+from loopd.approvals.call import Asker
 from loopd.sessionlog.records import EntryKind
 from loopd.sessionlog.store import SessionLog
 from loopd.sessions import INTERRUPTED
@@ -117,7 +119,7 @@ class _Killed(Exception):
 
 
 class _DieBeforeTool:
-    async def run(self, session: str, call: ToolCall) -> ToolResult:
+    async def run(self, session: str, call: ToolCall, asker: Asker | None) -> ToolResult:
         raise _Killed(call.id)
 
 
@@ -135,17 +137,16 @@ async def test_dies_after_the_assistant_entry_before_the_tool(observe: Observe) 
             # find_tool runs for real; the process "dies" just before call_tool would run.
             session = rt.ensure_session(SESSION)
             rt.log.append_user(SESSION, "mark it", external_key="k-1")
-            turn = rt.turn(session, lambda status: None)
+            base = rt.turn(session, lambda status: None)
 
             class FindThenDie:
-                async def run(self, name: str, call: ToolCall) -> ToolResult:
+                async def run(self, name: str, call: ToolCall, asker: Asker | None) -> ToolResult:
                     if call.name == "call_tool":
                         raise _Killed(call.id)
-                    return await real_tools.run(name, call)
+                    return await real_tools.run(name, call, asker)
 
-            turn.tools = FindThenDie()
             with pytest.raises(_Killed):
-                await turn.run()
+                await replace(base, tools=FindThenDie()).run()
         assert env.mark_lines() == []
         resumed = await chat(env)
         again = await chat(env)  # nothing pending any more: runs nothing

@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 import signal
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -55,7 +55,7 @@ async def turn(rt: Runtime, text: str, on_status: object = None) -> str:
     rt.log.append_user(SESSION, text, external_key=fresh_external_key())
     report = on_status if callable(on_status) else (lambda status: None)
     t = rt.turn(session, report)
-    t.limits = FAST.__class__(**{**FAST.__dict__, "first_byte_s": 120.0, "silence_s": 30.0})
+    t = replace(t, limits=replace(FAST, first_byte_s=120.0, silence_s=30.0))
     return terminal_text(await t.run())
 
 

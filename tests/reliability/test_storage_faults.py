@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sqlite3
+from dataclasses import replace
 
 import anyio
 import pytest
@@ -41,8 +42,7 @@ async def test_disk_full_during_a_turn(observe: Observe) -> None:
             conn = rt.log._conn  # the test's stand-in for a small file system
             pages = conn.execute("PRAGMA page_count").fetchone()[0]
             conn.execute(f"PRAGMA max_page_count = {pages}")
-            turn = rt.turn(target, lambda status: None)
-            turn.limits = FAST
+            turn = replace(rt.turn(target, lambda status: None), limits=FAST)
             try:
                 shown = terminal_text(await turn.run())
             except DaemonError as exc:  # what `loopd chat` prints for it

@@ -12,16 +12,9 @@ import pytest
 
 from loopd.config import EndpointSettings, load_settings
 from loopd.endpoints.health import EndpointHealth
+from loopd.endpoints.start import check_all, health_after, recheck_down
 from loopd.selftest.checks import CheckResult
-from loopd.selftest.endpoints import (
-    EndpointCheck,
-    check_all,
-    down_line,
-    endpoint_checker,
-    failure_summary,
-    health_after,
-    recheck_down,
-)
+from loopd.selftest.endpoints import EndpointCheck, down_line, endpoint_checker, failure_summary
 from loopd.selftest.facts import Health, ServerFacts
 from loopd.selftest.run import SelftestReport
 
@@ -72,7 +65,7 @@ async def test_every_endpoint_is_checked_and_the_failing_one_is_down(
     async def check(endpoint: EndpointSettings) -> EndpointCheck:
         return EndpointCheck(endpoint, answers[endpoint.name])
 
-    with caplog.at_level(logging.INFO, logger="loopd.selftest.endpoints"):
+    with caplog.at_level(logging.INFO, logger="loopd.endpoints.start"):
         checks = await check_all([GPU1, GPU2], check)
         health = health_after(checks, now=10.0)
     assert [(c.endpoint.name, c.ok) for c in checks] == [("gpu1", True), ("gpu2", False)]
@@ -99,7 +92,7 @@ async def test_a_down_endpoint_is_rechecked_until_it_passes() -> None:
         async with anyio.create_task_group() as tg:
             tg.start_soon(
                 lambda: recheck_down(
-                    health, [GPU1, GPU2], check, clock=clock, on_up=lambda name: back.set()
+                    health, [GPU1, GPU2], check, clock=clock, on_up=lambda check: back.set()
                 )
             )
             await back.wait()

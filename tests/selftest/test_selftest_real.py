@@ -88,10 +88,13 @@ def test_record_rewrites_the_file_and_shows_the_diff(
     report = json.loads(out.getvalue())
     assert [c for c in report["checks"] if not c["ok"]] == []
     assert status == 0
+    # The packaged file records no save probe; this server has no --slot-save-path.
     assert report["recorded"]["changes"] == [
-        {"field": "n_ctx_per_slot", "old": 1234, "new": recorded.n_ctx_per_slot}
+        {"field": "n_ctx_per_slot", "old": 1234, "new": recorded.n_ctx_per_slot},
+        {"field": "durable_available", "old": None, "new": False},
     ]
-    assert load_expectation(devserver.PLAIN_MODEL, tmp_path) == recorded
+    now = recorded.model_copy(update={"durable_available": False})
+    assert load_expectation(devserver.PLAIN_MODEL, tmp_path) == now
 
 
 @pytest.fixture

@@ -34,7 +34,7 @@ def _turn_queries(path: Path) -> list[str]:
 
     with (
         SessionLog.open(path) as log,
-        mock.patch("loopd.engine.turn.stream_into", scale._canned_stream(streams)),
+        mock.patch("loopd.turn.loop.stream_into", scale._canned_stream(streams)),
     ):
         log.trace(seen.append)
         thread_entries(log, "thread")

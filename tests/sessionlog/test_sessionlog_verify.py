@@ -8,15 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from loopd.cli.log import (
-    EXPORT_FIELDS,
-    export_log,
-    list_sessions,
-    show_log,
-    verify_log,
-)
+from loopd.cli.log import EXPORT_FIELDS, export_log, show_log, verify_log
 from loopd.cli.parser import build_parser
 from loopd.config import Settings
+from loopd.logviews import list_sessions
 from loopd.sessionlog import RequestKind, RequestRecord, SessionLog, messages_digest
 from loopd.sessionlog.errors import InvalidAppendError
 from loopd.sessionlog.records import NoteReason, Perf

@@ -18,9 +18,9 @@ from pathlib import Path
 
 import pytest
 
-from loopd.engine.turn import Turn
 from loopd.sessionlog.records import EntryKind
 from loopd.terminal.oneshot import EXIT_ANSWERED, EXIT_NO_ANSWER, EXIT_STOPPED
+from loopd.turn.loop import Turn
 from loopd_dev.fakes.llama import Pace, ScriptedReply, ScriptedToolCall, Trigger
 from tests.terminal.support import (
     LOOPD,

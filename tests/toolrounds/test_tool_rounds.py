@@ -19,7 +19,7 @@ import pytest
 from brokerd.tools.app import create_broker_app
 from brokerd.tools.settings import BrokerSettings
 from loopcommon.jsonbytes import dumps
-from loopd.config import load_settings
+from loopd.config import SHORTHAND_ENDPOINT, load_settings
 from loopd.engine.client import ChatStream, InferenceClient
 from loopd.sessionlog.chain import messages_digest
 from loopd.sessionlog.records import Perf, RequestKind, RequestRecord, fresh_external_key
@@ -89,12 +89,16 @@ def runtime_for(
         max_tokens=max_tokens,
         think_cap=0,  # no cap: a short max_tokens leaves a capped reasoning no room to answer
     )
-    runtime = Runtime.open(settings)
-    client = RecordingClient(url, model)
-    client.bodies = []
-    runtime.client = client
-    runtime.budget.client = client
+    runtime = Runtime.open(settings, client_type=RecordingClient)
+    client(runtime).bodies = []
     return runtime
+
+
+def client(runtime: Runtime) -> RecordingClient:
+    """The recording client of the runtime's one server."""
+    found = runtime.endpoints.servers[SHORTHAND_ENDPOINT].client
+    assert isinstance(found, RecordingClient)
+    return found
 
 
 async def test_find_tool_and_call_tool_rounds_keep_the_tools_bytes(tmp_path: Path) -> None:
@@ -124,7 +128,7 @@ async def test_find_tool_and_call_tool_rounds_keep_the_tools_bytes(tmp_path: Pat
             await runtime.aclose()
     assert outcome.failure is None
     assert outcome.answer == "All done."
-    bodies = runtime.client.bodies  # type: ignore[attr-defined]
+    bodies = client(runtime).bodies
     assert len(bodies) == 4
     assert {tools_bytes(b) for b in bodies} == {runtime.spec.text}
     for before, after in itertools.pairwise(bodies):

@@ -149,7 +149,9 @@ def test_it_answers_as_the_engine_does_for_a_model_call(box: LoopdBox) -> None:
         runtime = Runtime.open(settings)
         try:
             return [
-                (await runtime.tools.run("work", ToolCall(f"c{i}", name, json.dumps(args)))).text
+                (
+                    await runtime.tools.run("work", ToolCall(f"c{i}", name, json.dumps(args)), None)
+                ).text
                 for i, (name, args) in enumerate(calls)
             ]
         finally:

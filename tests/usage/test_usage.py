@@ -13,10 +13,10 @@ from prometheus_client import CollectorRegistry, generate_latest
 from loopcommon.jsonbytes import dumps
 from loopcommon.statuspage import ThreadView
 from loopd.chat.cursor import ChatState
-from loopd.observe.usage import UsageCollector
 from loopd.sessionlog.chain import messages_digest
 from loopd.sessionlog.records import Perf, RequestKind, RequestRecord
 from loopd.sessionlog.store import SessionLog
+from loopd.status.usage import UsageCollector
 from loopd.terminal.link import local_user
 from loopd.usage.ledger import (
     LOOPD_ITSELF,

@@ -20,10 +20,10 @@ from loopcommon.statuspage import ThreadView
 from loopd.chat.cursor import ChatState
 from loopd.config import load_settings
 from loopd.observe.metrics import FOLDED
-from loopd.observe.server import create_app
-from loopd.observe.usage import TOP_CHANNELS, TOP_PEOPLE, UsageCollector
 from loopd.sessionlog.store import SessionLog
 from loopd.sessions import Runtime
+from loopd.status.server import create_app
+from loopd.status.usage import TOP_CHANNELS, TOP_PEOPLE, UsageCollector
 from loopd.usage.source import UNLABELLED, thread_labels
 from tests.observe.observe_support import scraped, value
 from tests.usage.test_usage import _answer, _record

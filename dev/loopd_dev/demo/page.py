@@ -18,13 +18,11 @@ from starlette.responses import HTMLResponse, Response
 from starlette.routing import BaseRoute, Mount, Route
 from starlette.staticfiles import StaticFiles
 
-from loopd.chat.config import ChatSettings
+from loopd.chatsettings import ChatSettings
 from loopd_dev.fakes.mattermost.core import FakeMattermost
 
 STATIC = Path(__file__).parent / "static"
 _CONFIG_MARK = "__DEMO_CONFIG__"
-# Mattermost's name for 🔁 (the reaction that asks for the answer again).
-REGENERATE_REACTION = "repeat"
 
 
 @dataclass(frozen=True)
@@ -42,7 +40,7 @@ def reactions(chat: ChatSettings) -> tuple[Reaction, ...]:
         Reaction(chat.allow_reaction, "✅", "allow the tool call"),
         Reaction(chat.deny_reaction, "❌", "deny the tool call"),
         Reaction(chat.stop_reaction, "🛑", "stop this answer"),
-        Reaction(REGENERATE_REACTION, "🔁", "answer again"),
+        Reaction(chat.retry_reaction, "🔁", "answer again"),
     )
 
 

@@ -1,7 +1,7 @@
 // make demo's chat page in headless Chromium, as a person uses it: a post, the answer as it
 // streams, a stop (🛑), a reply answered, and a regenerate (🔁); then a screenshot.
 // Input: one JSON argument (modules, chromium, profile, url, screenshot, prompts, reactions,
-// grown_chars, wait_ms, regenerates). Output: one JSON object of what the page showed at each step.
+// grown_chars, wait_ms). Output: one JSON object of what the page showed at each step.
 'use strict';
 
 const {input, run, wait} = require('./browser.cjs');
@@ -91,12 +91,9 @@ run(async (context) => {
     const reply = await answerAfter(page, before, true);
     out.reply = reply;
 
-    // 🔁 on that answer: the reaction is on the post (and, where loopd regenerates, a new
-    // answer follows it).
+    // 🔁 on that answer: the reaction is on the post, and the answer generated again follows.
     await react(page, reply.id, input.reactions.regenerate);
-    if (input.regenerates) {
-        out.regenerated = await answerAfter(page, before + 1, true);
-    }
+    out.regenerated = await answerAfter(page, before + 1, true);
     // The turn is over once loopd has removed its status post.
     await page.waitForFunction(
         () => !document.querySelector('#posts article.post[data-kind="status"]'),

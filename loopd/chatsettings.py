@@ -1,6 +1,7 @@
-"""The chat adapter's settings: the ``mm`` table of loopd's ``Settings`` (``LOOPD_MM_*`` variables,
-or the ``[mm]`` table of the ``LOOPD_CONFIG`` file). The adapter takes them as one object,
-``settings.mm``."""
+"""The Mattermost adapter's settings (``loopd.chat``): the ``mm`` table of loopd's ``Settings``
+(``LOOPD_MM_*`` variables, or the ``[mm]`` table of the ``LOOPD_CONFIG`` file). The adapter takes
+them as one object, ``settings.mm``. Beside ``loopd.config``, below it, as the adapter is far
+above: the settings are read before anything else."""
 
 from __future__ import annotations
 

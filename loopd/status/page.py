@@ -1,6 +1,6 @@
 """The status page's data, read from the runtime: slots, live turns and sessions.
 
-``snapshot`` reads the runtime (its scheduler, its live turns, its session log) into the page's
+``snapshot`` reads the runtime (its servers' slots, its live turns, its session log) into the page's
 plain data (``loopcommon.statuspage``, which also renders it, with no I/O).
 """
 
@@ -40,13 +40,14 @@ def snapshot(
     live = runtime.live.all()
     phases = {turn.session: turn.phase for turn in live}
     slots = []
-    for slot in runtime.settings.slots:
-        holder = runtime.scheduler.holder(slot)
-        phase = phases.get(holder) if holder is not None else None
-        if holder is not None and holder.startswith(PREWARM_PREFIX):
-            holder, phase = holder[len(PREWARM_PREFIX) :], "prewarm"
-        in_line = sum(1 for turn in live if turn.slot == slot and not turn.holding)
-        slots.append(SlotView(slot, holder, phase, in_line))
+    for server in runtime.endpoints.servers.values():  # each server's slots, in turn
+        for slot in server.endpoint.slots:
+            holder = server.scheduler.holder(slot)
+            phase = phases.get(holder) if holder is not None else None
+            if holder is not None and holder.startswith(PREWARM_PREFIX):
+                holder, phase = holder[len(PREWARM_PREFIX) :], "prewarm"
+            in_line = sum(1 for turn in live if turn.slot == slot and not turn.holding)
+            slots.append(SlotView(slot, holder, phase, in_line))
     live_views = tuple(
         LiveView(t.session, t.slot, t.phase, max(wall - t.started_at, 0.0), t.holding, t.ahead)
         for t in live
@@ -60,7 +61,7 @@ def snapshot(
     sessions.sort(key=lambda v: (v.phase is not None, v.last_turn_at or ""), reverse=True)
     snap = StatusSnapshot(
         generated_at=_stamp(wall),
-        model=runtime.client.model,
+        model=", ".join(server.endpoint.model for server in runtime.endpoints.servers.values()),
         slots=tuple(slots),
         live=live_views,
         sessions=tuple(sessions[:MAX_SESSIONS]),

@@ -140,8 +140,9 @@ class DurableSlots:
     endpoint: str | None = None
     pinned: bool = True
     slots: Sequence[int] = (0,)
-    # Slots a restore of loopd's is filling, until the request sent after it ended.
-    _claimed: set[int] = field(default_factory=set)
+    # Slots a restore of loopd's is filling, until the request sent after it ended (the
+    # server's, kept across what is known of it being replaced: ``loopd.endpoints.server``).
+    claimed: set[int] = field(default_factory=set)
 
     def probe(self, session: str, tools_text: str, messages: Sequence[str], slot: int) -> Probe:
         saved = usable(
@@ -163,7 +164,7 @@ class DurableSlots:
         slot = saved.slot if self.pinned else await self._target()
         if slot is None:
             return Restore(saved, probe.held, None, None, refusal="no idle slot to restore into")
-        self._claimed.add(slot)
+        self.claimed.add(slot)
         try:
             answer = await self.client.restore_slot(slot, saved.file)
         except InferenceError as exc:
@@ -173,7 +174,7 @@ class DurableSlots:
     def release(self, restore: Restore) -> None:
         """The request sent after ``restore`` ended: its slot may take another restore."""
         if restore.slot is not None:
-            self._claimed.discard(restore.slot)
+            self.claimed.discard(restore.slot)
 
     async def _target(self) -> int | None:
         try:
@@ -181,7 +182,7 @@ class DurableSlots:
         except InferenceError as exc:
             log.warning("no restore: /slots failed: %s", exc)
             return None
-        return restore_target(slots, self.slots, self._claimed)
+        return restore_target(slots, self.slots, self.claimed)
 
     async def restore_for_prewarm(
         self, session: str, tools_text: str, messages: Sequence[str], slot: int

@@ -22,13 +22,14 @@ import logging
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any, Protocol
+from typing import Protocol
 
 from tenacity import RetryCallState, retry_if_result
 
 from loopcommon.backoff import Backoff
 from loopcommon.jsonbytes import dumps
 from loopcommon.retry import retrying
+from loopd.approvals.call import Asker
 from loopd.contextwindow import pool
 from loopd.contextwindow.budget import ServerBudget
 from loopd.engine import guards
@@ -54,24 +55,30 @@ from loopd.engine.outcome import (
 )
 from loopd.engine.progress import Phase, Status, StatusCallback
 from loopd.engine.request import RequestSettings, build_body
-from loopd.engine.saves import DurableSlots, Probe, Restore
 from loopd.engine.stream import start_result, stream_into
 from loopd.errors import InferenceError
-from loopd.observe.context import request_scope
+from loopd.observe import recorder
 from loopd.observe.metrics import METRICS
-from loopd.sessionlog.chain import messages_digest
+from loopd.observe.recorder import Reply, Sent
+from loopd.requestscope import request_scope
 from loopd.sessionlog.records import Epoch, NoteReason, RequestKind, RequestRecord
 from loopd.sessionlog.store import SessionLog
 from loopd.tools.core import ToolResult
+from loopd.turn.saves import DurableSlots, Probe, Restore
 from loopd.wire.assemble import ToolCall
 
 log = logging.getLogger(__name__)
 
+# Requests a turn may make: an answer, or tool calls and their follow-ups, then it stops.
+DEFAULT_MAX_ROUNDS = 16
+
 
 class ToolRunner(Protocol):
-    """Runs one tool call of a session: the result text for the log, and whether it failed."""
+    """Runs one tool call of a session: the result text for the log, and whether it failed;
+    ``asker``: who is asked about a call that waits for a person's approval (None: nobody, and
+    such a call is denied)."""
 
-    async def run(self, session: str, call: ToolCall) -> ToolResult: ...
+    async def run(self, session: str, call: ToolCall, asker: Asker | None) -> ToolResult: ...
 
 
 class TurnExit(Exception):
@@ -144,8 +151,17 @@ class Attempt:
 
 
 @dataclass
+class PersonWait:
+    """Since when the person has waited for the turn's first token (monotonic); None once a
+    request of the turn got one (``loopd.engine.waits``)."""
+
+    since: float | None = None
+
+
+@dataclass(frozen=True)
 class Turn:
-    """Everything a turn needs; it holds no conversation state of its own.
+    """Everything a turn needs, built once (``loopd.endpoints.server.build_turn``) and never
+    changed; it holds no conversation state of its own.
 
     ``slot`` is the session's slot, recorded with every request; ``settings.slot`` is what goes
     out as ``id_slot``: the same where sessions are pinned, else ``ANY_SLOT`` (the server places
@@ -160,7 +176,7 @@ class Turn:
     settings: RequestSettings
     limits: Limits
     tools: ToolRunner | None = None
-    max_rounds: int = 16
+    max_rounds: int = DEFAULT_MAX_ROUNDS
     guard_limits: guards.GuardLimits = field(default_factory=guards.GuardLimits)
     template_drops_reasoning: bool = False
     report: StatusCallback = field(default=lambda status: None)
@@ -172,13 +188,18 @@ class Turn:
     # Durable sessions (``loopd.engine.durable``): a request sent after a restore names the slot
     # the restore filled, pinned or not.
     durable: DurableSlots | None = None
+    # Who is asked about a tool call that waits for a person's approval (the front end's, its
+    # wait stepping aside from the slot); None: nobody can be asked, and such a call is denied.
+    asker: Asker | None = None
     # When the turn asked for its slot (monotonic; default: when it runs): the start of the wait
     # a person sees, which ends at the turn's first token (``loopd.engine.waits``).
     asked_at: float | None = None
-    _waiting_since: float | None = field(default=None, init=False, repr=False)
+    # The person's wait while it lasts: run state, set as the turn runs (the turn itself is
+    # never changed once built).
+    _wait: PersonWait = field(default_factory=PersonWait, init=False, repr=False)
 
     async def run(self) -> TurnOutcome:
-        self._waiting_since = self.asked_at if self.asked_at is not None else time.monotonic()
+        self._wait.since = self.asked_at if self.asked_at is not None else time.monotonic()
         outcome = TurnOutcome(answer=None)
         kind = RequestKind.TURN
         # Each request of the turn extends the previous one's messages; the session's text is
@@ -195,6 +216,18 @@ class Turn:
                     await self.save_slot(outcome)
         return outcome
 
+    def summariser(self, report: StatusCallback, *, max_tokens: int, think_cap: int) -> Turn:
+        """This turn as the request that asks for a compaction's summary (``Compactor``): its
+        own report, answer length and thinking cap, no tools and no context gate."""
+        return replace(
+            self,
+            report=report,
+            settings=replace(self.settings, max_tokens=max_tokens),
+            limits=replace(self.limits, think_cap=think_cap),
+            tools=None,
+            gate=None,
+        )
+
     async def save_slot(self, outcome: TurnOutcome) -> None:
         """At the end of an answered turn, while the session still holds its slot: save what
         the slot holds, the prefix the session's next request extends."""
@@ -203,7 +236,7 @@ class Turn:
         if outcome.requests[-1].perf.outcome != "complete":
             return
         await self.durable.save(
-            self.log.get_session(self.session),
+            replace(self.log.get_session(self.session), slot=self.slot),  # its slot here
             self.settings,
             self.log.current_epoch(self.session).tools_text,
             self.log.replay_messages(self.session),
@@ -301,7 +334,7 @@ class Turn:
             settings = replace(settings, slot=restore.slot)
         body = build_body(settings, epoch.tools_text, messages)
         result = start_result()
-        result.wait.asked = self._waiting_since
+        result.wait.asked = self._wait.since
         reply_short = 0
         with request_scope(self.session) as scope:  # its id in the headers and the log lines
             try:
@@ -317,7 +350,7 @@ class Turn:
                 reply_short = await self._reply_short(result)
             finally:
                 if result.wait.first_token is not None:
-                    self._waiting_since = None  # the person's wait ended on this request
+                    self._wait.since = None  # the person's wait ended on this request
                 # Synchronous, so a cancellation going on cannot interrupt it.
                 record = self._record(
                     kind, epoch, messages, result, restore, scope.request_id, reply_short
@@ -389,7 +422,7 @@ class Turn:
             return ToolResult(f"error: tool {call.name!r} is not available in this session", False)
         started = time.monotonic()
         try:
-            result = await self.tools.run(self.session, call)
+            result = await self.tools.run(self.session, call, self.asker)
         finally:
             outcome.tool_s += time.monotonic() - started
         if self.gate is not None:
@@ -408,10 +441,10 @@ class Turn:
         request_id: str | None = None,
         reply_short: int = 0,
     ) -> RequestRecord:
-        """Append the assistant entry (or the broken one) with the request's record, which
-        keeps ``request_id`` (the id its log lines carry) so both can be joined."""
-        digest = messages_digest(messages)
-        loss = self._loss(epoch, digest, result, restore)
+        """Record the request with the assistant entry (or the broken one); its record keeps
+        ``request_id`` (the id its log lines carry) so both can be joined."""
+        sent = Sent.of(kind, self.slot, epoch.number, messages)
+        loss = self._loss(epoch, sent.digest, result, restore)
         perf = request_perf(result, loss, self.endpoint, request_id)
         if reply_short:
             perf = replace(perf, extra={**perf.extra, "reply_short": reply_short})
@@ -422,24 +455,9 @@ class Turn:
             perf = replace(perf, cache_n=None, prompt_n=None, predicted_n=None)
         elif restore is not None and timings is not None:
             perf = replace(perf, extra={**perf.extra, "restore": restore.extra(timings.cache_n)})
-        record = RequestRecord(
-            kind=kind,
-            slot=self.slot,
-            epoch=epoch.number,
-            message_count=len(messages),
-            messages_sha256=digest,
-            perf=perf,
-        )
         message = dumps(result.assembler.message().to_wire())
-        if result.complete:
-            self.log.append_assistant(self.session, message, request=record)
-        else:
-            self.log.append_broken(
-                self.session, partial_text=message, reason=result.detail, request=record
-            )
-        _log_request(self.session, record)
-        METRICS.request_recorded(record)
-        return record
+        reply = Reply(message, result.complete, result.detail)
+        return recorder.record(self.log, self.session, sent, perf, reply)
 
     def _loss(
         self, epoch: Epoch, digest: str, result: RequestResult, restore: Restore | None
@@ -500,27 +518,3 @@ def _last_attempt(state: RetryCallState) -> Attempt:
     assert state.outcome is not None
     attempt: Attempt = state.outcome.result()
     return attempt
-
-
-def _log_request(session: str, record: RequestRecord) -> None:
-    perf = record.perf
-    fields: dict[str, Any] = {
-        "session": session,
-        "slot": record.slot,
-        "kind": record.kind.value,
-        "outcome": perf.outcome,
-        "cache_n": perf.cache_n,
-        "prompt_n": perf.prompt_n,
-        "predicted_n": perf.predicted_n,
-        "ttfb_ms": perf.ttfb_ms,
-        "cache_loss": perf.cache_loss,
-    }
-    if perf.cache_loss_cause:
-        fields["loss_cause"] = perf.cache_loss_cause
-    if perf.capped:
-        fields["capped"] = True
-    if perf.outcome == "complete":
-        log.info("model request", extra={"fields": fields})
-    else:
-        detail = perf.extra.get("detail", "")
-        log.warning("model request broke: %s", detail, extra={"fields": fields})

@@ -5,7 +5,7 @@ They are counters over the whole log (a day is the scrape's time axis: ``increas
 The log is read incrementally, by index: ``refresh`` reads the requests recorded after the last
 one it counted, and, for each session they belong to, the entries after the last one it read
 (``loopd.usage.ledger.Tally``), so a scrape costs what was recorded since the one before, however
-long the log. ``refresh`` does I/O and is run in a worker thread (``loopd.observe.server``), never
+long the log. ``refresh`` does I/O and is run in a worker thread (``loopd.status.server``), never
 on the event loop that reads model streams and Mattermost; ``collect`` only reports its totals.
 
 The label values are bounded (``LabelFold``): channels are the configured ones (and the fixed

@@ -31,9 +31,9 @@ from loopcommon.address import parse_address
 from loopcommon.httpserve import serve_http
 from loopcommon.statuspage import ThreadView, render
 from loopd.observe.metrics import METRICS, LoopdMetrics
-from loopd.observe.status import snapshot
-from loopd.observe.usage import UsageCollector
 from loopd.sessions import Runtime
+from loopd.status.page import snapshot
+from loopd.status.usage import UsageCollector
 from loopd.terminal.link import local_user
 
 log = logging.getLogger(__name__)
@@ -54,10 +54,13 @@ class RuntimeCollector(Collector):
         return [*self._turns(), *self._server(), *self._disk()]
 
     def _turns(self) -> list[GaugeMetricFamily]:
-        busy = GaugeMetricFamily("loopd_slot_busy", "1 while a slot is held.", labels=["slot"])
-        for slot in self.runtime.settings.slots:
-            held = self.runtime.scheduler.holder(slot) is not None
-            busy.add_metric([str(slot)], 1.0 if held else 0.0)
+        busy = GaugeMetricFamily(
+            "loopd_slot_busy", "1 while a slot is held.", labels=["endpoint", "slot"]
+        )
+        for name, server in self.runtime.endpoints.servers.items():
+            for slot in server.endpoint.slots:
+                held = server.scheduler.holder(slot) is not None
+                busy.add_metric([name, str(slot)], 1.0 if held else 0.0)
         live = self.runtime.live.all()
         active = GaugeMetricFamily(
             "loopd_sessions_active", "Sessions with a turn under way (running or in line)."
@@ -86,7 +89,7 @@ class RuntimeCollector(Collector):
             "1 while an [[endpoint]] is up, 0 while loopd holds it down (several servers only).",
             labels=["endpoint"],
         )
-        if self.runtime.endpoints is not None:
+        if self.runtime.endpoints.named:
             health = self.runtime.endpoints.fleet.health
             for name in self.runtime.endpoints.servers:
                 up.add_metric([name], 1.0 if health.is_up(name) else 0.0)
