@@ -89,9 +89,7 @@ class SessionTools:
     @classmethod
     def open(cls, settings: Settings, spec: ToolsSpec, session_log: SessionLog) -> SessionTools:
         """The tools of ``settings`` (no server needed: ``loopd tools call`` runs them alone).
-
-        The workspaces' legacy folders are brought to their new names first, whoever opens the
-        tools: a session reads the files it had before the upgrade."""
+        The workspaces an earlier naming made are moved first, whoever opens the tools."""
         migrate_legacy_workspaces(settings.workspaces, [s.name for s in session_log.sessions()])
         reserve = ReserveFile(settings.state_dir / RESERVE_FILE)
         reserve.after_tool()  # made at start, where the disk has room for it
