@@ -135,6 +135,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "(no server), beside the recorded run before them, written to <date>-edges.md",
     )
     parser.add_argument(
+        "--relay-before",
+        type=Path,
+        help="with the edges: this checkout's brokerd is measured too, in the same run (the tree "
+        "before a change to brokerd)",
+    )
+    parser.add_argument(
         "--append",
         action="store_true",
         help="add the report below the day's earlier one instead of replacing it",
@@ -223,7 +229,9 @@ def run(args: argparse.Namespace) -> Path:
 
 def _edges(args: argparse.Namespace) -> str:
     log.info("the edges: start-up, relay, the wait people see")
-    found = edges.measure(args.cache_dir, args.repeats, command=args.command)
+    found = edges.measure(
+        args.cache_dir, args.repeats, command=args.command, relay_before=args.relay_before
+    )
     return "\n".join(edges.render(found, edges.before())) + "\n"
 
 

@@ -29,8 +29,13 @@ COMMAND: Final = "python -m bench.edges"
 
 
 def measure(
-    cache_dir: Path, repeats: int, tree: Path | None = None, command: str = COMMAND
+    cache_dir: Path,
+    repeats: int,
+    tree: Path | None = None,
+    command: str = COMMAND,
+    relay_before: Path | None = None,
 ) -> dict[str, Any]:
+    """``relay_before``: a checkout whose brokerd the relay section measures in the same run."""
     with tempfile.TemporaryDirectory(prefix="be") as tmp:
         work = Path(tmp)
         (work / "startup").mkdir()
@@ -41,7 +46,7 @@ def measure(
             "load": os.getloadavg()[0],
             "tree": str(tree) if tree else "",
             "startup": startup.measure(work / "startup", cache_dir, repeats, tree),
-            "relay": relay.measure(work / "relay", repeats=repeats, tree=tree),
+            "relay": relay.measure(work / "relay", repeats=repeats, tree=tree, beside=relay_before),
             "queue": _queue(work, tree),
         }
 
@@ -95,12 +100,17 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog=COMMAND, description=__doc__)
     parser.add_argument("--repeats", type=int, default=5, help="runs of each measurement")
     parser.add_argument("--tree", type=Path, help="measure another checkout's loopd and brokerd")
+    parser.add_argument(
+        "--relay-before",
+        type=Path,
+        help="measure this checkout's brokerd too, in the same run (the tree before a change)",
+    )
     parser.add_argument("--before", type=Path, default=BEFORE, help="an earlier run to show beside")
     parser.add_argument("--save", type=Path, help="record this run here (JSON)")
     parser.add_argument("--cache-dir", type=Path, default=devserver.default_cache_dir())
     args = parser.parse_args(argv)
     given = " ".join([COMMAND, *(sys.argv[1:] if argv is None else argv)])
-    found = measure(args.cache_dir, args.repeats, args.tree, given)
+    found = measure(args.cache_dir, args.repeats, args.tree, given, args.relay_before)
     if args.save:
         args.save.write_text(json.dumps(found, indent=1) + "\n", encoding="utf-8")
     print("\n".join(render(found, before(args.before))))

@@ -9,7 +9,9 @@ stream (``/proc/PID/task/*/schedstat``), loopd's ``time.process_time`` across it
 median of ``repeats`` interleaved runs. Target: brokerd at most half of loopd.
 
 ``tree`` runs the brokerd of another checkout (its folder first on ``PYTHONPATH``: the recorded
-"before" figures are the tree before this section's changes).
+"before" figures are the tree before this section's changes). ``beside`` runs another checkout's
+brokerd in the same run, each of its streams between this one's: before and after a change to
+brokerd, side by side on one machine's load.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from pathlib import Path
 from typing import Any, Final
 
@@ -104,44 +106,87 @@ def splice(work: Path, upstream: Path) -> Iterator[tuple[int, Path]]:
             child.stdout.close()
 
 
+Relay = tuple[int, Path]
+"""A relay's pid and its socket."""
+
+
 def measure(
     work: Path,
     counts: Sequence[int] = TOKENS,
     repeats: int = REPEATS,
     tree: Path | None = None,
+    beside: Path | None = None,
 ) -> dict[str, Any]:
-    rows: dict[str, Any] = {}
-    with (
-        fake_server(work) as upstream,
-        brokerd(work, upstream, tree) as (pid, sock),
-        splice(work, upstream) as (splice_pid, splice_sock),
-    ):
-        control = httpx.Client(
-            transport=httpx.HTTPTransport(uds=str(upstream)), base_url="http://f"
+    (work / "before").mkdir()
+    with fake_server(work) as upstream:
+        other: AbstractContextManager[Relay | None] = (
+            brokerd(work / "before", upstream, beside) if beside else nullcontext()
         )
-        with SessionLog.open(work / "relay.db") as log:
-            for tokens in counts:
-                # A session for each relay and length: the prompt grows by each answer.
-                through, spliced = f"brokerd-{tokens}", f"splice-{tokens}"
-                new_session(log, through)
-                new_session(log, spliced)
-                runs, floors = [], []
-                for _ in range(repeats):
+        with (
+            brokerd(work, upstream, tree) as this,
+            other as before,
+            splice(work, upstream) as floor,
+        ):
+            relays = {"brokerd": this, "splice": floor}
+            if before is not None:
+                relays["before"] = before
+            found = _streams(work, upstream, counts, repeats, relays)
+    rows: dict[str, Any] = {}
+    for tokens, by_relay in found.items():
+        this_one = by_relay["brokerd"]
+        rows[tokens] = {
+            "loopd_ms": this_one["loopd_ms"],
+            "brokerd_ms": this_one["relay_ms"],
+            "splice_ms": by_relay["splice"]["relay_ms"],
+        }
+        if "before" in by_relay:
+            earlier = by_relay["before"]
+            rows[tokens]["before"] = {
+                "loopd_ms": earlier["loopd_ms"],
+                "brokerd_ms": earlier["relay_ms"],
+            }
+    return {
+        "tree": str(tree) if tree else "",
+        "beside": str(beside) if beside else "",
+        "repeats": repeats,
+        "rows": rows,
+    }
+
+
+def _streams(
+    work: Path,
+    upstream: Path,
+    counts: Sequence[int],
+    repeats: int,
+    relays: dict[str, Relay],
+) -> dict[str, Any]:
+    """Per length: each relay's median CPU (brokerd's, loopd's) per 1,000 tokens, its streams
+    interleaved with the other relays'."""
+    rows: dict[str, Any] = {}
+    control = httpx.Client(transport=httpx.HTTPTransport(uds=str(upstream)), base_url="http://f")
+    with control, SessionLog.open(work / "relay.db") as log:
+        for tokens in counts:
+            found: dict[str, list[tuple[float, float]]] = {name: [] for name in relays}
+            for name in relays:  # a session for each relay and length: the prompt grows
+                new_session(log, f"{name}-{tokens}")
+            for _ in range(repeats):
+                for name, (pid, sock) in relays.items():
                     script_answer(control, tokens)
-                    runs.append(asyncio.run(_through(sock, log, through, tokens, pid)))
-                    script_answer(control, tokens)
-                    floor = asyncio.run(_through(splice_sock, log, spliced, tokens, splice_pid))
-                    floors.append(floor[1])
-                rows[str(tokens)] = {
+                    run = asyncio.run(_through(sock, log, f"{name}-{tokens}", tokens, pid))
+                    found[name].append(run)
+            rows[str(tokens)] = {
+                name: {
                     "loopd_ms": statistics.median(loopd for loopd, _ in runs),
-                    "brokerd_ms": statistics.median(relay for _, relay in runs),
-                    "splice_ms": statistics.median(floors),
+                    "relay_ms": statistics.median(relay for _, relay in runs),
                 }
-        control.close()
-    return {"tree": str(tree) if tree else "", "repeats": repeats, "rows": rows}
+                for name, runs in found.items()
+            }
+    return rows
 
 
 def render(after: dict[str, Any], before: dict[str, Any] | None = None) -> list[str]:
+    """The section; "before" columns from the run itself when it measured a tree beside this
+    one (``beside``), else from ``before`` (a recorded run), if given."""
     lines = [
         "### Relay: brokerd's CPU per 1,000 streamed tokens",
         "",
@@ -153,17 +198,27 @@ def render(after: dict[str, Any], before: dict[str, Any] | None = None) -> list[
         "(`bench/splice.py`), read through by the same turn path in the same run.",
         "",
     ]
+    earlier_rows: dict[str, Any] | None
+    if after.get("beside"):
+        lines[-2] += (
+            f" Before: the brokerd of `{after['beside']}` (the tree before the change), in the "
+            "same run, each of its streams between this brokerd's and the splice's; its ratio "
+            "is to loopd's CPU in its own turns."
+        )
+        earlier_rows = {tokens: row["before"] for tokens, row in after["rows"].items()}
+    else:
+        earlier_rows = before["rows"] if before is not None else None
     head = "| tokens | loopd ms | brokerd ms | brokerd / loopd | splice ms | splice / loopd |"
     rule = "|---|---|---|---|---|---|"
-    if before is not None:
+    if earlier_rows is not None:
         head += " brokerd ms before | brokerd / loopd before |"
         rule += "---|---|"
     lines += [head, rule]
     for tokens, row in after["rows"].items():
         cells = [f"{int(tokens):,}", _ms(row["loopd_ms"]), _ms(row["brokerd_ms"]), _ratio(row)]
         cells += [_ms(row["splice_ms"]), _ratio(row, "splice_ms")]
-        if before is not None:
-            earlier = before["rows"].get(tokens)
+        if earlier_rows is not None:
+            earlier = earlier_rows.get(tokens)
             cells += [_ms(earlier["brokerd_ms"]), _ratio(earlier)] if earlier else ["", ""]
         lines.append("| " + " | ".join(cells) + " |")
     return lines

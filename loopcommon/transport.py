@@ -145,9 +145,19 @@ class AsyncioBackend(httpcore.AsyncNetworkBackend):
 
 
 async def _open_unix(path: str) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
-    """asyncio's streams on a Unix socket connected here: asyncio's own connect would wait for
-    the socket to be writable after EAGAIN and take it as connected, but on a Unix socket EAGAIN
-    means the listener's backlog was full and nothing was connected, so this tries again."""
+    sock = await connect_unix(path)
+    try:
+        return await asyncio.open_unix_connection(sock=sock, limit=_BUFFER_LIMIT)
+    except BaseException:
+        sock.close()
+        raise
+
+
+async def connect_unix(path: str) -> socket.socket:
+    """A non-blocking socket connected to the Unix socket ``path``: asyncio's own connect would
+    wait for the socket to be writable after EAGAIN and take it as connected, but on a Unix socket
+    EAGAIN means the listener's backlog was full and nothing was connected, so this tries again
+    (until the caller's deadline)."""
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     sock.setblocking(False)
     try:
@@ -157,7 +167,7 @@ async def _open_unix(path: str) -> tuple[asyncio.StreamReader, asyncio.StreamWri
             except BlockingIOError:
                 await anyio.sleep(_BACKLOG_RETRY_S)
             else:
-                return await asyncio.open_unix_connection(sock=sock, limit=_BUFFER_LIMIT)
+                return sock
     except BaseException:
         sock.close()
         raise

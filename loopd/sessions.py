@@ -89,7 +89,9 @@ class SessionTools:
 
     @classmethod
     def open(cls, settings: Settings, spec: ToolsSpec, session_log: SessionLog) -> SessionTools:
-        """The tools of ``settings`` (no server needed: ``loopd tools call`` runs them alone)."""
+        """The tools of ``settings`` (no server needed: ``loopd tools call`` runs them alone).
+        The workspaces an earlier naming made are moved first, whoever opens the tools."""
+        migrate_legacy_workspaces(settings.workspaces, [s.name for s in session_log.sessions()])
         reserve = ReserveFile(settings.state_dir / RESERVE_FILE)
         reserve.after_tool()  # made at start, where the disk has room for it
         return cls(
@@ -286,7 +288,6 @@ class Runtime:
         settings.state_dir.mkdir(parents=True, exist_ok=True)
         spec = load_tools_spec(settings.tools_file)
         session_log = SessionLog.open(settings.db_path)
-        migrate_legacy_workspaces(settings.workspaces, [s.name for s in session_log.sessions()])
         tools = SessionTools.open(settings, spec, session_log)
         live = LiveTurns()
         endpoints = Endpoints.open(

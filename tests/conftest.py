@@ -5,11 +5,14 @@
 - ``real_server``: the real llama-server (build 11434, router mode, SmolLM2-135M), started once
   per test session on a Unix socket. It is provisioned by ``make llama-server``; when it is missing
   the tests that need it FAIL with the command to run. They are never skipped.
+- ``certificate``: a self-signed certificate for localhost, for the HTTP clients' TLS tests.
 """
 
 from __future__ import annotations
 
+import subprocess
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -43,3 +46,18 @@ def real_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[devserver.
         yield server
     finally:
         server.stop()
+
+
+@pytest.fixture(scope="session")
+def certificate(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """A self-signed certificate for localhost and its key, made by openssl."""
+    folder = tmp_path_factory.mktemp("tls")
+    cert, key = folder / "cert.pem", folder / "key.pem"
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
+         "-nodes", "-days", "1", "-subj", "/CN=localhost", "-addext",
+         "subjectAltName=DNS:localhost", "-keyout", str(key), "-out", str(cert)],
+        check=True,
+        capture_output=True,
+    )  # fmt: skip
+    return cert, key

@@ -84,7 +84,7 @@ def test_chat_answers_each_line_then_resumes_the_log(
     assert verify.returncode == 0, verify.stdout + verify.stderr
     sessions = run_loopd(["sessions"], env)
     assert "smoke" in sessions.stdout
-    assert "idle" in sessions.stdout
+    assert "answered" in sessions.stdout
 
 
 @pytest.mark.real_server

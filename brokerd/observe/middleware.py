@@ -2,21 +2,28 @@
 
 For every request it: reads loopd's ``X-Loopd-Request`` and ``X-Loopd-Session`` into the request's
 context (and removes them, so they never reach llama-server or Mattermost); counts the request by
-socket, route and status, and its duration; counts body bytes as they pass, chunk by chunk, so a
-scrape during a long stream sees them grow; and keeps the in-flight gauge.
+socket, route and status, and its duration; counts body bytes as they pass (those sent, and
+those written by the server's ``ClientWrites``) and adds them to the metric every ``FLUSH_BYTES``
+and at the end, so a scrape during a long stream sees them grow while a chunk costs an addition,
+not the metric's lock; and keeps the in-flight gauge.
 """
 
 import time
 from collections.abc import Callable
 from typing import Final
 
+from prometheus_client import Counter
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from brokerd.listen import CLIENT_WRITES, CountedWrites
 from brokerd.observe.context import LOOPD_HEADERS, entered, from_headers
 from brokerd.observe.metrics import BROKERD_METRICS, BrokerdMetrics
 
 RouteLabel = Callable[[str, str], str]
 """(method, path) -> the route's label: its template, or ``other``."""
+
+# How many body bytes a request counts before it adds them to the metric.
+FLUSH_BYTES: Final = 64 * 1024
 
 BROKER_ROUTES: Final = frozenset(
     {("POST", "/v1/find_tool"), ("POST", "/v1/call_tool"), ("GET", "/v1/health")}
@@ -50,6 +57,24 @@ ROUTES: Final[dict[str, RouteLabel]] = {
 }
 
 
+class ByteTally:
+    """Body bytes passing one way for one request, added to ``counter`` in steps."""
+
+    def __init__(self, counter: Counter) -> None:
+        self.counter = counter
+        self.pending = 0
+
+    def add(self, size: int) -> None:
+        self.pending += size
+        if self.pending >= FLUSH_BYTES:
+            self.flush()
+
+    def flush(self) -> None:
+        if self.pending:
+            self.counter.inc(self.pending)
+            self.pending = 0
+
+
 class Instrumented:
     """``app`` served on ``socket``, observed."""
 
@@ -72,15 +97,18 @@ class Instrumented:
         scope = dict(scope)
         scope["headers"] = [(n, v) for n, v in scope["headers"] if n.lower() not in LOOPD_HEADERS]
         route = self.route(scope.get("method", "GET"), scope["path"])
-        to_box = self.metrics.bytes.labels(self.socket, "to_box")
-        from_box = self.metrics.bytes.labels(self.socket, "from_box")
+        to_box = ByteTally(self.metrics.bytes.labels(self.socket, "to_box"))
+        from_box = ByteTally(self.metrics.bytes.labels(self.socket, "from_box"))
         status = "none"  # no answer began: the client left first
+        extensions = scope.get("extensions") or {}
+        if (writes := extensions.get(CLIENT_WRITES)) is not None:
+            scope["extensions"] = {**extensions, CLIENT_WRITES: CountedWrites(writes, to_box.add)}
 
         async def counted_receive() -> Message:
             message = await receive()
             body = message.get("bytes") or message.get("body") or message.get("text") or b""
             if body and message["type"] in ("http.request", "websocket.receive"):
-                from_box.inc(len(body.encode() if isinstance(body, str) else body))
+                from_box.add(len(body.encode() if isinstance(body, str) else body))
             return message
 
         async def counted_send(message: Message) -> None:
@@ -94,7 +122,7 @@ class Instrumented:
                 status = "403"  # closed before accepting: refused
             body = message.get("body") or message.get("bytes") or message.get("text") or b""
             if body and kind in ("http.response.body", "websocket.send"):
-                to_box.inc(len(body.encode() if isinstance(body, str) else body))
+                to_box.add(len(body.encode() if isinstance(body, str) else body))
             await send(message)
 
         in_flight = self.metrics.in_flight.labels(self.socket)
@@ -104,6 +132,8 @@ class Instrumented:
             with entered(context):
                 await self.app(scope, counted_receive, counted_send)
         finally:
+            to_box.flush()
+            from_box.flush()
             in_flight.dec()
             self.metrics.served(self.socket, route, status, time.monotonic() - started)
 

@@ -13,9 +13,10 @@ import httpx
 from starlette.types import Receive, Scope, Send
 
 from brokerd.bodies import BodyRefused, BodyRules, ClientGone, read_body
+from brokerd.listen import ClientWrites
 from brokerd.observe.metrics import BROKERD_METRICS, body_reason
 from brokerd.proxy.headers import RawHeaders, drop_query_params, filter_headers
-from brokerd.proxy.relay import ErrorBody, RelayResult, relay, send_json
+from brokerd.proxy.relay import ErrorBody, RelayResult, client_writes, relay, send_json
 from brokerd.proxy.upstream import Upstream
 
 Refusal = Callable[[str, str, bytes], str | None]
@@ -135,12 +136,17 @@ class Forwarder:
         request = self.client.build_request(method, url, headers=headers, content=body)
         if self.rules.before_forward is not None:
             await self.rules.before_forward(method, path, query, body)
-        status = await self._relay(request, receive, send, f"{method} {path}")
+        status = await self._relay(request, receive, send, f"{method} {path}", client_writes(scope))
         if self.rules.after_forward is not None:
             await self.rules.after_forward(method, path, query, body, status)
 
     async def _relay(
-        self, request: httpx.Request, receive: Receive, send: Send, what: str
+        self,
+        request: httpx.Request,
+        receive: Receive,
+        send: Send,
+        what: str,
+        writes: ClientWrites | None,
     ) -> int | None:
         """Relay the request and its answer; the status the client got."""
         started = time.monotonic()
@@ -154,6 +160,7 @@ class Forwarder:
                 result=result,
                 response_headers=self._response_headers,
                 error_body=self.rules.error_body,
+                writes=writes,
             )
         finally:
             elapsed = time.monotonic() - started

@@ -7,6 +7,7 @@ from urllib.parse import urlsplit
 
 import httpx
 
+from brokerd.proxy.oneshot import OneShotTransport
 from loopcommon.transport import AsyncioTransport
 
 UNIX_PREFIX: Final = "unix:"
@@ -18,7 +19,7 @@ UNIX_ORIGIN: Final = "http://localhost"
 # which closes the upstream request too. Connecting and writing are bounded.
 UPSTREAM_TIMEOUT: Final = httpx.Timeout(connect=10.0, read=None, write=60.0, pool=None)
 
-# httpx's own defaults, named here because the inference proxy turns idle connections off.
+# httpx's own defaults for its pool.
 MAX_CONNECTIONS: Final = 100
 MAX_IDLE_CONNECTIONS: Final = 20
 
@@ -50,16 +51,20 @@ class Upstream:
     ) -> httpx.AsyncClient:
         """An httpx client bound to this upstream's transport (TCP/TLS or the Unix socket).
 
-        ``reuse_connections=False`` closes each connection after its response, so every request
-        opens a fresh one (see ``create_inference_app`` for why the inference proxy wants that).
+        ``reuse_connections=False`` opens a fresh connection for every request and closes it after
+        its answer (see ``create_inference_app`` for why the inference proxy wants that), read
+        with httptools (``brokerd.proxy.oneshot``); otherwise httpx's pool, on asyncio's sockets.
         """
-        limits = httpx.Limits(
-            max_connections=MAX_CONNECTIONS,
-            max_keepalive_connections=MAX_IDLE_CONNECTIONS if reuse_connections else 0,
-        )
+        transport: httpx.AsyncBaseTransport
+        if reuse_connections:
+            # asyncio's own sockets: a read is cheaper than on anyio's (loopcommon.transport).
+            limits = httpx.Limits(
+                max_connections=MAX_CONNECTIONS, max_keepalive_connections=MAX_IDLE_CONNECTIONS
+            )
+            transport = AsyncioTransport(uds=self.uds, limits=limits, trust_env=False)
+        else:
+            transport = OneShotTransport(uds=self.uds)
         # trust_env off: a proxy variable in brokerd's environment must not reroute the traffic.
-        # asyncio's own sockets: the inference proxy reads a streamed answer a token at a time.
-        transport = AsyncioTransport(uds=self.uds, limits=limits, trust_env=False)
         return httpx.AsyncClient(
             transport=transport, timeout=timeout, trust_env=False, cookies=no_cookie_jar()
         )

@@ -28,8 +28,8 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Mapping, Sequence
-from contextlib import AbstractAsyncContextManager, AsyncExitStack
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -386,7 +386,14 @@ class Endpoints:
         server: Server, session: Session, live: LiveTurn
     ) -> Callable[[], AbstractAsyncContextManager[None]]:
         slot = live.slot
-        return lambda: server.scheduler.stepped_aside(session.name, slot, live.on_position)
+
+        @asynccontextmanager
+        async def aside() -> AsyncIterator[None]:
+            with live.awaiting_person():
+                async with server.scheduler.stepped_aside(session.name, slot, live.on_position):
+                    yield
+
+        return aside
 
     def _learn_head(self, endpoint: str, session: str, outcome: TurnOutcome) -> None:
         """A session's first prompt on ``endpoint`` began with the system prompt and tools of

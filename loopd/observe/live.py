@@ -13,12 +13,15 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from typing import Final
 
 from loopd.engine.outcome import TurnOutcome
 from loopd.engine.progress import Status, StatusCallback, phase_words
 from loopd.observe.metrics import METRICS, LoopdMetrics
 from loopd.requestscope import session_scope
 from loopd.scheduler import PositionCallback
+
+AWAITING_PERSON: Final = "waiting for a person's approval"
 
 
 @dataclass
@@ -49,6 +52,17 @@ class LiveTurn:
         elif ahead:
             self.phase = "in line"
         self.position_to(ahead)
+
+    @contextmanager
+    def awaiting_person(self) -> Iterator[None]:
+        """While a person decides on one of the turn's calls (its slot another's meanwhile), the
+        status page says so, not the call's phase; then the turn is where it was."""
+        before = self.phase
+        self.phase = AWAITING_PERSON
+        try:
+            yield
+        finally:
+            self.phase = before
 
     def finished(self, outcome: TurnOutcome) -> TurnOutcome:
         self.outcome = outcome

@@ -31,6 +31,7 @@ class OtherTurnMeanwhile:
         self.runtime = runtime
         self.other = other
         self.holders: list[str | None] = []
+        self.pages: list[str] = []  # the waiting turn's phase on the status page, when asked
         self.other_answer: str | None = None
 
     @property
@@ -42,6 +43,8 @@ class OtherTurnMeanwhile:
 
     async def decide(self, call: AskedCall, wait_s: float) -> Decision | None:
         self.holders.append(self.runtime.endpoints.servers[ENDPOINT].scheduler.holder(0))
+        waiting = self.runtime.live.get(call.session)
+        self.pages.append(waiting.phase if waiting is not None else "not live")
         session = self.runtime.ensure_session(self.other)
         await self.runtime.append_user(self.other, "hello", external_key=fresh_external_key())
         with anyio.fail_after(30):
@@ -81,6 +84,7 @@ async def test_a_turn_waiting_for_approval_on_an_endpoint_hands_its_slot_over(
         finally:
             await runtime.aclose()
     assert asker.holders == [None]  # the slot was free while the person was asked
+    assert asker.pages == ["waiting for a person's approval"]  # not "calling call_tool"
     assert asker.other_answer == "The other session's answer."
     assert endpoints == {ENDPOINT}
     assert outcome.answer == "Done."

@@ -31,6 +31,20 @@ def test_the_relay_is_measured_beside_loopd_and_the_splice(tmp_path: Path) -> No
     assert f"| 200 | {row['loopd_ms']:,.0f} | {row['brokerd_ms']:,.0f} |" in text
 
 
+def test_a_tree_beside_is_measured_in_the_same_run(tmp_path: Path) -> None:
+    this_tree = Path(__file__).parents[2]  # beside itself: the figures need only exist
+    found = relay.measure(tmp_path, counts=(200,), repeats=1, beside=this_tree)
+    earlier = found["rows"]["200"]["before"]
+    assert earlier["loopd_ms"] > 0
+    assert earlier["brokerd_ms"] > 0
+    text = "\n".join(relay.render(found))
+    assert f"Before: the brokerd of `{this_tree}`" in text
+    assert (
+        f"| {earlier['brokerd_ms']:,.0f} | {earlier['brokerd_ms'] / earlier['loopd_ms']:.2f} |"
+        in text
+    )
+
+
 def test_the_queue_scenario_s_recorded_parts_add_up_to_the_wait_seen() -> None:
     rows = queuewait.measure()
     assert [row["scenario"] for row in rows] == [

@@ -128,5 +128,5 @@ def test_chat_and_run_answer_a_killed_servers_sessions_on_the_other(
         assert "endpoint lost" not in {t[2] for t in _turns(perf, name)}, name
     table = _loopd(env, "perf", "--session", "s1")
     print(table.stdout)
-    assert "requests by endpoint: a 1, b 2" in table.stdout
+    assert "requests by server: a 1, b 2" in table.stdout
     assert "unexplained" not in _loopd(env, "perf").stdout

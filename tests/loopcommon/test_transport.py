@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import socket
 import ssl
-import subprocess
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import asynccontextmanager, closing
 from pathlib import Path
@@ -37,13 +36,14 @@ def chunked(*parts: bytes) -> bytes:
     return head + b"".join(b"%x\r\n%s\r\n" % (len(p), p) for p in parts) + b"0\r\n\r\n"
 
 
-async def read_request(reader: asyncio.StreamReader) -> None:
+async def read_request(reader: asyncio.StreamReader) -> bytes:
     """The request's head and its body (a Content-Length's worth), and nothing more."""
     head = await reader.readuntil(b"\r\n\r\n")
     for line in head.split(b"\r\n"):
         name, _, value = line.partition(b":")
         if name.strip().lower() == b"content-length":
-            await reader.readexactly(int(value))
+            return head + await reader.readexactly(int(value))
+    return head
 
 
 @asynccontextmanager
@@ -95,13 +95,15 @@ async def test_the_inference_client_streams_through_asyncio_streams(
     assert sum(reads) >= len(chunked(*EVENTS)), "the whole answer came through AsyncioStream.read"
 
 
-async def test_brokerds_upstream_client_reads_through_asyncio_streams(
+async def test_brokerds_pooled_upstream_client_reads_through_asyncio_streams(
     tmp_path: Path, reads: list[int]
 ) -> None:
+    # The chat proxy's (the inference proxy's, one connection per request, reads with httptools:
+    # tests/brokerd/proxy/test_oneshot.py).
     sock = tmp_path / "s.sock"
     async with (
         unix_server(sock, answer_events),
-        parse_upstream(f"unix:{sock}").client(reuse_connections=False) as client,
+        parse_upstream(f"unix:{sock}").client(reuse_connections=True) as client,
     ):
         response = await client.post("http://localhost/v1/chat/completions", content=b"{}")
     assert response.content == b"".join(EVENTS)
@@ -248,21 +250,6 @@ async def test_closing_a_streamed_response_closes_the_socket_at_once(tmp_path: P
         async with client.stream_chat(b"{}") as answer:
             assert await answer.receive() == b"data: "
         await hung_up.wait()
-
-
-@pytest.fixture(scope="module")
-def certificate(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    """A self-signed certificate for localhost and its key, made by openssl."""
-    folder = tmp_path_factory.mktemp("tls")
-    cert, key = folder / "cert.pem", folder / "key.pem"
-    subprocess.run(
-        ["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
-         "-nodes", "-days", "1", "-subj", "/CN=localhost", "-addext",
-         "subjectAltName=DNS:localhost", "-keyout", str(key), "-out", str(cert)],
-        check=True,
-        capture_output=True,
-    )  # fmt: skip
-    return cert, key
 
 
 async def test_https_is_verified_and_read_through_asyncio_streams(

@@ -35,7 +35,9 @@ pytestmark = pytest.mark.anyio
 )
 async def test_disk_full_during_a_turn(observe: Observe) -> None:
     async with make_box() as env:
-        env.fake.push(ScriptedReply(content="a large answer " * 1500))
+        # Every line different: the repetition watch would close an answer that loops.
+        large = " ".join(f"line {n} of a large answer." for n in range(1500))
+        env.fake.push(ScriptedReply(content=large))
         async with runtime(env, max_tokens=4096) as rt:
             target = rt.ensure_session(SESSION)
             rt.log.append_user(SESSION, "write a lot", external_key="k-1")

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import socket
+import struct
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -23,8 +24,16 @@ from websockets.sync.server import ServerConnection, unix_serve
 
 MIB = 1024 * 1024
 
+
+class Reset:
+    """A body's piece that ends the connection with a reset (TCP's RST), not an orderly close."""
+
+
+RESET = Reset()
+_NO_LINGER = struct.pack("ii", 1, 0)
+
 # A request's path -> the head and the body's pieces; a piece that is a float is a pause.
-Script = Callable[[str], tuple[bytes, Iterable[bytes | float]]]
+Script = Callable[[str], tuple[bytes, Iterable[bytes | float | Reset]]]
 
 
 @dataclass
@@ -35,10 +44,11 @@ class Served:
     path: Path
     sent: dict[str, int] = field(default_factory=dict)
     hung_up: dict[str, bool] = field(default_factory=dict)
+    port: int | None = None  # served on 127.0.0.1 over TCP, not on ``path``
 
     @property
     def url(self) -> str:
-        return f"unix:{self.path}"
+        return f"unix:{self.path}" if self.port is None else f"http://127.0.0.1:{self.port}"
 
 
 def head(status: str, content_type: str = "text/plain", extra: str = "") -> bytes:
@@ -55,11 +65,17 @@ def repeated(piece: bytes, total: int) -> Iterator[bytes]:
 
 
 @contextmanager
-def hostile_server(path: Path, script: Script) -> Iterator[Served]:
-    """Serve ``script`` on the Unix socket ``path`` until the block ends."""
+def hostile_server(path: Path, script: Script, *, tcp: bool = False) -> Iterator[Served]:
+    """Serve ``script`` on the Unix socket ``path`` (or, ``tcp``, a port of 127.0.0.1: a
+    ``RESET`` needs TCP) until the block ends."""
     served = Served(path)
-    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    listener.bind(str(path))
+    if tcp:
+        listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        listener.bind(("127.0.0.1", 0))
+        served.port = listener.getsockname()[1]
+    else:
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        listener.bind(str(path))
     listener.listen(16)
     listener.settimeout(0.1)
     stop = threading.Event()
@@ -88,6 +104,9 @@ def hostile_server(path: Path, script: Script) -> Iterator[Served]:
                     if isinstance(piece, float):
                         time.sleep(piece)
                         continue
+                    if isinstance(piece, Reset):  # closed at once below, with no linger: a reset
+                        conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, _NO_LINGER)
+                        break
                     conn.sendall(piece)
                     sent += len(piece)
             except (BrokenPipeError, ConnectionResetError):
