@@ -13,8 +13,9 @@ alone: ``--agent``), thinking loops ended early by the repetition watch on the t
 preset (``bench/thinkloops.py``; alone: ``--think-loops``) and durable sessions, a returning
 session's re-read after the server forgot it, with and without a saved slot state (the server's
 own save and restore, ``bench/durable.py``, then loopd's rule, ``bench/durable_loopd.py``,
-twenty threads taking turns beyond the host cache, ``bench/durable_turns.py``, and the save
-folder under brokerd's cap, ``bench/durable_cap.py``; alone: ``--durable``, written to
+when a save pays, ``bench/durable_rule.py``, twenty threads taking turns beyond the host cache,
+``bench/durable_turns.py``, and the save folder under brokerd's cap, ``bench/durable_cap.py``;
+alone: ``--durable``, written to
 ``<date>-durable.md``), and the edges, which need no real server: a command's start-up, brokerd's
 relay of a streamed answer and the wait a person saw (``bench/edges.py``; alone: ``--edges``,
 written to ``<date>-edges.md``). The report goes to ``bench/results/<date>.md`` with a plot per
@@ -41,6 +42,7 @@ from bench import (
     durable,
     durable_cap,
     durable_loopd,
+    durable_rule,
     durable_turns,
     edges,
     hybrid,
@@ -282,9 +284,10 @@ def _durable(args: argparse.Namespace) -> str:
     with tempfile.TemporaryDirectory(prefix="bench-") as tmp:
         server = durable.render(durable.run(Path(tmp) / "server", args.cache_dir))
         through_loopd = durable_loopd.render(durable_loopd.run(Path(tmp) / "loopd", args.cache_dir))
+        rule = durable_rule.render(durable_rule.run(Path(tmp) / "rule", args.cache_dir))
         many = durable_turns.render(durable_turns.run(Path(tmp) / "turns", args.cache_dir))
         capped = durable_cap.render(durable_cap.run(Path(tmp) / "cap", args.cache_dir))
-        return server + "\n" + through_loopd + "\n" + many + "\n" + capped
+        return "\n".join((server, through_loopd, rule, many, capped))
 
 
 def _section_only(

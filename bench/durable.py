@@ -41,7 +41,10 @@ import httpx
 from bench.errors import BenchError
 from bench.ideal import common_prefix
 from loopcommon.slotfiles import slot_file_name
+from loopd.engine.saverule import fit_size
 from loopd_dev import devserver
+
+FINGERPRINT = "0123456789ab"  # the model that wrote a save (loopcommon.slotfiles)
 
 log = logging.getLogger("bench.durable")
 
@@ -54,6 +57,7 @@ PARAGRAPH = (
     "of the audit table, the new socket permissions and the rollback plan; each owner signs "
     "off in the thread before the deploy window opens on Thursday."
 )
+
 SCRIPTED_REASONING = "The user asked about the checklist."
 SCRIPTED_ANSWER = "The checklist has four items; all owners have signed off."
 
@@ -165,7 +169,7 @@ def first_turns(client: httpx.Client, model: str) -> list[Saved]:
         first_tokens = prompt_tokens(client, model, first)
         returning = prompt_tokens(client, model, returning_messages(first))
         chat(client, model, slot, first)
-        filename = slot_file_name(session, first_tokens)
+        filename = slot_file_name(session, first_tokens, fingerprint=FINGERPRINT)
         result, _ = slot_action(client, "save", model, slot, filename)
         saves.append(
             Saved(
@@ -205,12 +209,13 @@ def come_back(client: httpx.Client, saved: Saved, event: str, *, durable: bool) 
 
 
 def state_sizes(saves: Sequence[Saved]) -> dict[str, tuple[float, float]]:
-    """Per preset, the fixed part and the per-token part of a saved state (two lengths)."""
+    """Per preset, the fixed part and the per-token part of a saved state (two lengths), as
+    loopd's save rule fits them (``loopd.engine.saverule.fit_size``)."""
     sizes = {}
     for preset in dict.fromkeys(s.preset for s in saves):
-        short, long_ = sorted((s for s in saves if s.preset == preset), key=lambda s: s.n_saved)
-        per_token = (long_.n_written - short.n_written) / (long_.n_saved - short.n_saved)
-        sizes[preset] = (short.n_written - per_token * short.n_saved, per_token)
+        size = fit_size([(s.n_saved, s.n_written) for s in saves if s.preset == preset])
+        if size is not None:
+            sizes[preset] = (size.fixed_bytes, size.bytes_per_token)
     return sizes
 
 

@@ -28,6 +28,9 @@ from bench.errors import BenchError
 from loopcommon.slotfiles import slot_file_name
 from loopd_dev import devserver
 
+FINGERPRINT = "0123456789ab"  # the model that wrote a save (loopcommon.slotfiles)
+
+
 log = logging.getLogger("bench.durable")
 
 MODEL = devserver.PLAIN_MODEL
@@ -104,7 +107,7 @@ def probe_state_bytes(server: devserver.RunningServer) -> int:
     """One session's state size, saved straight on the server and removed."""
     with fresh_connections(server) as direct:
         chat(direct, 0, first_messages("probe", PARAGRAPHS))
-        name = slot_file_name("probe", b"probe")
+        name = slot_file_name("probe", b"probe", fingerprint=FINGERPRINT)
         saved = slot_action(direct, "save", 0, name)
     if saved.status_code != 200:
         raise BenchError(f"the probe save failed: {saved.text}")
@@ -141,7 +144,10 @@ def measure(work: Path, saves: Path, cap: int, state_bytes: int) -> CapRun:
     )
     sessions = [f"soak-{n}" for n in range(SESSIONS)]
     names = {
-        s: slot_file_name(s, json.dumps(first_messages(s, PARAGRAPHS)).encode()) for s in sessions
+        s: slot_file_name(
+            s, json.dumps(first_messages(s, PARAGRAPHS)).encode(), fingerprint=FINGERPRINT
+        )
+        for s in sessions
     }
     at_answer = settled = 0
     restored = reread = 0

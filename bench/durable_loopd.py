@@ -185,9 +185,10 @@ def render(returns: list[LoopdReturn]) -> str:
         "Two sessions per preset, pinned to slots 0 and 1, one turn each; the router killed "
         "and started again (*restart*), or the model unloaded and loaded again (*reload*); "
         "each session's next turn, measured by its answered request's perf "
-        "record. With `durable` on, loopd saved each answered turn's slot; its next request's "
-        "first progress event showed the server held nothing, so loopd closed it, restored the "
-        "save and sent it again (*requests* counts both).",
+        "record. With `durable` on, loopd saved each answered turn's slot (the rule's figures "
+        "are not measured after one turn, so it saves); before its next turn it read the "
+        "model, found its process new (it restarted), restored the save and sent the request "
+        "once (*requests* counts the turn's requests to the server).",
         "",
         "| Preset | Event | durable | Session | cache_n | prompt_n | ideal (new tokens) "
         "| loopd/ideal | Recorded cause | Requests |",

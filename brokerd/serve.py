@@ -45,7 +45,7 @@ from brokerd.observe.middleware import instrument
 from brokerd.proxy.chat import create_chat_app
 from brokerd.proxy.chatpolicy import ChatPolicy
 from brokerd.proxy.inference import InferencePolicy, create_inference_app
-from brokerd.proxy.slotfolder import SlotFolder
+from brokerd.proxy.slotfolder import SlotFolder, link_peers
 from brokerd.proxy.upstream import parse_upstream
 from brokerd.sdnotify import notify
 from loopcommon.errors import ConfigError
@@ -92,10 +92,12 @@ def build_endpoints(
     endpoints: list[Endpoint] = []
     for service in services:
         if service == "infer":
+            folders: list[SlotFolder] = []  # a moved session's save follows it among these
             endpoints.extend(
-                _inference_endpoint(settings, secrets, upstream, bodies, limits)
+                _inference_endpoint(settings, secrets, upstream, bodies, limits, folders)
                 for upstream in settings.inference_endpoints()
             )
+            link_peers(folders)
         else:
             path = socket_path(settings, service)
             app = instrument(service, _build_app(settings, secrets, service, bodies))
@@ -109,9 +111,11 @@ def _inference_endpoint(
     server: InferenceEndpoint | None,
     bodies: BodyRules,
     limits: ConnectionLimits,
+    folders: list[SlotFolder],
 ) -> Endpoint:
     """One inference socket: for an ``[[endpoint]]`` table, or (None) for ``inference_url``.
-    Each socket reaches its own server only, under that server's slot and model rules."""
+    Each socket reaches its own server only, under that server's slot and model rules. Its save
+    folder, if any, is appended to ``folders``."""
     if server is None:
         name, url, key = "infer", settings.inference_url, secrets.inference_key
         policy = InferencePolicy(
@@ -128,13 +132,16 @@ def _inference_endpoint(
         )
         saves = server.slot_save_dirs, server.slot_save_max_bytes
         path = settings.socket_dir / server.socket_name
+    folder = SlotFolder(*saves, client=slot_client(path)) if saves[0] else None
+    if folder is not None:
+        folders.append(folder)
     app = create_inference_app(
         parse_upstream(url),
         api_key=key,
         policy=policy,
         body_cap=settings.body_cap_bytes,
         bodies=bodies,
-        slot_folder=SlotFolder(*saves, client=slot_client(path)) if saves[0] else None,
+        slot_folder=folder,
     )
     return Endpoint(name, path, instrument(name, app), limits)
 

@@ -118,6 +118,10 @@ class StatusSnapshot:
     live: Annotated[tuple[LiveView, ...], Field(max_length=MAX_LIVE)]
     sessions: Annotated[tuple[SessionView, ...], Field(max_length=MAX_SESSIONS)]
     waits: WaitView | None = None  # None: no turn has recorded its wait yet
+    # Each model as its server last told it without waking it: awake, asleep, unloaded,
+    # loading (one word where the servers agree, else one for each model in ``model``'s
+    # order); "" where loopd has not read any.
+    model_state: Text = ""
 
     def as_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -139,6 +143,7 @@ def bounded(snap: StatusSnapshot) -> StatusSnapshot:
         ),
         sessions=tuple(_bounded_session(s) for s in snap.sessions[:MAX_SESSIONS]),
         waits=snap.waits,  # loopd's own figures and words, within the bounds as made
+        model_state=_cut(snap.model_state),
     )
 
 
@@ -193,8 +198,8 @@ def render(snap: StatusSnapshot, thread_url: str | None = None) -> str:
         f"<title>loopd: {len(snap.live)} live</title>",
         f"<style>{STYLE}</style></head><body>",
         "<h1>loopd</h1>",
-        f'<p class="muted">model <code>{label(snap.model)}</code> · {e(snap.generated_at)} · '
-        f"refreshes every {REFRESH_S} s</p>",
+        f'<p class="muted">model <code>{label(snap.model)}</code>{_model_state(snap.model_state)}'
+        f" · {e(snap.generated_at)} · refreshes every {REFRESH_S} s</p>",
         "<h2>The wait for the first token</h2>",
         _waits(snap.waits),
         "<h2>Slots</h2>",
@@ -228,6 +233,17 @@ def duration(ms: float) -> str:
         return f"{ms / 1000:,.1f} s"
     minutes, seconds = divmod(round(ms / 1000), 60)
     return f"{minutes} min {seconds} s"
+
+
+def _model_state(state: str) -> str:
+    """`` (awake)`` after the model's name; a model that holds nothing (asleep, unloaded,
+    loading) is marked as a busy slot is, for the eye."""
+    if not state:
+        return ""
+    shown = html.escape(state)
+    if {"asleep", "unloaded", "loading"} & set(state.split(", ")):
+        return f' <span class="busy">{shown}</span>'
+    return f" ({shown})"
 
 
 def _slots_table(slots: Sequence[SlotView], named: Callable[[str], str]) -> str:

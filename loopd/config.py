@@ -271,7 +271,9 @@ class Settings(configload.FileSettings):
         gt=0,
         description="While the server differs from the recorded expectations, `loopd serve` "
         "runs the self-test again this often, and serves again once it passes; while it "
-        "matches, it checks the build, model, template and slots this often (no requests).",
+        "matches, it checks the build, model, weights, template and slots this often, and "
+        "reads whether the model sleeps, asking only what a sleeping model answers asleep "
+        "(`/health`, `/models`, `/props` with `autoload=false`: it never wakes or loads it).",
     )
     endpoint: EndpointTables = Field(
         default=(),

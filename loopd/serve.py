@@ -47,7 +47,9 @@ from loopd.chat.rest import MattermostClient, api_client
 from loopd.chat.split import MAX_POST_RUNES
 from loopd.chat.threads import Threads
 from loopd.config import SHORTHAND_ENDPOINT, Settings
+from loopd.endpoints.server import Server
 from loopd.endpoints.start import EXIT_NONE_UP, StartChecks, check_at_start
+from loopd.engine.quiet import Purpose
 from loopd.errors import LoopdError
 from loopd.selftest.endpoints import down_line, endpoint_checker
 from loopd.selftest.expected import DEFAULT_DIR, ServerAnswers
@@ -66,7 +68,15 @@ STATUS_FILE = "server-status.json"
 @dataclass
 class ServerWatch:
     """Keeps the engine in step with the self-test: its answers while the server matches, the
-    *server changed* state while it does not, and a check every ``selftest_every_s``."""
+    *server changed* state while it does not, and a check every ``selftest_every_s``.
+
+    It is a background check (``loopd.engine.quiet``): while loopd is idle it sends only what a
+    sleeping model answers asleep (``/health``, ``/models``, ``/props`` with ``autoload=false``),
+    so that a model sleeps when its server says and stays unloaded when another client's
+    evicted it. Each check reads the model's state into its server's ``memory`` (what the
+    status page shows, and how a turn knows its model forgot). The live probes run only on a
+    model awake now, with no turn of loopd's under way; until they can, they are owed
+    (``live_due``) and the layout checks alone decide."""
 
     settings: Settings
     runtime: Runtime
@@ -74,15 +84,28 @@ class ServerWatch:
     on_restored: Callable[[], Awaitable[None]] = field(default_factory=lambda: _nothing)
     checks: int = 0  # completed re-checks, for tests and the log
     untold: int = 0  # runs in a row that could not tell (a probe request failed on the way)
+    # The live probes are owed: skipped while the model slept or was not loaded, or the quick
+    # check failed while they could not run.
+    live_due: bool = False
 
     @property
     def change(self) -> ServerChange | None:
         return self.runtime.server_change
 
+    @property
+    def server(self) -> Server:
+        """The one server it watches (the shorthand's), as known now."""
+        return self.runtime.endpoints.servers[SHORTHAND_ENDPOINT]
+
     def start(self, report: SelftestReport) -> None:
         """Take the startup self-test's report (it was reachable; the runtime was built with its
         answers where it passed: ``startup_answers``)."""
-        if report.ok:
+        self.server.memory.watched = True
+        self._read(report)
+        self.live_due = report.model_away is not None or report.live_skipped is not None
+        if report.model_away is not None:
+            log.info("the server check waits: %s", report.model_away)
+        elif report.ok:
             self._write_status(None)
         elif report.interrupted is not None:
             self._could_not_tell(report)
@@ -110,30 +133,78 @@ class ServerWatch:
         return RECHECK.capped_at(every_s).delay(self.untold)
 
     async def check(self) -> None:
-        """One check: the whole self-test while the server differs or the last run could not
-        tell; while it matches, the layout checks (no request reaches a slot), and the whole
-        self-test when they fail."""
-        if self.change is None and not self.untold:
-            quick = await self._selftest(live=False)
-            if quick.unreachable or quick.ok:
+        """One check: while the server matches, the layout checks (a background check: nothing
+        that wakes the model), and the whole self-test when they fail; the whole self-test
+        while the server differs, the last run could not tell, or the live probes are owed,
+        its probes run where the model is awake and loopd idle (else the layout decides)."""
+        if self.change is None and not self.untold and not self.live_due:
+            quick = await self._selftest(live=False, purpose=Purpose.CHECK)
+            self._read(quick)
+            if quick.unreachable or quick.ok or quick.model_away is not None:
                 return
-        report = await self._selftest(live=True)
+            self.live_due = True
+        purpose = Purpose.WORK if self.server.scheduler.idle() else Purpose.CHECK
+        report = await self._selftest(live=True, purpose=purpose)
+        self._read(report)
         if report.unreachable:
             log.warning("the server check could not reach %s; checking again later", report.url)
+        elif report.model_away is not None:
+            log.info("the server check waits: %s", report.model_away)
+        elif report.live_skipped is not None:
+            if self._layout_only(report):
+                await self.on_restored()
         elif report.ok:
             restored = self.change is not None
+            self.live_due = False
             self._matches(report)
             if restored:
                 await self.on_restored()
         elif report.interrupted is not None:
             self._could_not_tell(report)
         else:
+            self.live_due = False
             self._differs(report)
 
-    async def _selftest(self, *, live: bool) -> SelftestReport:
+    def _layout_only(self, report: SelftestReport) -> bool:
+        """A run whose probes could not go (the model asleep, or a turn under way): its layout
+        checks decide whether the server changed; the probes stay owed. True when the server
+        matched again."""
+        if not report.ok:
+            self._differs(report)
+            return False
+        if self.change is None:
+            return False
+        log.info(
+            "the server at %s matches the recorded layout again; its live probes wait (%s)",
+            report.url,
+            report.live_skipped,
+        )
+        self.untold = 0
+        self.runtime.server_change = None
+        self._write_status(None)
+        return True
+
+    def _read(self, report: SelftestReport) -> None:
+        """What the run read of the model, into its server's memory of it."""
+        reading = report.facts.reading
+        if reading is None:
+            return
+        lost = self.server.memory.observe(reading)
+        if lost is not None:
+            log.info(
+                "%s (the model is %s); a session's next turn restores its save first",
+                lost.value,
+                reading.status.value,
+            )
+
+    async def _selftest(self, *, live: bool, purpose: Purpose) -> SelftestReport:
         tools_text = self.runtime.spec.text
         return await run_selftest(
-            self.settings, tools_text=tools_text, expected_dir=self.expected_dir, live=live
+            self.settings,
+            tools_text=tools_text,
+            expected_dir=self.expected_dir,
+            live=live,
+            purpose=purpose,
         )
 
     def _matches(self, report: SelftestReport) -> None:
@@ -323,13 +394,23 @@ def startup_answers(
 async def startup_selftest(settings: Settings, expected_dir: Path = DEFAULT_DIR) -> SelftestReport:
     """The self-test ``loopd serve`` runs first. An unreachable server is refused (the report,
     one line per check, on stderr); one that differs from the recorded expectations starts the
-    daemon in the *server changed* state (the report on stderr too)."""
+    daemon in the *server changed* state (the report on stderr too). Nobody waits for it, so
+    it neither wakes nor loads the model (``loopd.engine.quiet``): with the model asleep or
+    not loaded, loopd starts on the layout checks alone, and the probes run once it is awake."""
     tools_text = load_tools_spec(settings.tools_file).text
-    report = await run_selftest(settings, tools_text=tools_text, expected_dir=expected_dir)
+    report = await run_selftest(
+        settings, tools_text=tools_text, expected_dir=expected_dir, purpose=Purpose.WORK
+    )
     if report.unreachable:
         print(format_report(report), file=sys.stderr)
         print(
             "loopd serve: refusing to start: the self-test failed (the server is unreachable)",
+            file=sys.stderr,
+        )
+    elif report.model_away is not None:
+        print(
+            f"loopd serve: starting without the server's checks: {report.model_away} "
+            "(loopd does not load it; a person's turn does)",
             file=sys.stderr,
         )
     elif report.interrupted is not None:
@@ -348,9 +429,10 @@ async def startup_selftest(settings: Settings, expected_dir: Path = DEFAULT_DIR)
         )
     else:
         log.info(
-            "self-test passed for %s at %s (expectations %s)",
+            "self-test passed for %s at %s (expectations %s)%s",
             report.model,
             report.url,
             report.expectations,
+            f"; its live probes wait: {report.live_skipped}" if report.live_skipped else "",
         )
     return report

@@ -31,6 +31,7 @@ from loopd.engine.client import InferenceClient
 from loopd.engine.outcome import TurnOutcome
 from loopd.engine.pinning import choose_slot
 from loopd.engine.progress import StatusCallback
+from loopd.engine.quiet import Purpose
 from loopd.errors import InferenceError
 from loopd.observe.live import LiveTurns
 from loopd.observe.toolcalls import tool_call
@@ -321,7 +322,7 @@ class Runtime:
         self-test checks it)."""
         client = server.client
         try:
-            total = (await client.props(autoload=False)).get("total_slots")
+            total = (await client.props(purpose=Purpose.CHECK)).get("total_slots")
         except InferenceError as exc:
             log.info("the server's slots are not checked (%s)", exc)
             return

@@ -466,20 +466,26 @@ def read_requests(db_path: Path) -> list[durability.Request]:
         ]
 
 
+DURABLE_SAID = "durable sessions: "
+
+
 def durable_line(loopd_log: Path) -> str:
-    """loopd's own word on durable sessions, at its last start (its log is JSON lines)."""
+    """loopd's own word on durable sessions, at its last start (its log is JSON lines): from
+    ``durable sessions: `` to the end of the line that says what is known of its server."""
     try:
         text = loopd_log.read_text(errors="replace")
     except OSError:
         return ""
     said = ""
     for line in text.splitlines():
-        if '"durable sessions: ' not in line:
+        if DURABLE_SAID not in line:
             continue
         try:
-            said = str(json.loads(line).get("msg", ""))
+            msg = str(json.loads(line).get("msg", ""))
         except ValueError:  # a line cut by a kill
             continue
+        if DURABLE_SAID in msg:
+            said = msg[msg.index(DURABLE_SAID) :]
     return said
 
 

@@ -205,7 +205,7 @@ def inference_rules(
         if slot_folder is None or not is_slot_action(method, path):
             return
         if action_of(query) == "restore":
-            await slot_folder.used(str(json.loads(body)["filename"]))
+            await slot_folder.restoring(str(json.loads(body)["filename"]))
         else:
             await slot_folder.forwarding_save(str(json.loads(body)["filename"]))
 

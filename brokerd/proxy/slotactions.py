@@ -29,7 +29,7 @@ from loopcommon.slotfiles import is_slot_file_name
 SLOT_ACTION_PATH: Final = re.compile(r"/slots/(0|[1-9][0-9]{0,5})")
 FORWARDED_ACTIONS: Final = frozenset({"save", "restore"})
 BODY_FIELDS: Final = frozenset({"filename", "model"})
-LOOPD_SHAPE: Final = "loopd-<16 hex>-<32 hex>.bin"
+LOOPD_SHAPE: Final = "loopd-<16 hex>-<12 hex>-<32 hex>.bin"
 
 
 def slot_of(path: str) -> int | None:

@@ -24,14 +24,25 @@ a restore of it (brokerd then stamps its modification time, before the restore, 
 being read is the last to go). A router whose models save into several folders shares one cap
 over all, and one ledger (in the first folder).
 
+A session moves to another server when its own dies (loopd's ``[[endpoint]]`` tables), and its
+latest save should follow it: a restore of a file of brokerd's own that this server's folders do
+not hold, but another server's folders do (``peers``: the other endpoints' folders, each with
+its ledger), is first copied into this server's first folder under the same name (the name
+holds the model's fingerprint, so loopd asks for it only on a server of the same weights), and
+recorded here as this client's. The copy is written beside its final name and renamed, so a
+restore never reads half of one.
+
 ``evictions`` and ``superseded`` are the pure rules; ``SlotFolder`` is their I/O shell.
 """
+
+from __future__ import annotations
 
 import contextlib
 import hashlib
 import json
 import logging
 import os
+import shutil
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
@@ -95,6 +106,9 @@ class SlotFolder:
     dirs: tuple[Path, ...]
     max_bytes: int
     client: str = "brokerd"
+    # The other servers' folders of this brokerd (``brokerd.serve`` links them): where a moved
+    # session's save is copied from.
+    peers: list[SlotFolder] = field(default_factory=list, init=False)
     _names: set[str] = field(default_factory=set, init=False)
     _saving: set[str] = field(default_factory=set, init=False)  # forwarded, not answered yet
 
@@ -178,6 +192,46 @@ class SlotFolder:
         chosen = superseded(self.saved_files(), saved_name)
         return self._removed(chosen, "superseded by the session's new save")
 
+    def holding(self, name: str) -> Path | None:
+        """The file ``name`` of this client's, where one of these folders holds it."""
+        if name not in self._names:
+            return None
+        for folder in self.dirs:
+            if (folder / name).is_file():
+                return folder / name
+        return None
+
+    def copy_from_peer(self, name: str) -> Path | None:
+        """Copy this client's file ``name`` from another server's folder into this one's (see
+        the module doc); the copy, or None when no peer holds it (or these folders already
+        do)."""
+        if not is_slot_file_name(name) or self.holding(name) is not None:
+            return None
+        source = next((p for peer in self.peers if (p := peer.holding(name)) is not None), None)
+        if source is None:
+            return None
+        if source.parent.resolve() in {folder.resolve() for folder in self.dirs}:
+            self.forwarded_now(name)  # a folder both servers save into: nothing to copy
+            return source
+        target = self.dirs[0] / name
+        partial = target.with_name(f".{name}.copy")
+        try:
+            shutil.copyfile(source, partial)
+            os.replace(partial, target)
+        except OSError as exc:
+            logger.warning("cannot copy the saved slot state %s into %s: %s", source, target, exc)
+            with contextlib.suppress(OSError):
+                partial.unlink()
+            return None
+        self.forwarded_now(name)
+        logger.info(
+            "copied the saved slot state %s from %s for a session that moved here",
+            name,
+            source.parent,
+            extra={"fields": {"bytes": target.stat().st_size}},
+        )
+        return target
+
     def mark_used(self, name: str) -> None:
         """Stamp the file ``name`` (in whichever folder holds it) as used now, when it is this
         client's."""
@@ -217,6 +271,20 @@ class SlotFolder:
 
     async def used(self, name: str) -> None:
         await anyio.to_thread.run_sync(self.mark_used, name)
+
+    async def restoring(self, name: str) -> None:
+        """Before a restore of ``name`` is forwarded: copied from another server's folder where
+        only that one holds it (a moved session), kept under the cap, and stamped as used."""
+        async with self._lock:
+            if await anyio.to_thread.run_sync(self.copy_from_peer, name) is not None:
+                await anyio.to_thread.run_sync(self.evict_now)
+        await self.used(name)
+
+
+def link_peers(folders: Sequence[SlotFolder]) -> None:
+    """Each server's folder learns the others' (one brokerd, several ``[[endpoint]]`` tables)."""
+    for folder in folders:
+        folder.peers = [other for other in folders if other is not folder]
 
 
 def _removed(files: Sequence[SavedFile], why: str) -> list[SavedFile]:

@@ -31,9 +31,11 @@ from loopd.engine.client import InferenceClient
 from loopd.engine.durable import Durability, decide_durable
 from loopd.engine.guards import GuardLimits
 from loopd.engine.limits import Limits
+from loopd.engine.modelstate import ModelMemory
 from loopd.engine.pinning import Pinning, decide_pinning
 from loopd.engine.progress import StatusCallback
 from loopd.engine.request import RequestSettings, Sampling
+from loopd.engine.saverule import SaveFigures
 from loopd.prewarm.plan import PrewarmPlan
 from loopd.prewarm.prewarmer import Prewarmer
 from loopd.scheduler import Scheduler
@@ -101,6 +103,14 @@ class Server:
     # The slots a restore of loopd's is filling (``DurableSlots.claimed``), kept across
     # ``knowing`` so that a restore under way still holds its slot.
     restoring: set[int] = field(default_factory=set)
+    # What the server told of its model without waking it, and when it forgot
+    # (``loopd.engine.modelstate``: read by ``loopd serve``'s server watch, before a turn and
+    # before a save), and what loopd measured of its saves and reads (``loopd.engine.saverule``):
+    # the server's for the life of the process, kept across ``knowing`` likewise.
+    memory: ModelMemory = field(default_factory=ModelMemory)
+    figures: SaveFigures = field(default_factory=SaveFigures)
+    # How long a reading of the model may wait for it to load (the turn's first-byte limit).
+    load_wait_s: float = 900.0
 
     @classmethod
     def open(
@@ -130,6 +140,7 @@ class Server:
             settings.pool_requests,
             known,
             ServerBudget(client),
+            load_wait_s=settings.first_byte_s,
         )
         return server.knowing(known)
 
@@ -151,6 +162,9 @@ class Server:
                 endpoint=self.recorded_as,
                 pinned=pinning.pinned,
                 slots=self.endpoint.slots,
+                memory=self.memory,
+                figures=self.figures,
+                load_wait_s=self.load_wait_s,
                 claimed=self.restoring,
             )
         return replace(self, known=known, budget=budget, durable=durable)

@@ -12,7 +12,9 @@ When a turn ends without an answer in a way that shows its server dead, not busy
 (``health.endpoint_dead``: nothing answers, or the stream was cut and ``/health`` no longer
 answers), and the fleet has another endpoint, the endpoint is marked down and the same turn is
 placed again at once: the session moves to an endpoint that is up, and its first request there,
-which re-reads the whole prompt, is recorded with the cause ``endpoint lost``. The log is the
+which re-reads the whole prompt, is recorded with the cause ``endpoint lost`` (with durable
+sessions on a server of the same model, its save is restored there first instead:
+``loopd.turn.saves``, ``moved with its save``). The log is the
 truth, so the moved turn sends the conversation as stored: the user's message is answered once,
 on the new endpoint. A down endpoint is checked again in the background (``start.recheck_down``);
 once it passes, new sessions are placed on it again, and what its check found is what is known of
@@ -318,7 +320,8 @@ class Endpoints:
             moved_from = placement.lost if isinstance(placement, Move) else None
             if moved_from is not None:
                 log.warning(
-                    "session %s moves from endpoint %s (down) to %s; its prompt is read there",
+                    "session %s moves from endpoint %s (down) to %s; its prompt is read there "
+                    "(or its save restored)",
                     session.name,
                     moved_from,
                     server.name,

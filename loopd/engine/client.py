@@ -32,6 +32,8 @@ import httpx
 from loopcommon.bodies import ERROR_PREFIX_BYTES, error_text, read_at_most
 from loopcommon.transport import AsyncioTransport
 from loopd.engine.liveness import slot_busy
+from loopd.engine.modelstate import ModelReading, ModelStatus, read_reading
+from loopd.engine.quiet import Purpose, router_params
 from loopd.engine.thinkcap import control_answer
 from loopd.errors import (
     ConnectionDropped,
@@ -273,7 +275,9 @@ class InferenceClient:
         return response.status_code == 200
 
     async def slots(self, wait_s: float | None = None) -> list[dict[str, Any]]:
-        """``GET /slots?model=`` without autoload: polling must never load a model."""
+        """``GET /slots?model=`` without autoload: polling must never load a model. It wakes a
+        sleeping one (``loopd.engine.quiet``): only a person's turn and background work on an
+        awake model ask it."""
         data = await self._get_json(
             "/slots", {"model": self.model, "autoload": "false"}, wait_s or self.connect_s
         )
@@ -285,18 +289,49 @@ class InferenceClient:
         """Whether ``/slots`` shows ``slot`` processing a request (anyone's)."""
         return slot_busy(await self.slots(wait_s), slot)
 
-    async def props(self, wait_s: float | None = None, *, autoload: bool = True) -> dict[str, Any]:
-        """``GET /props?model=``; ``autoload`` False: a router does not load the model for it
-        (it answers an error while the model is not loaded)."""
-        params = {"model": self.model} | ({} if autoload else {"autoload": "false"})
+    async def props(
+        self, wait_s: float | None = None, *, purpose: Purpose = Purpose.PERSON
+    ) -> dict[str, Any]:
+        """``GET /props?model=``; a router loads the model for it only where a person waits
+        (``loopd.engine.quiet``: elsewhere ``autoload=false``, and a model not loaded is
+        ServerRejected 400)."""
+        params = {"model": self.model, **router_params(purpose)}
         data = await self._get_json("/props", params, wait_s or self.connect_s)
         if not isinstance(data, dict):
             raise ServerRejected(self.url, 200, "/props answered something other than an object")
         return data
 
+    async def router_props(self, wait_s: float | None = None) -> dict[str, Any]:
+        """``GET /props`` without a model: a router's own answer (its ``role``, how many models
+        it holds, whether it loads one on demand); a single-model server's ``/props``."""
+        data = await self._get_json("/props", {}, wait_s or self.connect_s)
+        return data if isinstance(data, dict) else {}
+
     async def models(self, wait_s: float | None = None) -> dict[str, Any]:
         data = await self._get_json("/models", {}, wait_s or self.connect_s)
         return data if isinstance(data, dict) else {}
+
+    async def model_reading(
+        self, wait_s: float | None = None, *, purpose: Purpose = Purpose.CHECK
+    ) -> ModelReading:
+        """The model's state, start and weights (``loopd.engine.modelstate``): ``/props`` and
+        then ``/models``, neither of which wakes a sleeping model; ``/props`` loads one not
+        loaded only where a person waits (``purpose``: the weights are reported only while the
+        model is loaded). A server that answers neither gives a reading of status ``UNKNOWN``
+        that says why."""
+        try:
+            props: dict[str, Any] | None = await self.props(wait_s, purpose=purpose)
+        except ServerRejected as exc:
+            if exc.status != 400:  # 400: not loaded, which /models says
+                return ModelReading(ModelStatus.UNKNOWN, detail=f"GET /props failed: {exc}")
+            props = None
+        except InferenceError as exc:
+            return ModelReading(ModelStatus.UNKNOWN, detail=f"GET /props failed: {exc}")
+        try:
+            models: dict[str, Any] | None = await self.models(wait_s)
+        except InferenceError as exc:
+            return ModelReading(ModelStatus.UNKNOWN, detail=f"GET /models failed: {exc}")
+        return read_reading(models, props, self.model)
 
     async def post_json(self, path: str, body: dict[str, Any], wait_s: float) -> Any:
         _, content = await self._call("POST", path, wait_s, body=body)

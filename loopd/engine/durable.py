@@ -10,10 +10,13 @@ The rule, and why:
   (docs/design, invariant 1). A save is recorded as usable only after the server answered it
   with success: a save cut short (the server killed mid-write, the disk full) has no answer and
   is never restored, whatever file it left behind.
-- **The file's name is the prefix's**: ``loopcommon.slotfiles`` names it from the session and a
-  hash of the epoch's tools and the exact messages the state holds, so a save is usable only for
-  a request whose messages begin with exactly those (``usable``): a stale file, or another
-  session's, never matches.
+- **The file's name is the prefix's**: ``loopcommon.slotfiles`` names it from the session, the
+  fingerprint of the model that wrote it (``loopd.engine.modelstate``: the model id, what the
+  server reports of its weights, the template's sha256) and a hash of the epoch's tools and the
+  exact messages the state holds, so a save is usable only for a request whose messages begin
+  with exactly those, on the same weights (``usable``): a stale file, another session's, or one
+  the old weights wrote, never matches. A save under another fingerprint is forgotten, never
+  restored, and brokerd removes its file at the session's next save.
 - **Restore only when the server lost the session**, told by the first ``prompt_progress``
   event of the session's next request: its ``cache`` count is what the server kept, after its
   own host prompt cache was consulted, and it arrives before any prefill work, so closing the
@@ -35,12 +38,13 @@ The rule, and why:
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, Final
 
-from loopcommon.slotfiles import slot_file_name
+from loopcommon.slotfiles import FINGERPRINT_HEX, slot_file_name
 
 # A restore is worth its round trip when the server kept less than half of the saved state, or
 # when it would re-read at least this many tokens (about a micro-batch: less than that is read in
@@ -92,9 +96,10 @@ def state_prefix(tools_text: str, messages: Sequence[str]) -> bytes:
     return len(tools).to_bytes(8, "little") + tools + array
 
 
-def save_name(session: str, tools_text: str, messages: Sequence[str]) -> str:
-    """The file that holds ``session``'s state after exactly ``messages``."""
-    return slot_file_name(session, state_prefix(tools_text, messages))
+def save_name(session: str, tools_text: str, messages: Sequence[str], fingerprint: str) -> str:
+    """The file that holds ``session``'s state after exactly ``messages``, as the model of
+    ``fingerprint`` wrote it."""
+    return slot_file_name(session, state_prefix(tools_text, messages), fingerprint=fingerprint)
 
 
 @dataclass(frozen=True)
@@ -106,6 +111,13 @@ class Saved:
     n_saved: int  # tokens the server said it wrote
     slot: int
     endpoint: str | None = None
+    fingerprint: str | None = None  # the model that wrote it (None: a record from before)
+    instance: str | None = None  # the model's process then (``ModelReading.instance``)
+
+
+def moved(saved: Saved, endpoint: str | None) -> bool:
+    """``saved`` was made on another server than ``endpoint`` (the session moved since)."""
+    return saved.endpoint != endpoint
 
 
 def usable(
@@ -115,18 +127,25 @@ def usable(
     tools_text: str,
     messages: Sequence[str],
     slot: int | None,
+    fingerprint: str | None,
     endpoint: str | None = None,
 ) -> Saved | None:
     """``saved`` when the request about to go out extends exactly the prefix it holds, on the
     same slot (``slot`` None: requests placed by the server, any slot may take a restore) and
-    server; else None (another epoch, a rewritten history, another session)."""
-    if saved is None or saved.endpoint != endpoint:
+    model (``fingerprint``, as the server reports it now; None: not known, so nothing is
+    restored); else None (another epoch, a rewritten history, another session,
+    other weights). A save another server made (``moved``: the session moved off it) is usable
+    on this one where the model is the same, into whichever slot the session has here: brokerd
+    copies the file between their save folders (docs/deployment.md)."""
+    if saved is None:
         return None
-    if slot is not None and saved.slot != slot:
+    if fingerprint is None or saved.fingerprint != fingerprint:
+        return None
+    if slot is not None and saved.slot != slot and not moved(saved, endpoint):
         return None
     if saved.message_count > len(messages) or saved.n_saved <= 0:
         return None
-    if save_name(session, tools_text, messages[: saved.message_count]) != saved.file:
+    if save_name(session, tools_text, messages[: saved.message_count], fingerprint) != saved.file:
         return None
     return saved
 
@@ -200,5 +219,7 @@ def after_restore(n_restored: int | None, held_before: int, cache_n: int) -> Res
 
 
 def probe_name(model: str) -> str:
-    """The self-test's own probe file: under a session name no thread can have."""
-    return slot_file_name("\0loopd-selftest", model.encode("utf-8"))
+    """The self-test's own probe file: under a session name no thread can have, bound to the
+    model id alone (the probe restores it at once, into the weights that wrote it)."""
+    bound = hashlib.sha256(model.encode("utf-8")).hexdigest()[:FINGERPRINT_HEX]
+    return slot_file_name("\0loopd-selftest", model.encode("utf-8"), fingerprint=bound)

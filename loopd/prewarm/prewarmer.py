@@ -18,8 +18,10 @@ A prewarm only ever uses idle time, of the whole engine and of the whole server:
 launch like any other, which on a unified pool saves and clears every idle slot, and a second
 active slot roughly halves generation for everyone (docs/production-shape.md, item 6):
 
-- it starts only when no turn of loopd's runs or waits on any slot (the scheduler), the server
-  shows no slot busy (another client's request), and never for a session with a turn pending;
+- it starts only when no turn of loopd's runs or waits on any slot (the scheduler), the model
+  is awake (read without waking it: background work never wakes a sleeping model or loads an
+  unloaded one, ``loopd.engine.quiet``), the server shows no slot busy (another client's
+  request), and never for a session with a turn pending;
 - it holds the slot through the scheduler, so a turn of any session on the slot waits for it, and
   ``preempt`` cancels it at once (a turn on any slot preempts every prewarm): closing the
   connection frees the slot on the server (measured by
@@ -63,6 +65,7 @@ import anyio
 
 from loopd.engine.cacheloss import Circumstances, PrevRequest, cache_loss
 from loopd.engine.client import InferenceClient
+from loopd.engine.quiet import Call, Purpose, may_send
 from loopd.engine.request import RequestSettings, build_body
 from loopd.errors import InferenceError, StreamBroken
 from loopd.observe import recorder
@@ -222,6 +225,10 @@ class Prewarmer:
             return "a turn of loopd's runs or waits"
         if not self.log.state(session.name).idle:
             return "a turn is pending"
+        # Background work (``loopd.engine.quiet``): never on a model asleep or not loaded.
+        verdict = may_send(Call.CHAT, Purpose.WORK, (await self.client.model_reading()).status)
+        if not verdict.allowed:
+            return verdict.why
         try:
             slots = await self.client.slots()
         except InferenceError as exc:

@@ -7,15 +7,17 @@ by default. Informational results (the template probe) are shown but do not deci
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from loopd.engine.cacheloss import CHECKPOINT_BEFORE_END, LOSS_TOLERANCE
+from loopd.engine.modelstate import Weights, template_sha256
 from loopd.engine.request import ANY_SLOT
 from loopd.engine.thinkcap import SUCCESS
 from loopd.selftest.expected import ExpectationsError, ModelExpectation, build_number
 from loopd.selftest.facts import ServerFacts
-from loopd.selftest.template import TemplateAnswer, template_sha256
+from loopd.selftest.template import TemplateAnswer
 
 NOT_RECORDED = "(not recorded: run `loopd selftest --record`)"
 # A prompt sent again on a hybrid model resumes at the checkpoint ``CHECKPOINT_BEFORE_END`` tokens
@@ -115,17 +117,44 @@ def check_slot_count(facts: ServerFacts, expected: ModelExpectation | None) -> C
 
 
 def check_harness_slots(facts: ServerFacts) -> CheckResult:
-    """4c. Every slot loopd pins sessions to exists (an id past the end silently wraps around)."""
+    """4c. Every slot loopd pins sessions to exists (an id past the end silently wraps around):
+    as ``/slots`` lists them, or, where it was not asked (it wakes a sleeping model), as many
+    as ``/props`` counts."""
     name = "harness slots"
     want = _ids(facts.harness_slots)
-    if facts.slots is None:
+    if facts.slots is not None:
+        present = {slot.id for slot in facts.slots}
+    elif facts.props is not None:
+        present = set(range(facts.props.total_slots))
+    else:
         return _not_run(name, want, facts.why_missing("slots"))
-    present = {slot.id for slot in facts.slots}
     absent = [s for s in facts.harness_slots if s not in present]
     if absent:
         got = f"{_ids(absent)} missing; the server has {_ids(sorted(present)) or 'no slots'}"
         return CheckResult(name, False, want, got)
     return CheckResult(name, True, want, f"{want} present of {len(present)}")
+
+
+def check_weights(facts: ServerFacts, expected: ModelExpectation | None) -> CheckResult:
+    """4d. The model's weights are the recorded ones (what the server reports of its file and
+    the arguments that give a state its meaning): other weights behind the same model id are a
+    change of server, and no save of the old ones is restored into them."""
+    name = "model weights"
+    recorded = expected.weights if expected is not None else None
+    want = recorded.describe() if recorded is not None else NOT_RECORDED
+    reading = facts.reading
+    if reading is None:
+        return _not_run(name, want, facts.why_missing("listing"))
+    if reading.weights is None:
+        why = reading.detail or "the server reports no model file"
+        if recorded is None:
+            return CheckResult(name, True, want, "not reported", why)
+        return CheckResult(name, False, want, "not reported", why)
+    got = reading.weights.describe()
+    if recorded is None:  # recorded before loopd bound saves to weights: nothing to hold it to
+        return CheckResult(name, True, want, got, "not recorded: nothing to compare")
+    changed = _weights_changes(recorded, reading.weights)
+    return CheckResult(name, not changed, want, got, "; ".join(changed))
 
 
 def check_cache(facts: ServerFacts) -> CheckResult:
@@ -218,6 +247,26 @@ def check_render(facts: ServerFacts) -> CheckResult:
     return CheckResult(name, True, want, f"{probe.rendered} conversations rendered")
 
 
+def idle_info(facts: ServerFacts) -> CheckResult:
+    """The server's idle policy and the model's state, as the server tells them without waking
+    it: informational (loopd is silent while idle whatever the policy, ``loopd.engine.quiet``)."""
+    reading = facts.reading
+    sleep = reading.sleep_idle_s if reading is not None else None
+    if sleep is None:
+        parts = ["the server does not say when the model sleeps"]
+    else:
+        parts = [f"the model sleeps after {sleep} s idle" if sleep > 0 else "it never sleeps"]
+    router = facts.router
+    if router is not None and router.max_instances is not None:
+        most = router.max_instances
+        parts.append(f"the router holds {f'at most {most}' if most else 'any number of'} models")
+    if router is not None and router.models_autoload is not None:
+        parts.append(f"loads a model on demand: {'yes' if router.models_autoload else 'no'}")
+    parts.append(f"the model is {facts.model_status.value} now")
+    detail = reading.detail if reading is not None else facts.why_missing("listing")
+    return CheckResult("idle policy", True, "", "; ".join(parts), detail, informational=True)
+
+
 def template_info(facts: ServerFacts) -> list[CheckResult]:
     """The template probe: informational, it explains cache losses rather than refusing."""
     probe = facts.template
@@ -264,6 +313,8 @@ def layout_checks(facts: ServerFacts, expected: ModelExpectation | None) -> list
         check_context(facts, expected),
         check_slot_count(facts, expected),
         check_harness_slots(facts),
+        check_weights(facts, expected),
+        idle_info(facts),
     ]
 
 
@@ -304,8 +355,15 @@ def expectation_from_facts(facts: ServerFacts) -> ModelExpectation:
         total_slots=props.total_slots,
         caps=dict(props.caps),
         idle_slots_cleared=facts.pool.cleared if facts.pool is not None else None,
+        weights=facts.reading.weights if facts.reading is not None else None,
+        fingerprint=facts.reading.fingerprint(facts.model) if facts.reading is not None else None,
         durable_available=facts.durable.available if facts.durable is not None else None,
     )
+
+
+def _weights_changes(recorded: Weights, actual: Weights) -> list[str]:
+    old, new = dataclasses.asdict(recorded), dataclasses.asdict(actual)
+    return [f"{key}: {old[key]} -> {new[key]}" for key in old if old[key] != new[key]]
 
 
 def _caps_changes(recorded: dict[str, bool], actual: dict[str, bool]) -> list[str]:

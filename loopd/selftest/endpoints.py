@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from loopd.config import EndpointSettings, Settings
+from loopd.engine.quiet import Purpose
 from loopd.selftest.expected import DEFAULT_DIR, ExpectationsError
 from loopd.selftest.run import SelftestReport, format_result, run_selftest
 
@@ -79,6 +80,7 @@ def endpoint_checker(
                 tools_text=tools_text,
                 expected_dir=expected_dir,
                 endpoint=name,
+                purpose=Purpose.WORK,  # nobody waits: it neither wakes nor loads the model
             )
         except ExpectationsError as exc:
             return EndpointCheck(endpoint, None, str(exc))

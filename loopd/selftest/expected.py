@@ -20,6 +20,7 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from loopd.datafiles import EXPECTED_DIR
+from loopd.engine.modelstate import Weights
 from loopd.errors import LoopdError
 from loopd.selftest.template import TemplateAnswer
 
@@ -61,6 +62,17 @@ class ModelExpectation(BaseModel):
         description="Whether a slot's prompt is gone once a request has run on another slot: "
         "a unified KV pool with `--cache-idle-slots` (the server's default) saves idle slots "
         "to the host cache and clears them at every task launch. None: not recorded.",
+    )
+    weights: Weights | None = Field(
+        default=None,
+        description="What the server reports of the model's file (its name, type, size and "
+        "shape) and of the arguments that give a saved state its meaning "
+        "(`loopd.engine.modelstate.Weights`). None: not recorded.",
+    )
+    fingerprint: str | None = Field(
+        default=None,
+        description="The model id, its weights and its template's sha256, hashed: what a "
+        "durable save's name is bound to (`loopd.engine.modelstate.fingerprint`).",
     )
     durable_available: bool | None = Field(
         default=None,

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from loopd.engine.modelstate import ModelReading, ModelStatus
 from loopd.selftest.template import TemplateAnswer
 from loopd.wire.assemble import StreamAssembler
 from loopd.wire.events import Progress, StreamEvent, Timings
@@ -46,6 +47,26 @@ class Props:
     caps: dict[str, bool]
     n_ctx_per_slot: int
     total_slots: int
+
+
+@dataclass(frozen=True)
+class RouterFacts:
+    """``GET /props`` of a router (no model named): how many models it holds at once
+    (``--models-max``; 0: no limit), and whether a request loads a model on demand."""
+
+    max_instances: int | None
+    models_autoload: bool | None
+
+
+def parse_router_props(data: dict[str, Any]) -> RouterFacts | None:
+    """The router's own ``/props`` (``role`` router); None for anything else."""
+    if data.get("role") != "router":
+        return None
+    most, autoload = data.get("max_instances"), data.get("models_autoload")
+    return RouterFacts(
+        most if isinstance(most, int) and not isinstance(most, bool) else None,
+        autoload if isinstance(autoload, bool) else None,
+    )
 
 
 @dataclass(frozen=True)
@@ -150,6 +171,8 @@ class ServerFacts:
     harness_slots: tuple[int, ...]
     health: Health
     listing: Listing | None = None
+    reading: ModelReading | None = None  # the model's state and weights, read without waking it
+    router: RouterFacts | None = None
     props: Props | None = None
     slots: tuple[SlotInfo, ...] | None = None
     cache: CacheProbe | None = None
@@ -159,9 +182,31 @@ class ServerFacts:
     template: TemplateProbe | None = None
     durable: DurableProbe | None = None
     missing: dict[str, str] = field(default_factory=dict)  # fact name -> why it is None
+    # Why the live probes did not run although asked for: they would wake or load the model
+    # and nobody waits (``loopd.engine.quiet``). None: they ran, or were not asked for.
+    live_skipped: str | None = None
 
     def why_missing(self, name: str) -> str:
         return self.missing.get(name, "not gathered")
+
+    @property
+    def model_status(self) -> ModelStatus:
+        return self.reading.status if self.reading is not None else ModelStatus.UNKNOWN
+
+    # ``/props`` answered 503 (the server loading the model): its facts wait for the load.
+    props_loading: bool = False
+
+    @property
+    def model_away(self) -> str | None:
+        """Why the model's own facts could not be read: it is not loaded (and nobody waits to
+        load it), or it is loading. None when they were read, or failed otherwise."""
+        if self.props is not None:
+            return None
+        if self.props_loading:
+            return "the model is loading: checked once it is loaded"
+        if self.model_status in {ModelStatus.UNLOADED, ModelStatus.LOADING}:
+            return f"the model is {self.model_status.value}: checked once it is loaded"
+        return None
 
     @property
     def interrupted(self) -> str | None:

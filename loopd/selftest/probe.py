@@ -33,6 +33,7 @@ from loopd.engine.durable import probe_name
 from loopd.engine.limits import Limits
 from loopd.engine.outcome import Failure, RequestResult
 from loopd.engine.pinning import PinSlots, decide_pinning
+from loopd.engine.quiet import Call, Purpose, may_send
 from loopd.engine.request import RequestSettings, Sampling, build_body
 from loopd.engine.stream import run_request
 from loopd.engine.thinkcap import SUCCESS
@@ -47,6 +48,7 @@ from loopd.selftest.facts import (
     PoolProbe,
     Props,
     RenderProbe,
+    RouterFacts,
     ServerFacts,
     SlotInfo,
     StreamProbe,
@@ -55,6 +57,7 @@ from loopd.selftest.facts import (
     model_status,
     parse_listing,
     parse_props,
+    parse_router_props,
     parse_slots,
 )
 from loopd.selftest.template import TemplateAnswer
@@ -125,13 +128,21 @@ class ProbeConfig:
 
 
 async def gather_facts(
-    connect: ClientFactory, config: ProbeConfig, *, live: bool = True
+    connect: ClientFactory,
+    config: ProbeConfig,
+    *,
+    live: bool = True,
+    purpose: Purpose = Purpose.PERSON,
 ) -> ServerFacts:
     """Ask the server everything the checks need; never raises for what the server does.
 
     ``connect`` opens a new client for the configured URL and model (see the module's note).
-    Without ``live``, only what costs no generation and no render: health, the listing,
-    ``/props`` and ``/slots`` (``loopd serve`` checks that much every few minutes).
+    Without ``live``, only what costs no generation and no render: health, the listing, the
+    model's state, ``/props``, and ``/slots`` where a person waits (``loopd serve`` checks that
+    much every few minutes, as a background check). ``purpose`` decides what may be sent
+    (``loopd.engine.quiet``): where nobody waits, nothing loads the model, a check sends
+    nothing that wakes it, and the live probes run only on a model awake now
+    (``ServerFacts.live_skipped`` says why they did not).
     """
     async with connect() as client:
         facts = ServerFacts(
@@ -153,8 +164,15 @@ async def gather_facts(
             # Every further call names the model; the router would refuse each one.
             facts.missing.update(dict.fromkeys(_ALL_FACTS, f"{client.model} is not served"))
             return facts
-        await _gather_layout(client, config, facts)
+        if facts.listing.router:
+            facts.router = await probe_router(client, config.small_call_s)
+        await _gather_layout(client, config, facts, purpose)
     if not live:
+        return facts
+    verdict = may_send(Call.CHAT, purpose, facts.model_status)
+    if not verdict.allowed:
+        facts.live_skipped = verdict.why
+        facts.missing.update(dict.fromkeys(_LIVE_FACTS, f"not run: {verdict.why}"))
         return facts
     await _gather_live(connect, config, facts)
     async with connect() as client:
@@ -163,25 +181,27 @@ async def gather_facts(
     return facts
 
 
-_ALL_FACTS = (
-    "listing",
-    "props",
-    "slots",
-    "cache",
-    "pool",
-    "durable",
-    "stream",
-    "render",
-    "template",
-)
+_LIVE_FACTS = ("cache", "pool", "durable", "stream", "render", "template")
+_ALL_FACTS = ("listing", "props", "slots", *_LIVE_FACTS)
 
 
-async def _gather_layout(client: InferenceClient, config: ProbeConfig, facts: ServerFacts) -> None:
+async def _gather_layout(
+    client: InferenceClient, config: ProbeConfig, facts: ServerFacts, purpose: Purpose
+) -> None:
     try:
-        # A router loads the model for /props if it is not running: allow for the load.
-        facts.props = await probe_props(client, config.first_byte_s)
+        # A router loads the model for /props if it is not running (where a person waits):
+        # allow for the load.
+        facts.props = await probe_props(client, config.first_byte_s, purpose)
     except _PROBE_ERRORS as exc:
         facts.missing["props"] = f"GET /props failed: {exc}"
+        facts.props_loading = isinstance(exc, ServerRejected) and exc.status == 503
+    # After /props, which loaded the model where a person waits: its file's figures are listed
+    # only while it runs.
+    facts.reading = await client.model_reading(config.small_call_s)
+    verdict = may_send(Call.SLOTS, purpose, facts.model_status)
+    if not verdict.allowed:
+        facts.missing["slots"] = f"not asked: {verdict.why}"
+        return
     try:
         facts.slots = await probe_slots(client, config.small_call_s)
     except _PROBE_ERRORS as exc:
@@ -218,8 +238,19 @@ async def probe_listing(client: InferenceClient, limit_s: float) -> Listing:
     return Listing(listing.router, listing.served, model_status(data, client.model))
 
 
-async def probe_props(client: InferenceClient, limit_s: float) -> Props:
-    return parse_props(await _idempotent(lambda: client.props(limit_s)))
+async def probe_props(
+    client: InferenceClient, limit_s: float, purpose: Purpose = Purpose.PERSON
+) -> Props:
+    return parse_props(await _idempotent(lambda: client.props(limit_s, purpose=purpose)))
+
+
+async def probe_router(client: InferenceClient, limit_s: float) -> RouterFacts | None:
+    """The router's own ``/props``; None where it cannot be read (no check depends on it)."""
+    try:
+        return parse_router_props(await _idempotent(lambda: client.router_props(limit_s)))
+    except _PROBE_ERRORS as exc:
+        log.info("the router's /props could not be read: %s", exc)
+        return None
 
 
 async def probe_slots(client: InferenceClient, limit_s: float) -> tuple[SlotInfo, ...]:

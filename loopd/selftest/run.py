@@ -12,6 +12,7 @@ from typing import Any
 
 from loopd.config import Settings
 from loopd.engine.client import InferenceClient
+from loopd.engine.quiet import Purpose
 from loopd.selftest.checks import (
     CheckResult,
     expectation_from_facts,
@@ -67,6 +68,17 @@ class SelftestReport:
         return not self.facts.health.reachable
 
     @property
+    def model_away(self) -> str | None:
+        """Why the model's facts were not read (not loaded, and nobody waits to load it): no
+        verdict on the server, as for one unreachable."""
+        return self.facts.model_away
+
+    @property
+    def live_skipped(self) -> str | None:
+        """Why the live probes did not run (they would wake the model, and nobody waits)."""
+        return self.facts.live_skipped
+
+    @property
     def exit_status(self) -> int:
         if self.unreachable:
             return EXIT_UNREACHABLE
@@ -120,6 +132,8 @@ class SelftestReport:
                 for r in self.results
             ],
             "pool": {"idle_slots_cleared": self.idle_slots_cleared},
+            "server_model": self._model_json(),
+            "live_skipped": self.live_skipped,
             "durable": {"available": self.durable_available},
             "template": {
                 "keeps_past_reasoning": self.keeps_past_reasoning.value,
@@ -140,6 +154,17 @@ class SelftestReport:
             "notes": self.notes,
         }
 
+    def _model_json(self) -> dict[str, Any]:
+        """The model's state, idle policy and fingerprint, as read without waking it."""
+        reading = self.facts.reading
+        router = self.facts.router
+        return {
+            "status": self.facts.model_status.value,
+            "sleep_idle_s": reading.sleep_idle_s if reading is not None else None,
+            "router_max_models": router.max_instances if router is not None else None,
+            "fingerprint": reading.fingerprint(self.model) if reading is not None else None,
+        }
+
 
 async def run_selftest(
     settings: Settings,
@@ -150,6 +175,7 @@ async def run_selftest(
     expected_dir: Path = DEFAULT_DIR,
     live: bool = True,
     endpoint: str | None = None,
+    purpose: Purpose = Purpose.PERSON,
 ) -> SelftestReport:
     """Probe the server at ``settings.infer_url`` for ``model`` (default ``settings.model``).
 
@@ -159,6 +185,9 @@ async def run_selftest(
     from what the server reports now (the endpoint's file, or the model's for the shorthand),
     so the checks then compare against the new values and the live probes still run. Without
     ``live``, only the layout checks run (``layout_checks``: no request reaches a slot).
+    ``purpose``: who asks (``loopd.engine.quiet``); where nobody waits, nothing loads the model,
+    and the live probes run only on a model awake now (else only the layout checks, with the
+    report's ``live_skipped`` saying why).
     Raises ``ExpectationsError`` for an expectations file that cannot be read or written.
     """
     model = model or settings.model
@@ -168,7 +197,7 @@ async def run_selftest(
     def connect() -> InferenceClient:
         return InferenceClient(settings.infer_url, model, connect_s=settings.connect_s)
 
-    facts = await gather_facts(connect, config, live=live)
+    facts = await gather_facts(connect, config, live=live, purpose=purpose)
     expected, expectations = find_expectation(model, endpoint, expected_dir)
     recording = None
     if record and facts.health.reachable:
@@ -176,7 +205,8 @@ async def run_selftest(
         changes = diff_expectations(expected, new)
         expectations = save_expectation(new, expected_dir)
         recording, expected = Recording(expectations, changes), new
-    results = run_checks(facts, expected) if live else layout_checks(facts, expected)
+    probed = live and facts.live_skipped is None
+    results = run_checks(facts, expected) if probed else layout_checks(facts, expected)
     interrupted = None
     if not passed(results) and passed(layout_checks(facts, expected)):
         interrupted = facts.interrupted
@@ -205,6 +235,10 @@ def format_report(report: SelftestReport) -> str:
         if not changes:
             lines.append("  no change")
     lines.extend(format_result(result) for result in report.results)
+    if report.live_skipped is not None:
+        lines.append(f"note: the live probes did not run: {report.live_skipped}")
+    if report.model_away is not None:
+        lines.append(f"note: {report.model_away}")
     lines.extend(f"note: {note}" for note in report.notes)
     counted = [r for r in report.results if not r.informational]
     good = sum(r.ok for r in counted)
@@ -216,7 +250,8 @@ def format_report(report: SelftestReport) -> str:
 def format_result(result: CheckResult) -> str:
     """One line: ``ok   name: expected X, got Y (detail)``; ``info`` lines give the answer."""
     if result.informational:
-        text = f"info  {result.name}: {result.actual} (best: {result.expected})"
+        best = f" (best: {result.expected})" if result.expected else ""
+        text = f"info  {result.name}: {result.actual}{best}"
     else:
         mark = "ok  " if result.ok else "FAIL"
         text = f"{mark}  {result.name}: expected {result.expected}, got {result.actual}"

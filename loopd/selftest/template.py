@@ -1,4 +1,5 @@
-"""The chat template, as the self-test sees it: its fingerprint and the probe conversations. Pure.
+"""The chat template, as the self-test sees it: the probe conversations. Pure. (Its sha256 is
+``loopd.engine.modelstate.template_sha256``, part of the model's fingerprint.)
 
 The probes render conversations through ``/apply-template`` (in ``probe.py``) and judge the
 rendered prompts here:
@@ -14,7 +15,6 @@ rendered prompts here:
 
 from __future__ import annotations
 
-import hashlib
 from enum import StrEnum
 
 from loopcommon.jsonbytes import dumps
@@ -32,20 +32,6 @@ class TemplateAnswer(StrEnum):
     YES = "yes"
     NO = "no"
     UNKNOWN = "unknown"
-
-
-def template_sha256(chat_template: str, tool_use_template: str | None) -> str:
-    """sha256 (hex) of ``chat_template``; with a separate tool-use template, of both.
-
-    Without a tool-use template this is the plain sha256 of the template's UTF-8 bytes, the figure
-    an operator gets from ``sha256sum`` of the template file. The record separator keeps
-    ("ab", "c") and ("a", "bc") apart.
-    """
-    digest = hashlib.sha256(chat_template.encode("utf-8"))
-    if tool_use_template is not None:
-        digest.update(b"\x1e")
-        digest.update(tool_use_template.encode("utf-8"))
-    return digest.hexdigest()
 
 
 def first_turn(system_text: str, user_text: str = "Say OK.") -> list[str]:

@@ -582,16 +582,19 @@ class SessionLog:
             ).fetchone()
         return row is not None
 
-    def slot_used_since(self, slot: int | None, request_row: int, *, besides: str) -> bool:
+    def slot_used_since(
+        self, slot: int | None, request_row: int, *, besides: str, endpoint: str | None = None
+    ) -> bool:
         """Whether a request of a session other than ``besides`` ran on ``slot`` (None: on any
-        slot) after the request in row ``request_row`` (the slot then held another prompt for a
-        while)."""
+        slot) of ``endpoint``'s server (None: the shorthand's, whose requests name none) after
+        the request in row ``request_row`` (the slot then held another prompt for a while).
+        Another server's slot of the same number is another slot."""
         with self._reading():
             target = self.get_session(besides)
             row = self._conn.execute(
                 "SELECT 1 FROM requests WHERE (? IS NULL OR slot = ?) AND id > ? "
-                "AND session_id != ? LIMIT 1",
-                (slot, slot, request_row, target.id),
+                "AND session_id != ? AND json_extract(extra, '$.endpoint') IS ? LIMIT 1",
+                (slot, slot, request_row, target.id, endpoint),
             ).fetchone()
         return row is not None
 

@@ -22,6 +22,7 @@ from loopcommon.statuspage import (
     WaitView,
     bounded,
 )
+from loopd.engine.modelstate import ModelStatus
 from loopd.engine.waits import WAIT_PARTS, person_wait_ms
 from loopd.observe.perfsummary import PART_WORDS, percentile, summarize
 from loopd.sessionlog.records import Request, RequestKind
@@ -65,6 +66,7 @@ def snapshot(
         slots=tuple(slots),
         live=live_views,
         sessions=tuple(sessions[:MAX_SESSIONS]),
+        model_state=_model_state([s.memory.status for s in runtime.endpoints.servers.values()]),
         waits=wait_view([r for rows in requests.values() for r in rows]),
     )
     return bounded(snap)
@@ -114,6 +116,15 @@ def session_view(
         phase=phase,
         thread=thread,
     )
+
+
+def _model_state(statuses: Sequence[ModelStatus]) -> str:
+    """Each server's model's state as the page says it, in the order of the models' names (one
+    word where they agree); "" where loopd has not read any."""
+    if all(status is ModelStatus.UNKNOWN for status in statuses):
+        return ""
+    words = [status.value for status in statuses]
+    return words[0] if len(set(words)) == 1 else ", ".join(words)
 
 
 def _stamp(wall: float) -> str:

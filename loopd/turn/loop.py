@@ -55,6 +55,7 @@ from loopd.engine.outcome import (
 )
 from loopd.engine.progress import Phase, Status, StatusCallback
 from loopd.engine.request import RequestSettings, build_body
+from loopd.engine.saverule import SaveDecision
 from loopd.engine.stream import start_result, stream_into
 from loopd.errors import InferenceError
 from loopd.observe import recorder
@@ -158,6 +159,14 @@ class PersonWait:
     since: float | None = None
 
 
+@dataclass
+class SaveChoice:
+    """The save rule's decision on the state the turn's answer leaves (``Turn._measured``), for
+    ``Turn.save_slot``; None until an answer was measured."""
+
+    decision: SaveDecision | None = None
+
+
 @dataclass(frozen=True)
 class Turn:
     """Everything a turn needs, built once (``loopd.endpoints.server.build_turn``) and never
@@ -197,6 +206,8 @@ class Turn:
     # The person's wait while it lasts: run state, set as the turn runs (the turn itself is
     # never changed once built).
     _wait: PersonWait = field(default_factory=PersonWait, init=False, repr=False)
+    # The save rule's decision on the answer's state: run state too.
+    _save: SaveChoice = field(default_factory=SaveChoice, init=False, repr=False)
 
     async def run(self) -> TurnOutcome:
         self._wait.since = self.asked_at if self.asked_at is not None else time.monotonic()
@@ -206,6 +217,8 @@ class Turn:
         # let go when the turn ends.
         with self.log.holding_replay(self.session):
             try:
+                if self.durable is not None:
+                    await self.durable.before_turn(self.session)
                 for _ in range(self.max_rounds):
                     await self.round(kind, outcome)
                     kind = RequestKind.TOOL_FOLLOWUP
@@ -230,10 +243,15 @@ class Turn:
 
     async def save_slot(self, outcome: TurnOutcome) -> None:
         """At the end of an answered turn, while the session still holds its slot: save what
-        the slot holds, the prefix the session's next request extends."""
+        the slot holds, the prefix the session's next request extends, where the save rule
+        found it pays (its decision is in the answer's perf record)."""
         if self.durable is None or not outcome.requests:
             return
+        self.durable.held(self.session)
         if outcome.requests[-1].perf.outcome != "complete":
+            return
+        decision = self._save.decision
+        if decision is None or not decision.save:
             return
         await self.durable.save(
             replace(self.log.get_session(self.session), slot=self.slot),  # its slot here
@@ -300,18 +318,41 @@ class Turn:
 
     async def step(self, kind: RequestKind) -> Attempt:
         """One request, built from the log, streamed, and recorded however it ended. Where the
-        server had lost the session and a save of it is usable, the request is closed at its
-        first progress event, the save restored, and the request sent again."""
+        model forgot the session since its save (loopd read it asleep, unloaded or restarted),
+        the save is restored first and the request sent once; where the request's first
+        progress event shows the server lost it, the request is closed there, the save
+        restored, and the request sent again. A restore goes only into the weights that wrote
+        the save: the model is read again first."""
         probe = self._probe()
+        if probe is not None and probe.restore_first:
+            probe = await self._read_again(probe)
+            if probe.restore_first:
+                return await self._restored(kind, probe)
         attempt = await self._send(kind, probe)
-        lost = attempt.result.failure is Failure.LOST_BY_SERVER
-        if lost and self.durable is not None and probe is not None:
-            restore = await self.durable.restore(probe)
-            try:
-                attempt = await self._send(kind, None, restore)
-            finally:
-                self.durable.release(restore)
+        if attempt.result.failure is Failure.LOST_BY_SERVER and probe is not None:
+            probe = await self._read_again(probe)
+            if probe.saved is not None:
+                return await self._restored(kind, probe)
+            attempt = await self._send(kind, None)  # its save is not for these weights
         return attempt
+
+    async def _read_again(self, probe: Probe) -> Probe:
+        """The probe again, on a fresh reading of the model (its fingerprint now)."""
+        assert self.durable is not None
+        await self.durable.look()
+        again = self._probe()
+        assert again is not None
+        again.held = probe.held
+        return again
+
+    async def _restored(self, kind: RequestKind, probe: Probe) -> Attempt:
+        """The probe's save restored, then the request sent (naming the slot restored into)."""
+        assert self.durable is not None
+        restore = await self.durable.restore(probe)
+        try:
+            return await self._send(kind, None, restore)
+        finally:
+            self.durable.release(restore)
 
     def _probe(self) -> Probe | None:
         if self.durable is None:
@@ -321,6 +362,20 @@ class Turn:
             self.log.current_epoch(self.session).tools_text,
             self.log.replay_messages(self.session),
             self.slot,
+            displaced=self._displaced(),
+        )
+
+    def _displaced(self) -> bool:
+        """Pinned, another session's request ran on the session's slot since its own latest:
+        the slot holds that prompt now (a pinned request is not restored from the server's host
+        cache), as the log says without asking the server."""
+        if not self.pinned:
+            return False
+        prev = previous_request(self.log.latest_request(self.session, counted=True))
+        if prev is None:
+            return False
+        return self.log.slot_used_since(
+            self.slot, prev.request_row, besides=self.session, endpoint=self.endpoint
         )
 
     async def _send(
@@ -448,6 +503,9 @@ class Turn:
         perf = request_perf(result, loss, self.endpoint, request_id)
         if reply_short:
             perf = replace(perf, extra={**perf.extra, "reply_short": reply_short})
+        save = self._measured(kind, result, loss, restore)
+        if save is not None:
+            perf = replace(perf, extra={**perf.extra, "save": save.extra()})
         timings = result.assembler.timings
         if result.failure is Failure.LOST_BY_SERVER:
             # Closed before the server read anything: not a request the slot holds
@@ -458,6 +516,27 @@ class Turn:
         message = dumps(result.assembler.message().to_wire())
         reply = Reply(message, result.complete, result.detail)
         return recorder.record(self.log, self.session, sent, perf, reply)
+
+    def _measured(
+        self, kind: RequestKind, result: RequestResult, loss: Loss, restore: Restore | None
+    ) -> SaveDecision | None:
+        """What durable sessions learn from a request (its read, and for a turn's first
+        request, whether the server kept the session); for the answer, the save rule's
+        decision on the state it leaves (``loopd.engine.saverule``)."""
+        timings = result.assembler.timings
+        if self.durable is None or timings is None:
+            return None
+        figures = self.durable.figures
+        figures.read(timings.prompt_n, timings.prompt_ms)
+        if kind is RequestKind.TURN and result.failure is None:
+            # A request sent after a restore returned to a server that had lost the session.
+            lost = loss.expected if restore is not None else loss.lost
+            figures.returned(loss.expected, lost)
+        if not result.complete or result.assembler.message().tool_calls:
+            return None
+        decision = self.durable.decide(timings.cache_n + timings.prompt_n + timings.predicted_n)
+        self._save.decision = decision
+        return decision
 
     def _loss(
         self, epoch: Epoch, digest: str, result: RequestResult, restore: Restore | None
@@ -486,10 +565,13 @@ class Turn:
         """What the log knows about what ran since ``prev``, for the cache-loss rule."""
         if prev is None:
             return Circumstances(pinned=self.pinned)
-        # Pinned: what ran on this slot; placed by the server: what ran anywhere (another
-        # session's prompt may have been restored into the slot this one held).
+        # Pinned: what ran on this slot; placed by the server: what ran anywhere on this server
+        # (another session's prompt may have been restored into the slot this one held).
         others = self.log.slot_used_since(
-            self.slot if self.pinned else None, prev.request_row, besides=self.session
+            self.slot if self.pinned else None,
+            prev.request_row,
+            besides=self.session,
+            endpoint=self.endpoint,
         )
         return Circumstances(
             pinned=self.pinned,

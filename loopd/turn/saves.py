@@ -18,18 +18,23 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from loopcommon.slotfiles import is_slot_file_name, session_tag
+from loopd.engine.cacheloss import LossCause
 from loopd.engine.client import InferenceClient
 from loopd.engine.durable import (
     RestoreOutcome,
     Saved,
     after_restore,
     last_run_slot,
+    moved,
     restore_target,
     save_name,
     usable,
     worth_restoring,
 )
+from loopd.engine.modelstate import Forgot, ModelMemory, ModelReading, forgot
+from loopd.engine.quiet import Purpose
 from loopd.engine.request import RequestSettings
+from loopd.engine.saverule import SaveDecision, SaveFigures, decide
 from loopd.errors import InferenceError
 from loopd.prewarm.prewarmer import Prewarmer, PrewarmOutcome, StateBack
 from loopd.sessionlog.records import Session
@@ -37,6 +42,13 @@ from loopd.sessionlog.records import Session
 log = logging.getLogger(__name__)
 
 FOLDER = "durable"
+# Why a save made on another server is restored here: the session moved off that one (its server
+# died), and its save followed it (the perf record's ``restore.why``).
+MOVED = "moved with its save"
+
+
+def _text(value: object) -> str | None:
+    return None if value is None else str(value)
 
 
 class SaveBook:
@@ -55,7 +67,9 @@ class SaveBook:
                 message_count=int(data["message_count"]),
                 n_saved=int(data["n_saved"]),
                 slot=int(data["slot"]),
-                endpoint=None if data.get("endpoint") is None else str(data["endpoint"]),
+                endpoint=_text(data.get("endpoint")),
+                fingerprint=_text(data.get("fingerprint")),
+                instance=_text(data.get("instance")),
             )
         except FileNotFoundError:
             return None
@@ -85,15 +99,37 @@ class SaveBook:
 
 @dataclass
 class Probe:
-    """One request's look at what the server kept (its first progress event)."""
+    """One request's look at what the server kept: before it, whether the model forgot since
+    the session's save (``forgot``), or the save was made on another server the session moved
+    off (``moved``): then the save is restored first, and the request sent once; during it,
+    its first progress event."""
 
     saved: Saved | None  # the save this request could restore
+    slot: int  # the session's slot on this server (a pinned restore goes there)
     held: int | None = None  # the first progress event's ``cache`` count
+    forgot: Forgot | None = None  # the model forgot since the save was made
+    displaced: bool = False  # pinned, another session's request ran on the slot since
+    moved: bool = False  # the save was made on another server (of the same model)
+
+    @property
+    def restore_first(self) -> bool:
+        return self.saved is not None and (self.forgot is not None or self.displaced or self.moved)
 
     def lost(self, cache: int) -> bool:
         """``stream_into``'s ``lost``: close the request to restore first?"""
         self.held = cache
         return self.saved is not None and worth_restoring(self.saved, cache)
+
+    @property
+    def why(self) -> str:
+        """Why the save is restored, for the perf record."""
+        if self.moved:
+            return MOVED
+        if self.forgot is not None:
+            return self.forgot.value
+        if self.displaced:
+            return LossCause.SHARED_SLOT.value
+        return f"the server held {self.held} tokens (the request's first progress event)"
 
 
 @dataclass(frozen=True)
@@ -106,6 +142,7 @@ class Restore:
     slot: int | None  # the slot restored into; None: no idle slot of loopd's to restore into
     ms: float = 0.0
     refusal: str = ""
+    why: str = ""  # why it was restored (``Probe.why``)
 
     def verdict(self, cache_n: int) -> RestoreOutcome:
         return after_restore(self.n_restored, self.held_before, cache_n)
@@ -123,6 +160,8 @@ class Restore:
             out.update(n_restored=self.n_restored, restore_ms=self.ms)
         if self.refusal:
             out["refusal"] = self.refusal
+        if self.why:
+            out["why"] = self.why
         return out
 
 
@@ -140,36 +179,126 @@ class DurableSlots:
     endpoint: str | None = None
     pinned: bool = True
     slots: Sequence[int] = (0,)
+    # What the server told of the model without waking it (``loopd.engine.modelstate``): its
+    # fingerprint, which a save is bound to, read before each save and before a turn of a
+    # session that has one; and when each session's slot last held its state. The server's,
+    # kept across what is known of it being replaced, as ``claimed`` is.
+    memory: ModelMemory = field(default_factory=ModelMemory)
+    # What loopd measured of saving and reading, for the rule that decides each save (the
+    # server's, kept likewise).
+    figures: SaveFigures = field(default_factory=SaveFigures)
+    # How long a reading may wait for the model to load (the turn's first-byte limit).
+    load_wait_s: float = 900.0
     # Slots a restore of loopd's is filling, until the request sent after it ended (the
     # server's, kept across what is known of it being replaced: ``loopd.endpoints.server``).
     claimed: set[int] = field(default_factory=set)
 
-    def probe(self, session: str, tools_text: str, messages: Sequence[str], slot: int) -> Probe:
+    async def look(self, purpose: Purpose = Purpose.PERSON) -> ModelReading:
+        """Read the model (``InferenceClient.model_reading``: nothing that wakes it; where a
+        person waits, a model not loaded is loaded, as the turn's request would) into
+        ``memory``."""
+        reading = await self.client.model_reading(self.load_wait_s, purpose=purpose)
+        self.memory.observe(reading)
+        return reading
+
+    @property
+    def fingerprint(self) -> str | None:
+        """The model's fingerprint as last read (a model not loaded tells none: the one before
+        it); None when never read. A restore reads it again first (``Turn.step``)."""
+        known = self.memory.known
+        return known.fingerprint(self.client.model) if known is not None else None
+
+    async def before_turn(self, session: str) -> None:
+        """At the start of a turn of a session that has a save, where no watch reads the model
+        in the background (``loopd chat``, ``loopd run``; ``loopd serve``'s server watch does):
+        read it, so that the turn knows whether it forgot since the save."""
+        if not self.memory.watched and self.book.latest(session) is not None:
+            await self.look()
+
+    def probe(
+        self,
+        session: str,
+        tools_text: str,
+        messages: Sequence[str],
+        slot: int,
+        *,
+        displaced: bool = False,
+    ) -> Probe:
+        latest = self.book.latest(session)
+        now = self.fingerprint
+        if latest is not None and now is not None and latest.fingerprint != now:
+            log.warning(
+                "%s: its save %s was written by another model (fingerprint %s, now %s: other "
+                "weights or template behind the same model id); forgotten, never restored",
+                session,
+                latest.file,
+                latest.fingerprint or "none",
+                now,
+            )
+            self.book.forget(session)
+            latest = None
         saved = usable(
-            self.book.latest(session),
+            latest,
             session=session,
             tools_text=tools_text,
             messages=messages,
             slot=slot if self.pinned else None,
+            fingerprint=now,
             endpoint=self.endpoint,
         )
-        return Probe(saved)
+        return Probe(
+            saved,
+            slot,
+            forgot=self._forgot(session, saved),
+            displaced=displaced,
+            moved=saved is not None and moved(saved, self.endpoint),
+        )
+
+    def _forgot(self, session: str, saved: Saved | None) -> Forgot | None:
+        """What the model lost since the session's slot last held its state, as far as loopd
+        has read it (``memory``); None when nothing says so (the request's first progress
+        event still can)."""
+        if saved is None:
+            return None
+        mark = self.memory.held_at.get(session)
+        if mark is not None:
+            return self.memory.last_forget if self.memory.forgets > mark else None
+        # Saved before loopd started: what the model is now, against what it was at the save.
+        last = self.memory.last
+        if last is None:
+            return None
+        if last.status.holds_nothing:
+            return forgot(None, last)
+        if saved.instance is not None and last.instance not in (None, saved.instance):
+            return Forgot.RESTARTED
+        return None
+
+    def held(self, session: str) -> None:
+        """The session's slot holds its state now (its turn ended there)."""
+        self.memory.held_at[session] = self.memory.forgets
+
+    def decide(self, tokens: int) -> SaveDecision:
+        """Whether a state of ``tokens`` tokens is worth saving now (``loopd.engine.saverule``)."""
+        return decide(tokens, self.figures)
 
     async def restore(self, probe: Probe) -> Restore:
         """Put the probe's save back into a slot: the session's own where pinned, else an idle
-        one of loopd's, claimed until ``release``."""
+        one of loopd's, claimed until ``release``. A moved session's save is asked of this
+        server by its file's name: brokerd copies it here from the server that made it."""
         assert probe.saved is not None
-        assert probe.held is not None
-        saved = probe.saved
-        slot = saved.slot if self.pinned else await self._target()
+        held = probe.held or 0  # not asked where the model is known to have forgotten
+        saved, why = probe.saved, probe.why
+        slot = probe.slot if self.pinned else await self._target()
         if slot is None:
-            return Restore(saved, probe.held, None, None, refusal="no idle slot to restore into")
+            refusal = "no idle slot to restore into"
+            return Restore(saved, held, None, None, refusal=refusal, why=why)
         self.claimed.add(slot)
         try:
             answer = await self.client.restore_slot(slot, saved.file)
         except InferenceError as exc:
-            return Restore(saved, probe.held, None, slot, refusal=str(exc))
-        return Restore(saved, probe.held, answer.n_tokens, slot, ms=answer.ms)
+            return Restore(saved, held, None, slot, refusal=str(exc), why=why)
+        self.figures.restored(answer.n_bytes, answer.ms)
+        return Restore(saved, held, answer.n_tokens, slot, ms=answer.ms, why=why)
 
     def release(self, restore: Restore) -> None:
         """The request sent after ``restore`` ended: its slot may take another restore."""
@@ -191,6 +320,9 @@ class DurableSlots:
         server holds (a restore of a state the slot already holds costs only its disk read).
         The session's next request confirms it (``loopd.prewarm.prewarmer``). None: no usable
         save, no slot to restore into, or the server refused it (then dropped)."""
+        if self.book.latest(session) is None:
+            return None
+        await self.look(Purpose.WORK)  # what the model forgot so far, and its fingerprint now
         probe = self.probe(session, tools_text, messages, slot)
         if probe.saved is None:
             return None
@@ -202,6 +334,7 @@ class DurableSlots:
         if restore.n_restored is None:
             self.settle(session, restore, 0)  # refused: dropped
             return None
+        self.held(session)
         extra = restore.extra(restore.n_restored)
         extra["outcome"] = "restored, the next request confirms it"
         return StateBack(restore.n_restored, extra)
@@ -255,7 +388,17 @@ class DurableSlots:
             log.warning("%s: its slot was not saved: the prefix read %s", session.name, read)
             return None
         held = perf.cache_n + (perf.prompt_n or 0)
-        name = save_name(session.name, tools_text, messages)
+        reading = await self.look()
+        fingerprint = reading.fingerprint(self.client.model)
+        if fingerprint is None:
+            log.warning(
+                "%s: its slot was not saved: the server does not tell which model it runs "
+                "(%s), and a save is bound to it",
+                session.name,
+                self.memory.last.detail if self.memory.last is not None else "no reading",
+            )
+            return None
+        name = save_name(session.name, tools_text, messages, fingerprint)
         slot = await self._saved_slot(session)
         if slot is None:
             return None
@@ -272,6 +415,18 @@ class DurableSlots:
                 held,
             )
             return None
-        saved = Saved(name, len(messages), answer.n_tokens, slot, self.endpoint)
+        read_ms = perf.extra.get("duration_ms")
+        read_ms = float(read_ms) if isinstance(read_ms, int | float) else None
+        self.figures.saved(answer.n_tokens, answer.n_bytes, answer.ms, read_ms)
+        saved = Saved(
+            name,
+            len(messages),
+            answer.n_tokens,
+            slot,
+            self.endpoint,
+            fingerprint,
+            reading.instance,
+        )
         self.book.record(session.name, saved)
+        self.held(session.name)
         return saved

@@ -7,6 +7,8 @@ from bench.durable_cap import CapRun
 from bench.durable_cap import render as render_cap
 from bench.durable_loopd import LoopdReturn
 from bench.durable_loopd import render as render_loopd
+from bench.durable_rule import LongReturn, RuleRun, WarmTurns
+from bench.durable_rule import render as render_rule
 from bench.durable_turns import TurnsReturn
 from bench.durable_turns import render as render_turns
 
@@ -68,3 +70,14 @@ def test_the_cap_table_shows_disk_against_the_cap() -> None:
     mib = 1024 * 1024
     run = CapRun(21 * mib, 5 * mib, 12, 25 * mib, 20 * mib, 4, 4, 8)
     assert "| 21.0 MiB | 25.0 MiB | 20.0 MiB | 4 | 4 | 8 |" in render_cap(run)
+
+
+def test_the_save_rule_tables_compare_skipped_turns_and_show_each_return() -> None:
+    warm = WarmTurns("qwen35moe", [100.0, 104.0, 102.0], [99.0, 101.0, 100.0], 2, "a reason")
+    long_on = LongReturn("smollm2", True, 3210, "save", "its reason", 350.0, 25, 12.5)
+    long_off = LongReturn("smollm2", False, 3210, "-", "", 2900.0, 3210, 0.0)
+    text = render_rule(RuleRun([warm], [long_on, long_off]))
+    assert "| qwen35moe | 3 | 2 | 102.0 ms | 100.0 ms | 1.020 | a reason |" in text
+    assert "| smollm2 | on | 3210 | save | 350 ms | 12.5 ms | 25 |" in text
+    assert "| smollm2 | off | 3210 | - | 2900 ms | 0.0 ms | 3210 |" in text
+    assert "- smollm2: its reason" in text

@@ -19,6 +19,9 @@ from loopd_dev import devserver
 from tests.security.brokerd_run import RunningBrokerd, brokerd
 from tests.tools.toolcall import wait_until
 
+FINGERPRINT = "0123456789ab"  # the model that wrote a save (loopcommon.slotfiles)
+
+
 pytestmark = [pytest.mark.real_server, pytest.mark.slow]
 
 MODEL = devserver.PLAIN_MODEL
@@ -115,7 +118,7 @@ def stack(tmp_path: Path) -> Iterator[Stack]:
 def test_a_state_saved_through_brokerd_comes_back_after_a_server_restart(stack: Stack) -> None:
     running, saves = stack.brokerd, stack.saves
     history = messages("restart")
-    name = slot_file_name("session-restart", json.dumps(history).encode())
+    name = slot_file_name("session-restart", json.dumps(history).encode(), fingerprint=FINGERPRINT)
     with box_client(running) as box:
         first = chat(box, 0, history)
         saved = slot_action(box, "save", 0, name)
@@ -142,7 +145,10 @@ def test_a_state_saved_through_brokerd_comes_back_after_a_server_restart(stack: 
 
 def test_the_save_folder_stays_under_its_cap_on_the_real_server(stack: Stack) -> None:
     running, saves = stack.brokerd, stack.saves
-    names = [slot_file_name(f"session-{n}", f"prefix-{n}".encode()) for n in range(3)]
+    names = [
+        slot_file_name(f"session-{n}", f"prefix-{n}".encode(), fingerprint=FINGERPRINT)
+        for n in range(3)
+    ]
     with box_client(running) as box:
         for n, name in enumerate(names):
             chat(box, n % 2, messages(f"cap-{n}"))

@@ -143,7 +143,8 @@ async def test_two_endpoints_one_restarted_its_sessions_come_back_from_disk(
         for name in names:
             await say(runtime, first(name), name)
         placed = {name: where for name, (where, _) in runtime.log.last_endpoints().items()}
-        assert placed == {"s1": "a", "s2": "b", "s3": "a", "s4": "b"}
+        # Two on each (which two: the placement's tie-break, by what each server holds).
+        assert sorted(placed.values()) == ["a", "a", "b", "b"], placed
         folder["a"].kill()
         folder["a"].start()
         after = {name: await say(runtime, SECOND, name) for name in names}

@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import Protocol
 
 import pytest
 
@@ -17,7 +18,6 @@ from loopd.config import SHORTHAND_ENDPOINT, Settings, load_settings
 from loopd.engine.cacheloss import LossCause
 from loopd.engine.durable import DurableMode, save_name
 from loopd.engine.limits import Limits
-from loopd.engine.outcome import Failure
 from loopd.engine.pinning import PinSlots
 from loopd.engine.request import build_body
 from loopd.engine.stream import run_request
@@ -98,7 +98,16 @@ def restartable(tmp_path: Path) -> Iterator[Callable[..., Restartable]]:
             server.stop()
 
 
-def durable_settings(server: Restartable, state: Path, durable: DurableMode) -> Settings:
+class Served(Protocol):
+    """A server a test started: where it listens and the model it serves."""
+
+    @property
+    def url(self) -> str: ...
+
+    model: str
+
+
+def durable_settings(server: Served, state: Path, durable: DurableMode) -> Settings:
     return load_settings(
         infer_url=server.url,
         model=server.model,
@@ -160,10 +169,12 @@ async def test_a_session_comes_back_warm_after_the_server_is_killed(
         server.start()
         second = await say(runtime, SECOND)
     assert [r.record.kind for r in first] == [RequestKind.TURN, RequestKind.PREWARM]
-    # Closed at its first progress event (the server held nothing), restored, sent again.
-    assert second[0].record.perf.extra.get("failure") == Failure.LOST_BY_SERVER.value
-    answered = turn_request(second[1:]).record.perf
+    # The turn read the model first (its process is new: it restarted), restored the save and
+    # sent its request once.
+    assert [r.record.kind for r in second] == [RequestKind.TURN, RequestKind.PREWARM]
+    answered = turn_request(second).record.perf
     restore = answered.extra["restore"]
+    assert restore["why"] == "the model restarted"
     assert answered.cache_loss_cause == LossCause.RESTORED.value, restore
     assert restore["n_restored"] == saved.n_saved
     # Everything the first turn left is reused; only the new message is read (loopd/ideal).
@@ -209,7 +220,8 @@ async def test_a_session_evicted_by_another_on_its_slot_comes_back_from_disk(
 ) -> None:
     """Two sessions take turns on one slot and the server has no host prompt cache: each
     return finds the slot holding the other's prompt, and restores its own state instead of
-    reading it again."""
+    reading it again, before its request (the log says the other session ran there), which is
+    sent once."""
     server = restartable(devserver.PLAIN_MODEL, layout=devserver.ServerLayout(cache_ram_mib=0))
     settings = durable_settings(server, tmp_path / "state", DurableMode.ON)
     # Long enough that the shared head (system text and tools) is under half of each prompt.
@@ -218,9 +230,10 @@ async def test_a_session_evicted_by_another_on_its_slot_comes_back_from_disk(
         for name in "AB":
             await say(runtime, story[name], name)
         back = await say(runtime, "Summarise in three words.", "A")
-    assert back[0].record.perf.extra.get("failure") == Failure.LOST_BY_SERVER.value
-    answered = turn_request(back[1:]).record.perf
+    assert [r.record.kind for r in back] == [RequestKind.TURN, RequestKind.PREWARM]
+    answered = turn_request(back).record.perf
     assert answered.cache_loss_cause == LossCause.RESTORED.value, answered
+    assert answered.extra["restore"]["why"] == LossCause.SHARED_SLOT.value
     assert answered.prompt_n is not None
     assert answered.prompt_n < 40, "only the new message was read"
 
@@ -239,11 +252,13 @@ async def test_a_save_the_server_did_not_answer_is_never_restored(
         session = runtime.ensure_session(SESSION)
         messages = runtime.log.replay_messages(SESSION)
         tools_text = runtime.log.current_epoch(SESSION).tools_text
-        name = save_name(SESSION, tools_text, messages)
-        (server.saves / name).mkdir()
         book = SaveBook(off.state_dir)
         one = one_server(runtime)
         durable = DurableSlots(one.client, book, one.prewarmer)
+        fingerprint = (await durable.look()).fingerprint(one.client.model)
+        assert fingerprint is not None
+        name = save_name(SESSION, tools_text, messages, fingerprint)
+        (server.saves / name).mkdir()
         request_settings = runtime.turn(session, lambda s: None).settings
         assert await durable.save(session, request_settings, tools_text, messages) is None
         assert book.latest(SESSION) is None

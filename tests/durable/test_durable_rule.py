@@ -3,11 +3,12 @@ and the causes the cache-loss rule names for them."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
-from loopcommon.slotfiles import belongs_to, is_slot_file_name
+from loopcommon.slotfiles import belongs_to, fingerprint_of, is_slot_file_name
 from loopd.engine.cacheloss import Circumstances, LossCause, PrevRequest, cache_loss
 from loopd.engine.durable import (
     DurableMode,
@@ -16,6 +17,7 @@ from loopd.engine.durable import (
     after_restore,
     decide_durable,
     last_run_slot,
+    moved,
     probe_name,
     restore_target,
     save_name,
@@ -27,10 +29,13 @@ from loopd.turn.saves import SaveBook
 TOOLS = '[{"type":"function","function":{"name":"read_file"}}]'
 TURN = ['{"role":"system","content":"s"}', '{"role":"user","content":"hi"}']
 REPLY = '{"role":"assistant","content":"hello"}'
+MODEL = "0123456789ab"  # the fingerprint of the weights the server runs
 
 
 def saved_after(messages: list[str], n_saved: int = 300, slot: int = 0) -> Saved:
-    return Saved(save_name("t-1", TOOLS, messages), len(messages), n_saved, slot)
+    return Saved(
+        save_name("t-1", TOOLS, messages, MODEL), len(messages), n_saved, slot, None, MODEL
+    )
 
 
 @pytest.mark.parametrize(
@@ -57,7 +62,10 @@ def test_a_save_is_usable_for_a_request_that_extends_its_exact_prefix() -> None:
     assert is_slot_file_name(saved.file)
     assert belongs_to(saved.file, "t-1")
     after = [*held, '{"role":"user","content":"and now?"}']
-    assert usable(saved, session="t-1", tools_text=TOOLS, messages=after, slot=0) == saved
+    assert (
+        usable(saved, session="t-1", tools_text=TOOLS, messages=after, slot=0, fingerprint=MODEL)
+        == saved
+    )
 
 
 @pytest.mark.parametrize(
@@ -74,7 +82,34 @@ def test_a_save_is_never_used_for_another_prefix(
     session: str, tools: str, messages: list[str], slot: int
 ) -> None:
     saved = saved_after([*TURN, REPLY])
-    assert usable(saved, session=session, tools_text=tools, messages=messages, slot=slot) is None
+    assert (
+        usable(
+            saved,
+            session=session,
+            tools_text=tools,
+            messages=messages,
+            slot=slot,
+            fingerprint=MODEL,
+        )
+        is None
+    )
+
+
+def test_a_save_is_never_restored_into_other_weights() -> None:
+    held = [*TURN, REPLY]
+    saved = saved_after(held)
+    after = [*held, "{}"]
+    for now in ("ba9876543210", None):
+        assert (
+            usable(saved, session="t-1", tools_text=TOOLS, messages=after, slot=0, fingerprint=now)
+            is None
+        )
+    unbound = Saved(saved.file, saved.message_count, saved.n_saved, 0)  # recorded before binding
+    assert (
+        usable(unbound, session="t-1", tools_text=TOOLS, messages=after, slot=0, fingerprint=MODEL)
+        is None
+    )
+    assert fingerprint_of(saved.file) == MODEL
 
 
 def test_a_placed_request_may_take_a_restore_into_any_slot() -> None:
@@ -83,8 +118,39 @@ def test_a_placed_request_may_take_a_restore_into_any_slot() -> None:
     held = [*TURN, REPLY]
     saved = saved_after(held, slot=3)
     after = [*held, "{}"]
-    assert usable(saved, session="t-1", tools_text=TOOLS, messages=after, slot=None) == saved
-    assert usable(saved, session="t-2", tools_text=TOOLS, messages=after, slot=None) is None
+    assert (
+        usable(saved, session="t-1", tools_text=TOOLS, messages=after, slot=None, fingerprint=MODEL)
+        == saved
+    )
+    assert (
+        usable(saved, session="t-2", tools_text=TOOLS, messages=after, slot=None, fingerprint=MODEL)
+        is None
+    )
+
+
+def test_a_moved_session_takes_its_save_to_a_server_of_the_same_model() -> None:
+    """A save made on endpoint ``a`` (slot 0 there) is usable on ``b``, where the session has
+    slot 1, for the same weights only; on ``a`` it is still bound to its own slot."""
+    held = [*TURN, REPLY]
+    saved = replace(saved_after(held), endpoint="a")
+    after = [*held, "{}"]
+
+    def on(endpoint: str, fingerprint: str) -> Saved | None:
+        return usable(
+            saved,
+            session="t-1",
+            tools_text=TOOLS,
+            messages=after,
+            slot=1,
+            fingerprint=fingerprint,
+            endpoint=endpoint,
+        )
+
+    assert moved(saved, "b")
+    assert on("b", MODEL) == saved
+    assert on("b", "ba9876543210") is None  # other weights there
+    assert not moved(saved, "a")
+    assert on("a", MODEL) is None  # its own server: its own slot only
 
 
 # A /slots answer: slot 0 ran task 7, slot 1 task 12, slot 2 none yet, slot 3 runs task 15.

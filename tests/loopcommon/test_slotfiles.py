@@ -1,4 +1,4 @@
-"""The slot-file name rule: one name per (session, exact prefix), and nothing else passes."""
+"""The slot-file name rule: one name per (session, model, exact prefix), and nothing else passes."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from hypothesis import strategies as st
 
 from loopcommon.slotfiles import (
     belongs_to,
+    fingerprint_of,
     is_slot_file_name,
     parse_slot_file_name,
     prefix_digest,
@@ -15,15 +16,18 @@ from loopcommon.slotfiles import (
     slot_file_name,
 )
 
+FINGERPRINT = "0123456789ab"  # the model that wrote a save (loopcommon.slotfiles)
+
 
 def test_a_name_has_the_documented_shape_and_parses_back() -> None:
-    name = slot_file_name("s-1", b'[{"role":"user","content":"hi"}]')
+    name = slot_file_name("s-1", b'[{"role":"user","content":"hi"}]', fingerprint=FINGERPRINT)
     assert name.startswith("loopd-")
     assert name.endswith(".bin")
-    assert len(name) == len("loopd-") + 16 + 1 + 32 + len(".bin")
+    assert len(name) == len("loopd-") + 16 + 1 + 12 + 1 + 32 + len(".bin")
     parsed = parse_slot_file_name(name)
     assert parsed is not None
     assert parsed.session_tag == session_tag("s-1")
+    assert parsed.fingerprint == FINGERPRINT == fingerprint_of(name)
     assert parsed.name == name
     assert is_slot_file_name(name)
     assert belongs_to(name, "s-1")
@@ -31,9 +35,36 @@ def test_a_name_has_the_documented_shape_and_parses_back() -> None:
 
 def test_another_session_or_another_prefix_gives_another_name() -> None:
     prefix = b"the same prefix"
-    assert slot_file_name("a", prefix) != slot_file_name("b", prefix)
-    assert slot_file_name("a", prefix) != slot_file_name("a", prefix + b" and one more byte")
-    assert not belongs_to(slot_file_name("a", prefix), "b")
+    assert slot_file_name("a", prefix, fingerprint=FINGERPRINT) != slot_file_name(
+        "b", prefix, fingerprint=FINGERPRINT
+    )
+    assert slot_file_name("a", prefix, fingerprint=FINGERPRINT) != slot_file_name(
+        "a", prefix + b" and one more byte", fingerprint=FINGERPRINT
+    )
+    assert not belongs_to(slot_file_name("a", prefix, fingerprint=FINGERPRINT), "b")
+
+
+def test_another_model_gives_another_name_of_the_same_session() -> None:
+    prefix = b"the same prefix"
+    other = slot_file_name("a", prefix, fingerprint="ba9876543210")
+    assert other != slot_file_name("a", prefix, fingerprint=FINGERPRINT)
+    assert belongs_to(other, "a")
+
+
+@pytest.mark.parametrize("bad", ["", "0123456789AB", "0123456789a", "0123456789abc", "../x"])
+def test_a_fingerprint_not_of_its_shape_is_refused(bad: str) -> None:
+    with pytest.raises(ValueError, match="fingerprint"):
+        slot_file_name("a", b"p", fingerprint=bad)
+
+
+def test_a_name_from_before_saves_were_bound_to_a_model_is_still_loopds() -> None:
+    legacy = "loopd-" + session_tag("a") + "-0123456789abcdef0123456789abcdef.bin"
+    parsed = parse_slot_file_name(legacy)
+    assert parsed is not None
+    assert parsed.fingerprint is None
+    assert parsed.name == legacy
+    assert belongs_to(legacy, "a")
+    assert fingerprint_of(legacy) is None
 
 
 def test_bytes_and_token_ids_never_share_a_digest() -> None:
@@ -83,6 +114,6 @@ def test_no_accepted_name_holds_a_path_separator_or_a_dot_dot(name: str) -> None
 
 @given(st.text(max_size=40), st.binary(max_size=200))
 def test_every_built_name_is_accepted(session: str, prefix: bytes) -> None:
-    name = slot_file_name(session, prefix)
+    name = slot_file_name(session, prefix, fingerprint=FINGERPRINT)
     assert is_slot_file_name(name)
     assert belongs_to(name, session)

@@ -151,3 +151,13 @@ def test_the_wait_is_over_the_latest_turns_that_recorded_it() -> None:
         "the first token",
     ]
     assert wait_view(requests[-1:]) is None
+
+
+def test_the_model_asleep_or_unloaded_is_shown_beside_its_name() -> None:
+    asleep = text_of(render(snapshot(model_state="asleep")))
+    assert "model smollm2 asleep ·" in asleep
+    assert "model smollm2 (awake) ·" in text_of(render(snapshot(model_state="awake")))
+    assert "model smollm2 · " in text_of(render(snapshot()))  # not read yet: nothing said
+    hostile = render(snapshot(model_state="<b>x</b>"))
+    assert "<b>x</b>" not in hostile
+    assert bounded(snapshot(model_state="z" * 5000)).model_state == "z" * 256

@@ -25,6 +25,9 @@ from tests.security.fake_mattermost import served
 from tests.tools.toolcall import wait_until
 from tests.watch import run_watched
 
+FINGERPRINT = "0123456789ab"  # the model that wrote a save (loopcommon.slotfiles)
+
+
 STATE_BYTES = 1000
 CAP_BYTES = 3500  # three states fit, a fourth does not
 EVICTED = "slot save folder over its cap"
@@ -102,7 +105,10 @@ def box(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Box]:
 
 
 def own(session: str = "s1", prefix: bytes = b"prefix") -> dict[str, str]:
-    return {"filename": slot_file_name(session, prefix), "model": "smollm2"}
+    return {
+        "filename": slot_file_name(session, prefix, fingerprint=FINGERPRINT),
+        "model": "smollm2",
+    }
 
 
 @pytest.mark.attack(
@@ -248,12 +254,14 @@ def test_another_clients_saves_are_neither_removed_nor_counted(
 ) -> None:
     saves = short_dir / "saves"
     saves.mkdir()
-    theirs = [slot_file_name("s1", b"their turn")]
-    theirs += [slot_file_name(f"theirs{i}", b"their turn") for i in range(3)]
+    theirs = [slot_file_name("s1", b"their turn", fingerprint=FINGERPRINT)]
+    theirs += [
+        slot_file_name(f"theirs{i}", b"their turn", fingerprint=FINGERPRINT) for i in range(3)
+    ]
     for name in theirs:
         (saves / name).write_bytes(b"\0" * STATE_BYTES)
         os.utime(saves / name, ns=(0, 0))  # older than anything the box saves
-    ours = [slot_file_name(f"s{i}", b"our turn") for i in range(1, 6)]
+    ours = [slot_file_name(f"s{i}", b"our turn", fingerprint=FINGERPRINT) for i in range(1, 6)]
     with served(SavingLlama(saves).app(), short_dir / "llama.sock") as llama:
         watched = run_watched(
             f"{SCENARIOS}:box_saves", str(llama), str(saves), str(CAP_BYTES), *ours

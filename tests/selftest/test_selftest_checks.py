@@ -6,6 +6,7 @@ import dataclasses
 
 import pytest
 
+from loopd.engine.modelstate import ModelReading, ModelStatus, Weights, template_sha256
 from loopd.selftest.checks import (
     POOL_CLEARED,
     POOL_KEPT,
@@ -33,16 +34,25 @@ from loopd.selftest.facts import (
     PoolProbe,
     Props,
     RenderProbe,
+    RouterFacts,
     ServerFacts,
     SlotInfo,
     StreamProbe,
     TemplateProbe,
 )
 from loopd.selftest.run import format_result
-from loopd.selftest.template import TemplateAnswer, template_sha256
+from loopd.selftest.template import TemplateAnswer
 
 TEMPLATE = "{% for m in messages %}{{ m.content }}{% endfor %}"
 CAPS = {"supports_tools": True, "supports_preserve_reasoning": False}
+WEIGHTS = Weights(file="m.gguf", ftype="Q4_1", size=96_576_768, n_params=134_515_008)
+READING = ModelReading(
+    ModelStatus.AWAKE,
+    instance="40001",
+    sleep_idle_s=21600,
+    weights=WEIGHTS,
+    template=template_sha256(TEMPLATE, None),
+)
 
 
 def good_props(**changes: object) -> Props:
@@ -65,6 +75,8 @@ def good_facts(**changes: object) -> ServerFacts:
         harness_slots=(0,),
         health=Health(reachable=True, healthy=True),
         listing=Listing(router=True, served=("m", "other"), status="loaded"),
+        reading=READING,
+        router=RouterFacts(max_instances=4, models_autoload=True),
         props=good_props(),
         slots=(SlotInfo(0, 4096, False), SlotInfo(1, 4096, False)),
         cache=CacheProbe(slot=0, first_prompt_tokens=30, second_cache_n=29, second_prompt_n=1),
@@ -93,6 +105,7 @@ EXPECTED = ModelExpectation(
     total_slots=2,
     caps=dict(CAPS),
     idle_slots_cleared=False,
+    weights=WEIGHTS,
 )
 
 
@@ -105,6 +118,7 @@ def test_a_server_as_recorded_passes_every_check() -> None:
     assert failing(results) == []
     assert passed(results)
     assert [r.name for r in results if r.informational] == [
+        "idle policy",
         "keeps past reasoning",
         "tool turn + user extends prompt",
         "durable sessions",
@@ -147,6 +161,9 @@ def test_server_loading_is_not_healthy() -> None:
 def test_nothing_recorded_fails_the_recorded_checks_and_says_how_to_record() -> None:
     results = run_checks(good_facts(), None)
     assert failing(results) == ["server", "chat template", "context per slot", "slots", "slot pool"]
+    weights = next(r for r in results if r.name == "model weights")
+    assert weights.ok
+    assert weights.detail == "not recorded: nothing to compare"
     assert all("--record" in r.expected for r in results if not r.ok)
 
 
@@ -338,3 +355,42 @@ def test_expectation_from_facts_refuses_without_props_or_build_number() -> None:
         expectation_from_facts(good_facts(props=None, missing={"props": "GET /props failed"}))
     with pytest.raises(ExpectationsError, match="no build number"):
         expectation_from_facts(good_facts(props=good_props(build_info="custom")))
+
+
+def test_other_weights_behind_the_same_model_id_are_a_change_of_server() -> None:
+    updated = dataclasses.replace(WEIGHTS, file="m-v2.gguf", size=96_576_800)
+    reading = dataclasses.replace(READING, weights=updated)
+    results = run_checks(good_facts(reading=reading), EXPECTED)
+    assert failing(results) == ["model weights"]
+    weights = next(r for r in results if r.name == "model weights")
+    assert weights.detail == "file: m.gguf -> m-v2.gguf; size: 96576768 -> 96576800"
+    assert format_result(weights) == (
+        "FAIL  model weights: expected m.gguf (Q4_1, 96,576,768 bytes, 134,515,008 params), "
+        "got m-v2.gguf (Q4_1, 96,576,800 bytes, 134,515,008 params) "
+        "(file: m.gguf -> m-v2.gguf; size: 96576768 -> 96576800)"
+    )
+
+
+def test_recorded_weights_the_server_no_longer_reports_fail() -> None:
+    reading = dataclasses.replace(READING, weights=None)
+    results = run_checks(good_facts(reading=reading), EXPECTED)
+    assert failing(results) == ["model weights"]
+
+
+def test_the_idle_policy_is_said_as_the_server_tells_it() -> None:
+    results = run_checks(good_facts(), EXPECTED)
+    idle = next(r for r in results if r.name == "idle policy")
+    assert format_result(idle) == (
+        "info  idle policy: the model sleeps after 21600 s idle; the router holds at most 4 "
+        "models; loads a model on demand: yes; the model is awake now"
+    )
+    asleep = dataclasses.replace(READING, status=ModelStatus.ASLEEP, sleep_idle_s=None)
+    single = run_checks(good_facts(reading=asleep, router=None), EXPECTED)
+    idle = next(r for r in single if r.name == "idle policy")
+    assert idle.actual == ("the server does not say when the model sleeps; the model is asleep now")
+
+
+def test_harness_slots_are_counted_from_props_where_slots_was_not_asked() -> None:
+    facts = good_facts(slots=None, harness_slots=(0, 1))
+    assert check_harness_slots(facts).ok
+    assert not check_harness_slots(good_facts(slots=None, harness_slots=(2,))).ok

@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from loopd.engine.modelstate import template_sha256
 from loopd.selftest.expected import (
     DEFAULT_DIR,
     ExpectationsError,
@@ -35,7 +36,6 @@ from loopd.selftest.template import (
     divergence,
     judge_keeps_reasoning,
     judge_prefix_extension,
-    template_sha256,
 )
 from loopd.wire.events import ChunkMeta, ContentDelta, Done, Finish, Progress, Timings
 

@@ -257,6 +257,25 @@ def test_what_else_ran_on_a_slot_since_a_request(log: SessionLog) -> None:
     assert not log.slot_used_since(0, other.id, besides="thread-2")  # nothing after it
 
 
+def test_another_servers_slot_of_the_same_number_is_another_slot(log: SessionLog) -> None:
+    log.ensure_session("thread-2", 0)
+    log.start_epoch("thread-2", reason="start", tools_text=TOOLS, system_text=SYSTEM)
+
+    def on(session: str, endpoint: str) -> int:
+        record = request_for(log, session)
+        extra = {"endpoint": endpoint}
+        return log.record_request(session, replace(record, perf=Perf(outcome="ok", extra=extra))).id
+
+    mine = on(S, "b")
+    on("thread-2", "a")  # slot 0 of server a
+    assert not log.slot_used_since(0, mine, besides=S, endpoint="b")
+    assert not log.slot_used_since(None, mine, besides=S, endpoint="b")
+    assert log.slot_used_since(0, mine, besides=S, endpoint="a")
+    assert not log.slot_used_since(0, mine, besides=S)  # the shorthand's: requests naming none
+    on("thread-2", "b")
+    assert log.slot_used_since(0, mine, besides=S, endpoint="b")
+
+
 def test_each_sessions_last_endpoint_is_its_latest_request_naming_one(log: SessionLog) -> None:
     log.ensure_session("thread-2", 0)
     log.start_epoch("thread-2", reason="start", tools_text=TOOLS, system_text=SYSTEM)

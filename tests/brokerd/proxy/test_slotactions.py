@@ -9,8 +9,10 @@ from brokerd.proxy.inference import InferencePolicy, body_refusal, refusal
 from brokerd.proxy.slotactions import action_of, slot_of
 from loopcommon.slotfiles import slot_file_name
 
+FINGERPRINT = "0123456789ab"  # the model that wrote a save (loopcommon.slotfiles)
+
 POLICY = InferencePolicy(slots=frozenset({0, 2}), models=frozenset({"smollm2"}))
-NAME = slot_file_name("session-a", b"the exact prefix")
+NAME = slot_file_name("session-a", b"the exact prefix", fingerprint=FINGERPRINT)
 
 
 def body_status(policy: InferencePolicy, path: str, body: object) -> tuple[int, str]:

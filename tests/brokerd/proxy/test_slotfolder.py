@@ -9,6 +9,8 @@ import anyio
 from brokerd.proxy.slotfolder import SavedFile, SlotFolder, evictions, superseded
 from loopcommon.slotfiles import slot_file_name
 
+FINGERPRINT = "0123456789ab"  # the model that wrote a save (loopcommon.slotfiles)
+
 
 def saved(name: str, size: int, used_ns: int) -> SavedFile:
     return SavedFile(Path(name), size, used_ns)
@@ -27,7 +29,7 @@ def test_a_file_alone_over_the_cap_goes_too() -> None:
 
 
 def write(folder: Path, session: str, size: int, used_s: int, prefix: bytes = b"") -> Path:
-    path = folder / slot_file_name(session, prefix or session.encode())
+    path = folder / slot_file_name(session, prefix or session.encode(), fingerprint=FINGERPRINT)
     path.write_bytes(b"\0" * size)
     os.utime(path, ns=(used_s * 10**9, used_s * 10**9))
     return path
@@ -71,7 +73,7 @@ def test_a_restore_makes_its_file_the_last_to_go(tmp_path: Path) -> None:
 def test_a_missing_folder_is_logged_not_fatal(tmp_path: Path) -> None:
     folder = SlotFolder((tmp_path / "absent",), max_bytes=1)
     assert folder.evict_now() == []
-    folder.mark_used(slot_file_name("a", b"a"))
+    folder.mark_used(slot_file_name("a", b"a", fingerprint=FINGERPRINT))
 
 
 def test_before_a_save_room_is_made_for_one_more_state(tmp_path: Path) -> None:
@@ -84,25 +86,25 @@ def test_before_a_save_room_is_made_for_one_more_state(tmp_path: Path) -> None:
 
 
 def test_a_new_save_supersedes_only_the_same_sessions_other_files() -> None:
-    newest = slot_file_name("a", b"a: three turns")
+    newest = slot_file_name("a", b"a: three turns", fingerprint=FINGERPRINT)
     files = [
-        saved(slot_file_name("a", b"a: one turn"), 10, 1),
-        saved(slot_file_name("a", b"a: two turns"), 20, 2),
+        saved(slot_file_name("a", b"a: one turn", fingerprint=FINGERPRINT), 10, 1),
+        saved(slot_file_name("a", b"a: two turns", fingerprint=FINGERPRINT), 20, 2),
         saved(newest, 30, 3),
-        saved(slot_file_name("b", b"b: one turn"), 10, 1),
+        saved(slot_file_name("b", b"b: one turn", fingerprint=FINGERPRINT), 10, 1),
         saved("someone-elses.bin", 10, 1),
     ]
     assert [f.path.name for f in superseded(files, newest)] == [
-        slot_file_name("a", b"a: one turn"),
-        slot_file_name("a", b"a: two turns"),
+        slot_file_name("a", b"a: one turn", fingerprint=FINGERPRINT),
+        slot_file_name("a", b"a: two turns", fingerprint=FINGERPRINT),
     ]
     assert superseded(files, "not-of-loopds-shape.bin") == []
 
 
 def test_after_a_save_the_sessions_earlier_files_are_removed(tmp_path: Path) -> None:
-    earlier = tmp_path / slot_file_name("a", b"a: one turn")
+    earlier = tmp_path / slot_file_name("a", b"a: one turn", fingerprint=FINGERPRINT)
     earlier.write_bytes(b"\0" * 100)
-    latest = tmp_path / slot_file_name("a", b"a: two turns")
+    latest = tmp_path / slot_file_name("a", b"a: two turns", fingerprint=FINGERPRINT)
     latest.write_bytes(b"\0" * 100)
     other = write(tmp_path, "b", 100, 100)
     folder = forwarded(SlotFolder((tmp_path,), max_bytes=10_000), earlier, latest, other)
@@ -150,3 +152,31 @@ def test_a_ledger_brokerd_did_not_write_is_left_with_its_files(tmp_path: Path) -
     assert again.names == frozenset()
     assert again.evict_now() == []
     assert ours.exists()
+
+
+def test_a_moved_sessions_save_is_copied_from_the_other_servers_folder(tmp_path: Path) -> None:
+    here, there, theirs_dir = tmp_path / "a", tmp_path / "b", tmp_path / "c"
+    for folder in (here, there, theirs_dir):
+        folder.mkdir()
+    saved_there = write(there, "moved", 300, 100)
+    saved_there.write_bytes(b"the state")
+    theirs = write(theirs_dir, "another client's", 300, 100)
+    mine = SlotFolder((here,), max_bytes=10_000)
+    peer = forwarded(SlotFolder((there,), max_bytes=10_000), saved_there)
+    stranger = SlotFolder((theirs_dir,), max_bytes=10_000, client="another client")
+    mine.peers = [peer, stranger]
+    anyio.run(mine.restoring, saved_there.name)
+    assert (here / saved_there.name).read_bytes() == b"the state"
+    assert saved_there.name in mine.names  # this server's folder keeps it under its cap now
+    assert saved_there.exists()  # the other server's copy is its own to keep or evict
+    anyio.run(mine.restoring, theirs.name)  # not a file this client forwarded: never copied
+    assert not (here / theirs.name).exists()
+    assert not list(here.glob(".*.copy"))
+
+
+def test_a_folder_both_servers_save_into_is_not_copied_into_itself(tmp_path: Path) -> None:
+    shared = write(tmp_path, "moved", 300, 100)
+    mine = SlotFolder((tmp_path,), max_bytes=10_000, client="infer-b")
+    mine.peers = [forwarded(SlotFolder((tmp_path,), max_bytes=10_000, client="infer-a"), shared)]
+    assert mine.copy_from_peer(shared.name) == shared
+    assert shared.name in mine.names
