@@ -12,6 +12,7 @@ import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
+import anyio
 import pytest
 
 from loopd.engine.cacheloss import LossCause
@@ -28,6 +29,7 @@ from tests.durable.test_durable_real import (
     runtime_for,
     say,
 )
+from tests.watch import MIB, Heartbeat, peak_rss
 
 pytestmark = [pytest.mark.real_server, pytest.mark.anyio]
 
@@ -113,7 +115,11 @@ async def test_a_save_is_never_restored_into_other_weights_behind_the_same_model
         assert saved.fingerprint is not None
         server.stop()
         server.start(weights_file(weights, "model-v2.gguf", changed=True))
-        second = await say(runtime, SECOND)
+        beat = Heartbeat()  # the turn on the new weights, watched
+        async with anyio.create_task_group() as beating:
+            await beating.start(beat.run)
+            second = await say(runtime, SECOND)
+            beating.cancel_scope.cancel()
     # The self-test reports the new weights as a change of server.
     changed = await run_selftest(settings, expected_dir=expected)
     assert [r.name for r in changed.results if not r.ok] == ["model weights"]
@@ -128,3 +134,8 @@ async def test_a_save_is_never_restored_into_other_weights_behind_the_same_model
     new_save = SaveBook(settings.state_dir).latest(SESSION)
     assert new_save is not None
     assert new_save.fingerprint not in (None, saved.fingerprint)
+    print(
+        f"other weights behind {MODEL}: {answered.prompt_n} prompt tokens read, none restored; "
+        f"peak RSS {peak_rss() / MIB:.0f} MiB (the test's process), longest event-loop stall "
+        f"{beat.longest_stall_s * 1000:.0f} ms"
+    )
