@@ -86,6 +86,10 @@ def latest_answer(entries: list[Entry]) -> Entry | None:
     for entry in entries:
         if is_compaction_instruction(entry):
             summary_asked = True
+        elif entry.kind is EntryKind.EPOCH:
+            # The compaction is over, its summary written or not (its request may have broken
+            # and an excerpt stand in): what the new epoch's model writes answers the thread.
+            summary_asked = False
         elif entry.kind is EntryKind.ASSISTANT:
             kept = entry.fields.refers_to is None and entry.seq not in taken
             if is_answer(entry) and kept and not summary_asked:

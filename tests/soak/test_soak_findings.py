@@ -272,6 +272,31 @@ def test_a_summary_finished_after_messages_came_is_never_the_threads_answer(
     assert json.loads(answer.message or "")["content"] == "Hello there."
 
 
+def test_the_answer_after_a_compaction_whose_summary_broke_is_the_threads_answer(
+    tmp_path: Path,
+) -> None:
+    """The server died under the compaction's summary request: the compaction went on with an
+    excerpt and a new epoch, and the model's next answer was taken for the summary still awaited,
+    so the thread never got it (its answer post was tidied away as a failed turn's)."""
+    log = open_log(tmp_path)
+    say(log, "hello")
+    log.append_assistant(SESSION, assistant_text("Hello there."), request=request_for(log, SESSION))
+    say(log, "and now?")
+    log.append_user(SESSION, INSTRUCTION, external_key=instruction_key(SESSION, 1))
+    asked = request_for(log, SESSION, RequestKind.COMPACTION)
+    log.append_broken(SESSION, partial_text="The user", reason="the server died", request=asked)
+    epoch = log.current_epoch(SESSION)
+    log.start_epoch(
+        SESSION, reason="compaction", tools_text=epoch.tools_text, system_text=epoch.system_text
+    )
+    log.append_user(SESSION, "(an excerpt of epoch 1)", external_key="summary-2")
+    log.append_user(SESSION, "and now?", external_key="carry-2-0")
+    log.append_assistant(SESSION, assistant_text("Now this."), request=request_for(log, SESSION))
+    answer = threads.latest_answer(log.entries(SESSION))
+    assert answer is not None
+    assert json.loads(answer.message or "")["content"] == "Now this."
+
+
 async def test_a_status_post_mattermost_would_not_delete_is_taken_away_later(
     tmp_path: Path, sockets: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
