@@ -99,7 +99,8 @@ def hostile_server(path: Path, script: Script, *, tcp: bool = False) -> Iterator
             try:
                 conn.sendall(status_and_headers)
                 for piece in body:
-                    if stop.is_set():
+                    if stop.is_set():  # the block ended first: did the client go before it?
+                        hung_up = _peer_closed(conn)
                         break
                     if isinstance(piece, float):
                         time.sleep(piece)
@@ -124,6 +125,17 @@ def hostile_server(path: Path, script: Script, *, tcp: bool = False) -> Iterator
         for worker in workers:
             worker.join(timeout=10)
         listener.close()
+
+
+def _peer_closed(conn: socket.socket) -> bool:
+    """Whether the client has closed its end, as a read tells at once (the end of the stream, or
+    a reset); the client, its request sent, writes nothing more while it is there."""
+    try:
+        return conn.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b""
+    except BlockingIOError:
+        return False
+    except ConnectionResetError:
+        return True
 
 
 def _read_request(conn: socket.socket) -> str:
