@@ -10,6 +10,7 @@ on stderr and exit status 130, never a traceback.
 
 from __future__ import annotations
 
+import gc as _gc
 import sys
 
 # Only modules built into the interpreter at run time: importing them runs no Python code, so no
@@ -27,20 +28,37 @@ else:
 EXIT_INTERRUPTED: Final = 130
 
 
-class SigintDeferred:
-    """``with SigintDeferred():`` SIGINT waits while the block runs, and comes right after it.
+class Importing:
+    """``with Importing():`` around a program's imports: SIGINT waits while the block runs and
+    comes right after it, and the cyclic garbage collector waits too.
 
-    For imports: an interrupt inside an extension module's import (a Rust one panics when its
-    own imports fail) would otherwise be that module's error with its traceback, not a
+    SIGINT: an interrupt inside an extension module's import (a Rust one panics when its own
+    imports fail) would otherwise be that module's error with its traceback, not a
     ``KeyboardInterrupt``. The command line imports what a command needs only once it knows
     the command (``loopd.cli``), so each of those imports is made in such a block too.
+
+    The collector: what imports make (modules, classes, functions) lives as long as the process,
+    and the collector walked it over and over for nothing, about 130 passes and a tenth of
+    ``loopd run``'s CPU before its request (``make bench``). In a program started by
+    ``run_program`` it is moved out of the collector's reach after the block (``gc.freeze``);
+    elsewhere (a test calling a ``main`` in its own process) the collector only waits.
     """
 
     def __enter__(self) -> None:
         _signal.pthread_sigmask(_signal.SIG_BLOCK, {_signal.SIGINT})
+        self._collecting = _gc.isenabled()
+        _gc.disable()
 
     def __exit__(self, *exc_info: object) -> None:
+        if _program_started:
+            _gc.freeze()
+        if self._collecting:
+            _gc.enable()
         _signal.pthread_sigmask(_signal.SIG_UNBLOCK, {_signal.SIGINT})
+
+
+_program_started = False
+"""Set by ``run_program``: this process is a program of its own, not a test's."""
 
 
 # httpx imports its own command line (click, rich's console, pygments: a tenth of ``loopd run``'s
@@ -51,12 +69,14 @@ _UNUSED_MODULES = ("httpx._main",)
 
 def run_program(program: str, module: str) -> int:
     """Import ``module`` and call its ``main``; an interrupt anywhere in it is one line."""
+    global _program_started
+    _program_started = True
     for unused in _UNUSED_MODULES:
         sys.modules.setdefault(unused, None)  # type: ignore[arg-type]
     try:
         import importlib
 
-        with SigintDeferred():
+        with Importing():
             main: Callable[[], int] = importlib.import_module(module).main
         return main()
     except KeyboardInterrupt:

@@ -17,6 +17,7 @@ from typing import Any, Final
 
 import jsonschema
 from jsonschema import ValidationError
+from jsonschema.exceptions import best_match
 from jsonschema.protocols import Validator
 from jsonschema.validators import extend, validator_for
 
@@ -50,6 +51,13 @@ def validator(schema: Mapping[str, Any]) -> Validator:
     """A validator for ``schema`` (its own ``$schema`` decides the draft) matching on RE2."""
     cls = validator_for(schema, default=jsonschema.Draft202012Validator)
     return _linear(cls)(schema)
+
+
+def first_error(schema: Mapping[str, Any], value: Any) -> ValidationError | None:
+    """The error that best explains why ``value`` breaks ``schema`` (jsonschema's
+    ``best_match``), or None when it holds."""
+    error: ValidationError | None = best_match(validator(schema).iter_errors(value))
+    return error
 
 
 @functools.cache

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, TextIO, TypeAlias
 
-from loopcommon.entry import SigintDeferred
+from loopcommon.entry import Importing
 from loopd.statedir import check_state_dir
 
 if TYPE_CHECKING:
@@ -45,8 +45,8 @@ class Command:
         return self.handler()(args, settings)
 
     def handler(self) -> Handler:
-        """The handler, its module imported (SIGINT waits meanwhile: see ``SigintDeferred``)."""
-        with SigintDeferred():
+        """The handler, its module imported (SIGINT waits meanwhile: see ``Importing``)."""
+        with Importing():
             if self.event_loop:
                 from loopcommon import anyio_unix_connect
 

@@ -29,7 +29,7 @@ import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Final
 
-from loopcommon.entry import SigintDeferred
+from loopcommon.entry import Importing
 from loopcommon.errors import DaemonError
 from loopcommon.sanitize import for_terminal
 from loopd.cli.base import Handler
@@ -62,7 +62,7 @@ def completion(args: argparse.Namespace, settings: Settings) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    with SigintDeferred():  # pydantic's core is a Rust extension (see ``SigintDeferred``)
+    with Importing():  # pydantic's core is a Rust extension (see ``Importing``)
         from loopcommon.logsetup import configure_logging
         from loopd.config import load_settings
     try:

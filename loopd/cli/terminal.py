@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import argparse
 
-from loopcommon.entry import SigintDeferred
+from loopcommon.entry import Importing
 from loopd.config import Settings
 from loopd.statedir import check_state_dir
 
 
 def chat(args: argparse.Namespace, settings: Settings) -> int:
-    with SigintDeferred():
+    with Importing():
         from loopd.terminal.chat import ChatOptions, run_chat
 
     check_state_dir(settings.state_dir, create=True)
@@ -23,7 +23,7 @@ def chat(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def run(args: argparse.Namespace, settings: Settings) -> int:
-    with SigintDeferred():
+    with Importing():
         from loopd.terminal.oneshot import RunOptions, run_once
 
     check_state_dir(settings.state_dir, create=True)

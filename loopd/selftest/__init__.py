@@ -2,16 +2,7 @@
 
 ``run_selftest`` (``run.py``) gathers facts from the server (``probe.py``), judges them against
 the expectations recorded per model (``expected.py``, files in ``loopd/data/expected/``) with
-pure checks (``checks.py``), and reports. ``template_keeps_reasoning`` answers the one template
-question other code needs at run time.
+pure checks (``checks.py``), and reports. ``template_keeps_reasoning`` (``probe.py``) answers
+the one template question other code needs at run time. The package imports none of them: a
+command that only reads the recorded expectations (``loopd run``) does not load the probes.
 """
-
-from loopd.selftest.probe import template_keeps_reasoning
-from loopd.selftest.run import run_selftest
-from loopd.selftest.template import TemplateAnswer
-
-__all__ = [
-    "TemplateAnswer",
-    "run_selftest",
-    "template_keeps_reasoning",
-]

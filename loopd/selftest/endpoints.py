@@ -10,11 +10,14 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from loopd.config import EndpointSettings, Settings
 from loopd.engine.quiet import Purpose
 from loopd.selftest.expected import DEFAULT_DIR, ExpectationsError
-from loopd.selftest.run import SelftestReport, format_result, run_selftest
+
+if TYPE_CHECKING:
+    from loopd.selftest.run import SelftestReport
 
 
 @dataclass(frozen=True)
@@ -45,6 +48,8 @@ class EndpointCheck:
 
 def failure_summary(report: SelftestReport) -> str:
     """A failed report in one line: unreachable and why, or the first failing check."""
+    from loopd.selftest.run import format_result
+
     if report.unreachable:
         return f"unreachable ({report.facts.health.detail})"
     failed = [r for r in report.results if not r.ok and not r.informational]
@@ -73,6 +78,10 @@ def endpoint_checker(
     """A function that self-tests one endpoint of ``settings``."""
 
     async def check(endpoint: EndpointSettings) -> EndpointCheck:
+        # The self-test's probes are imported by the first check, not by every command that
+        # builds a runtime (``loopd run`` checks nothing before its request).
+        from loopd.selftest.run import run_selftest
+
         name = endpoint.name if settings.has_endpoint_tables else None
         try:
             report = await run_selftest(

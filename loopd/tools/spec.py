@@ -15,10 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from jsonschema.exceptions import SchemaError
-
 from loopcommon.jsonbytes import dumps
-from loopcommon.schemas import check_schema
+from loopd.datafiles import CORE_TOOLS_FILE
 from loopd.tools.errors import ToolsSpecError
 
 # The names the chat-completions API accepts for a function.
@@ -45,21 +43,29 @@ class ToolsSpec:
 
 
 def load_tools_spec(path: Path) -> ToolsSpec:
-    """Read and check the tools file; raise ``ToolsSpecError`` naming the file and the tool."""
+    """Read and check the tools file; raise ``ToolsSpecError`` naming the file and the tool.
+
+    The parameters' JSON Schemas of loopd's own file (``CORE_TOOLS_FILE``, in the package) are
+    checked by its test (``tests/tools/test_tools_spec.py``), as the code beside it is, not at
+    each start: that check imports jsonschema, tens of milliseconds before a command line's first
+    request (``make bench``). A file the operator names is checked whole here."""
     try:
         raw = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         raise ToolsSpecError(f"{path}: cannot read the tools file: {exc}") from exc
-    return parse_tools_spec(raw, source=str(path))
+    shipped = path.resolve() == CORE_TOOLS_FILE
+    return parse_tools_spec(raw, source=str(path), check_schemas=not shipped)
 
 
-def parse_tools_spec(raw: str, source: str) -> ToolsSpec:
-    """Check the text of a tools file; ``source`` names it in error messages."""
+def parse_tools_spec(raw: str, source: str, *, check_schemas: bool = True) -> ToolsSpec:
+    """Check the text of a tools file; ``source`` names it in error messages. ``check_schemas``
+    False leaves out the check of each ``parameters`` against JSON Schema's own rules (the shape
+    of the array, the names and the keys are checked still)."""
     try:
         value = json.loads(raw)
     except json.JSONDecodeError as exc:
         raise ToolsSpecError(f"{source}: not valid JSON: {exc}") from exc
-    schemas = _check_tools_array(value, source)
+    schemas = _check_tools_array(value, source, check_schemas=check_schemas)
     text = dumps(value)
     return ToolsSpec(
         text=text,
@@ -70,19 +76,21 @@ def parse_tools_spec(raw: str, source: str) -> ToolsSpec:
     )
 
 
-def _check_tools_array(value: Any, source: str) -> dict[str, dict[str, Any]]:
+def _check_tools_array(
+    value: Any, source: str, *, check_schemas: bool
+) -> dict[str, dict[str, Any]]:
     if not isinstance(value, list) or not value:
         raise ToolsSpecError(f"{source}: expected a non-empty JSON array of tools")
     schemas: dict[str, dict[str, Any]] = {}
     for index, tool in enumerate(value):
-        name, parameters = _check_tool(tool, f"{source}: tool #{index}")
+        name, parameters = _check_tool(tool, f"{source}: tool #{index}", check_schemas)
         if name in schemas:
             raise ToolsSpecError(f"{source}: tool {name!r} is declared twice")
         schemas[name] = parameters
     return schemas
 
 
-def _check_tool(tool: Any, where: str) -> tuple[str, dict[str, Any]]:
+def _check_tool(tool: Any, where: str, check_schemas: bool) -> tuple[str, dict[str, Any]]:
     """Check one entry; return its name and parameters schema."""
     if not isinstance(tool, Mapping) or set(tool) != _TOOL_KEYS or tool["type"] != "function":
         raise ToolsSpecError(f'{where}: expected {{"type": "function", "function": {{...}}}}')
@@ -99,13 +107,20 @@ def _check_tool(tool: Any, where: str) -> tuple[str, dict[str, Any]]:
     description = function["description"]
     if not isinstance(description, str) or not description.strip():
         raise ToolsSpecError(f"{where}: description must be a non-empty string")
-    return name, _check_parameters(function["parameters"], where)
+    return name, _check_parameters(function["parameters"], where, check_schemas)
 
 
-def _check_parameters(parameters: Any, where: str) -> dict[str, Any]:
+def _check_parameters(parameters: Any, where: str, check_schema_rules: bool) -> dict[str, Any]:
     # Arguments always arrive as one JSON object, so anything else could never validate.
     if not isinstance(parameters, dict) or parameters.get("type") != "object":
         raise ToolsSpecError(f'{where}: parameters must be a JSON Schema with "type": "object"')
+    if not check_schema_rules:
+        return parameters
+    # Imported here, not with the module: loopd's own tools file never needs jsonschema.
+    from jsonschema.exceptions import SchemaError
+
+    from loopcommon.schemas import check_schema
+
     try:
         check_schema(parameters)
     except SchemaError as exc:

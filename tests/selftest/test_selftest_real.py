@@ -13,9 +13,10 @@ import pytest
 from loopd.cli.selftest import selftest
 from loopd.config import CORE_TOOLS_FILE, Settings, load_settings
 from loopd.engine.client import InferenceClient
-from loopd.selftest import TemplateAnswer, run_selftest, template_keeps_reasoning
 from loopd.selftest.expected import DEFAULT_DIR, load_expectation, save_expectation
-from loopd.selftest.run import SelftestReport, format_result
+from loopd.selftest.probe import template_keeps_reasoning
+from loopd.selftest.run import SelftestReport, format_result, run_selftest
+from loopd.selftest.template import TemplateAnswer
 from loopd.tools.spec import load_tools_spec
 from loopd_dev import devserver
 

@@ -4,8 +4,10 @@
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -201,3 +203,27 @@ def test_run_and_log_export_openai_on_the_real_server(
     answer = of_kind(entries(tmp_path, "real"), EntryKind.ASSISTANT)[-1]
     assert messages[last.message_count :] == [answer.message]
     assert json.loads(messages[-1])["content"] == record["answer"]
+
+
+def test_run_answers_without_importing_what_it_did_not_use(tmp_path: Path) -> None:
+    # ``loopd run``'s start-up is CPU a person waits through before the request goes out (``make
+    # bench``'s start-up section): jsonschema waits for the first tool call or an operator's tools
+    # file, the self-test's probes for a self-test.
+    with fake_llama() as server:
+        server.script(ScriptedReply(content=ANSWER))
+        env = {k: v for k, v in os.environ.items() if not k.startswith("LOOPD_")}
+        result = subprocess.run(
+            [sys.executable, "-X", "importtime", *LOOPD[1:], "run", "What is here?"],
+            env=env | fake_env(server, tmp_path),
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+    assert result.returncode == EXIT_ANSWERED, result.stderr
+    assert result.stdout == ANSWER + "\n"
+    lines = [line for line in result.stderr.splitlines() if line.startswith("import time:")]
+    loaded = {line.rsplit("|", 1)[1].strip() for line in lines}
+    assert {"loopd.terminal.oneshot", "loopd.tools.spec", "httpx"} <= loaded  # the list was read
+    unused = {"jsonschema", "loopcommon.schemas", "loopd.selftest.probe", "loopd.selftest.run"}
+    assert not loaded & unused, sorted(loaded & unused)

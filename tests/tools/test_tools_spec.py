@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 
 from loopcommon.jsonbytes import dumps
+from loopd.datafiles import CORE_TOOLS_FILE
 from loopd.tools import ToolsSpec, ToolsSpecError, load_tools_spec, parse_tools_spec
 from loopd.tools.core import CORE_TOOL_NAMES, check_spec_runnable
 
@@ -40,6 +41,27 @@ def test_the_repository_file_declares_the_core_set_and_the_broker_tools(spec: To
     assert spec.schemas["call_tool"]["properties"]["arguments"] == {"type": "object"}
     check_spec_runnable(spec)
     assert set(spec.names) >= CORE_TOOL_NAMES
+
+
+def test_the_shipped_file_passes_the_check_its_start_leaves_out() -> None:
+    # loopd's own file is read at each start without checking its schemas against JSON
+    # Schema's rules (that needs jsonschema, slow to import): this is where they are checked.
+    raw = CORE_TOOLS_FILE.read_text(encoding="utf-8")
+    whole = parse_tools_spec(raw, source="shipped", check_schemas=True)
+    assert load_tools_spec(CORE_TOOLS_FILE) == whole
+    broken = raw.replace('"type": "string"', '"type": "strin"', 1)
+    assert broken != raw
+    with pytest.raises(ToolsSpecError, match="not a valid JSON Schema"):
+        parse_tools_spec(broken, source="shipped", check_schemas=True)
+
+
+def test_another_file_is_checked_whole_at_each_start(tmp_path: Path) -> None:
+    # The same text under another name (an operator's copy) is checked as any file is.
+    copy = tmp_path / "tools.json"
+    raw = CORE_TOOLS_FILE.read_text(encoding="utf-8")
+    copy.write_text(raw.replace('"type": "string"', '"type": "strin"', 1), encoding="utf-8")
+    with pytest.raises(ToolsSpecError, match="not a valid JSON Schema"):
+        load_tools_spec(copy)
 
 
 def test_text_is_dumps_of_the_parsed_file_and_sha256_is_over_it(
