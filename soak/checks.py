@@ -85,6 +85,10 @@ def turn_ends(rows: tuple[Row, ...]) -> list[Row]:
     for row in rows:
         if row.kind == "user" and (row.external_key or "").startswith(COMPACTION_KEY):
             summary_asked = True
+        elif row.kind == "epoch":
+            # The compaction is over, its summary written or not (its request may have broken
+            # and an excerpt stand in): what the new epoch's model writes is an answer.
+            summary_asked = False
         elif row.kind == "assistant":
             answer = row.message is not None and not row.message.get("tool_calls")
             if answer and row.refers_to is None and not summary_asked:

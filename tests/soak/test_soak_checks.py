@@ -210,6 +210,27 @@ def test_a_summary_finished_after_messages_came_is_still_the_summary() -> None:
     assert verdict.coverage[1].key == f"{NAME}#8"
 
 
+def test_an_answer_after_a_compaction_whose_summary_broke_ends_the_turn() -> None:
+    """Seen in ``make soak``: the server killed under the summary request, the compaction went on
+    with an excerpt and a new epoch, and the model's next answer was posted (loopd's rule,
+    ``loopd.chat.threads.latest_answer``); the check took it for the summary still awaited."""
+    run = Run()
+    answered_turn(run)
+    run.user_post("p2", 10.0)
+    run.stored(3, "p2")
+    run.stored(4, "loopd-compaction:mm:r1:1", "[loopd] compact")
+    run.broken(5, "llama-server broke off the stream")  # the summary request
+    run.rows.append(Row(6, "epoch", None, None, "compaction", None))
+    run.stored(7, "loopd-summary:mm:r1:2", "excerpt")
+    run.stored(8, "loopd-carry:mm:r1:2:0", "@u00: hi")
+    run.answer(9)
+    run.bot("created", "a2", f"{NAME}#9", 12.0)
+    verdict = run.check()
+    assert (verdict.lost, verdict.answered_twice) == ([], [])
+    assert verdict.answers == 2
+    assert verdict.coverage[1].key == f"{NAME}#9"
+
+
 def test_a_stop_is_covered_by_the_stop_or_a_notice() -> None:
     run = Run()
     run.user_post("p1", 1.0)
