@@ -24,6 +24,7 @@ from loopd.engine.cacheloss import LossCause
 from loopd.engine.durable import Saved, worth_restoring
 
 RESTORED = LossCause.RESTORED.value
+NEW_EPOCH = LossCause.NEW_EPOCH.value
 # brokerd's line when it removed saved states to keep the folder under its cap.
 _EVICTED = re.compile(r"slot save folder over its cap: removed (\d+) files")
 
@@ -69,7 +70,13 @@ class Request:
     @property
     def ideal(self) -> int:
         """The tokens it had to read: its prompt beyond what its session's previous request
-        left in the slot (at least one: the server evaluates the last prompt token)."""
+        left in the slot (at least one: the server evaluates the last prompt token). A request
+        that opens a new epoch (a compaction's summary and carried messages) extends no prompt
+        the session ever sent: no slot and no save held more of it than the prefix the server
+        kept, so it had to read everything it read (its ``expected_reuse`` is the previous
+        request's length, which the cache-loss rule explains as the new epoch)."""
+        if NEW_EPOCH in self.cause.split(", "):
+            return max(self.prompt_n or 0, 1)
         reuse = self.expected_reuse or 0
         return max(self.prompt - reuse, 1)
 

@@ -470,15 +470,17 @@ def durable_section(runs: list[Figures]) -> list[str]:
     return [
         "## Durable sessions",
         "",
-        "loopd saves a session's slot at the end of each answered turn (through brokerd, into "
-        "the server's `--slot-save-path` folder, which brokerd keeps under "
-        "`slot_save_max_bytes`) and restores it when a request's first progress event shows "
-        "the server lost the session. A *return after a server kill* is a session's first "
-        "completed request after the server lost every session (its model child killed, which "
-        "the router starts again, or the whole server killed and started again), of a session "
-        "that had one before; its *ideal* is its prompt less what the session's "
-        "previous request left in the slot (`expected_reuse`). Read from loopd's perf records "
-        "(`loopd perf --json`); the folder sampled once a second."
+        "loopd saves a session's slot at the end of an answered turn where its rule finds the "
+        "save pays (through brokerd, into the server's `--slot-save-path` folder, which brokerd "
+        "keeps under `slot_save_max_bytes`) and restores it before a request when it knows the "
+        "server lost the session, or when the request's first progress event shows it. A "
+        "*return after a server kill* is a session's first completed request after the server "
+        "lost every session (its model child killed, which the router starts again, or the "
+        "whole server killed and started again), of a session that had one before; its *ideal* "
+        "is its prompt less what the session's previous request left in the slot "
+        "(`expected_reuse`), and for a request that opens a new epoch (after a compaction: a "
+        "prompt no slot held) what it read. Read from loopd's perf records (`loopd perf "
+        "--json`); the folder sampled once a second."
         + (" Both runs follow the same plan (seed)." if len(runs) > 1 else ""),
         "",
         *durable_rows(runs),

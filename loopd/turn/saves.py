@@ -6,10 +6,18 @@ save that the server answered with success, as a small JSON file written whole (
 file, then a rename), so a crash leaves the old record or the new one, never half of one. It is
 a hint, not history: the session log stays the truth, a missing or unreadable record only means
 no restore, and a save that failed to restore is forgotten so that it is never tried again.
+
+On a full disk the temporary file cannot be written, and the old record must not stay: brokerd
+removes a session's earlier save files once a new save succeeds, so it would name a file that is
+gone (``make soak``'s disk-full fault: six returns asked for such files and read their whole
+prompt again). The record is then rewritten in place, in the space its file already holds; a
+crash in that write leaves an unreadable record (no restore, never a wrong one); where that
+fails too, the old record is removed.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -79,15 +87,31 @@ class SaveBook:
         return saved if is_slot_file_name(saved.file) else None
 
     def record(self, session: str, saved: Saved) -> None:
-        """Record ``saved`` as the session's usable save (after the server's success answer)."""
+        """Record ``saved`` as the session's usable save (after the server's success answer);
+        on a full disk, in place (see the module doc)."""
         path = self._path(session)
+        text = json.dumps(asdict(saved)).encode("utf-8")
         partial = path.with_suffix(".tmp")
         try:
             self.folder.mkdir(parents=True, exist_ok=True)
-            partial.write_text(json.dumps(asdict(saved)), "utf-8")
+            partial.write_bytes(text)
             os.replace(partial, path)
         except OSError as exc:
-            log.warning("%s: its save could not be recorded (%s); no restore", session, exc)
+            with contextlib.suppress(OSError):
+                partial.unlink()
+            self._record_in_place(session, text, exc)
+
+    def _record_in_place(self, session: str, text: bytes, failure: OSError) -> None:
+        path = self._path(session)
+        try:
+            with path.open("r+b") as file:  # no new file, and no space beyond what it holds
+                file.write(text)
+                file.truncate()
+        except OSError:
+            log.warning("%s: its save could not be recorded (%s); no restore", session, failure)
+            self.forget(session)
+            return
+        log.info("%s: its save was recorded in place (%s)", session, failure)
 
     def forget(self, session: str) -> None:
         """Never restore the session's recorded save again."""

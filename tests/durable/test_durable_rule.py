@@ -3,6 +3,7 @@ and the causes the cache-loss rule names for them."""
 
 from __future__ import annotations
 
+import errno
 from dataclasses import replace
 from pathlib import Path
 
@@ -251,6 +252,48 @@ def test_the_save_book_keeps_the_latest_save_and_forgets_it(tmp_path: Path) -> N
     assert book.latest("t-2") is None
     book.forget("t-1")
     assert book.latest("t-1") is None
+
+
+def _disk_full(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A full disk: no new file can be written (the record's temporary file)."""
+
+    def refuse(self: Path, data: bytes) -> int:
+        raise OSError(errno.ENOSPC, "No space left on device", str(self))
+
+    monkeypatch.setattr(Path, "write_bytes", refuse)
+
+
+def test_on_a_full_disk_the_latest_save_is_recorded_in_place(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # brokerd removed the older save's file when the newer one succeeded: the record must not
+    # keep naming it (make soak's disk-full fault: restores of files that were gone).
+    book = SaveBook(tmp_path)
+    older = saved_after(TURN, n_saved=200)
+    book.record("t-1", older)
+    newer = saved_after([*TURN, REPLY], n_saved=300)
+    assert newer.file != older.file
+    _disk_full(monkeypatch)
+    book.record("t-1", newer)
+    assert book.latest("t-1") == newer
+    assert [p.name for p in book.folder.iterdir()] == [book._path("t-1").name]  # no .tmp left
+    book.record("t-2", newer)  # a session with no record yet: none, and nothing raised
+    assert book.latest("t-2") is None
+
+
+def test_a_record_that_cannot_be_rewritten_is_removed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    book = SaveBook(tmp_path)
+    book.record("t-1", saved_after(TURN, n_saved=200))
+    _disk_full(monkeypatch)
+
+    def refuse_open(self: Path, *args: object, **kwargs: object) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device", str(self))
+
+    monkeypatch.setattr(Path, "open", refuse_open)
+    book.record("t-1", saved_after([*TURN, REPLY], n_saved=300))
+    assert not book._path("t-1").exists()  # no record: no restore of a file that is gone
 
 
 def test_an_unreadable_or_foreign_record_means_no_restore(tmp_path: Path) -> None:

@@ -49,6 +49,15 @@ def test_a_record_reads_as_loopd_perf_writes_it() -> None:
     assert not request("mm:a", KILL, None, None).counted
 
 
+def test_a_new_epoch_had_to_read_its_whole_new_prompt() -> None:
+    # After a compaction the prompt (summary, carried messages) was never in any slot: what the
+    # server did not keep of it was not loopd's to spare, restore or no restore.
+    r = request("mm:a", KILL, 27, 846, expected=1600, cause="new epoch")
+    assert (r.prompt, r.ideal) == (873, 846)
+    plain = request("mm:a", KILL, 27, 846, expected=600, cause="another session used the slot")
+    assert plain.ideal == 873 - 600
+
+
 def test_the_first_completed_request_after_a_kill_is_the_return() -> None:
     requests = [
         request("mm:a", KILL - 50, 0, 400),  # before the kill: a session to come back to
