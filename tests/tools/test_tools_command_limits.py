@@ -31,7 +31,7 @@ from loopd.tools.launcher import (
 )
 from loopd.tools.pidscgroup import candidate_parents
 from loopd.tools.spec import ToolsSpec
-from tests.tools.toolcall import FORK_BOMB, as_nobody, open_folder, standalone_launcher
+from tests.tools.toolcall import FORK_BOMB, as_user_of_its_own, open_folder, standalone_launcher
 
 TIGHT = ToolLimits(
     command_max_memory_bytes=256 * 1024**2,
@@ -189,7 +189,7 @@ def test_rlimit_nproc_caps_a_fork_bomb_of_an_ordinary_user(
         command = detected_sandbox.argv(open_place, "python3 bomb.py")
     limits = CommandLimits(memory_bytes=1024**3, file_bytes=1024**2, processes=40, cpu_s=30)
     done = subprocess.run(
-        as_nobody(standalone_launcher(open_place, limits, command)),
+        as_user_of_its_own(standalone_launcher(open_place, limits, command)),
         cwd=open_place,
         capture_output=True,
         text=True,

@@ -40,12 +40,30 @@ print("made", made)
 """Forks children that wait, until a fork fails or 300 run; prints how many it made."""
 
 
+# Above the accounts and the subordinate ranges a system gives out, and under 2**31 with any pid
+# (bubblewrap refuses a larger uid when it maps its user namespace).
+OWN_UID_BASE = 1_000_000_000
+
+
 def as_nobody(argv: list[str]) -> list[str]:
     """``argv`` run as nobody when the tests run as root (the kernel exempts root from much, and
     loopd's deployment runs as an ordinary user)."""
     if os.geteuid() != 0:
         return argv
     return ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", *argv]
+
+
+def as_user_of_its_own(argv: list[str]) -> list[str]:
+    """``argv`` run as a user no other process runs as, when the tests run as root.
+
+    For a limit the kernel counts per user (``RLIMIT_NPROC``): nobody's processes are anyone's,
+    and a second ``make test`` beside this one runs its fork bombs as nobody at the same moment,
+    taking the room this one's limit left (seen: "made 0"). The uid is this test process's own
+    and has no account: the kernel needs none."""
+    if os.geteuid() != 0:
+        return argv
+    uid = OWN_UID_BASE + os.getpid()
+    return ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", *argv]
 
 
 @contextmanager
