@@ -110,11 +110,11 @@ def _check_tool(tool: Any, where: str, check_schemas: bool) -> tuple[str, dict[s
     return name, _check_parameters(function["parameters"], where, check_schemas)
 
 
-def _check_parameters(parameters: Any, where: str, check_schema_rules: bool) -> dict[str, Any]:
+def _check_parameters(parameters: Any, where: str, check_schemas: bool) -> dict[str, Any]:
     # Arguments always arrive as one JSON object, so anything else could never validate.
     if not isinstance(parameters, dict) or parameters.get("type") != "object":
         raise ToolsSpecError(f'{where}: parameters must be a JSON Schema with "type": "object"')
-    if not check_schema_rules:
+    if not check_schemas:
         return parameters
     # Imported here, not with the module: loopd's own tools file never needs jsonschema.
     from jsonschema.exceptions import SchemaError
