@@ -17,7 +17,7 @@ class Limits:
     slots_poll_s: float = 2.0  # how often /slots is polled while waiting for the first byte
     probe_timeout_s: float = 5.0  # each /slots or /health poll, on its own
     think_cap: int = 6144  # LOOPD_THINK_CAP: thinking tokens before the control call
-    think_grace: int = 256  # tokens past the cap before a stream still thinking is closed
+    think_grace: int = 256  # tokens past the cap (or the control call's answer) before closing
     loop_window: int = 256  # LOOPD_LOOP_WINDOW: tokens a repetition watch reads
     loading_retry_s: float = 120.0  # how long a 503 "Loading model" is waited out
     loading_wait_s: float = 0.5  # the first wait after a 503; doubles up to 10 s

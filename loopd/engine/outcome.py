@@ -15,6 +15,7 @@ from typing import Any, Final
 
 from loopd.engine.cacheloss import Loss
 from loopd.engine.guards import Guard, Made
+from loopd.engine.thinkcap import ControlCall
 from loopd.engine.waits import WaitClock
 from loopd.sessionlog.records import Perf, RequestRecord
 from loopd.wire.assemble import StreamAssembler, StreamOutcome
@@ -81,8 +82,7 @@ class RequestResult:
     error_type: str = ""
     first_byte_s: float | None = None
     ended_s: float = 0.0
-    capped: bool = False
-    control_answer: str | None = None
+    control: ControlCall | None = None  # sent at the thinking cap (or at a looping thought)
     looped: list[Loop] = field(default_factory=list)  # what the repetition watch ended
     events: int = 0
     output_seen: bool = False  # a reasoning, content or tool-call delta arrived
@@ -92,6 +92,14 @@ class RequestResult:
     @property
     def sent_at(self) -> float:
         return self.wait.sent
+
+    @property
+    def capped(self) -> bool:
+        return self.control is not None
+
+    @property
+    def control_answer(self) -> str | None:
+        return self.control.answer if self.control is not None else None
 
     @property
     def complete(self) -> bool:
@@ -206,8 +214,9 @@ def _perf_extra(result: RequestResult, loss: Loss, wait: dict[str, float]) -> di
         extra.update(failure=result.failure.value, detail=result.detail)
     if result.status_code is not None:
         extra["status_code"] = result.status_code
-    if result.control_answer is not None:
-        extra["control_answer"] = result.control_answer
+    if result.control is not None and result.control.answer is not None:
+        extra["control_answer"] = result.control.answer
+        extra["thinking_at_control_answer"] = result.control.answered_at
     if result.looped:
         extra["looped"] = [loop.value for loop in result.looped]
     return extra

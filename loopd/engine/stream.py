@@ -8,7 +8,8 @@ closes the connection, which cancels the generation on the server.
 Both are measured in tests/contract/test_contract_stream.py:
 ``test_i_progress_events_break_the_prefill_silence`` and
 ``test_l_closing_the_stream_frees_the_slot_within_a_second``. After each chunk's events
-``loopd.engine.thinkcap`` decides whether to read on, send the control call, or close a runaway.
+``loopd.engine.thinkcap`` decides whether to read on, send the control call, or close a runaway;
+the control call runs beside the reading, which goes on (and the silence limit with it).
 
 The result is data: the caller records it. Nothing here writes to the session log, and nothing
 here retries a stream; ``retry_safe`` tells the caller when another attempt cannot do harm. The
@@ -18,12 +19,12 @@ client (``loopd.engine.client``) raises loopd's own errors only; each becomes a 
 from __future__ import annotations
 
 import logging
-import math
 import time
 from collections.abc import Callable
 from contextlib import AsyncExitStack
 
 import anyio
+from anyio.abc import TaskGroup
 from tenacity import retry_if_exception
 
 from loopcommon.backoff import Backoff
@@ -53,7 +54,7 @@ from loopd.engine.loops import RepetitionWatch
 from loopd.engine.outcome import Failure, Loop, RequestResult, is_pool_full, unreplayable_call
 from loopd.engine.progress import Phase, Status, StatusCallback
 from loopd.engine.request import ANY_SLOT
-from loopd.engine.thinkcap import Close, SendControl, ThinkCap
+from loopd.engine.thinkcap import Close, ControlCall, SendControl, ThinkCap
 from loopd.engine.waits import WaitClock
 from loopd.errors import (
     InferenceError,
@@ -344,6 +345,20 @@ class _Reader:
         self.answer = RepetitionWatch(limits.loop_window)
 
     async def read(self) -> None:
+        # The control call runs beside the reading and raises nothing (``end_reasoning`` answers
+        # its failures); what the reading raises is raised as itself, not in a group.
+        error: Exception | None = None
+        async with anyio.create_task_group() as calls:
+            try:
+                await self._read(calls)
+            except Exception as exc:
+                error = exc
+            # A control call still in flight when the stream ends has nothing left to end.
+            calls.cancel_scope.cancel()
+        if error is not None:
+            raise error
+
+    async def _read(self, calls: TaskGroup) -> None:
         # One deadline for the whole stream, moved on by the chunks that complete an event (a
         # scope per read costs more than the read itself on a fast model), and moved at most
         # once per ``slack`` (each move reschedules the event loop's timer): the limit fires
@@ -357,7 +372,7 @@ class _Reader:
                 events = await self.events.receive()
                 if self._apply(events) or self.events.at_end or self._answer_loops():
                     return
-                if not await self._follow_cap(silence):
+                if not self._follow_cap(calls):
                     return
                 if not _alive(events):
                     continue
@@ -419,14 +434,13 @@ class _Reader:
         )
         return True
 
-    async def _follow_cap(self, silence: anyio.CancelScope) -> bool:
-        """Do what the thinking cap decides; False when the stream must be closed. The silence
-        limit waits while a control call runs (that call has limits of its own)."""
+    def _follow_cap(self, calls: TaskGroup) -> bool:
+        """Do what the thinking cap decides; False when the stream must be closed."""
         asm, result = self.result.assembler, self.result
         decision = self.cap.decide(
             asm.thinking_tokens,
             answering=asm.answer_started,
-            control_answer=result.control_answer,
+            control=result.control,
             looping=self.thought.looping,
         )
         match decision:
@@ -437,10 +451,8 @@ class _Reader:
                         "the model's thinking went round in circles; loopd ended it after "
                         f"{asm.thinking_tokens} tokens"
                     )
-                result.capped = True
-                silence.deadline = math.inf
-                result.control_answer = await self.client.end_reasoning(asm.completion_id)
-                silence.deadline = anyio.current_time() + self.limits.silence_s
+                result.control = ControlCall()
+                calls.start_soon(self._send_control, asm.completion_id)
             case Close(why):
                 result.fail(
                     Failure.THINK_RUNAWAY,
@@ -449,6 +461,12 @@ class _Reader:
                 )
                 return False
         return True
+
+    async def _send_control(self, completion_id: str | None) -> None:
+        """The control call, beside the reading: the tokens the server writes until the call
+        reaches it are read meanwhile, so the grace counts from where its answer arrived."""
+        answer = await self.client.end_reasoning(completion_id)
+        self.result.control = ControlCall(answer, self.result.assembler.thinking_tokens)
 
 
 def _alive(events: list[StreamEvent]) -> bool:

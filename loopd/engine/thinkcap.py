@@ -6,8 +6,11 @@ Thinking is counted from the server's own per-token counter, ``timings.predicted
 the cap the engine sends the control call ``reasoning_end``, which ends the reasoning and keeps
 the turn (measured by ``test_k_control_call_ends_thinking_and_costs_one_turn`` there). A
 ``success: false`` answer means nothing was armed: the stream is then closed once thinking passes
-the cap plus a grace, and so it is if thinking goes on regardless. A thought the repetition watch
-finds looping (``loopd.engine.loops``) is ended the same way, before the cap.
+a grace, and so it is if thinking goes on regardless. The stream is read while the call is in
+flight, and the grace counts from the thinking read when its answer arrived (or from the cap, if
+later): the tokens the server wrote before the call reached it are the call's round trip, not a
+runaway, and on a loaded machine that trip is long. A thought the repetition watch finds looping
+(``loopd.engine.loops``) is ended the same way, before the cap.
 """
 
 from __future__ import annotations
@@ -40,34 +43,41 @@ CapDecision = Continue | SendControl | Close
 
 
 @dataclass(frozen=True)
+class ControlCall:
+    """The control call, once sent: its answer in a word (``control_answer``), None while it is
+    in flight, and the thinking tokens read when that answer arrived."""
+
+    answer: str | None = None
+    answered_at: int = 0
+
+
+@dataclass(frozen=True)
 class ThinkCap:
     cap: int  # thinking tokens before the control call
-    grace: int  # tokens past the cap before a stream still thinking is closed
+    grace: int  # tokens past the cap, or past the control call's answer if later, before closing
 
     def decide(
         self,
         thinking_tokens: int,
         *,
         answering: bool,
-        control_answer: str | None,
+        control: ControlCall | None,
         looping: bool = False,
     ) -> CapDecision:
         """What to do after the events read so far. ``answering``: content or a tool call has
-        begun, so thinking is over; ``control_answer``: what the control call got, None when it
-        was not sent; ``looping``: the thought goes round in circles."""
+        begun, so thinking is over; ``control``: the control call, None when it was not sent;
+        ``looping``: the thought goes round in circles."""
         if answering:
             return Continue()
-        if looping and control_answer is None:
-            return SendControl()
-        if thinking_tokens < self.cap:
+        if control is None:
+            return SendControl() if looping or thinking_tokens >= self.cap else Continue()
+        if control.answer is None:
+            return Continue()  # what is read meanwhile was written before the call arrived
+        if thinking_tokens < max(self.cap, control.answered_at) + self.grace:
             return Continue()
-        if control_answer is None:
-            return SendControl()
-        if thinking_tokens < self.cap + self.grace:
-            return Continue()
-        if control_answer == SUCCESS:
+        if control.answer == SUCCESS:
             return Close("the server accepted the control call but thinking went on")
-        return Close(f"the server could not end it ({control_answer})")
+        return Close(f"the server could not end it ({control.answer})")
 
 
 def control_answer(answer: Mapping[str, Any]) -> str:

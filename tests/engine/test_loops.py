@@ -14,7 +14,7 @@ import pytest
 from loopd.engine.loops import RepetitionWatch
 from loopd.engine.outcome import Loop
 from loopd.engine.stream import run_request
-from loopd.engine.thinkcap import SUCCESS, Continue, SendControl, ThinkCap
+from loopd.engine.thinkcap import SUCCESS, Continue, ControlCall, SendControl, ThinkCap
 from loopd.observe.metrics import METRICS
 from loopd.sessionlog.records import EntryKind
 from loopd_dev.fakes.llama import FakeLlama, Pace, ScriptedReply
@@ -80,9 +80,10 @@ def test_a_window_not_yet_full_or_zero_never_loops() -> None:
 
 def test_a_looping_thought_is_ended_by_the_control_call_before_the_cap() -> None:
     cap = ThinkCap(cap=1000, grace=50)
-    assert cap.decide(300, answering=False, control_answer=None, looping=True) == SendControl()
-    assert cap.decide(300, answering=False, control_answer=SUCCESS, looping=True) == Continue()
-    assert cap.decide(300, answering=True, control_answer=None, looping=True) == Continue()
+    armed = ControlCall(SUCCESS, answered_at=300)
+    assert cap.decide(300, answering=False, control=None, looping=True) == SendControl()
+    assert cap.decide(300, answering=False, control=armed, looping=True) == Continue()
+    assert cap.decide(300, answering=True, control=None, looping=True) == Continue()
 
 
 LOOPING_THOUGHT = ScriptedReply(

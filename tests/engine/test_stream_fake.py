@@ -308,6 +308,67 @@ async def test_thinking_cap_ends_reasoning_with_the_control_call() -> None:
     assert result.assembler.content == "The answer."
 
 
+async def test_a_control_call_slower_than_the_grace_still_ends_the_thinking() -> None:
+    """On a loaded machine the control call's round trip outlasts the grace: the server writes
+    more thinking tokens before it is armed than the grace allows. Those are read while the call
+    is in flight, and the grace counts from its answer, so the turn is answered, not closed."""
+    fake = FakeLlama(pace=Pace(tokens_per_second=1000))
+    fake.push(THINKER)
+    limits = replace(FAST, think_cap=20, think_grace=15)
+    async with served(fake) as server:
+        server.fake.faults.set(control_round_trip=60)
+        result = await run_request(server.client, user_body("think"), slot=SLOT, limits=limits)
+    assert result.complete, result.detail
+    assert result.control is not None
+    assert result.control.answer == "success"
+    assert result.control.answered_at >= 20 + 60 - 1, "read while the call was in flight"
+    assert result.assembler.thinking_tokens > 20 + 15, "past where the cap alone would close it"
+    assert result.assembler.content == "The answer."
+
+
+async def test_a_stream_that_ends_while_its_control_call_is_in_flight_does_not_wait_for_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    sent: list[str | None] = []
+
+    async def never_answered(completion_id: str | None) -> str:
+        sent.append(completion_id)
+        await anyio.sleep_forever()
+        raise AssertionError("unreachable")
+
+    fake = FakeLlama(pace=Pace(tokens_per_second=1000))
+    fake.push(ScriptedReply(reasoning=" ".join(["hmm"] * 30), content="Done."))
+    async with served(fake) as server:
+        monkeypatch.setattr(server.client, "end_reasoning", never_answered)
+        limits = replace(FAST, think_cap=5)
+        result = await run_request(server.client, user_body("think"), slot=SLOT, limits=limits)
+    assert sent, "the control call was sent"
+    assert result.complete, result.detail
+    assert result.capped
+    assert result.control_answer is None, "the call was cancelled, its answer never came"
+    assert result.assembler.content == "Done."
+
+
+async def test_a_control_call_the_server_never_answers_ends_at_its_timeout_and_the_grace() -> None:
+    """A hostile or stuck server that thinks on and never answers the control call: the call's
+    own timeout (the client's ``connect_s``) is its answer, and the grace counts from there."""
+    fake = FakeLlama([ModelSpec(MODEL, n_ctx=65536)], pace=Pace(tokens_per_second=1000))
+    # Longer than the call's timeout at any speed the fake can have: at most 1000 tokens a
+    # second, this thought outlasts the 2 s the served client waits for the call.
+    fake.push(ScriptedReply(reasoning=" ".join(f"step{n}" for n in range(11_000))))
+    limits = replace(FAST, think_cap=20, think_grace=15)
+    async with served(fake) as server:
+        server.fake.faults.set(control_round_trip=1_000_000)
+        body = user_body("think", max_tokens=30_000)
+        result = await run_request(server.client, body, slot=SLOT, limits=limits)
+    assert result.failure is Failure.THINK_RUNAWAY, result.detail
+    assert result.control is not None
+    assert (result.control.answer or "").startswith("control call failed: "), result.control
+    closed_at = result.control.answered_at + 15
+    assert closed_at <= result.assembler.thinking_tokens < closed_at + 10
+    assert "the server could not end it (control call failed: " in result.detail
+
+
 async def test_thinking_past_cap_and_grace_is_closed_when_nothing_was_armed() -> None:
     fake = FakeLlama(pace=Pace(tokens_per_second=1000))
     fake.push(THINKER)
@@ -319,7 +380,9 @@ async def test_thinking_past_cap_and_grace_is_closed_when_nothing_was_armed() ->
     assert result.failure is Failure.THINK_RUNAWAY
     assert result.capped
     assert result.control_answer == "reasoning control not enabled for this completion"
-    assert 35 <= result.assembler.thinking_tokens < 45, "closed at the cap plus the grace"
+    assert result.control is not None
+    closed_at = max(20, result.control.answered_at) + 15
+    assert closed_at <= result.assembler.thinking_tokens < closed_at + 10, "closed past the grace"
     assert result.detail == (
         "thinking passed the cap of 20 tokens and the server could not end it (reasoning "
         "control not enabled for this completion); the stream from "

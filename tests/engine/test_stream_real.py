@@ -85,7 +85,11 @@ async def test_low_thinking_cap_ends_reasoning_with_the_control_call(
     assert asm.finish_reason in ("stop", "length")
     assert asm.reasoning, "the model thought before the cap"
     assert asm.content, "after the cap the model answered"
-    assert 20 <= asm.thinking_tokens < 40, "reasoning ended within a few tokens of the cap"
+    # Ended by the server, within the grace of where the control call's answer was read: the
+    # tokens written during the call's round trip (long on a loaded machine) are not a runaway.
+    assert result.control is not None
+    answered_at = result.control.answered_at
+    assert 20 <= answered_at <= asm.thinking_tokens < answered_at + Limits().think_grace
 
 
 def _start(workdir: Path, socket: Path) -> devserver.RunningServer:

@@ -199,7 +199,8 @@ class _Routes:
             raise invalid_request("missing completion id")
         if body.get("action") != "reasoning_end":
             raise invalid_request("unknown control action")
-        live = instance.live.get(completion_id)
+        await self._round_trip(instance, completion_id)
+        live = instance.live.get(completion_id)  # a completion that ended meanwhile is gone
         if live is None:
             return json_response({"success": False, "message": "no active completion for this id"})
         if not live.armed:
@@ -211,6 +212,16 @@ class _Routes:
             )
         live.generation.request_reasoning_end()
         return json_response({"success": True})
+
+    async def _round_trip(self, instance: ModelInstance, completion_id: str) -> None:
+        """Hold the control call while its completion writes ``control_round_trip`` tokens."""
+        live = instance.live.get(completion_id)
+        trip = self.fake.faults.faults.control_round_trip
+        if live is None or not trip:
+            return
+        arrived = anyio.Event()
+        live.generation.when_written(trip, arrived.set)
+        await arrived.wait()
 
     async def apply_template(self, request: Request) -> Response:
         body = await _json_object(request)

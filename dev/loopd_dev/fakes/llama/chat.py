@@ -181,7 +181,9 @@ class _ChatRequestRun:
         try:
             return await self._on_slot(slot)
         finally:
-            self._instance.live.pop(self._identity.completion_id, None)
+            live = self._instance.live.pop(self._identity.completion_id, None)
+            if live is not None:
+                live.generation.end()
             self._instance.slots.release(slot)
 
     async def _on_slot(self, slot: Slot) -> StreamEnd:

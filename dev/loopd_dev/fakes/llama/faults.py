@@ -1,8 +1,8 @@
 """Fault switches, settable in-process or over ``POST /_fake/faults``.
 
-Boolean switches hold until cleared. Stream faults are :class:`Trigger` s: they fire after a
-number of ``data:`` events and hit a number of streams (or all of them). A stall lasts until its
-switch is cleared or the client hangs up.
+Boolean switches and counts hold until cleared. Stream faults are :class:`Trigger` s: they fire
+after a number of ``data:`` events and hit a number of streams (or all of them). A stall lasts
+until its switch is cleared or the client hangs up.
 """
 
 from collections.abc import Callable
@@ -44,6 +44,9 @@ class Faults:
     drop_mid_stream: Trigger | None = None  # the connection closes after N events
     malformed_chunk: Trigger | None = None  # one broken JSON event after N events
     error_mid_stream: Trigger | None = None  # an error event after N events, no [DONE]
+    # The control call reaches its completion (and is answered) only after the completion wrote
+    # this many more tokens: a loaded machine's round trip, counted in tokens.
+    control_round_trip: int = 0
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -56,7 +59,8 @@ _TRIGGERS = {
     "malformed_chunk",
     "error_mid_stream",
 }
-_SWITCHES = {f.name for f in fields(Faults)} - _TRIGGERS
+_COUNTS = {"control_round_trip"}
+_SWITCHES = {f.name for f in fields(Faults)} - _TRIGGERS - _COUNTS
 
 
 @dataclass(frozen=True)
@@ -86,6 +90,10 @@ class FaultBoard:
             elif name in _SWITCHES:
                 if not isinstance(value, bool):
                     raise ValueError(f"fault {name!r} takes true or false, got {value!r}")
+                updates[name] = value
+            elif name in _COUNTS:
+                if type(value) is not int or value < 0:
+                    raise ValueError(f"fault {name!r} takes a count of tokens, got {value!r}")
                 updates[name] = value
             else:
                 raise ValueError(f"unknown fault {name!r}")

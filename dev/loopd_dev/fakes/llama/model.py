@@ -9,7 +9,7 @@ then the answer follows.
 import random
 import string
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -161,6 +161,8 @@ class Generation:
         self._force_pending = False
         self._forced = False
         self._started_calls: set[int] = set()
+        self.steps = 0  # tokens written so far, forced and filler ones included
+        self._watches: list[tuple[int, Callable[[], object]]] = []
         self.reasoning = ""
         self.content = ""
         self.arguments = ["" for _ in self._calls]
@@ -180,6 +182,23 @@ class Generation:
     def _just_opened_think(self, position: int) -> bool:
         return self._text.text.startswith("<think>\n") and 0 < position <= len("<think>\n")
 
+    def when_written(self, tokens: int, then: Callable[[], object]) -> None:
+        """Call ``then`` once ``tokens`` more tokens are written, or when the generation ends."""
+        self._watches.append((self.steps + tokens, then))
+        self._call_due()
+
+    def end(self) -> None:
+        """The completion left its slot (finished, or its client gone): every watch is called."""
+        watches, self._watches = self._watches, []
+        for _, then in watches:
+            then()
+
+    def _call_due(self) -> None:
+        due = [then for at, then in self._watches if at <= self.steps]
+        self._watches = [(at, then) for at, then in self._watches if at > self.steps]
+        for then in due:
+            then()
+
     def request_reasoning_end(self) -> None:
         """The control call: applied before the next token, if reasoning is still running."""
         if self.in_reasoning and not self._forced:
@@ -191,6 +210,8 @@ class Generation:
             self._apply_reasoning_end()
         if self._next >= len(self._tokens):
             return None
+        self.steps += 1
+        self._call_due()
         if self._ignore_eos and self._next == len(self._tokens) - 1:
             # The end-of-turn token is banned: the model keeps writing, as the real one does.
             return self._filler_step()
