@@ -351,10 +351,16 @@ class RunningServer:
     workdir: Path
 
     def client(self, timeout: float = 30.0) -> httpx.Client:
+        """A client that opens a connection per request, as loopd's own does
+        (``loopd.engine.client.make_async_client``): the router sometimes closes a kept-alive
+        connection after proxying a request without saying so, and the next request on it
+        fails with "Server disconnected without sending a response" (a make test beside
+        another met it on two back-to-back ``/apply-template`` calls)."""
+        limits = httpx.Limits(max_keepalive_connections=0)
         if self.url.startswith("unix:"):
-            transport = httpx.HTTPTransport(uds=self.url[len("unix:") :])
+            transport = httpx.HTTPTransport(uds=self.url[len("unix:") :], limits=limits)
             return httpx.Client(transport=transport, base_url="http://llama", timeout=timeout)
-        return httpx.Client(base_url=self.url, timeout=timeout)
+        return httpx.Client(base_url=self.url, timeout=timeout, limits=limits)
 
     def stop(self) -> None:
         _stop_router(self.process)
