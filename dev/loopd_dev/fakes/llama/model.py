@@ -183,7 +183,7 @@ class Generation:
         return self._text.text.startswith("<think>\n") and 0 < position <= len("<think>\n")
 
     def when_written(self, tokens: int, then: Callable[[], object]) -> None:
-        """Call ``then`` once ``tokens`` more tokens are written, or when the generation ends."""
+        """Call ``then`` once ``tokens`` more tokens are written, or at ``end``."""
         self._watches.append((self.steps + tokens, then))
         self._call_due()
 
@@ -211,7 +211,8 @@ class Generation:
         if self._next >= len(self._tokens):
             return None
         self.steps += 1
-        self._call_due()
+        if self._watches:  # a token's step stays as cheap as before when nothing watches
+            self._call_due()
         if self._ignore_eos and self._next == len(self._tokens) - 1:
             # The end-of-turn token is banned: the model keeps writing, as the real one does.
             return self._filler_step()
